@@ -1,0 +1,22 @@
+# One image for the operator, the node agent and the CNI plugin (the agent copies the
+# plugin onto the node). Build: make docker-build (needs a Docker engine).
+FROM golang:1.26 AS build
+ARG VERSION=v0.1.0
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/trellis-net/trellis/internal/version.Version=${VERSION}" \
+      -o /out/ ./cmd/manager ./cmd/agent ./cmd/cni \
+ && mv /out/manager /out/trellis-operator && mv /out/agent /out/trellis-agent && mv /out/cni /out/trellis
+
+FROM debian:bookworm-slim
+# iptables/ipset userspace for the agent's masquerade and NetworkPolicy rules.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables ipset iproute2 ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/trellis-operator /out/trellis-agent /out/trellis /usr/local/bin/
+# The operator runs as this user (see config/manager); the agent's DaemonSet runs it
+# privileged as root, which programming the host network needs.
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/trellis-operator"]

@@ -1,0 +1,256 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// ClusterNetworkName is the only ClusterNetwork the operator acts on.
+const ClusterNetworkName = "default"
+
+// Encapsulation selects how pod traffic crosses between nodes.
+// +kubebuilder:validation:Enum=VXLAN;Direct;Hybrid
+type Encapsulation string
+
+const (
+	// EncapsulationVXLAN tunnels all inter-node pod traffic in VXLAN.
+	EncapsulationVXLAN Encapsulation = "VXLAN"
+	// EncapsulationDirect routes pod blocks via the peer node IP; every node must be on-link.
+	EncapsulationDirect Encapsulation = "Direct"
+	// EncapsulationHybrid routes directly to peers in the same L2 subnet and uses VXLAN otherwise.
+	EncapsulationHybrid Encapsulation = "Hybrid"
+)
+
+// LogLevel of the node agent.
+// +kubebuilder:validation:Enum=debug;info;warn;error
+type LogLevel string
+
+// Condition types reported on ClusterNetwork.status.conditions.
+const (
+	ConditionAvailable   = "Available"
+	ConditionProgressing = "Progressing"
+	ConditionDegraded    = "Degraded"
+	// ConditionReady is reported by each agent on its NodeNetwork.
+	ConditionReady = "Ready"
+)
+
+// ClusterNetworkSpec is the desired pod network of the whole cluster.
+// +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).prefixLength() < self.nodeBlockSize)",message="spec.nodeBlockSize must be longer than the prefix of every entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSize"
+type ClusterNetworkSpec struct {
+	// PodCIDRs are the address ranges pods get their IPs from. Only IPv4 is supported today;
+	// the list leaves room for dual-stack and for growing the pod network. Existing entries
+	// are immutable: append a CIDR to add room.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=18
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each spec.podCIDRs entry must be a CIDR such as 10.244.0.0/16"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() == 4",message="spec.podCIDRs entries must be IPv4 (IPv6 is not supported yet)"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address (host bits zero), e.g. 10.244.0.0/16 rather than 10.244.1.0/16"
+	// +kubebuilder:validation:XValidation:rule="oldSelf.all(c, c in self)",message="spec.podCIDRs: existing entries are immutable; only appending new CIDRs is allowed"
+	// +kubebuilder:validation:XValidation:rule="self.all(a, !isCIDR(a) || self.filter(b, isCIDR(b) && (cidr(a).containsCIDR(cidr(b)) || cidr(b).containsCIDR(cidr(a)))).size() == 1)",message="spec.podCIDRs entries must not overlap each other"
+	// +listType=atomic
+	PodCIDRs []string `json:"podCIDRs"`
+
+	// NodeBlockSize is the prefix length of the block each node gets from the pod CIDRs.
+	// It cannot be changed once set: every running pod's address depends on it.
+	// +kubebuilder:default=24
+	// +kubebuilder:validation:Minimum=16
+	// +kubebuilder:validation:Maximum=30
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.nodeBlockSize is immutable: changing it would re-address every pod; create a new cluster network instead"
+	// +optional
+	NodeBlockSize int32 `json:"nodeBlockSize,omitempty"`
+
+	// Encapsulation selects how pod traffic crosses between nodes.
+	// +kubebuilder:default=VXLAN
+	// +optional
+	Encapsulation Encapsulation `json:"encapsulation,omitempty"`
+
+	// VXLAN settings, used in VXLAN and Hybrid modes.
+	// +kubebuilder:default={}
+	// +optional
+	VXLAN VXLANSpec `json:"vxlan,omitzero"`
+
+	// MTU of pod interfaces. 0 detects it from the node's underlay interface (minus the
+	// VXLAN overhead where VXLAN is used).
+	// +kubebuilder:validation:XValidation:rule="self == 0 || (self >= 576 && self <= 9000)",message="spec.mtu must be 0 (detect) or between 576 and 9000"
+	// +optional
+	MTU int32 `json:"mtu,omitempty"`
+
+	// NATOutgoing masquerades pod traffic leaving the pod CIDRs behind the node IP.
+	// +kubebuilder:default=true
+	// +optional
+	NATOutgoing *bool `json:"natOutgoing,omitempty"`
+
+	// NetworkPolicy enforcement options.
+	// +kubebuilder:default={}
+	// +optional
+	NetworkPolicy NetworkPolicySpec `json:"networkPolicy,omitzero"`
+
+	// Agent placement, image and resources of the node agent DaemonSet.
+	// +kubebuilder:default={}
+	// +optional
+	Agent AgentSpec `json:"agent,omitzero"`
+
+	// Rollout controls how agent updates roll across nodes.
+	// +kubebuilder:default={}
+	// +optional
+	Rollout RolloutSpec `json:"rollout,omitzero"`
+}
+
+// VXLANSpec configures the VXLAN device on every node.
+type VXLANSpec struct {
+	// Port is the UDP destination port of VXLAN packets.
+	// +kubebuilder:default=4789
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// VNI is the VXLAN network identifier.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=16777215
+	// +optional
+	VNI int32 `json:"vni,omitempty"`
+
+	// ChecksumOffload keeps TX checksum offload on the VXLAN device. Off by default: a
+	// long-standing class of kernel/NIC bugs corrupts offloaded VXLAN checksums.
+	// +kubebuilder:default=false
+	// +optional
+	ChecksumOffload bool `json:"checksumOffload,omitempty"`
+}
+
+// NetworkPolicySpec configures NetworkPolicy enforcement.
+type NetworkPolicySpec struct {
+	// Enabled turns NetworkPolicy enforcement on.
+	// +kubebuilder:default=true
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+
+	// SetupTimeout bounds how long a pod's network setup waits for its policies to be in
+	// place before its first packet.
+	// +kubebuilder:default="10s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('5m')",message="spec.networkPolicy.setupTimeout must be a duration between 1s and 5m, e.g. 10s"
+	// +optional
+	SetupTimeout *metav1.Duration `json:"setupTimeout,omitempty"`
+}
+
+// AgentSpec configures the node agent DaemonSet.
+type AgentSpec struct {
+	// Image of the node agent. Defaults to the operator's RELATED_IMAGE_AGENT.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// ImagePullPolicy of the agent containers.
+	// +kubebuilder:validation:Enum=Always;IfNotPresent;Never
+	// +kubebuilder:default=IfNotPresent
+	// +optional
+	ImagePullPolicy corev1.PullPolicy `json:"imagePullPolicy,omitempty"`
+
+	// NodeSelector restricts the nodes the agent runs on (and so the nodes with pod networking).
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Tolerations of the agent pods. Empty means tolerate every taint, which a CNI agent needs
+	// to bring up NotReady nodes.
+	// +optional
+	// +listType=atomic
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// Resources of the agent container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitzero"`
+
+	// LogLevel of the agent.
+	// +kubebuilder:default=info
+	// +optional
+	LogLevel LogLevel `json:"logLevel,omitempty"`
+}
+
+// RolloutSpec controls agent rollouts.
+type RolloutSpec struct {
+	// MaxUnavailable is how many nodes' agents may be restarting at once: a number (≥ 1) or
+	// a percentage of the nodes such as "10%".
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:XIntOrString
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')",message="spec.rollout.maxUnavailable must be a number of nodes >= 1 or a percentage between 1% and 100%"
+	// +optional
+	MaxUnavailable *intstr.IntOrString `json:"maxUnavailable,omitempty"`
+
+	// ProgressDeadlineSeconds is how long a rollout may make no progress before the
+	// ClusterNetwork is reported Degraded.
+	// +kubebuilder:default=600
+	// +kubebuilder:validation:Minimum=30
+	// +optional
+	ProgressDeadlineSeconds int32 `json:"progressDeadlineSeconds,omitempty"`
+}
+
+// NodeCounts counts the nodes the agent DaemonSet targets.
+type NodeCounts struct {
+	// Desired is the number of nodes that should run the agent.
+	Desired int32 `json:"desired"`
+	// Updated is the number of nodes running the agent of the current configuration.
+	Updated int32 `json:"updated"`
+	// Ready is the number of nodes whose agent is ready.
+	Ready int32 `json:"ready"`
+}
+
+// ClusterNetworkStatus is what the operator observed.
+type ClusterNetworkStatus struct {
+	// Conditions: Available, Progressing and Degraded.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// ObservedGeneration is the generation of the spec this status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// MTU is the pod MTU in effect: the configured one, or the smallest the agents detected.
+	// +optional
+	MTU int32 `json:"mtu,omitempty"`
+
+	// Nodes counts the nodes running the agent.
+	// +optional
+	Nodes NodeCounts `json:"nodes,omitzero"`
+
+	// ConfigHash identifies the agent configuration last applied.
+	// +optional
+	ConfigHash string `json:"configHash,omitempty"`
+}
+
+// ClusterNetwork is the cluster's pod network. Only the one named "default" is acted on.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=cn
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.encapsulation`
+// +kubebuilder:printcolumn:name="CIDRs",type=string,JSONPath=`.spec.podCIDRs`
+// +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.nodes.ready`
+// +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodes.desired`
+// +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.conditions[?(@.type=="Available")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ClusterNetwork struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	Spec   ClusterNetworkSpec   `json:"spec"`
+	Status ClusterNetworkStatus `json:"status,omitempty"`
+}
+
+// ClusterNetworkList contains a list of ClusterNetwork.
+// +kubebuilder:object:root=true
+type ClusterNetworkList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ClusterNetwork `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ClusterNetwork{}, &ClusterNetworkList{})
+}

@@ -1,0 +1,71 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NodeNetworkSpec is what the operator allocated to the node.
+type NodeNetworkSpec struct {
+	// PodCIDR is the node's pod block, allocated from ClusterNetwork spec.podCIDRs.
+	// +kubebuilder:validation:MaxLength=18
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).masked() == cidr(self)",message="spec.podCIDR must be a network address in CIDR form"
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.podCIDR is immutable: pods on the node hold addresses from it"
+	// +optional
+	PodCIDR string `json:"podCIDR,omitempty"`
+}
+
+// NodeNetworkStatus is what the node's agent reports.
+type NodeNetworkStatus struct {
+	// NodeIP is the underlay address the agent uses for this node.
+	// +optional
+	NodeIP string `json:"nodeIP,omitempty"`
+	// VTEPMAC is the MAC address of the node's VXLAN device.
+	// +optional
+	VTEPMAC string `json:"vtepMAC,omitempty"`
+	// MTU of the node's pod interfaces.
+	// +optional
+	MTU int32 `json:"mtu,omitempty"`
+	// Encapsulation in effect on the node.
+	// +optional
+	Encapsulation Encapsulation `json:"encapsulation,omitempty"`
+	// AgentVersion is the version of the agent that wrote this status.
+	// +optional
+	AgentVersion string `json:"agentVersion,omitempty"`
+	// Conditions: Ready.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeNetwork is one node's share of the pod network. It has the node's name and is owned
+// by the Node.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=nn
+// +kubebuilder:printcolumn:name="PodCIDR",type=string,JSONPath=`.spec.podCIDR`
+// +kubebuilder:printcolumn:name="NodeIP",type=string,JSONPath=`.status.nodeIP`
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.encapsulation`
+// +kubebuilder:printcolumn:name="MTU",type=integer,JSONPath=`.status.mtu`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NodeNetwork struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec   NodeNetworkSpec   `json:"spec,omitzero"`
+	Status NodeNetworkStatus `json:"status,omitempty"`
+}
+
+// NodeNetworkList contains a list of NodeNetwork.
+// +kubebuilder:object:root=true
+type NodeNetworkList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeNetwork `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&NodeNetwork{}, &NodeNetworkList{})
+}

@@ -1,0 +1,216 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/testenv"
+)
+
+var k8s client.Client
+
+func TestMain(m *testing.M) {
+	env, cfg, err := testenv.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	scheme := runtime.NewScheme()
+	_ = v1alpha1.AddToScheme(scheme)
+	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the test control plane:", err)
+	}
+	os.Exit(code)
+}
+
+// clusterNetwork is a valid ClusterNetwork as a user writes it, as unstructured so tests can
+// put anything in it.
+func clusterNetwork(name string, spec map[string]any) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(),
+		"kind":       "ClusterNetwork",
+		"metadata":   map[string]any{"name": name},
+		"spec":       spec,
+	}}
+}
+
+func validSpec() map[string]any {
+	return map[string]any{"podCIDRs": []any{"10.244.0.0/16"}}
+}
+
+func TestInvalidClusterNetworksAreRefused(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(spec map[string]any)
+		want   []string // substrings of the API server's message: the field and what's wrong
+	}{
+		{"no pod CIDRs", func(s map[string]any) { s["podCIDRs"] = []any{} },
+			[]string{"spec.podCIDRs", "at least 1"}},
+		{"pod CIDR is not a CIDR", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0"} },
+			[]string{"spec.podCIDRs", "must be a CIDR"}},
+		{"pod CIDR has host bits", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.1.0/16"} },
+			[]string{"spec.podCIDRs", "network address"}},
+		{"pod CIDR is IPv6", func(s map[string]any) { s["podCIDRs"] = []any{"fd00::/48"}; s["nodeBlockSize"] = 24 },
+			[]string{"spec.podCIDRs", "IPv4"}},
+		{"pod CIDRs overlap", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "10.244.128.0/17"} },
+			[]string{"spec.podCIDRs", "overlap"}},
+		{"block size too small", func(s map[string]any) { s["nodeBlockSize"] = 8 },
+			[]string{"spec.nodeBlockSize", "greater than or equal to 16"}},
+		{"block size too large", func(s map[string]any) { s["nodeBlockSize"] = 31 },
+			[]string{"spec.nodeBlockSize", "less than or equal to 30"}},
+		{"block does not leave 2 blocks", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/24"}; s["nodeBlockSize"] = 24 },
+			[]string{"spec.nodeBlockSize", "at least 2 node blocks"}},
+		{"unknown encapsulation", func(s map[string]any) { s["encapsulation"] = "Geneve" },
+			[]string{"spec.encapsulation", `"VXLAN", "Direct", "Hybrid"`}},
+		{"VXLAN port 0", func(s map[string]any) { s["vxlan"] = map[string]any{"port": 0} },
+			[]string{"spec.vxlan.port", "greater than or equal to 1"}},
+		{"VXLAN port above 65535", func(s map[string]any) { s["vxlan"] = map[string]any{"port": 65536} },
+			[]string{"spec.vxlan.port", "less than or equal to 65535"}},
+		{"VNI above 24 bits", func(s map[string]any) { s["vxlan"] = map[string]any{"vni": 16777216} },
+			[]string{"spec.vxlan.vni", "less than or equal to 16777215"}},
+		{"VNI 0", func(s map[string]any) { s["vxlan"] = map[string]any{"vni": 0} },
+			[]string{"spec.vxlan.vni", "greater than or equal to 1"}},
+		{"MTU too small", func(s map[string]any) { s["mtu"] = 500 },
+			[]string{"spec.mtu", "between 576 and 9000"}},
+		{"MTU too large", func(s map[string]any) { s["mtu"] = 9001 },
+			[]string{"spec.mtu", "between 576 and 9000"}},
+		{"unknown pull policy", func(s map[string]any) { s["agent"] = map[string]any{"imagePullPolicy": "Sometimes"} },
+			[]string{"spec.agent.imagePullPolicy", "Always"}},
+		{"unknown log level", func(s map[string]any) { s["agent"] = map[string]any{"logLevel": "chatty"} },
+			[]string{"spec.agent.logLevel", "debug"}},
+		{"maxUnavailable 0", func(s map[string]any) { s["rollout"] = map[string]any{"maxUnavailable": 0} },
+			[]string{"spec.rollout.maxUnavailable", ">= 1"}},
+		{"maxUnavailable not a percentage", func(s map[string]any) { s["rollout"] = map[string]any{"maxUnavailable": "half"} },
+			[]string{"spec.rollout.maxUnavailable", "percentage"}},
+		{"progress deadline too short", func(s map[string]any) { s["rollout"] = map[string]any{"progressDeadlineSeconds": 5} },
+			[]string{"spec.rollout.progressDeadlineSeconds", "greater than or equal to 30"}},
+		{"setup timeout out of range", func(s map[string]any) { s["networkPolicy"] = map[string]any{"setupTimeout": "1h"} },
+			[]string{"spec.networkPolicy.setupTimeout", "between 1s and 5m"}},
+		{"setup timeout not a duration", func(s map[string]any) { s["networkPolicy"] = map[string]any{"setupTimeout": "soon"} },
+			[]string{"spec.networkPolicy.setupTimeout"}},
+	}
+	if len(tests) < 12 {
+		t.Fatalf("only %d invalid cases", len(tests))
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			spec := validSpec()
+			tt.mutate(spec)
+			obj := clusterNetwork(fmt.Sprintf("invalid-%d", i), spec)
+			err := k8s.Create(context.Background(), obj)
+			if err == nil {
+				_ = k8s.Delete(context.Background(), obj)
+				t.Fatalf("the API server accepted spec %v", spec)
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want an Invalid error, got %v", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not mention %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestValidClusterNetworkGetsDefaults(t *testing.T) {
+	ctx := context.Background()
+	cn := &v1alpha1.ClusterNetwork{}
+	cn.Name = "defaults"
+	cn.Spec.PodCIDRs = []string{"10.244.0.0/16"}
+	if err := k8s.Create(ctx, cn); err != nil {
+		t.Fatalf("creating a minimal ClusterNetwork: %v", err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, cn) })
+	got := &v1alpha1.ClusterNetwork{}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(cn), got); err != nil {
+		t.Fatal(err)
+	}
+	s := got.Spec
+	checks := []struct {
+		field     string
+		got, want any
+	}{
+		{"nodeBlockSize", s.NodeBlockSize, int32(24)},
+		{"encapsulation", s.Encapsulation, v1alpha1.EncapsulationVXLAN},
+		{"vxlan.port", s.VXLAN.Port, int32(4789)},
+		{"vxlan.vni", s.VXLAN.VNI, int32(1)},
+		{"vxlan.checksumOffload", s.VXLAN.ChecksumOffload, false},
+		{"mtu", s.MTU, int32(0)},
+		{"natOutgoing", s.NATOutgoing != nil && *s.NATOutgoing, true},
+		{"networkPolicy.enabled", s.NetworkPolicy.Enabled != nil && *s.NetworkPolicy.Enabled, true},
+		{"networkPolicy.setupTimeout", fmt.Sprint(s.NetworkPolicy.SetupTimeout), "10s"},
+		{"agent.imagePullPolicy", string(s.Agent.ImagePullPolicy), "IfNotPresent"},
+		{"agent.logLevel", s.Agent.LogLevel, v1alpha1.LogLevel("info")},
+		{"rollout.maxUnavailable", fmt.Sprint(s.Rollout.MaxUnavailable), "1"},
+		{"rollout.progressDeadlineSeconds", s.Rollout.ProgressDeadlineSeconds, int32(600)},
+	}
+	for _, c := range checks {
+		if fmt.Sprint(c.got) != fmt.Sprint(c.want) {
+			t.Errorf("spec.%s defaulted to %v, want %v", c.field, c.got, c.want)
+		}
+	}
+}
+
+func TestPodCIDRsAreAppendOnly(t *testing.T) {
+	ctx := context.Background()
+	cn := &v1alpha1.ClusterNetwork{}
+	cn.Name = "append-only"
+	cn.Spec.PodCIDRs = []string{"10.244.0.0/16"}
+	if err := k8s.Create(ctx, cn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, cn) })
+
+	cn.Spec.PodCIDRs = append(cn.Spec.PodCIDRs, "10.245.0.0/16")
+	if err := k8s.Update(ctx, cn); err != nil {
+		t.Fatalf("appending a pod CIDR was refused: %v", err)
+	}
+
+	for _, change := range []struct {
+		name  string
+		cidrs []string
+	}{
+		{"changing an existing entry", []string{"10.200.0.0/16", "10.245.0.0/16"}},
+		{"removing an entry", []string{"10.244.0.0/16"}},
+	} {
+		t.Run(change.name, func(t *testing.T) {
+			upd := cn.DeepCopy()
+			upd.Spec.PodCIDRs = change.cidrs
+			err := k8s.Update(ctx, upd)
+			if err == nil || !strings.Contains(err.Error(), "spec.podCIDRs: existing entries are immutable") {
+				t.Fatalf("want refusal naming spec.podCIDRs, got %v", err)
+			}
+		})
+	}
+
+	upd := cn.DeepCopy()
+	upd.Spec.NodeBlockSize = 26
+	if err := k8s.Update(ctx, upd); err == nil || !strings.Contains(err.Error(), "spec.nodeBlockSize is immutable") {
+		t.Fatalf("want refusal naming spec.nodeBlockSize, got %v", err)
+	}
+
+	got := &v1alpha1.ClusterNetwork{}
+	if err := k8s.Get(ctx, client.ObjectKeyFromObject(cn), got); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got.Spec.PodCIDRs) != "[10.244.0.0/16 10.245.0.0/16]" || got.Spec.NodeBlockSize != 24 {
+		t.Fatalf("a refused change altered the stored object: %v /%d", got.Spec.PodCIDRs, got.Spec.NodeBlockSize)
+	}
+}

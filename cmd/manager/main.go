@@ -1,0 +1,75 @@
+// Command trellis-operator reconciles the ClusterNetwork: node blocks, the node agent
+// DaemonSet and status.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/controllers"
+	"github.com/trellis-net/trellis/internal/version"
+)
+
+func main() {
+	var metricsAddr, probeAddr string
+	var leaderElect bool
+	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
+	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "elect a leader so only one operator replica acts")
+	opts := zap.Options{}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	log := ctrl.Log.WithName("setup")
+
+	if err := run(metricsAddr, probeAddr, leaderElect); err != nil {
+		log.Error(err, "operator failed")
+		os.Exit(1)
+	}
+}
+
+func run(metricsAddr, probeAddr string, leaderElect bool) error {
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: probeAddr,
+		LeaderElection:         leaderElect,
+		LeaderElectionID:       "trellis-operator.network.trellis.dev",
+		Cache:                  controllers.CacheOptions(),
+	})
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
+	}
+	r := &controllers.ClusterNetworkReconciler{
+		Client:     mgr.GetClient(),
+		Recorder:   mgr.GetEventRecorder("trellis-operator"),
+		AgentImage: os.Getenv("RELATED_IMAGE_AGENT"),
+	}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ClusterNetwork controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return err
+	}
+	ctrl.Log.Info("starting trellis-operator", "version", version.Version, "agentImage", r.AgentImage)
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

@@ -1,0 +1,355 @@
+// Package controllers holds the operator's reconcilers.
+package controllers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/controllers/blocks"
+	"github.com/trellis-net/trellis/controllers/render"
+)
+
+// FieldManager is the server-side apply field manager of everything the operator applies.
+const FieldManager = "trellis-operator"
+
+// ClusterNetworkReconciler reconciles the ClusterNetwork "default": node blocks, the
+// rendered agent and the status.
+type ClusterNetworkReconciler struct {
+	client.Client
+	Recorder events.EventRecorder
+	// AgentImage is the default agent image (RELATED_IMAGE_AGENT).
+	AgentImage string
+	// Now is the clock; tests may replace it.
+	Now func() time.Time
+}
+
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,verbs=get;list;watch
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/finalizers,verbs=update
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=nodes;pods;namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=create;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",namespace=trellis-system,resources=configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=apps,namespace=trellis-system,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
+
+// Reconcile converges the cluster to the ClusterNetwork and reports what it finds.
+func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cn := &v1alpha1.ClusterNetwork{}
+	if err := r.Get(ctx, req.NamespacedName, cn); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !cn.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil // owner references let the garbage collector remove the agent
+	}
+	if cn.Name != v1alpha1.ClusterNetworkName {
+		return ctrl.Result{}, r.refuseNotDefault(ctx, cn)
+	}
+
+	o := observed{generation: cn.Generation, now: r.now(),
+		deadline: time.Duration(cn.Spec.Rollout.ProgressDeadlineSeconds) * time.Second}
+	var errs []error
+	problems, err := r.reconcileBlocks(ctx, cn)
+	o.problems = append(o.problems, problems...)
+	errs = append(errs, err)
+
+	rendered, err := render.Agent(&cn.Spec, r.AgentImage)
+	if err != nil {
+		o.problems = append(o.problems, problem{ReasonRenderFailed, err.Error()})
+	} else {
+		o.configHash = rendered.ConfigHash
+		if err := r.apply(ctx, cn, rendered); err != nil {
+			o.problems = append(o.problems, problem{ReasonApplyFailed, err.Error()})
+			errs = append(errs, err)
+		} else if cn.Status.ConfigHash != rendered.ConfigHash {
+			r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "ConfigApplied", "Apply",
+				"agent configuration %s applied (image %s)", rendered.ConfigHash, rendered.Image)
+		}
+	}
+	if o.daemonSet, err = r.daemonSet(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if o.mtu, err = r.mtu(ctx, cn); err != nil {
+		errs = append(errs, err)
+	}
+
+	status, requeue := computeStatus(cn.Status, o)
+	if err := r.writeStatus(ctx, cn, status); err != nil {
+		errs = append(errs, err)
+	}
+	return ctrl.Result{RequeueAfter: requeue}, errors.Join(errs...)
+}
+
+func (r *ClusterNetworkReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *ClusterNetworkReconciler) refuseNotDefault(ctx context.Context, cn *v1alpha1.ClusterNetwork) error {
+	msg := fmt.Sprintf("only the ClusterNetwork named %q is acted on; this one (%q) is ignored: put its spec into %q and delete it",
+		v1alpha1.ClusterNetworkName, cn.Name, v1alpha1.ClusterNetworkName)
+	st := *cn.Status.DeepCopy()
+	st.ObservedGeneration = cn.Generation
+	for _, c := range []metav1.Condition{
+		{Type: v1alpha1.ConditionDegraded, Status: metav1.ConditionTrue, Reason: ReasonNotDefault, Message: msg},
+		{Type: v1alpha1.ConditionAvailable, Status: metav1.ConditionFalse, Reason: ReasonNotDefault, Message: msg},
+		{Type: v1alpha1.ConditionProgressing, Status: metav1.ConditionFalse, Reason: ReasonNotDefault, Message: msg},
+	} {
+		c.ObservedGeneration = cn.Generation
+		setCondition(&st, c)
+	}
+	return r.writeStatus(ctx, cn, st)
+}
+
+// reconcileBlocks gives every Node a block in its NodeNetwork and removes NodeNetworks of
+// deleted Nodes (the garbage collector does too, through the owner reference; this covers
+// clusters where it lags or a Node was re-created under the same name).
+func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1alpha1.ClusterNetwork) ([]problem, error) {
+	log := logf.FromContext(ctx)
+	var nodes corev1.NodeList
+	if err := r.List(ctx, &nodes); err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	var nns v1alpha1.NodeNetworkList
+	if err := r.List(ctx, &nns); err != nil {
+		return nil, fmt.Errorf("listing nodenetworks: %w", err)
+	}
+	nodeUID := make(map[string]types.UID, len(nodes.Items))
+	names := make([]string, 0, len(nodes.Items))
+	for _, n := range nodes.Items {
+		if n.DeletionTimestamp.IsZero() {
+			nodeUID[n.Name] = n.UID
+			names = append(names, n.Name)
+		}
+	}
+	existing := make([]blocks.Existing, 0, len(nns.Items))
+	stale := map[string]bool{}
+	for _, nn := range nns.Items {
+		if !nn.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if uid, ok := nodeUID[nn.Name]; ok && !ownedBy(&nn, uid) {
+			// A Node re-created under the same name: the old NodeNetwork belongs to the old one.
+			existing = append(existing, blocks.Existing{Node: nn.Name + staleSuffix, CIDR: nn.Spec.PodCIDR})
+			stale[nn.Name] = true
+			continue
+		}
+		existing = append(existing, blocks.Existing{Node: nn.Name, CIDR: nn.Spec.PodCIDR})
+	}
+	plan, err := blocks.Compute(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize), names, existing)
+	if err != nil {
+		return []problem{{ReasonAllocationFailed, err.Error()}}, nil
+	}
+
+	var errs []error
+	for _, name := range plan.Release {
+		name = strings.TrimSuffix(name, staleSuffix)
+		nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if err := r.Delete(ctx, nn); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("releasing the block of deleted node %s: %w", name, err))
+			continue
+		}
+		log.Info("released node block", "node", name)
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockReleased", "Release", "released the pod block of deleted node %s", name)
+	}
+	allocated := make([]string, 0, len(plan.Allocate))
+	for name := range plan.Allocate {
+		if !stale[name] { // allocated once the old NodeNetwork is gone (its deletion requeues)
+			allocated = append(allocated, name)
+		}
+	}
+	slices.Sort(allocated)
+	for _, name := range allocated {
+		block := plan.Allocate[name].String()
+		if err := r.createNodeNetwork(ctx, name, nodeUID[name], block); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		log.Info("allocated node block", "node", name, "podCIDR", block)
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "node %s got pod block %s", name, block)
+	}
+
+	var problems []problem
+	if n := len(plan.Unallocated); n > 0 {
+		problems = append(problems, problem{ReasonPodCIDRExhausted, fmt.Sprintf(
+			"%d node(s) lack a pod block (%s): spec.podCIDRs %v hold only %d /%d blocks; append a CIDR to spec.podCIDRs",
+			n, strings.Join(firstN(plan.Unallocated, 5), ", "), cn.Spec.PodCIDRs,
+			blocks.Capacity(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize)), cn.Spec.NodeBlockSize)})
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeWarning, ReasonPodCIDRExhausted, "Allocate", "%d node(s) lack a pod block", n)
+	}
+	for _, c := range plan.Conflicts {
+		problems = append(problems, problem{ReasonNodeBlockConflict, fmt.Sprintf(
+			"NodeNetwork %s holds spec.podCIDR %s, which is %s; delete that NodeNetwork (after draining node %s) to get a new block",
+			c.Node, c.CIDR, c.Reason, c.Node)})
+	}
+	return problems, errors.Join(errs...)
+}
+
+// staleSuffix marks, for the allocator, a NodeNetwork left by an earlier Node of the same name.
+const staleSuffix = "\x00stale"
+
+func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name string, uid types.UID, block string) error {
+	nn := &v1alpha1.NodeNetwork{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "v1", Kind: "Node", Name: name, UID: uid,
+			}},
+			Labels: map[string]string{"app.kubernetes.io/part-of": "trellis"},
+		},
+		Spec: v1alpha1.NodeNetworkSpec{PodCIDR: block},
+	}
+	if err := r.Create(ctx, nn); err != nil {
+		return fmt.Errorf("creating NodeNetwork %s with block %s: %w", name, block, err)
+	}
+	return nil
+}
+
+func ownedBy(obj metav1.Object, uid types.UID) bool {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Kind == "Node" && ref.UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// apply server-side-applies the rendered agent, owned by the ClusterNetwork (except the
+// namespace, which holds the operator too and must outlive the ClusterNetwork).
+func (r *ClusterNetworkReconciler) apply(ctx context.Context, cn *v1alpha1.ClusterNetwork, rendered *render.Result) error {
+	owner := metav1.OwnerReference{
+		APIVersion: v1alpha1.GroupVersion.String(), Kind: "ClusterNetwork", Name: cn.Name, UID: cn.UID,
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+	}
+	for _, obj := range rendered.Objects {
+		if obj.GetKind() != "Namespace" {
+			obj.SetOwnerReferences([]metav1.OwnerReference{owner})
+		}
+		if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj),
+			client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying %s %s: %w", obj.GetKind(), objectName(obj), err)
+		}
+	}
+	return nil
+}
+
+func objectName(obj *unstructured.Unstructured) string {
+	if ns := obj.GetNamespace(); ns != "" {
+		return ns + "/" + obj.GetName()
+	}
+	return obj.GetName()
+}
+
+func (r *ClusterNetworkReconciler) daemonSet(ctx context.Context) (*appsv1.DaemonSet, error) {
+	ds := &appsv1.DaemonSet{}
+	err := r.Get(ctx, types.NamespacedName{Namespace: render.Namespace, Name: render.DaemonSetName}, ds)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading DaemonSet %s/%s: %w", render.Namespace, render.DaemonSetName, err)
+	}
+	return ds, nil
+}
+
+// mtu is the pod MTU in effect: the configured one, else the smallest the agents report.
+func (r *ClusterNetworkReconciler) mtu(ctx context.Context, cn *v1alpha1.ClusterNetwork) (int32, error) {
+	if cn.Spec.MTU != 0 {
+		return cn.Spec.MTU, nil
+	}
+	var nns v1alpha1.NodeNetworkList
+	if err := r.List(ctx, &nns); err != nil {
+		return 0, fmt.Errorf("listing nodenetworks: %w", err)
+	}
+	var low int32
+	for _, nn := range nns.Items {
+		if m := nn.Status.MTU; m > 0 && (low == 0 || m < low) {
+			low = m
+		}
+	}
+	return low, nil
+}
+
+func (r *ClusterNetworkReconciler) writeStatus(ctx context.Context, cn *v1alpha1.ClusterNetwork, st v1alpha1.ClusterNetworkStatus) error {
+	if equalStatus(cn.Status, st) {
+		return nil
+	}
+	patch := client.MergeFrom(cn.DeepCopy())
+	cn.Status = st
+	if err := r.Status().Patch(ctx, cn, patch); err != nil {
+		return fmt.Errorf("updating ClusterNetwork %s status: %w", cn.Name, err)
+	}
+	return nil
+}
+
+// SetupWithManager registers the reconciler: the ClusterNetwork, everything it owns (drift is
+// put back), Nodes coming and going, and NodeNetwork status (for MTU and readiness).
+func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	toDefault := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: v1alpha1.ClusterNetworkName}}}
+	})
+	nodeMembership := predicate.Funcs{
+		CreateFunc: func(event.CreateEvent) bool { return true },
+		DeleteFunc: func(event.DeleteEvent) bool { return true },
+		// Status heartbeats are of no interest; only a Node going away matters.
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+		GenericFunc: func(event.GenericEvent) bool { return true },
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1alpha1.ClusterNetwork{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.DaemonSet{}).
+		Owns(&corev1.ConfigMap{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&rbacv1.ClusterRole{}).
+		Owns(&rbacv1.ClusterRoleBinding{}).
+		Watches(&corev1.Node{}, toDefault, builder.WithPredicates(nodeMembership)).
+		Watches(&v1alpha1.NodeNetwork{}, toDefault).
+		Named("clusternetwork").
+		Complete(r)
+}
+
+// CacheOptions keeps the operator's watches, and so its RBAC, to its own objects: namespaced
+// ones in trellis-system only, cluster-wide RBAC objects by the trellis label.
+func CacheOptions() cache.Options {
+	ours := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/part-of": "trellis"})
+	inNamespace := map[string]cache.Config{render.Namespace: {}}
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&appsv1.DaemonSet{}:          {Namespaces: inNamespace},
+		&corev1.ConfigMap{}:          {Namespaces: inNamespace},
+		&corev1.ServiceAccount{}:     {Namespaces: inNamespace},
+		&rbacv1.ClusterRole{}:        {Label: ours},
+		&rbacv1.ClusterRoleBinding{}: {Label: ours},
+	}}
+}

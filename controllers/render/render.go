@@ -1,0 +1,238 @@
+// Package render computes the node agent's objects from a ClusterNetwork: the embedded
+// kustomize base (config/agent) with the spec's values applied by kustomize on an
+// in-memory filesystem. It is pure: no API calls.
+package render
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"path"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/types"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	agentbase "github.com/trellis-net/trellis/config/agent"
+)
+
+const (
+	// Namespace holds the agent's namespaced objects.
+	Namespace = "trellis-system"
+	// DaemonSetName is the agent DaemonSet.
+	DaemonSetName = "trellis-agent"
+	// ConfigMapName holds the agent configuration.
+	ConfigMapName = "trellis-agent-config"
+	// ConfigHashAnnotation on the agent pod template changes with the configuration, so a
+	// configuration change rolls the DaemonSet.
+	ConfigHashAnnotation = "network.trellis.dev/config-hash"
+	// baseImage is the image name used in config/agent, replaced by the real image.
+	baseImage = "trellis-agent"
+
+	defaultSetupTimeout = 10 * time.Second
+)
+
+// Result is the rendered agent.
+type Result struct {
+	// Objects in apply order (namespace and RBAC before the workload).
+	Objects []*unstructured.Unstructured
+	// Config is the agent configuration in the ConfigMap.
+	Config agentconfig.Config
+	// ConfigHash identifies Config.
+	ConfigHash string
+	// Image is the agent image in use.
+	Image string
+}
+
+// AgentConfig is the agent configuration a ClusterNetwork spec asks for. Unset fields
+// (a spec not read back from the API server) get the API's defaults.
+func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) agentconfig.Config {
+	c := agentconfig.Config{
+		PodCIDRs:      append([]string(nil), spec.PodCIDRs...),
+		NodeBlockSize: orDefault(spec.NodeBlockSize, 24),
+		Encapsulation: string(spec.Encapsulation),
+		VXLAN: agentconfig.VXLAN{
+			Port:            orDefault(spec.VXLAN.Port, 4789),
+			VNI:             orDefault(spec.VXLAN.VNI, 1),
+			ChecksumOffload: spec.VXLAN.ChecksumOffload,
+		},
+		MTU:         spec.MTU,
+		NATOutgoing: spec.NATOutgoing == nil || *spec.NATOutgoing,
+		NetworkPolicy: agentconfig.NetworkPolicy{
+			Enabled:      spec.NetworkPolicy.Enabled == nil || *spec.NetworkPolicy.Enabled,
+			SetupTimeout: agentconfig.Duration{Duration: defaultSetupTimeout},
+		},
+		LogLevel: string(spec.Agent.LogLevel),
+	}
+	if c.Encapsulation == "" {
+		c.Encapsulation = string(v1alpha1.EncapsulationVXLAN)
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if t := spec.NetworkPolicy.SetupTimeout; t != nil {
+		c.NetworkPolicy.SetupTimeout.Duration = t.Duration
+	}
+	return c
+}
+
+// Agent renders the agent's objects for spec. defaultImage is used unless
+// spec.agent.image is set.
+func Agent(spec *v1alpha1.ClusterNetworkSpec, defaultImage string) (*Result, error) {
+	image := spec.Agent.Image
+	if image == "" {
+		image = defaultImage
+	}
+	if image == "" {
+		return nil, fmt.Errorf("no agent image: set spec.agent.image or the operator's RELATED_IMAGE_AGENT environment variable")
+	}
+	cfg := AgentConfig(spec)
+	encoded, err := cfg.Encode()
+	if err != nil {
+		return nil, fmt.Errorf("encoding agent configuration: %w", err)
+	}
+	sum := sha256.Sum256(encoded)
+	hash := hex.EncodeToString(sum[:8])
+
+	dsPatch, err := daemonSetPatch(spec, hash)
+	if err != nil {
+		return nil, err
+	}
+	cmPatch := map[string]any{
+		"apiVersion": "v1", "kind": "ConfigMap",
+		"metadata": map[string]any{"name": ConfigMapName, "namespace": Namespace},
+		"data":     map[string]any{agentconfig.FileName: string(encoded)},
+	}
+	kust := types.Kustomization{
+		TypeMeta:  types.TypeMeta{APIVersion: types.KustomizationVersion, Kind: types.KustomizationKind},
+		Resources: []string{"../base"},
+		Images:    []types.Image{{Name: baseImage, NewName: image}},
+		Patches:   []types.Patch{{Path: "daemonset-patch.yaml"}, {Path: "configmap-patch.yaml"}},
+	}
+
+	mem := filesys.MakeFsInMemory()
+	if err := copyBase(mem, "/base"); err != nil {
+		return nil, err
+	}
+	for name, content := range map[string]any{
+		"kustomization.yaml":   kust,
+		"daemonset-patch.yaml": dsPatch,
+		"configmap-patch.yaml": cmPatch,
+	} {
+		b, err := yaml.Marshal(content)
+		if err != nil {
+			return nil, fmt.Errorf("encoding %s: %w", name, err)
+		}
+		if err := mem.WriteFile(path.Join("/overlay", name), b); err != nil {
+			return nil, fmt.Errorf("writing %s: %w", name, err)
+		}
+	}
+	resMap, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(mem, "/overlay")
+	if err != nil {
+		return nil, fmt.Errorf("rendering the agent from config/agent: %w", err)
+	}
+	res := &Result{Config: cfg, ConfigHash: hash, Image: image}
+	for _, r := range resMap.Resources() {
+		// Through JSON, so numbers get the types unstructured objects use (int64, float64).
+		b, err := r.MarshalJSON()
+		if err != nil {
+			return nil, fmt.Errorf("encoding rendered %s: %w", r.CurId(), err)
+		}
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(b); err != nil {
+			return nil, fmt.Errorf("decoding rendered %s: %w", r.CurId(), err)
+		}
+		res.Objects = append(res.Objects, u)
+	}
+	return res, nil
+}
+
+func daemonSetPatch(spec *v1alpha1.ClusterNetworkSpec, hash string) (map[string]any, error) {
+	pullPolicy := spec.Agent.ImagePullPolicy
+	if pullPolicy == "" {
+		pullPolicy = corev1.PullIfNotPresent
+	}
+	maxUnavailable := intstr.FromInt32(1)
+	if spec.Rollout.MaxUnavailable != nil {
+		maxUnavailable = *spec.Rollout.MaxUnavailable
+	}
+	agent := map[string]any{"name": "agent", "imagePullPolicy": string(pullPolicy)}
+	if len(spec.Agent.Resources.Limits) > 0 || len(spec.Agent.Resources.Requests) > 0 {
+		r, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&spec.Agent.Resources)
+		if err != nil {
+			return nil, fmt.Errorf("spec.agent.resources: %w", err)
+		}
+		r["$patch"] = "replace" // the user's resources replace the base's, not merge into them
+		agent["resources"] = r
+	}
+	podSpec := map[string]any{
+		"initContainers": []any{map[string]any{"name": "install-cni", "imagePullPolicy": string(pullPolicy)}},
+		"containers":     []any{agent},
+	}
+	if len(spec.Agent.NodeSelector) > 0 {
+		podSpec["nodeSelector"] = toAny(spec.Agent.NodeSelector)
+	}
+	if len(spec.Agent.Tolerations) > 0 {
+		tols := make([]any, 0, len(spec.Agent.Tolerations))
+		for i := range spec.Agent.Tolerations {
+			t, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&spec.Agent.Tolerations[i])
+			if err != nil {
+				return nil, fmt.Errorf("spec.agent.tolerations[%d]: %w", i, err)
+			}
+			tols = append(tols, t)
+		}
+		podSpec["tolerations"] = tols
+	}
+	return map[string]any{
+		"apiVersion": "apps/v1", "kind": "DaemonSet",
+		"metadata": map[string]any{"name": DaemonSetName, "namespace": Namespace},
+		"spec": map[string]any{
+			"updateStrategy": map[string]any{"rollingUpdate": map[string]any{"maxUnavailable": maxUnavailable.String()}},
+			"template": map[string]any{
+				"metadata": map[string]any{"annotations": map[string]any{ConfigHashAnnotation: hash}},
+				"spec":     podSpec,
+			},
+		},
+	}, nil
+}
+
+func copyBase(mem filesys.FileSystem, dir string) error {
+	entries, err := fs.ReadDir(agentbase.Base, ".")
+	if err != nil {
+		return fmt.Errorf("reading embedded config/agent: %w", err)
+	}
+	for _, e := range entries {
+		b, err := fs.ReadFile(agentbase.Base, e.Name())
+		if err != nil {
+			return fmt.Errorf("reading embedded config/agent/%s: %w", e.Name(), err)
+		}
+		if err := mem.WriteFile(path.Join(dir, e.Name()), b); err != nil {
+			return fmt.Errorf("writing config/agent/%s: %w", e.Name(), err)
+		}
+	}
+	return nil
+}
+
+func toAny(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func orDefault(v, def int32) int32 {
+	if v == 0 {
+		return def
+	}
+	return v
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian machine; does nothing when it is there.
+set -euo pipefail
+
+log() { echo "install-deps: $*" >&2; }
+
+if ! command -v go >/dev/null; then
+  if [[ -x /usr/local/go/bin/go ]]; then
+    log "go is at /usr/local/go/bin: add it to PATH"
+  else
+    log "Go 1.26 is required (https://go.dev/dl); it is not on PATH"
+  fi
+  exit 1
+fi
+
+# Debian packages: command -> package. The datapath and runtime tests add theirs here.
+declare -A packages=(
+  [git]=git
+  [make]=make
+)
+missing=()
+for cmd in "${!packages[@]}"; do
+  command -v "${cmd}" >/dev/null || missing+=("${packages[${cmd}]}")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    log "missing packages ${missing[*]}: run as root or install them"
+    exit 1
+  fi
+  log "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi

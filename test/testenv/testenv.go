@@ -1,0 +1,67 @@
+// Package testenv starts a real kube-apiserver and etcd (built by hack/build-k8s.sh) with
+// the Trellis CRDs installed, for integration tests.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+// K8sVersion is the Kubernetes release the tests run against.
+const K8sVersion = "v1.37.2"
+
+// RepoRoot is the repository's top directory.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// AssetsDir is where kube-apiserver and etcd are: $KUBEBUILDER_ASSETS, else the cache
+// hack/build-k8s.sh fills. It fails, saying how to fix it, when they are not there.
+func AssetsDir() (string, error) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		cache := os.Getenv("TRELLIS_CACHE")
+		if cache == "" {
+			base := os.Getenv("XDG_CACHE_HOME")
+			if base == "" {
+				home, err := os.UserHomeDir()
+				if err != nil {
+					return "", fmt.Errorf("finding the k8s binaries: %w", err)
+				}
+				base = filepath.Join(home, ".cache")
+			}
+			cache = filepath.Join(base, "trellis")
+		}
+		dir = filepath.Join(cache, "k8s", K8sVersion)
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return "", fmt.Errorf("integration tests need a real %s in %s (%w): run hack/build-k8s.sh or `make test`, which builds it", b, dir, err)
+		}
+	}
+	return dir, nil
+}
+
+// Start starts etcd and kube-apiserver with the CRDs of config/crd/bases installed.
+func Start() (*envtest.Environment, *rest.Config, error) {
+	dir, err := AssetsDir()
+	if err != nil {
+		return nil, nil, err
+	}
+	env := &envtest.Environment{
+		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
+		ErrorIfCRDPathMissing: true,
+		BinaryAssetsDirectory: dir,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", dir, err)
+	}
+	return env, cfg, nil
+}
