@@ -41,9 +41,10 @@ vet: ## go vet.
 	go vet ./...
 
 .PHONY: deps
-deps: ## Install what the tests need (apt packages, k8s binaries into $(TRELLIS_CACHE)).
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl and reference CNI plugins into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
 	hack/build-k8s.sh >/dev/null
+	hack/build-runtime-tools.sh >/dev/null
 
 .PHONY: test
 test: deps manifests generate vet ## Run every test against a real kube-apiserver and etcd.

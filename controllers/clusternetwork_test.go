@@ -35,6 +35,7 @@ var (
 // the ClusterNetwork "default" and build on each other.
 func TestOperator(t *testing.T) {
 	stop := startOperator(t)
+	top := t // the operator outlives each subtest
 
 	cn := &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ClusterNetworkName}}
 	cn.Spec.PodCIDRs = []string{"10.244.0.0/22"} // 4 blocks of /24
@@ -81,7 +82,7 @@ func TestOperator(t *testing.T) {
 	t.Run("blocks are stable across an operator restart", func(t *testing.T) {
 		before := blocksByNode(t)
 		stop()
-		stop = startOperator(t)
+		stop = startOperator(top)
 		createNode(t, "node-6")
 		eventually(t, "node-6 has a block", func() error {
 			if _, ok := blocksByNode(t)["node-6"]; !ok {

@@ -17,6 +17,13 @@ fi
 declare -A packages=(
   [git]=git
   [make]=make
+  # test/runtime: a real containerd + runc per simulated node, inside network namespaces.
+  [containerd]=containerd
+  [runc]=runc
+  [ip]=iproute2
+  [nsenter]=util-linux
+  [ping]=iputils-ping
+  [iptables]=iptables # the portmap plugin, inside the node namespaces only
 )
 missing=()
 for cmd in "${!packages[@]}"; do

@@ -196,7 +196,7 @@ func daemonSetPatch(spec *v1alpha1.ClusterNetworkSpec, hash string) (map[string]
 		"apiVersion": "apps/v1", "kind": "DaemonSet",
 		"metadata": map[string]any{"name": DaemonSetName, "namespace": Namespace},
 		"spec": map[string]any{
-			"updateStrategy": map[string]any{"rollingUpdate": map[string]any{"maxUnavailable": maxUnavailable.String()}},
+			"updateStrategy": map[string]any{"rollingUpdate": map[string]any{"maxUnavailable": intOrString(maxUnavailable)}},
 			"template": map[string]any{
 				"metadata": map[string]any{"annotations": map[string]any{ConfigHashAnnotation: hash}},
 				"spec":     podSpec,
@@ -228,6 +228,13 @@ func toAny(m map[string]string) map[string]any {
 		out[k] = v
 	}
 	return out
+}
+
+func intOrString(v intstr.IntOrString) any {
+	if v.Type == intstr.Int {
+		return int64(v.IntVal)
+	}
+	return v.StrVal
 }
 
 func orDefault(v, def int32) int32 {

@@ -1,10 +1,12 @@
 package render
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 )
@@ -81,3 +83,20 @@ func TestNoImage(t *testing.T) {
 		t.Fatalf("want an error naming spec.agent.image and RELATED_IMAGE_AGENT, got %v", err)
 	}
 }
+
+func TestMaxUnavailable(t *testing.T) {
+	for _, v := range []intstr.IntOrString{intstr.FromInt32(2), intstr.FromString("25%")} {
+		s := spec()
+		s.Rollout.MaxUnavailable = &v
+		r, err := Agent(s, "img:1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _, _ := unstructured.NestedFieldNoCopy(find(t, r, "DaemonSet", DaemonSetName).Object, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable")
+		if fmt.Sprint(got) != v.String() || (v.Type == intstr.Int) != isInt(got) {
+			t.Errorf("maxUnavailable %v rendered as %#v", v.String(), got)
+		}
+	}
+}
+
+func isInt(v any) bool { _, ok := v.(int64); return ok }

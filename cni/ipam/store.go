@@ -1,0 +1,262 @@
+// Package ipam is the node-local address allocator of the trellis CNI plugin. It hands out
+// addresses of the node's pod block, one per (container ID, interface), and keeps its state
+// in a directory (one file per allocated address, as host-local does) under an exclusive
+// file lock, so parallel plugin invocations never collide and a plugin killed at any point
+// leaves either a complete allocation (released later by DEL or GC) or none.
+package ipam
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+const (
+	lockFile     = "lock"
+	lastFile     = "last_reserved_ip"
+	tmpPrefix    = ".tmp-"
+	fileMode     = 0o600
+	dirMode      = 0o700
+	maxBlockBits = 16 // refuse to scan blocks larger than /16 address by address
+)
+
+// ErrExhausted is returned when the block has no free address.
+var ErrExhausted = errors.New("no free address")
+
+// Allocation is one address held by an attachment.
+type Allocation struct {
+	IP          netip.Addr
+	ContainerID string
+	IfName      string
+}
+
+// Store is the allocation state of one network on one node.
+type Store struct {
+	dir  string
+	lock *os.File
+}
+
+// Open locks the store in dir (created if needed) for exclusive use; Close unlocks it. The
+// lock is released by the kernel if the process dies, so a killed plugin never wedges the node.
+func Open(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, dirMode); err != nil {
+		return nil, fmt.Errorf("creating IPAM directory %s: %w", dir, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, lockFile), os.O_RDWR|os.O_CREATE, fileMode)
+	if err != nil {
+		return nil, fmt.Errorf("opening IPAM lock: %w", err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking IPAM directory %s: %w", dir, err)
+	}
+	s := &Store{dir: dir, lock: f}
+	s.removeTemps()
+	return s, nil
+}
+
+// Close releases the lock.
+func (s *Store) Close() error {
+	return s.lock.Close() // closing the descriptor drops the flock
+}
+
+// removeTemps deletes half-written files of a plugin killed mid-write.
+func (s *Store) removeTemps() {
+	entries, _ := os.ReadDir(s.dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			_ = os.Remove(filepath.Join(s.dir, e.Name()))
+		}
+	}
+}
+
+// List returns every allocation.
+func (s *Store) List() ([]Allocation, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("reading IPAM directory %s: %w", s.dir, err)
+	}
+	var out []Allocation
+	for _, e := range entries {
+		ip, err := netip.ParseAddr(e.Name())
+		if err != nil {
+			continue // lock, last_reserved_ip
+		}
+		id, ifname, err := s.owner(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Allocation{IP: ip, ContainerID: id, IfName: ifname})
+	}
+	return out, nil
+}
+
+func (s *Store) owner(name string) (string, string, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, name))
+	if err != nil {
+		return "", "", fmt.Errorf("reading allocation %s: %w", name, err)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(b)))
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, strings.TrimSpace(sc.Text()))
+	}
+	for len(lines) < 2 {
+		lines = append(lines, "")
+	}
+	return lines[0], lines[1], nil
+}
+
+// Get returns the address held by (containerID, ifname), if any.
+func (s *Store) Get(containerID, ifname string) (netip.Addr, bool, error) {
+	all, err := s.List()
+	if err != nil {
+		return netip.Addr{}, false, err
+	}
+	for _, a := range all {
+		if a.ContainerID == containerID && a.IfName == ifname {
+			return a.IP, true, nil
+		}
+	}
+	return netip.Addr{}, false, nil
+}
+
+// Allocate gives (containerID, ifname) an address of block: the one it already holds (a
+// retried ADD), else the next free one after the last handed out (round robin, so a freed
+// address is not reused at once). The network address, the first host address (reserved
+// for the node's gateway/VTEP use) and the broadcast address are never handed out.
+func (s *Store) Allocate(block netip.Prefix, containerID, ifname string) (netip.Addr, error) {
+	if !block.Addr().Is4() || block.Bits() < 32-maxBlockBits || block.Bits() > 30 {
+		return netip.Addr{}, fmt.Errorf("pod block %s: must be an IPv4 prefix between /%d and /30", block, 32-maxBlockBits)
+	}
+	if ip, ok, err := s.Get(containerID, ifname); err != nil || ok {
+		return ip, err
+	}
+	first, last := usable(block)
+	start := first
+	if b, err := os.ReadFile(filepath.Join(s.dir, lastFile)); err == nil {
+		if prev, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && block.Contains(prev) {
+			start = prev.Next()
+		}
+	}
+	if start.Compare(first) < 0 || start.Compare(last) > 0 {
+		start = first
+	}
+	ip := start
+	for {
+		if _, err := os.Lstat(filepath.Join(s.dir, ip.String())); errors.Is(err, os.ErrNotExist) {
+			if err := s.writeFile(ip.String(), containerID+"\n"+ifname+"\n"); err != nil {
+				return netip.Addr{}, err
+			}
+			if err := s.writeFile(lastFile, ip.String()); err != nil {
+				return netip.Addr{}, err
+			}
+			return ip, nil
+		}
+		if ip = ip.Next(); ip.Compare(last) > 0 {
+			ip = first
+		}
+		if ip == start {
+			return netip.Addr{}, fmt.Errorf("pod block %s: %w (every address from %s to %s is allocated)", block, ErrExhausted, first, last)
+		}
+	}
+}
+
+// Release frees what (containerID, ifname) holds. Releasing nothing is not an error.
+func (s *Store) Release(containerID, ifname string) ([]netip.Addr, error) {
+	all, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	var freed []netip.Addr
+	for _, a := range all {
+		if a.ContainerID == containerID && a.IfName == ifname {
+			if err := s.remove(a.IP); err != nil {
+				return freed, err
+			}
+			freed = append(freed, a.IP)
+		}
+	}
+	return freed, nil
+}
+
+// ReleaseExcept frees every allocation whose attachment keep does not report as valid.
+func (s *Store) ReleaseExcept(keep func(containerID, ifname string) bool) ([]Allocation, error) {
+	all, err := s.List()
+	if err != nil {
+		return nil, err
+	}
+	var freed []Allocation
+	for _, a := range all {
+		if keep(a.ContainerID, a.IfName) {
+			continue
+		}
+		if err := s.remove(a.IP); err != nil {
+			return freed, err
+		}
+		freed = append(freed, a)
+	}
+	return freed, nil
+}
+
+func (s *Store) remove(ip netip.Addr) error {
+	if err := os.Remove(filepath.Join(s.dir, ip.String())); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("releasing %s: %w", ip, err)
+	}
+	return nil
+}
+
+// writeFile replaces name atomically: a crash leaves the old content or the new, never half.
+func (s *Store) writeFile(name, content string) error {
+	f, err := os.CreateTemp(s.dir, tmpPrefix)
+	if err != nil {
+		return fmt.Errorf("writing IPAM state: %w", err)
+	}
+	_, werr := f.WriteString(content)
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Chmod(f.Name(), fileMode)
+	}
+	if werr == nil {
+		werr = os.Rename(f.Name(), filepath.Join(s.dir, name))
+	}
+	if werr != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("writing IPAM state %s: %w", name, werr)
+	}
+	return nil
+}
+
+// usable is the range of addresses handed out: after the network address and the
+// reserved gateway address, before the broadcast address.
+func usable(block netip.Prefix) (first, last netip.Addr) {
+	a := block.Masked().Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	size := uint32(1) << uint(32-block.Bits())
+	return u32(v + 2), u32(v + size - 2)
+}
+
+// Gateway is the reserved first host address of the block.
+func Gateway(block netip.Prefix) netip.Addr {
+	return block.Masked().Addr().Next()
+}
+
+func u32(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}

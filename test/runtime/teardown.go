@@ -1,0 +1,231 @@
+package runtime
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// namePrefix starts the name of every node network namespace, node directory (under
+// os.TempDir) and node cgroup: "trlrt-<pid of the test process>-<sequence>[-<name>]".
+const namePrefix = "trlrt-"
+
+// netnsDir is where `ip netns` keeps named network namespaces.
+const netnsDir = "/run/netns"
+
+var sweepOnce sync.Once
+
+// sweepLeftovers removes what killed test processes left behind: node namespaces,
+// cgroups and directories whose owning pid no longer runs. Those of live processes (other
+// test binaries running in parallel) are left alone. It returns what it removed.
+func sweepLeftovers() (removed []string, errs []error) {
+	names := map[string]bool{}
+	add := func(dir string) {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), namePrefix) {
+				names[e.Name()] = true
+			}
+		}
+	}
+	add(netnsDir)
+	add(os.TempDir())
+	for _, h := range cgroupHierarchies() {
+		add(h)
+	}
+	for name := range names {
+		pid, ok := ownerPID(name)
+		if !ok || pid == os.Getpid() || processAlive(pid) {
+			continue
+		}
+		if err := removeNodeResources(name, filepath.Join(os.TempDir(), name)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	slices.Sort(removed)
+	return removed, errs
+}
+
+// ownerPID parses the test process's pid out of a node name.
+func ownerPID(name string) (int, bool) {
+	rest := strings.TrimPrefix(name, namePrefix)
+	pidStr, _, _ := strings.Cut(rest, "-")
+	pid, err := strconv.Atoi(pidStr)
+	return pid, err == nil && pid > 0
+}
+
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// removeNodeResources kills every process of node `name` (those in its network namespace:
+// containerd, shims, CNI plugins; those in its cgroups: the containers), removes its
+// cgroups and network namespace and then dir. The node's mounts live in a private mount
+// namespace that disappears with its last process.
+func removeNodeResources(name, dir string) error {
+	var errs []error
+	nsPath := filepath.Join(netnsDir, name)
+	if ino, err := nsInode(nsPath); err == nil {
+		if err := killUntilGone(func() []int { return pidsInNetNS(ino) }); err != nil {
+			errs = append(errs, fmt.Errorf("processes in network namespace %s: %w", name, err))
+		}
+	}
+	if err := removeCgroups(name); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := os.Stat(nsPath); err == nil {
+		if out, err := sbinCommand(context.Background(), "ip", "netns", "delete", name).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ip netns delete %s: %w: %s", name, err, strings.TrimSpace(string(out))))
+		}
+	}
+	if dir != "" {
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s: %w", dir, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("removing node %s: %w", name, err)
+	}
+	return nil
+}
+
+// nsInode is the inode of the namespace file at path, as shown in /proc/PID/ns/* links.
+func nsInode(path string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// pidsInNetNS lists the processes whose network namespace has inode ino.
+func pidsInNetNS(ino uint64) []int {
+	want := fmt.Sprintf("net:[%d]", ino)
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if link, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "net")); err == nil && link == want {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// killUntilGone SIGKILLs the processes list returns until it returns none (10 s at most).
+func killUntilGone(list func() []int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids := list()
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("processes %v still alive after SIGKILL", pids)
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cgroupHierarchies lists the mount points of the cgroup (v1) and cgroup2 file systems.
+func cgroupHierarchies() []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var dirs []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+		fields := strings.Fields(sc.Text())
+		sep := slices.Index(fields, "-")
+		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
+			continue
+		}
+		if fs := fields[sep+1]; fs == "cgroup" || fs == "cgroup2" {
+			dirs = append(dirs, fields[4])
+		}
+	}
+	return dirs
+}
+
+// removeCgroups kills the processes in the node's cgroup subtrees (the pods' containers,
+// under cgroup_parent /<name>/...) and removes the directories, deepest first.
+func removeCgroups(name string) error {
+	var trees []string
+	for _, h := range cgroupHierarchies() {
+		if _, err := os.Stat(filepath.Join(h, name)); err == nil {
+			trees = append(trees, filepath.Join(h, name))
+		}
+	}
+	if len(trees) == 0 {
+		return nil
+	}
+	err := killUntilGone(func() []int {
+		var pids []int
+		for _, tree := range trees {
+			_ = filepath.WalkDir(tree, func(path string, d fs.DirEntry, err error) error {
+				if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+					return nil
+				}
+				data, _ := os.ReadFile(path)
+				for _, f := range strings.Fields(string(data)) {
+					if pid, err := strconv.Atoi(f); err == nil && !slices.Contains(pids, pid) {
+						pids = append(pids, pid)
+					}
+				}
+				return nil
+			})
+		}
+		return pids
+	})
+	if err != nil {
+		return fmt.Errorf("processes in cgroups %s: %w", name, err)
+	}
+	var errs []error
+	for _, tree := range trees {
+		var dirs []string
+		_ = filepath.WalkDir(tree, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		// Deepest first; a cgroup whose last task just exited can be busy for a moment.
+		slices.SortFunc(dirs, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+		for _, d := range dirs {
+			var err error
+			for range 50 {
+				if err = syscall.Rmdir(d); err == nil || errors.Is(err, syscall.ENOENT) {
+					err = nil
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rmdir %s: %w", d, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
