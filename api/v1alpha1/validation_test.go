@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -155,7 +156,7 @@ func TestValidClusterNetworkGetsDefaults(t *testing.T) {
 		{"mtu", s.MTU, int32(0)},
 		{"natOutgoing", s.NATOutgoing != nil && *s.NATOutgoing, true},
 		{"networkPolicy.enabled", s.NetworkPolicy.Enabled != nil && *s.NetworkPolicy.Enabled, true},
-		{"networkPolicy.setupTimeout", fmt.Sprint(s.NetworkPolicy.SetupTimeout), "10s"},
+		{"networkPolicy.setupTimeout", durationString(s.NetworkPolicy.SetupTimeout), "10s"},
 		{"agent.imagePullPolicy", string(s.Agent.ImagePullPolicy), "IfNotPresent"},
 		{"agent.logLevel", s.Agent.LogLevel, v1alpha1.LogLevel("info")},
 		{"rollout.maxUnavailable", fmt.Sprint(s.Rollout.MaxUnavailable), "1"},
@@ -213,4 +214,11 @@ func TestPodCIDRsAreAppendOnly(t *testing.T) {
 	if fmt.Sprint(got.Spec.PodCIDRs) != "[10.244.0.0/16 10.245.0.0/16]" || got.Spec.NodeBlockSize != 24 {
 		t.Fatalf("a refused change altered the stored object: %v /%d", got.Spec.PodCIDRs, got.Spec.NodeBlockSize)
 	}
+}
+
+func durationString(d *metav1.Duration) string {
+	if d == nil {
+		return "<nil>"
+	}
+	return d.Duration.String()
 }

@@ -1,0 +1,154 @@
+package cni_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	osexec "os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/trellis-net/trellis/cni/policyhook"
+)
+
+// fakeAgent answers the policy hook like the node agent, after delay.
+func fakeAgent(t *testing.T, delay time.Duration, ok bool) (socket string, got chan policyhook.Request) {
+	t.Helper()
+	socket = filepath.Join(t.TempDir(), "policy.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	got = make(chan policyhook.Request, 10)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			line, _ := bufio.NewReader(c).ReadBytes('\n')
+			var req policyhook.Request
+			_ = json.Unmarshal(line, &req)
+			got <- req
+			time.Sleep(delay)
+			resp := policyhook.Response{OK: ok}
+			if !ok {
+				resp.Error = "ipset trellis-pods is full"
+			}
+			_ = json.NewEncoder(c).Encode(resp)
+			c.Close()
+		}
+	}()
+	return socket, got
+}
+
+func TestPolicyHook(t *testing.T) {
+	t.Run("ADD waits for the agent's confirmation", func(t *testing.T) {
+		socket, got := fakeAgent(t, 300*time.Millisecond, true)
+		n := newNode(t, nodeOpts{policy: map[string]any{"socket": socket, "timeout": "5s"}})
+		p := n.newPod("web")
+		start := time.Now()
+		r, _ := n.mustAdd(p)
+		if took := time.Since(start); took < 300*time.Millisecond {
+			t.Errorf("ADD returned after %s, before the agent confirmed", took)
+		}
+		req := <-got
+		if req.Version != policyhook.Version || req.Op != "add" || req.Namespace != "default" || req.Pod != "web" ||
+			req.PodUID != "uid-web" || req.IP != podIP(t, r).String() || req.ContainerID != p.id || !strings.HasPrefix(req.HostInterface, "trl") {
+			t.Errorf("agent got %+v", req)
+		}
+	})
+	t.Run("an unreachable agent fails the ADD and leaves nothing", func(t *testing.T) {
+		n := newNode(t, nodeOpts{policy: map[string]any{"socket": filepath.Join(t.TempDir(), "absent.sock"), "timeout": "1s"}})
+		_, err := n.add(context.Background(), n.newPod("x"))
+		if err == nil || !strings.Contains(err.Error(), "network policies are not in place") {
+			t.Fatalf("want a refusal, got %v", err)
+		}
+		n.assertClean()
+	})
+	t.Run("an agent that refuses fails the ADD", func(t *testing.T) {
+		socket, _ := fakeAgent(t, 0, false)
+		n := newNode(t, nodeOpts{policy: map[string]any{"socket": socket}})
+		_, err := n.add(context.Background(), n.newPod("x"))
+		if err == nil || !strings.Contains(err.Error(), "ipset trellis-pods is full") {
+			t.Fatalf("want the agent's reason, got %v", err)
+		}
+		n.assertClean()
+	})
+	t.Run("a slow agent times out", func(t *testing.T) {
+		socket, _ := fakeAgent(t, 3*time.Second, true)
+		n := newNode(t, nodeOpts{policy: map[string]any{"socket": socket, "timeout": "500ms"}})
+		_, err := n.add(context.Background(), n.newPod("x"))
+		if err == nil || !strings.Contains(err.Error(), "within 500ms") {
+			t.Fatalf("want a timeout, got %v", err)
+		}
+		n.assertClean()
+	})
+	t.Run("failurePolicy Ignore proceeds without the agent", func(t *testing.T) {
+		n := newNode(t, nodeOpts{policy: map[string]any{"socket": filepath.Join(t.TempDir(), "absent.sock"), "failurePolicy": "Ignore"}})
+		n.mustAdd(n.newPod("x"))
+		logged, _ := os.ReadFile(n.logFile)
+		if !strings.Contains(string(logged), "without policy confirmation") {
+			t.Errorf("the plugin did not log that it skipped the policy wait:\n%s", logged)
+		}
+	})
+}
+
+// The plugin run as a runtime runs it, with bad input: a CNI error on stdout with the
+// spec's code and a message saying what is wrong, never a panic.
+func TestBadInput(t *testing.T) {
+	valid := `{"cniVersion":"1.1.0","name":"trellis","type":"trellis","podCIDR":"10.244.1.0/24"}`
+	env := func(cmd string) []string {
+		return []string{"CNI_COMMAND=" + cmd, "CNI_CONTAINERID=abc", "CNI_NETNS=/proc/self/ns/net", "CNI_IFNAME=eth0", "CNI_PATH=" + pluginDir}
+	}
+	tests := []struct {
+		name  string
+		env   []string
+		stdin string
+		code  uint
+		msg   string
+	}{
+		{"not JSON", env("ADD"), `{"cniVersion":`, 6, "unmarshal"},
+		{"no podCIDR", env("ADD"), `{"cniVersion":"1.1.0","name":"trellis","type":"trellis"}`, 7, "podCIDR is empty"},
+		{"podCIDR with host bits", env("ADD"), strings.Replace(valid, "10.244.1.0/24", "10.244.1.5/24", 1), 7, "podCIDR \"10.244.1.5/24\""},
+		{"bad MTU", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"mtu":99,"podCIDR"`, 1), 7, "mtu 99"},
+		{"bad policy timeout", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"policy":{"socket":"/x","timeout":"soon"},"podCIDR"`, 1), 7, "policy.timeout"},
+		{"bad failure policy", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"policy":{"socket":"/x","failurePolicy":"Maybe"},"podCIDR"`, 1), 7, "policy.failurePolicy"},
+		{"unknown version", env("ADD"), strings.Replace(valid, "1.1.0", "9.9.9", 1), 1, "incompatible CNI versions"},
+		{"unknown command", env("FROB"), valid, 4, "CNI_COMMAND"},
+		{"no container ID", []string{"CNI_COMMAND=ADD", "CNI_NETNS=/proc/self/ns/net", "CNI_IFNAME=eth0", "CNI_PATH=/x"}, valid, 4, "CNI_CONTAINERID"},
+		{"netns that is not one", append(env("ADD")[:2:2], "CNI_NETNS=/nonexistent", "CNI_IFNAME=eth0", "CNI_PATH=/x"), valid, 8, "CNI_NETNS"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := osexec.Command(filepath.Join(pluginDir, "trellis"))
+			cmd.Env = tt.env
+			cmd.Stdin = strings.NewReader(tt.stdin)
+			var stdout, stderr bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			if err == nil {
+				t.Fatalf("exit 0 for bad input; stdout %s", stdout.String())
+			}
+			if strings.Contains(stdout.String()+stderr.String(), "goroutine") {
+				t.Fatalf("the plugin panicked:\n%s%s", stdout.String(), stderr.String())
+			}
+			var e struct {
+				Code uint   `json:"code"`
+				Msg  string `json:"msg"`
+			}
+			if err := json.Unmarshal(stdout.Bytes(), &e); err != nil {
+				t.Fatalf("stdout is not a CNI error: %q", stdout.String())
+			}
+			if e.Code != tt.code || !strings.Contains(e.Msg, tt.msg) {
+				t.Errorf("got code %d %q, want code %d mentioning %q", e.Code, e.Msg, tt.code, tt.msg)
+			}
+		})
+	}
+}
