@@ -10,6 +10,7 @@ KUBEBUILDER_ASSETS ?= $(TRELLIS_CACHE)/k8s/$(K8S_VERSION)
 export KUBEBUILDER_ASSETS
 KUBECTL ?= kubectl
 GO_TEST_FLAGS ?= -count=1 -timeout=30m
+FUZZ_TIME ?= 10s
 LDFLAGS := -X github.com/trellis-net/trellis/internal/version.Version=$(VERSION)
 CONTROLLER_GEN := go tool controller-gen
 
@@ -47,8 +48,9 @@ deps: ## Install what the tests need (apt packages; k8s binaries, crictl and ref
 	hack/build-runtime-tools.sh >/dev/null
 
 .PHONY: test
-test: deps manifests generate vet ## Run every test against a real kube-apiserver and etcd.
+test: deps manifests generate vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd.
 	go test $(GO_TEST_FLAGS) ./...
+	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_TIME) ./cni/plugin/
 
 .PHONY: verify
 verify: manifests generate ## Fail if generated files are out of date.
@@ -93,3 +95,14 @@ demo: ## The local multi-node cluster demo (lands with the local-cluster issue).
 	@echo "make demo: not available yet — the local cluster lands with the local-cluster issue."
 	@echo "Today: 'make test' runs the operator against a real kube-apiserver and etcd."
 	@exit 1
+
+##@ Benchmarks
+
+BENCH_CNI_FLAGS ?=
+
+.PHONY: bench-cni
+bench-cni: ## CNI ADD/DEL latency, trellis vs ptp + host-local (root; own netns). Options: BENCH_CNI_FLAGS="-pods 200 -rounds 2 -concurrency 20".
+	@tools=$$(hack/build-runtime-tools.sh) && \
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o "$$tmp/trellis" ./cmd/cni && \
+	go run ./test/bench/cni -reference-dir "$$tools" -trellis "$$tmp/trellis" $(BENCH_CNI_FLAGS)

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"slices"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// series is what one plugin measured for one operation in one mode, over all rounds.
+type series struct {
+	samples []time.Duration // one per successful operation
+	wall    time.Duration   // sum over rounds of the time to ADD (DEL) every pod of the round
+	rounds  int
+}
+
+type seriesKey struct{ mode, plugin, op string }
+
+// results collects the measured phases (the runner records them one phase at a time).
+type results struct {
+	modes []string // in run order
+	data  map[seriesKey]*series
+}
+
+func newResults() *results {
+	return &results{data: map[seriesKey]*series{}}
+}
+
+func (r *results) record(m mode, plugin, op string, samples []time.Duration, wall time.Duration) {
+	if !slices.Contains(r.modes, m.name) {
+		r.modes = append(r.modes, m.name)
+	}
+	k := seriesKey{m.name, plugin, op}
+	s := r.data[k]
+	if s == nil {
+		s = &series{}
+		r.data[k] = s
+	}
+	s.samples = append(s.samples, samples...)
+	s.wall += wall
+	s.rounds++
+}
+
+// percentile is the nearest-rank percentile (p in (0,100]) of samples.
+func percentile(samples []time.Duration, p float64) (time.Duration, bool) {
+	if len(samples) == 0 {
+		return 0, false
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	return s[max(rank, 1)-1], true
+}
+
+// print writes the report: per mode, operation and percentile the latency of both setups
+// and the ratio trellis/reference (≤ 1.00: trellis is as fast or faster), then the wall
+// time of whole rounds, which shows throughput under concurrency.
+func (r *results) print(w io.Writer, o options, runDir string) {
+	fmt.Fprintf(w, "\nCNI ADD/DEL latency through libcni: trellis vs reference (ptp + host-local)\n")
+	fmt.Fprintf(w, "%d pods x %d rounds per plugin and mode (order alternates per round), %d warm-up pods each; fresh pod netns per pod\n",
+		o.pods, o.rounds, o.warmup)
+	fmt.Fprintf(w, "%s\n\n", environment(runDir))
+
+	const row = "%-8s  %-3s  %-3s  %12s  %12s  %11s\n"
+	fmt.Fprintf(w, row, "mode", "op", "pct", "reference", "trellis", "trellis/ref")
+	for _, m := range r.modes {
+		for _, op := range []string{"ADD", "DEL"} {
+			ref, trl := r.data[seriesKey{m, pluginReference, op}], r.data[seriesKey{m, pluginTrellis, op}]
+			for _, p := range []float64{50, 99} {
+				rv, rok := percentile(samplesOf(ref), p)
+				tv, tok := percentile(samplesOf(trl), p)
+				fmt.Fprintf(w, row, m, op, fmt.Sprintf("p%d", int(p)), ms(rv, rok), ms(tv, tok), ratio(tv, rv, tok && rok))
+			}
+		}
+	}
+
+	fmt.Fprintf(w, "\nwall time per round (all %d pods; mean over rounds)\n", o.pods)
+	const wrow = "%-8s  %-3s  %12s  %12s  %11s\n"
+	fmt.Fprintf(w, wrow, "mode", "op", "reference", "trellis", "trellis/ref")
+	for _, m := range r.modes {
+		for _, op := range []string{"ADD", "DEL"} {
+			ref, trl := r.data[seriesKey{m, pluginReference, op}], r.data[seriesKey{m, pluginTrellis, op}]
+			rv, rok := meanWall(ref)
+			tv, tok := meanWall(trl)
+			fmt.Fprintf(w, wrow, m, op, secs(rv, rok), secs(tv, tok), ratio(tv, rv, tok && rok))
+		}
+	}
+	r.printShortfalls(w, o)
+}
+
+// printShortfalls notes series with fewer samples than planned (failed operations).
+func (r *results) printShortfalls(w io.Writer, o options) {
+	want := o.pods * o.rounds
+	for _, m := range r.modes {
+		for _, p := range []string{pluginReference, pluginTrellis} {
+			for _, op := range []string{"ADD", "DEL"} {
+				if n := len(samplesOf(r.data[seriesKey{m, p, op}])); n != want {
+					fmt.Fprintf(w, "note: %s %s %s has %d samples of %d (the others failed)\n", m, p, op, n, want)
+				}
+			}
+		}
+	}
+}
+
+func samplesOf(s *series) []time.Duration {
+	if s == nil {
+		return nil
+	}
+	return s.samples
+}
+
+func meanWall(s *series) (time.Duration, bool) {
+	if s == nil || s.rounds == 0 {
+		return 0, false
+	}
+	return s.wall / time.Duration(s.rounds), true
+}
+
+func ms(d time.Duration, ok bool) string {
+	if !ok {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+func secs(d time.Duration, ok bool) string {
+	if !ok {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
+
+func ratio(num, den time.Duration, ok bool) string {
+	if !ok || den == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f", float64(num)/float64(den))
+}
+
+// environment names what the numbers depend on most: kernel, CPUs and the filesystem of
+// the IPAM stores (whether fsync reaches a disk).
+func environment(runDir string) string {
+	kernel := "?"
+	var u unix.Utsname
+	if unix.Uname(&u) == nil {
+		kernel = unix.ByteSliceToString(u.Release[:])
+	}
+	return fmt.Sprintf("kernel %s, %d CPUs, IPAM stores on %s (%s)", kernel, runtime.NumCPU(), fsType(runDir), runDir)
+}
+
+func fsType(path string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return "?"
+	}
+	switch st.Type {
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlayfs"
+	default:
+		return fmt.Sprintf("fs type %#x", st.Type)
+	}
+}

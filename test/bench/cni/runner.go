@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// opTimeout bounds one ADD or DEL; the plugins take milliseconds.
+const opTimeout = time.Minute
+
+// maxReportedErrors caps the failures printed in full.
+const maxReportedErrors = 10
+
+// setup is one plugin configuration under test.
+type setup struct {
+	name    string
+	list    *libcni.NetworkConfigList
+	subnet  netip.Prefix // every address it hands out is in it
+	ipamDir string       // its IPAM store: one file per allocated address
+}
+
+// pod is one sandbox as a runtime sees it: an ID, a namespace and the CNI args.
+type pod struct {
+	rt    *libcni.RuntimeConf
+	added bool // an ADD was attempted (so a DEL is owed, as a runtime owes one)
+	ip    netip.Addr
+}
+
+// runner drives the plugins from inside the node namespace.
+type runner struct {
+	cni      *libcni.CNIConfig
+	setups   map[string]*setup
+	cacheDir string
+	stopping atomic.Bool // set by a signal: add no more pods, DEL those added
+
+	mu       sync.Mutex
+	failures []error
+}
+
+// runRunner is the runner's main: it returns the exit code.
+func runRunner(o options) int {
+	if err := ensureNotRootNetns(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench-cni runner: %v\n", err)
+		return 2
+	}
+	r, err := newRunner(o)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench-cni runner: %v\n", err)
+		return 1
+	}
+	r.watchSignals()
+
+	plan := buildPlan(o, o.runnerPrefix)
+	if err := checkNetnsExist(plan); err != nil {
+		fmt.Fprintf(os.Stderr, "bench-cni runner: %v\n", err)
+		return 1
+	}
+	res := newResults()
+	var pods [][]*pod
+	for i, ph := range plan {
+		if r.stopping.Load() {
+			break
+		}
+		fmt.Fprintf(os.Stderr, "bench-cni: [%d/%d] %s\n", i+1, len(plan), ph)
+		pods = append(pods, r.runPhase(ph, res))
+	}
+
+	code := 0
+	if leaks := checkLeaks(r, pods); len(leaks) > 0 {
+		fmt.Fprintf(os.Stderr, "bench-cni: LEAKS after the last DEL:\n")
+		for _, l := range leaks {
+			fmt.Fprintf(os.Stderr, "  %v\n", l)
+		}
+		code = 1
+	}
+	if n := len(r.failures); n > 0 {
+		fmt.Fprintf(os.Stderr, "bench-cni: %d operations failed; the first ones:\n", n)
+		for _, err := range r.failures[:min(n, maxReportedErrors)] {
+			fmt.Fprintf(os.Stderr, "  %v\n", err)
+		}
+		code = 1
+	}
+	if r.stopping.Load() {
+		fmt.Fprintln(os.Stderr, "bench-cni: interrupted: no report")
+		return 130
+	}
+	res.print(os.Stdout, o, o.runDir)
+	return code
+}
+
+// ensureNotRootNetns refuses to run the plugins in the machine's network namespace: they
+// would add veths and routes to the real host. The orchestrator (our parent: ip execs the
+// runner in place) runs in the root namespace; PID 1's is compared too where it is readable
+// (a sandbox may deny it).
+func ensureNotRootNetns() error {
+	self, err := os.Stat("/proc/self/ns/net")
+	if err != nil {
+		return fmt.Errorf("reading this process's network namespace: %w", err)
+	}
+	for _, other := range []string{fmt.Sprintf("/proc/%d/ns/net", os.Getppid()), "/proc/1/ns/net"} {
+		st, err := os.Stat(other)
+		if err != nil {
+			if other == "/proc/1/ns/net" {
+				continue
+			}
+			return fmt.Errorf("reading the orchestrator's network namespace: %w", err)
+		}
+		if os.SameFile(self, st) {
+			return fmt.Errorf("refusing to run the plugins in the root network namespace (%s is the same): the runner must be started by the orchestrator under ip netns exec", other)
+		}
+	}
+	return nil
+}
+
+func newRunner(o options) (*runner, error) {
+	if o.runDir == "" {
+		return nil, errors.New("-internal-run-dir is not set")
+	}
+	trellisDir := filepath.Dir(o.trellisBin)
+	ref, err := newSetup(pluginReference, map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "bench-ptp",
+		"plugins": []any{map[string]any{
+			"type": "ptp", "mtu": 1500,
+			"ipam": map[string]any{"type": "host-local", "subnet": "10.251.0.0/16", "dataDir": filepath.Join(o.runDir, "hl")},
+		}},
+	}, "10.251.0.0/16", filepath.Join(o.runDir, "hl", "bench-ptp"))
+	if err != nil {
+		return nil, err
+	}
+	readyFile := filepath.Join(o.runDir, "ready")
+	if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
+		return nil, fmt.Errorf("creating the trellis ready file: %w", err)
+	}
+	trl, err := newSetup(pluginTrellis, map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "bench-trellis",
+		"plugins": []any{map[string]any{
+			"type": "trellis", "podCIDR": "10.250.0.0/16", "mtu": 1500,
+			"dataDir":   filepath.Join(o.runDir, "ipam"),
+			"readyFile": readyFile,
+			"logFile":   filepath.Join(o.runDir, "cni.log"),
+		}},
+	}, "10.250.0.0/16", filepath.Join(o.runDir, "ipam", "bench-trellis"))
+	if err != nil {
+		return nil, err
+	}
+	cacheDir := filepath.Join(o.runDir, "cache")
+	// An explicit exec, as libcni would otherwise set its default lazily (a data race when
+	// the first calls are concurrent). Plugin stderr goes to ours.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	return &runner{
+		// One plugin path for both, as a runtime has one bin_dir; CNI_PATH lets ptp find host-local.
+		cni:      libcni.NewCNIConfigWithCacheDir([]string{o.referenceDir, trellisDir}, cacheDir, exec),
+		setups:   map[string]*setup{pluginReference: ref, pluginTrellis: trl},
+		cacheDir: cacheDir,
+	}, nil
+}
+
+func newSetup(name string, conflist map[string]any, subnet, ipamDir string) (*setup, error) {
+	b, err := json.Marshal(conflist)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the %s conflist: %w", name, err)
+	}
+	list, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the %s conflist: %w", name, err)
+	}
+	return &setup{name: name, list: list, subnet: netip.MustParsePrefix(subnet), ipamDir: ipamDir}, nil
+}
+
+func (r *runner) watchSignals() {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		for range sigs {
+			if !r.stopping.Swap(true) {
+				fmt.Fprintln(os.Stderr, "bench-cni runner: stopping: no more ADDs, deleting the pods added so far")
+			}
+		}
+	}()
+}
+
+func checkNetnsExist(plan []phase) error {
+	for _, ph := range plan {
+		for _, n := range ph.netns {
+			if _, err := os.Stat(filepath.Join(netnsDir, n)); err != nil {
+				return fmt.Errorf("pod namespace: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// runPhase ADDs every pod of ph, then DELs every pod it attempted to ADD (also those whose
+// ADD failed, as a runtime does), and records the latencies unless ph is a warm-up.
+func (r *runner) runPhase(ph phase, res *results) []*pod {
+	s := r.setups[ph.plugin]
+	pods := make([]*pod, len(ph.netns))
+	for i, n := range ph.netns {
+		pods[i] = newPod(n)
+	}
+
+	addStart := time.Now()
+	adds := r.forEach(ph.mode.concurrency, pods, true, func(p *pod) (time.Duration, error) { return r.add(s, p) })
+	addWall := time.Since(addStart)
+	r.checkUnique(s, pods)
+
+	delStart := time.Now()
+	dels := r.forEach(ph.mode.concurrency, pods, false, func(p *pod) (time.Duration, error) { return r.del(s, p) })
+	delWall := time.Since(delStart)
+
+	if ph.round != warmUp {
+		res.record(ph.mode, ph.plugin, "ADD", adds, addWall)
+		res.record(ph.mode, ph.plugin, "DEL", dels, delWall)
+	}
+	return pods
+}
+
+func newPod(netns string) *pod {
+	id := randomHex(32) // a sandbox ID as containerd makes them
+	return &pod{rt: &libcni.RuntimeConf{
+		ContainerID: id,
+		NetNS:       filepath.Join(netnsDir, netns),
+		IfName:      "eth0",
+		// What a Kubernetes runtime passes; IgnoreUnknown keeps host-local from refusing them.
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"},
+			{"K8S_POD_NAMESPACE", "bench"},
+			{"K8S_POD_NAME", netns},
+			{"K8S_POD_INFRA_CONTAINER_ID", id},
+			{"K8S_POD_UID", randomHex(16)},
+		},
+	}}
+}
+
+// forEach runs op on the pods with concurrency workers and returns the latencies of the
+// operations that succeeded. For ADDs (adding) it skips the rest once the run is stopping;
+// DELs run for every pod whose ADD was attempted, stopping or not.
+func (r *runner) forEach(concurrency int, pods []*pod, adding bool, op func(*pod) (time.Duration, error)) []time.Duration {
+	durations := make([]time.Duration, len(pods))
+	ok := make([]bool, len(pods))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(concurrency, len(pods)) {
+		wg.Go(func() {
+			for i := range next {
+				d, err := op(pods[i])
+				if err != nil {
+					r.fail(err)
+					continue
+				}
+				durations[i], ok[i] = d, true
+			}
+		})
+	}
+	for i, p := range pods {
+		if adding {
+			if r.stopping.Load() {
+				break
+			}
+			p.added = true
+		} else if !p.added {
+			continue
+		}
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	var out []time.Duration
+	for i, d := range durations {
+		if ok[i] {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// add times one ADD (the libcni call: plugin exec, result decoding, result cache) and
+// checks the result outside the timed part.
+func (r *runner) add(s *setup, p *pod) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	start := time.Now()
+	res, err := r.cni.AddNetworkList(ctx, s.list, p.rt)
+	d := time.Since(start)
+	if err != nil {
+		return d, fmt.Errorf("%s ADD %s: %w", s.name, p.rt.NetNS, err)
+	}
+	ip, err := resultIP(res, s.subnet)
+	if err != nil {
+		return d, fmt.Errorf("%s ADD %s: %w", s.name, p.rt.NetNS, err)
+	}
+	p.ip = ip
+	return d, nil
+}
+
+// del times one DEL, as the runtime does at sandbox stop: netns still there, prevResult
+// from libcni's cache.
+func (r *runner) del(s *setup, p *pod) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	start := time.Now()
+	err := r.cni.DelNetworkList(ctx, s.list, p.rt)
+	d := time.Since(start)
+	if err != nil {
+		return d, fmt.Errorf("%s DEL %s: %w", s.name, p.rt.NetNS, err)
+	}
+	return d, nil
+}
+
+// resultIP is the single IPv4 address of an ADD result, which must be in subnet.
+func resultIP(res types.Result, subnet netip.Prefix) (netip.Addr, error) {
+	cur, err := current.NewResultFromResult(res)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("converting the result: %w", err)
+	}
+	if len(cur.IPs) != 1 {
+		return netip.Addr{}, fmt.Errorf("result has %d IPs, want 1", len(cur.IPs))
+	}
+	ip, ok := netip.AddrFromSlice(cur.IPs[0].Address.IP.To4())
+	if !ok || !subnet.Contains(ip) {
+		return netip.Addr{}, fmt.Errorf("result IP %v is not in %s", cur.IPs[0].Address.IP, subnet)
+	}
+	return ip, nil
+}
+
+// checkUnique fails the run if two live pods of a phase got the same address: a fast
+// IPAM must still be a correct one under concurrency.
+func (r *runner) checkUnique(s *setup, pods []*pod) {
+	owner := map[netip.Addr]string{}
+	for _, p := range pods {
+		if !p.ip.IsValid() {
+			continue
+		}
+		if o, dup := owner[p.ip]; dup {
+			r.fail(fmt.Errorf("%s handed out %s twice: to %s and %s", s.name, p.ip, o, p.rt.NetNS))
+		}
+		owner[p.ip] = p.rt.NetNS
+	}
+}
+
+func (r *runner) fail(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failures = append(r.failures, err)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails on Linux
+	return hex.EncodeToString(b)
+}

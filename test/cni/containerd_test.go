@@ -1,0 +1,164 @@
+package cni_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/trellis-net/trellis/cni/veth"
+	rt "github.com/trellis-net/trellis/test/runtime"
+)
+
+// containerd (from apt) calls the trellis plugin exactly as it does under a kubelet: pods
+// get addresses from the node's block, reach each other, the policy hook sees the real
+// pod names, and stopp/rmp (DEL twice, the second without netns) release everything.
+func TestThroughContainerd(t *testing.T) {
+	tools, err := rt.ToolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	binDir := t.TempDir()
+	for _, b := range []struct{ from, name string }{
+		{filepath.Join(pluginDir, "trellis"), "trellis"},
+		{filepath.Join(tools, "loopback"), "loopback"}, // containerd wires lo itself through it
+		{filepath.Join(tools, "portmap"), "portmap"},
+	} {
+		copyFile(t, b.from, filepath.Join(binDir, b.name))
+	}
+	node := rt.StartNode(t, rt.NodeOptions{Name: "trellis", CNIBinDir: binDir})
+	nodeNS, err := ns.GetNS(node.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeNS.Close()
+	// The agent turns forwarding on in the node; here the test plays the agent.
+	if err := nodeNS.Do(func(ns.NetNS) error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	socket, requests := fakeAgent(t, 50*time.Millisecond, true)
+	stateDir := t.TempDir()
+	block := netip.MustParsePrefix("10.244.3.0/24")
+	// containerd 1.6's libcni knows results up to 1.0.0 (1.1.0 came with containerd 2):
+	// the conflist names the newest version the runtime understands.
+	conflist := map[string]any{
+		"cniVersion": "1.0.0", "name": "trellis",
+		"plugins": []any{
+			map[string]any{
+				"type": "trellis", "podCIDR": block.String(), "mtu": 1450,
+				"dataDir":   filepath.Join(stateDir, "ipam"),
+				"readyFile": filepath.Join(stateDir, "ready"),
+				"logFile":   filepath.Join(stateDir, "cni.log"),
+				"policy":    map[string]any{"socket": socket, "timeout": "5s"},
+			},
+			map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}, "snat": true},
+		},
+	}
+	b, _ := json.MarshalIndent(conflist, "", "  ")
+	if err := os.WriteFile(filepath.Join(node.CNIConfDir, "10-trellis.conflist"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			if log, err := os.ReadFile(filepath.Join(stateDir, "cni.log")); err == nil {
+				t.Logf("plugin log:\n%s", tail(string(log), 4000))
+			}
+		}
+	})
+	node.WaitNetworkReady(30 * time.Second)
+
+	a := node.RunPod("a", "default")
+	bp := node.RunPod("b", "shop")
+	for _, p := range []*rt.Pod{a, bp} {
+		ip, err := netip.ParseAddr(p.IP)
+		if err != nil || !block.Contains(ip) {
+			t.Fatalf("pod %s got %q, want an address of %s", p.Name, p.IP, block)
+		}
+	}
+	if a.IP == bp.IP {
+		t.Fatalf("both pods got %s", a.IP)
+	}
+	seen := map[string]string{}
+	for range 2 {
+		select {
+		case req := <-requests:
+			seen[req.Namespace+"/"+req.Pod] = req.IP
+		case <-time.After(5 * time.Second):
+			t.Fatal("the policy hook was not called for every pod")
+		}
+	}
+	if seen["default/a"] != a.IP || seen["shop/b"] != bp.IP {
+		t.Errorf("policy hook saw %v, want default/a=%s shop/b=%s", seen, a.IP, bp.IP)
+	}
+
+	node.StartContainer(bp, rt.WorkloadImage, "serve", "--port", "8080")
+	client := node.StartContainer(a, rt.WorkloadImage, "serve", "--port", "8080")
+	for _, proto := range []string{"tcp", "udp"} {
+		args := []string{"workload", "connect", bp.IP + ":8080", "--timeout", "2s"}
+		if proto == "udp" {
+			args = append(args, "--udp")
+		}
+		var out string
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			out, err = node.Exec(client, args...)
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("%s from pod a to pod b: %v", proto, err)
+		}
+		if !strings.Contains(out, "remote="+a.IP+":") {
+			t.Errorf("%s a -> b answered %q: want pod a's own address as the source", proto, out)
+		}
+	}
+
+	for _, p := range []*rt.Pod{a, bp} {
+		node.StopPod(p)
+		node.RemovePod(p)
+	}
+	entries, _ := os.ReadDir(filepath.Join(stateDir, "ipam", "trellis"))
+	for _, e := range entries {
+		if _, err := netip.ParseAddr(e.Name()); err == nil {
+			t.Errorf("address %s still allocated after rmp", e.Name())
+		}
+	}
+	if err := nodeNS.Do(func(ns.NetNS) error {
+		links, err := veth.HostLinks()
+		if err == nil && len(links) > 0 {
+			t.Errorf("host veths left after rmp: %v", links)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	in, err := os.Open(from)
+	if err != nil {
+		t.Fatalf("%v (run hack/build-runtime-tools.sh, or make test)", err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
