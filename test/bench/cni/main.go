@@ -19,7 +19,7 @@
 //
 // Usage (as root):
 //
-//	go run ./test/bench/cni -reference-dir DIR -trellis PATH [-pods 200 -rounds 2 -concurrency 20 -warmup 10]
+//	go run ./test/bench/cni -reference-dir DIR -trellis PATH [-pods 200 -rounds 2 -concurrency 20 -warmup 10 -samples FILE.csv]
 package main
 
 import (
@@ -37,6 +37,7 @@ type options struct {
 	rounds       int    // rounds per mode; the plugins' order alternates between rounds
 	concurrency  int    // ADDs (DELs) in flight in the concurrent mode
 	warmup       int    // unmeasured pods per plugin and mode before the measured rounds
+	samplesCSV   string // where to write every sample, if set
 
 	// Set by the orchestrator for the runner only.
 	runnerPrefix string // name prefix of the run's namespaces
@@ -64,6 +65,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 2, "measured rounds per mode (the plugins' order alternates: ref,trellis then trellis,ref ...)")
 	fs.IntVar(&o.concurrency, "concurrency", 20, "operations in flight in the concurrent mode")
 	fs.IntVar(&o.warmup, "warmup", 10, "unmeasured warm-up pods per plugin and mode")
+	fs.StringVar(&o.samplesCSV, "samples", "", "also write every sample to this CSV file")
 	fs.StringVar(&o.runnerPrefix, "internal-runner-prefix", "", "internal: set by the orchestrator when it re-executes itself in the node namespace")
 	fs.StringVar(&o.runDir, "internal-run-dir", "", "internal: the run's state directory, set by the orchestrator")
 	if err := fs.Parse(args); err != nil {
@@ -93,6 +95,7 @@ func (o options) runnerArgs(prefix, runDir string) []string {
 		"-rounds", fmt.Sprint(o.rounds),
 		"-concurrency", fmt.Sprint(o.concurrency),
 		"-warmup", fmt.Sprint(o.warmup),
+		"-samples", o.samplesCSV,
 		"-internal-runner-prefix", prefix,
 		"-internal-run-dir", runDir,
 	}

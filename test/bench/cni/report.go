@@ -1,15 +1,26 @@
 package main
 
 import (
+	"encoding/csv"
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// sample is one measured operation.
+type sample struct {
+	pod int           // index of the pod in its phase (its order of submission)
+	d   time.Duration // the libcni call's wall time
+	ok  bool
+}
 
 // series is what one plugin measured for one operation in one mode, over all rounds.
 type series struct {
@@ -24,25 +35,54 @@ type seriesKey struct{ mode, plugin, op string }
 type results struct {
 	modes []string // in run order
 	data  map[seriesKey]*series
+	raw   []rawSample // every sample, for -samples
+}
+
+type rawSample struct {
+	mode, plugin, op string
+	round            int
+	sample
 }
 
 func newResults() *results {
 	return &results{data: map[seriesKey]*series{}}
 }
 
-func (r *results) record(m mode, plugin, op string, samples []time.Duration, wall time.Duration) {
-	if !slices.Contains(r.modes, m.name) {
-		r.modes = append(r.modes, m.name)
+func (r *results) record(ph phase, op string, samples []sample, wall time.Duration) {
+	if !slices.Contains(r.modes, ph.mode.name) {
+		r.modes = append(r.modes, ph.mode.name)
 	}
-	k := seriesKey{m.name, plugin, op}
+	k := seriesKey{ph.mode.name, ph.plugin, op}
 	s := r.data[k]
 	if s == nil {
 		s = &series{}
 		r.data[k] = s
 	}
-	s.samples = append(s.samples, samples...)
+	for _, x := range samples {
+		s.samples = append(s.samples, x.d)
+		r.raw = append(r.raw, rawSample{mode: ph.mode.name, plugin: ph.plugin, op: op, round: ph.round, sample: x})
+	}
 	s.wall += wall
 	s.rounds++
+}
+
+// writeCSV writes every sample (to see where a percentile comes from: a tail that grows
+// with the pod index is a cost per live pod, a scattered one is a stall).
+func (r *results) writeCSV(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("creating %s: %w", path, err)
+	}
+	w := csv.NewWriter(f)
+	_ = w.Write([]string{"mode", "plugin", "round", "op", "pod", "latency_us"})
+	for _, x := range r.raw {
+		_ = w.Write([]string{x.mode, x.plugin, strconv.Itoa(x.round + 1), x.op, strconv.Itoa(x.pod), strconv.FormatInt(x.d.Microseconds(), 10)})
+	}
+	w.Flush()
+	if err := errors.Join(w.Error(), f.Close()); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
 }
 
 // percentile is the nearest-rank percentile (p in (0,100]) of samples.

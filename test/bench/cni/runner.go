@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -103,6 +104,12 @@ func runRunner(o options) int {
 		return 130
 	}
 	res.print(os.Stdout, o, o.runDir)
+	if o.samplesCSV != "" {
+		if err := res.writeCSV(o.samplesCSV); err != nil {
+			fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
+			code = 1
+		}
+	}
 	return code
 }
 
@@ -229,8 +236,8 @@ func (r *runner) runPhase(ph phase, res *results) []*pod {
 	delWall := time.Since(delStart)
 
 	if ph.round != warmUp {
-		res.record(ph.mode, ph.plugin, "ADD", adds, addWall)
-		res.record(ph.mode, ph.plugin, "DEL", dels, delWall)
+		res.record(ph, "ADD", adds, addWall)
+		res.record(ph, "DEL", dels, delWall)
 	}
 	return pods
 }
@@ -253,11 +260,10 @@ func newPod(netns string) *pod {
 }
 
 // forEach runs op on the pods with concurrency workers and returns the latencies of the
-// operations that succeeded. For ADDs (adding) it skips the rest once the run is stopping;
-// DELs run for every pod whose ADD was attempted, stopping or not.
-func (r *runner) forEach(concurrency int, pods []*pod, adding bool, op func(*pod) (time.Duration, error)) []time.Duration {
-	durations := make([]time.Duration, len(pods))
-	ok := make([]bool, len(pods))
+// operations that succeeded, indexed by pod. For ADDs (adding) it skips the rest once the
+// run is stopping; DELs run for every pod whose ADD was attempted, stopping or not.
+func (r *runner) forEach(concurrency int, pods []*pod, adding bool, op func(*pod) (time.Duration, error)) []sample {
+	samples := make([]sample, len(pods))
 	next := make(chan int)
 	var wg sync.WaitGroup
 	for range min(concurrency, len(pods)) {
@@ -268,7 +274,7 @@ func (r *runner) forEach(concurrency int, pods []*pod, adding bool, op func(*pod
 					r.fail(err)
 					continue
 				}
-				durations[i], ok[i] = d, true
+				samples[i] = sample{pod: i, d: d, ok: true}
 			}
 		})
 	}
@@ -285,13 +291,7 @@ func (r *runner) forEach(concurrency int, pods []*pod, adding bool, op func(*pod
 	}
 	close(next)
 	wg.Wait()
-	var out []time.Duration
-	for i, d := range durations {
-		if ok[i] {
-			out = append(out, d)
-		}
-	}
-	return out
+	return slices.DeleteFunc(samples, func(s sample) bool { return !s.ok })
 }
 
 // add times one ADD (the libcni call: plugin exec, result decoding, result cache) and

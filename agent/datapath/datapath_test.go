@@ -1,0 +1,378 @@
+package datapath_test
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/cni/veth"
+)
+
+// The topology, all in namespaces the test creates (the root namespace is never touched):
+//
+//	node1 198.51.100.11 ─┐                       ┌─ node3 203.0.113.13 (another L2 subnet)
+//	node2 198.51.100.12 ─┼─ switch (bridge) ─ router 198.51.100.1 | 203.0.113.1
+//	                     └───────────────────────┘
+//
+// Each node has one pod wired by the CNI plugin's veth code, with an address of its block.
+type testNode struct {
+	name  string
+	ns    ns.NetNS
+	ip    netip.Addr
+	block netip.Prefix
+	pod   ns.NetNS
+	podIP netip.Addr
+	mac   net.HardwareAddr
+}
+
+type topology struct {
+	t      *testing.T
+	router ns.NetNS
+	nodes  []*testNode
+}
+
+func newNS(t *testing.T) ns.NetNS {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatalf("creating a namespace: %v", err)
+	}
+	t.Cleanup(func() { n.Close(); _ = testutils.UnmountNS(n) })
+	if err := n.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(lo)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// link creates a veth from namespace a (name an, address aAddr) to b (bn, bAddr).
+func link(t *testing.T, a ns.NetNS, an, aAddr string, b ns.NetNS, bn, bAddr string) {
+	t.Helper()
+	must(t, a.Do(func(ns.NetNS) error {
+		la := netlink.NewLinkAttrs()
+		la.Name = an
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: bn, PeerNamespace: netlink.NsFd(int(b.Fd()))}); err != nil {
+			return fmt.Errorf("veth %s-%s: %w", an, bn, err)
+		}
+		return configure(an, aAddr)
+	}))
+	must(t, b.Do(func(ns.NetNS) error { return configure(bn, bAddr) }))
+}
+
+func configure(name, addr string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	if addr != "" {
+		a, err := netlink.ParseAddr(addr)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, a); err != nil {
+			return err
+		}
+	}
+	return netlink.LinkSetUp(l)
+}
+
+func newTopology(t *testing.T) *topology {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("the datapath tests create network namespaces and must run as root")
+	}
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		t.Fatal("iptables-restore is missing: run hack/install-deps.sh (make test does)")
+	}
+	topo := &topology{t: t, router: newNS(t)}
+	sw := newNS(t)
+	must(t, sw.Do(func(ns.NetNS) error {
+		la := netlink.NewLinkAttrs()
+		la.Name = "br0"
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: la}); err != nil {
+			return err
+		}
+		return configure("br0", "")
+	}))
+	plug := func(swName string) {
+		must(t, sw.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName(swName)
+			if err != nil {
+				return err
+			}
+			br, err := netlink.LinkByName("br0")
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetMaster(l, br)
+		}))
+	}
+	link(t, topo.router, "eth0", "198.51.100.1/24", sw, "p-router", "")
+	plug("p-router")
+	must(t, topo.router.Do(func(ns.NetNS) error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}))
+	for i, spec := range []struct{ ip, gw, block string }{
+		{"198.51.100.11/24", "198.51.100.1", "10.244.1.0/24"},
+		{"198.51.100.12/24", "198.51.100.1", "10.244.2.0/24"},
+		{"203.0.113.13/24", "203.0.113.1", "10.244.3.0/24"},
+	} {
+		n := &testNode{name: fmt.Sprintf("node%d", i+1), ns: newNS(t), block: netip.MustParsePrefix(spec.block)}
+		n.ip = netip.MustParsePrefix(spec.ip).Addr()
+		if i < 2 {
+			link(t, n.ns, "eth0", spec.ip, sw, "p-"+n.name, "")
+			plug("p-" + n.name)
+		} else {
+			link(t, n.ns, "eth0", spec.ip, topo.router, "eth1", "203.0.113.1/24")
+		}
+		must(t, n.ns.Do(func(ns.NetNS) error {
+			l, _ := netlink.LinkByName("eth0")
+			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(spec.gw)})
+		}))
+		n.pod = newNS(t)
+		n.podIP = n.block.Addr().Next().Next()
+		must(t, n.ns.Do(func(ns.NetNS) error {
+			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", n.podIP, 1400)
+			return err
+		}))
+		topo.nodes = append(topo.nodes, n)
+	}
+	return topo
+}
+
+// sync runs the agent's datapath sync on node i with the given nodes as peers.
+func (topo *topology) sync(i int, mode datapath.Mode, peers ...int) *datapath.Status {
+	topo.t.Helper()
+	n := topo.nodes[i]
+	cfg := datapath.Config{Mode: mode, VNI: 1, Port: 4789, Local: datapath.Local{NodeIP: n.ip, PodCIDR: n.block},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	for _, p := range peers {
+		peer := topo.nodes[p]
+		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: peer.name, NodeIP: peer.ip, PodCIDR: peer.block, VTEPMAC: peer.mac})
+	}
+	var st *datapath.Status
+	must(topo.t, n.ns.Do(func(ns.NetNS) error {
+		var err error
+		st, err = datapath.Sync(cfg)
+		return err
+	}))
+	n.mac = st.VTEPMAC
+	return st
+}
+
+// syncAll programs every node with every other as a peer, twice (the first pass publishes
+// the VTEP MACs, as the NodeNetwork status does in a cluster).
+func (topo *topology) syncAll(mode datapath.Mode) []*datapath.Status {
+	var out []*datapath.Status
+	for pass := 0; pass < 2; pass++ {
+		out = out[:0]
+		for i := range topo.nodes {
+			var peers []int
+			for j := range topo.nodes {
+				if j != i {
+					peers = append(peers, j)
+				}
+			}
+			out = append(out, topo.sync(i, mode, peers...))
+		}
+	}
+	return out
+}
+
+// reach dials from pod of node a to pod of node b over TCP and returns the source the
+// server saw.
+func (topo *topology) reach(a, b int) (string, error) {
+	src, dst := topo.nodes[a], topo.nodes[b]
+	return dialFrom(src.pod, dst.pod, dst.podIP.String())
+}
+
+func dialFrom(from, server ns.NetNS, ip string) (string, error) {
+	var l net.Listener
+	err := server.Do(func(ns.NetNS) error {
+		var err error
+		l, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	seen := make(chan string, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		seen <- c.RemoteAddr().(*net.TCPAddr).IP.String()
+		c.Close()
+	}()
+	err = from.Do(func(ns.NetNS) error {
+		c, err := net.DialTimeout("tcp", l.Addr().String(), 2*time.Second)
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+	if err != nil {
+		return "", err
+	}
+	select {
+	case s := <-seen:
+		return s, nil
+	case <-time.After(2 * time.Second):
+		return "", fmt.Errorf("no connection seen")
+	}
+}
+
+func TestModes(t *testing.T) {
+	topo := newTopology(t)
+	type pair struct{ a, b int }
+	all := []pair{{0, 1}, {1, 0}, {0, 2}, {2, 0}, {1, 2}, {2, 1}}
+	for _, step := range []struct {
+		mode      datapath.Mode
+		reachable []pair
+		vxlan     bool
+	}{
+		{datapath.ModeVXLAN, all, true},
+		{datapath.ModeDirect, []pair{{0, 1}, {1, 0}}, false},
+		{datapath.ModeHybrid, all, true},
+		{datapath.ModeVXLAN, all, true}, // and back: a live switch
+	} {
+		t.Run(string(step.mode), func(t *testing.T) {
+			sts := topo.syncAll(step.mode)
+			for _, p := range step.reachable {
+				src, err := topo.reach(p.a, p.b)
+				if err != nil {
+					t.Errorf("%s: pod on %s -> pod on %s: %v", step.mode, topo.nodes[p.a].name, topo.nodes[p.b].name, err)
+				} else if src != topo.nodes[p.a].podIP.String() {
+					t.Errorf("%s: source seen %s, want the pod's own %s", step.mode, src, topo.nodes[p.a].podIP)
+				}
+			}
+			if (sts[0].VTEPMAC != nil) != step.vxlan {
+				t.Errorf("%s: VXLAN device present = %v", step.mode, sts[0].VTEPMAC != nil)
+			}
+			switch step.mode {
+			case datapath.ModeDirect:
+				if len(sts[0].Unreachable) != 1 || !strings.Contains(sts[0].Unreachable[0], "node3") {
+					t.Errorf("Direct: node3 behind the router must be reported unreachable, got %v", sts[0].Unreachable)
+				}
+				if pm := sts[0].PodMTU; pm != 1500 {
+					t.Errorf("Direct pod MTU %d, want the underlay's 1500", pm)
+				}
+			case datapath.ModeHybrid:
+				if fmt.Sprint(sts[0].PeersDirect) != "[node2]" || fmt.Sprint(sts[0].PeersVXLAN) != "[node3]" {
+					t.Errorf("Hybrid on node1: direct %v, vxlan %v; want node2 direct, node3 via VXLAN", sts[0].PeersDirect, sts[0].PeersVXLAN)
+				}
+			case datapath.ModeVXLAN:
+				if pm := sts[0].PodMTU; pm != 1450 {
+					t.Errorf("VXLAN pod MTU %d, want 1450", pm)
+				}
+			}
+			// Level-triggered: a second sync changes nothing.
+			again := topo.sync(0, step.mode, 1, 2)
+			if again.RoutesAdded != 0 || again.RoutesDeleted != 0 {
+				t.Errorf("%s: a repeated sync changed routes (+%d -%d)", step.mode, again.RoutesAdded, again.RoutesDeleted)
+			}
+		})
+	}
+}
+
+func TestStalePeersAreRemovedAndOthersLeftAlone(t *testing.T) {
+	topo := newTopology(t)
+	topo.syncAll(datapath.ModeVXLAN)
+	// Someone else's route must survive trellis's syncs.
+	foreign := &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("10.99.0.0").To4(), Mask: net.CIDRMask(16, 32)}, Gw: net.ParseIP("198.51.100.1")}
+	must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error { return netlink.RouteAdd(foreign) }))
+	st := topo.sync(0, datapath.ModeVXLAN, 2) // node2 is gone
+	if st.RoutesDeleted != 1 {
+		t.Fatalf("deleted %d routes, want node2's block only", st.RoutesDeleted)
+	}
+	if _, err := topo.reach(0, 1); err == nil {
+		t.Error("node2's pod is still reachable after node2 left")
+	}
+	if _, err := topo.reach(0, 2); err != nil {
+		t.Errorf("node3's pod lost: %v", err)
+	}
+	must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
+		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: foreign.Dst}, netlink.RT_FILTER_DST)
+		if err == nil && len(rs) != 1 {
+			t.Errorf("the foreign route 10.99.0.0/16 was touched")
+		}
+		return err
+	}))
+}
+
+func TestMasqueradeAndAntiSpoofing(t *testing.T) {
+	topo := newTopology(t)
+	topo.syncAll(datapath.ModeVXLAN)
+	for _, n := range topo.nodes {
+		must(t, n.ns.Do(func(ns.NetNS) error {
+			_, err := datapath.SyncIPTables(datapath.Rules([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true))
+			return err
+		}))
+	}
+	// Pod to an outside host (the router): source is the node IP.
+	src, err := dialFrom(topo.nodes[0].pod, topo.router, "198.51.100.1")
+	if err != nil || src != "198.51.100.11" {
+		t.Errorf("pod -> external: source %q (%v), want the node IP 198.51.100.11", src, err)
+	}
+	// Pod to pod: no NAT.
+	if src, err := topo.reach(0, 1); err != nil || src != topo.nodes[0].podIP.String() {
+		t.Errorf("pod -> pod: source %q (%v), want the pod IP", src, err)
+	}
+	// A pod sending from an address that isn't its own is dropped.
+	spoofed := "10.244.1.99"
+	must(t, topo.nodes[0].pod.Do(func(ns.NetNS) error {
+		l, _ := netlink.LinkByName("eth0")
+		a, _ := netlink.ParseAddr(spoofed + "/32")
+		return netlink.AddrAdd(l, a)
+	}))
+	var l net.Listener
+	must(t, topo.nodes[1].pod.Do(func(ns.NetNS) error {
+		var err error
+		l, err = net.Listen("tcp", net.JoinHostPort(topo.nodes[1].podIP.String(), "0"))
+		return err
+	}))
+	defer l.Close()
+	err = topo.nodes[0].pod.Do(func(ns.NetNS) error {
+		d := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(spoofed)}}
+		c, err := d.Dial("tcp", l.Addr().String())
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
+	if err == nil {
+		t.Error("a pod reached another pod from a spoofed source address")
+	}
+	// Idempotent: the second sync leaves the chains alone.
+	must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
+		changed, err := datapath.SyncIPTables(datapath.Rules([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true))
+		if changed {
+			t.Error("an unchanged ruleset was rewritten")
+		}
+		return err
+	}))
+}
