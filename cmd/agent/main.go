@@ -1,6 +1,6 @@
-// Command trellis-agent is the node agent. Its datapath lands with the node-agent issue;
-// today it validates its configuration and answers health probes, so the DaemonSet the
-// operator renders can be exercised end to end.
+// Command trellis-agent is the node agent (a privileged host-network DaemonSet). Without a
+// subcommand it programs the node; `install-cni` (the init container) copies the CNI
+// plugins onto the node; `cleanup` removes everything trellis put on the node.
 package main
 
 import (
@@ -8,46 +8,139 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
+	"path/filepath"
 
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/agent/cniinstall"
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/nodenet"
+	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/version"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "version" {
-		fmt.Println(version.Version)
-		return
+	var (
+		configPath, healthAddr, metricsAddr, binDir, confDir, readyFile, nodeIP, cniVersion, pluginDir string
+	)
+	fs := flag.NewFlagSet("trellis-agent", flag.ExitOnError)
+	fs.StringVar(&configPath, "config", "/etc/trellis/config.json", "agent configuration rendered by the operator")
+	fs.StringVar(&healthAddr, "health-addr", "127.0.0.1:9799", "address of /healthz and /readyz")
+	fs.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:9798", "address of /metrics; 0 disables it")
+	fs.StringVar(&binDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI binary directory, as mounted")
+	fs.StringVar(&confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the node's CNI configuration directory, as mounted")
+	fs.StringVar(&readyFile, "ready-file", "/var/run/trellis/cni-ready", "file whose presence tells the CNI plugin the node is ready")
+	fs.StringVar(&nodeIP, "node-ip", "", "underlay address of this node (default: the Node's InternalIP)")
+	fs.StringVar(&cniVersion, "cni-version", "1.0.0", "cniVersion of the conflist: the newest the node's runtime understands (containerd 1.6: 1.0.0)")
+	fs.StringVar(&pluginDir, "plugin-dir", "/usr/local/lib/trellis/cni", "where the image keeps the plugins install-cni copies")
+	opts := zap.Options{}
+	opts.BindFlags(fs)
+	args := os.Args[1:]
+	cmd := ""
+	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
 	}
-	var configPath, healthAddr string
-	flag.StringVar(&configPath, "config", "/etc/trellis/config.json", "agent configuration rendered by the operator")
-	flag.StringVar(&healthAddr, "health-addr", "127.0.0.1:9799", "address of /healthz and /readyz")
-	flag.String("cni-bin-dir", "/host/opt/cni/bin", "node's CNI binary directory")
-	flag.String("cni-conf-dir", "/host/etc/cni/net.d", "node's CNI configuration directory")
-	flag.Parse()
-	ctrl.SetLogger(zap.New())
+	_ = fs.Parse(args)
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("agent")
 
-	if flag.Arg(0) == "install-cni" {
-		log.Error(errors.New("not implemented"), "CNI installation lands with the node-agent issue")
+	var err error
+	switch cmd {
+	case "version":
+		fmt.Println(version.Version)
+	case "install-cni":
+		var replaced []string
+		replaced, err = cniinstall.Binaries(binDir, pluginSources(pluginDir)...)
+		log.Info("CNI plugins installed", "dir", binDir, "replaced", replaced)
+	case "cleanup":
+		err = cleanup(binDir, confDir, readyFile)
+	case "":
+		err = run(configPath, healthAddr, metricsAddr, confDir, readyFile, nodeIP, cniVersion)
+	default:
+		err = fmt.Errorf("unknown command %q: want install-cni, cleanup, version or none", cmd)
+	}
+	if err != nil {
+		log.Error(err, "trellis-agent failed", "command", cmd)
 		os.Exit(1)
 	}
+}
+
+// pluginSources are the files install-cni copies: the trellis plugin and the reference
+// plugins shipped beside it (portmap for hostPort, loopback for runtimes that need it).
+func pluginSources(dir string) []string {
+	srcs := []string{"/usr/local/bin/trellis"}
+	if entries, err := os.ReadDir(dir); err == nil {
+		for _, e := range entries {
+			srcs = append(srcs, filepath.Join(dir, e.Name()))
+		}
+	}
+	return srcs
+}
+
+func run(configPath, healthAddr, metricsAddr, confDir, readyFile, nodeIP, cniVersion string) error {
 	cfg, err := agentconfig.Load(configPath)
 	if err != nil {
-		log.Error(err, "invalid configuration")
-		os.Exit(1)
+		return err
 	}
-	log.Info("starting", "version", version.Version, "encapsulation", cfg.Encapsulation)
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		http.Error(w, "datapath not programmed: not implemented yet", http.StatusServiceUnavailable)
+	nodeName := os.Getenv("NODE_NAME")
+	if nodeName == "" {
+		return errors.New("NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
+	}
+	r := &nodenet.Reconciler{
+		NodeName: nodeName, Config: cfg, CNIConfDir: confDir, ReadyFile: readyFile,
+		CNIVersion: cniVersion, Version: version.Version,
+	}
+	if nodeIP != "" {
+		if r.NodeIP, err = netip.ParseAddr(nodeIP); err != nil {
+			return fmt.Errorf("--node-ip %q: %w", nodeIP, err)
+		}
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+		Scheme:                 scheme,
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: healthAddr,
 	})
-	if err := http.ListenAndServe(healthAddr, mux); err != nil {
-		log.Error(err, "health server")
-		os.Exit(1)
+	if err != nil {
+		return fmt.Errorf("creating manager: %w", err)
 	}
+	r.Client = mgr.GetClient()
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("datapath", func(*http.Request) error { return r.Ready() }); err != nil {
+		return err
+	}
+	ctrl.Log.Info("starting trellis-agent", "version", version.Version, "node", nodeName, "encapsulation", cfg.Encapsulation)
+	// Shutdown leaves routes, rules and the conflist in place: the next agent takes over
+	// without a gap, and the node stays Ready during upgrades.
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// cleanup removes everything trellis put on the node (uninstall).
+func cleanup(binDir, confDir, readyFile string) error {
+	var errs []error
+	errs = append(errs, datapath.Cleanup(), datapath.CleanupIPTables())
+	for _, p := range []string{filepath.Join(confDir, cniinstall.ConflistName), readyFile, filepath.Join(binDir, "trellis")} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -1,0 +1,310 @@
+// Package nodenet is the node agent's reconciler: from this node's NodeNetwork (its pod
+// block), its peers' NodeNetworks and the Nodes, it programs the datapath, installs the
+// conflist once the datapath works, marks the node ready for the CNI plugin's STATUS, and
+// reports on its NodeNetwork status. Every event leads to the same full, idempotent sync.
+package nodenet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	logf "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/agent/cniinstall"
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/api/v1alpha1"
+)
+
+// Condition reasons on NodeNetwork Ready.
+const (
+	ReasonProgrammed       = "Programmed"
+	ReasonWaitingForBlock  = "WaitingForBlock"
+	ReasonPeersUnreachable = "PeersUnreachable"
+	ReasonSyncFailed       = "SyncFailed"
+)
+
+// ResyncPeriod bounds how long drift in the kernel (a route deleted by hand) lasts.
+const ResyncPeriod = 60 * time.Second
+
+var (
+	syncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "trellis_agent_sync_duration_seconds", Help: "Time of one full datapath sync.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+	})
+	syncErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "trellis_agent_sync_errors_total", Help: "Datapath syncs that failed.",
+	})
+	peersProgrammed = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "trellis_agent_peers_programmed", Help: "Peer nodes with a route, by how they are reached.",
+	}, []string{"mode"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(syncDuration, syncErrors, peersProgrammed)
+}
+
+// Reconciler programs this node.
+type Reconciler struct {
+	client.Client
+	NodeName string
+	Config   *agentconfig.Config
+	// CNIConfDir and ReadyFile are paths as the agent sees them (host paths mounted in).
+	CNIConfDir string
+	ReadyFile  string
+	// CNIVersion the conflist declares: the newest the node's runtime understands.
+	CNIVersion string
+	// NodeIP overrides the Node's InternalIP.
+	NodeIP  netip.Addr
+	Version string
+
+	ready atomic.Bool
+}
+
+// Ready reports whether the conflist is written and the last sync succeeded.
+func (r *Reconciler) Ready() error {
+	if !r.ready.Load() {
+		return errors.New("the datapath is not programmed yet")
+	}
+	return nil
+}
+
+// Reconcile runs one full sync.
+func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result, error) {
+	log := logf.FromContext(ctx)
+	start := time.Now()
+	defer func() { syncDuration.Observe(time.Since(start).Seconds()) }()
+
+	node := &corev1.Node{}
+	if err := r.Get(ctx, types.NamespacedName{Name: r.NodeName}, node); err != nil {
+		return ctrl.Result{}, fmt.Errorf("reading Node %s: %w", r.NodeName, err)
+	}
+	nodeIP, err := r.nodeIP(node)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	nn := &v1alpha1.NodeNetwork{}
+	if err := r.Get(ctx, types.NamespacedName{Name: r.NodeName}, nn); err != nil {
+		if apierrors.IsNotFound(err) {
+			log.Info("waiting for the operator to allocate this node's pod block")
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+		return ctrl.Result{}, err
+	}
+	block, err := netip.ParsePrefix(nn.Spec.PodCIDR)
+	if err != nil {
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, r.writeStatus(ctx, nn, nodeIP, nil, 0,
+			metav1.ConditionFalse, ReasonWaitingForBlock, "no pod block allocated yet")
+	}
+
+	cfg, err := r.desired(ctx, nodeIP, block)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	st, err := datapath.Sync(*cfg)
+	if err == nil {
+		_, err = datapath.SyncIPTables(datapath.Rules(cfg.PodCIDRs, r.Config.NATOutgoing))
+	}
+	if err != nil {
+		syncErrors.Inc()
+		var mac net.HardwareAddr
+		var mtu int
+		if st != nil {
+			mac, mtu = st.VTEPMAC, st.PodMTU
+		}
+		serr := r.writeStatus(ctx, nn, nodeIP, mac, mtu, metav1.ConditionFalse, ReasonSyncFailed, err.Error())
+		return ctrl.Result{}, errors.Join(err, serr)
+	}
+	peersProgrammed.WithLabelValues("direct").Set(float64(len(st.PeersDirect)))
+	peersProgrammed.WithLabelValues("vxlan").Set(float64(len(st.PeersVXLAN)))
+
+	// Only now that routes work does the runtime get to use trellis.
+	if err := r.installConflist(block, st.PodMTU); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.ready.Store(true)
+
+	status, reason := metav1.ConditionTrue, ReasonProgrammed
+	msg := fmt.Sprintf("%d peer(s) direct, %d via VXLAN", len(st.PeersDirect), len(st.PeersVXLAN))
+	if len(st.PeersPending) > 0 {
+		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
+	}
+	if len(st.Unreachable) > 0 {
+		status, reason = metav1.ConditionFalse, ReasonPeersUnreachable
+		msg = "spec.encapsulation Direct can't reach: " + strings.Join(st.Unreachable, "; ")
+	}
+	if err := r.writeStatus(ctx, nn, nodeIP, st.VTEPMAC, st.PodMTU, status, reason, msg); err != nil {
+		return ctrl.Result{}, err
+	}
+	if st.RoutesAdded+st.RoutesDeleted > 0 {
+		log.Info("datapath synced", "added", st.RoutesAdded, "deleted", st.RoutesDeleted, "peers", msg)
+	}
+	return ctrl.Result{RequeueAfter: ResyncPeriod}, nil
+}
+
+func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
+	if r.NodeIP.IsValid() {
+		return r.NodeIP, nil
+	}
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
+				return ip, nil
+			}
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("Node %s has no IPv4 InternalIP: set the agent's --node-ip", node.Name)
+}
+
+func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip.Prefix) (*datapath.Config, error) {
+	var nns v1alpha1.NodeNetworkList
+	if err := r.List(ctx, &nns); err != nil {
+		return nil, fmt.Errorf("listing NodeNetworks: %w", err)
+	}
+	var nodes corev1.NodeList
+	if err := r.List(ctx, &nodes); err != nil {
+		return nil, fmt.Errorf("listing Nodes: %w", err)
+	}
+	internal := map[string]netip.Addr{}
+	for _, n := range nodes.Items {
+		if ip, err := r.nodeIPOf(&n); err == nil {
+			internal[n.Name] = ip
+		}
+	}
+	cfg := &datapath.Config{
+		Mode: datapath.Mode(r.Config.Encapsulation), VNI: int(r.Config.VXLAN.VNI), Port: int(r.Config.VXLAN.Port),
+		MTU: int(r.Config.MTU), Local: datapath.Local{NodeIP: nodeIP, PodCIDR: block},
+	}
+	for _, c := range r.Config.PodCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("agent configuration podCIDRs %q: %w", c, err)
+		}
+		cfg.PodCIDRs = append(cfg.PodCIDRs, p)
+	}
+	for _, nn := range nns.Items {
+		if nn.Name == r.NodeName {
+			continue
+		}
+		peerBlock, err := netip.ParsePrefix(nn.Spec.PodCIDR)
+		if err != nil {
+			continue
+		}
+		ip, err := netip.ParseAddr(nn.Status.NodeIP)
+		if err != nil {
+			if ip = internal[nn.Name]; !ip.IsValid() {
+				continue
+			}
+		}
+		mac, _ := net.ParseMAC(nn.Status.VTEPMAC)
+		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, VTEPMAC: mac})
+	}
+	return cfg, nil
+}
+
+func (r *Reconciler) nodeIPOf(n *corev1.Node) (netip.Addr, error) {
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
+				return ip, nil
+			}
+		}
+	}
+	return netip.Addr{}, errors.New("no InternalIP")
+}
+
+func (r *Reconciler) installConflist(block netip.Prefix, mtu int) error {
+	plugin := map[string]any{
+		"type": "trellis", "podCIDR": block.String(), "mtu": mtu,
+		"readyFile": r.hostReadyFile(),
+	}
+	conf := cniinstall.Conflist{CNIVersion: r.CNIVersion, Name: "trellis", Plugins: []any{
+		plugin,
+		map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}, "snat": true},
+	}}
+	if _, err := cniinstall.WriteConflist(r.CNIConfDir, conf); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(r.ReadyFile), 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", filepath.Dir(r.ReadyFile), err)
+	}
+	return cniinstall.WriteAtomic(r.ReadyFile, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644)
+}
+
+// hostReadyFile is the ready file's path on the host, where the plugin runs.
+func (r *Reconciler) hostReadyFile() string {
+	return "/var/run/trellis/" + filepath.Base(r.ReadyFile)
+}
+
+func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, nodeIP netip.Addr, mac net.HardwareAddr, mtu int,
+	status metav1.ConditionStatus, reason, msg string) error {
+	orig := nn.DeepCopy()
+	nn.Status.NodeIP = nodeIP.String()
+	if mac != nil {
+		nn.Status.VTEPMAC = mac.String()
+	} else {
+		nn.Status.VTEPMAC = ""
+	}
+	nn.Status.MTU = int32(mtu)
+	nn.Status.Encapsulation = v1alpha1.Encapsulation(r.Config.Encapsulation)
+	nn.Status.AgentVersion = r.Version
+	meta.SetStatusCondition(&nn.Status.Conditions, metav1.Condition{
+		Type: v1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: nn.Generation,
+	})
+	if equalStatus(orig.Status, nn.Status) {
+		return nil
+	}
+	if err := r.Status().Patch(ctx, nn, client.MergeFrom(orig)); err != nil {
+		return fmt.Errorf("updating NodeNetwork %s status: %w", nn.Name, err)
+	}
+	return nil
+}
+
+func equalStatus(a, b v1alpha1.NodeNetworkStatus) bool {
+	if a.NodeIP != b.NodeIP || a.VTEPMAC != b.VTEPMAC || a.MTU != b.MTU || a.Encapsulation != b.Encapsulation || a.AgentVersion != b.AgentVersion {
+		return false
+	}
+	ca, cb := meta.FindStatusCondition(a.Conditions, v1alpha1.ConditionReady), meta.FindStatusCondition(b.Conditions, v1alpha1.ConditionReady)
+	return ca != nil && cb != nil && ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message
+}
+
+// SetupWithManager: every NodeNetwork or Node change leads to one full sync of this node.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	self := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.NodeName}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("nodenet").
+		Watches(&v1alpha1.NodeNetwork{}, self).
+		// Nodes matter for their addresses (and coming and going), not their heartbeats.
+		Watches(&corev1.Node{}, self, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
+				return !equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses)
+			},
+		})).
+		Complete(r)
+}
