@@ -23,8 +23,8 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/cniinstall"
+	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
@@ -59,7 +59,7 @@ func TestTwoAgents(t *testing.T) {
 	}))
 	nodes := []struct {
 		name, ip, block string
-		ns               ns.NetNS
+		ns              ns.NetNS
 	}{{"node-a", "198.51.100.21", "10.244.10.0/24", nsA}, {"node-b", "198.51.100.22", "10.244.11.0/24", nsB}}
 	agentCfg := &agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, NodeBlockSize: 24, Encapsulation: "VXLAN",
 		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true}
