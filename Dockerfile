@@ -9,6 +9,10 @@ COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/trellis-net/trellis/internal/version.Version=${VERSION}" \
       -o /out/ ./cmd/manager ./cmd/agent ./cmd/cni \
  && mv /out/manager /out/trellis-operator && mv /out/agent /out/trellis-agent && mv /out/cni /out/trellis
+# The reference plugins the agent installs beside trellis: portmap (hostPort) and loopback.
+RUN CGO_ENABLED=0 GOBIN=/out/cni go install -trimpath \
+      github.com/containernetworking/plugins/plugins/meta/portmap@v1.10.0 \
+      github.com/containernetworking/plugins/plugins/main/loopback@v1.10.0
 
 FROM debian:bookworm-slim
 # iptables/ipset userspace for the agent's masquerade and NetworkPolicy rules.
@@ -16,6 +20,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables ipset iproute2 ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/trellis-operator /out/trellis-agent /out/trellis /usr/local/bin/
+COPY --from=build /out/cni/ /usr/local/lib/trellis/cni/
 # The operator runs as this user (see config/manager); the agent's DaemonSet runs it
 # privileged as root, which programming the host network needs.
 USER 65532:65532
