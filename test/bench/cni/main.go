@@ -27,6 +27,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
 // options are the command line; the orchestrator passes them on to the runner.
@@ -45,6 +47,9 @@ type options struct {
 }
 
 func main() {
+	// Output piped into a reader that quits early (| head) must not kill us with SIGPIPE
+	// before the cleanup: writes just fail instead.
+	signal.Ignore(syscall.SIGPIPE)
 	o, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)

@@ -59,7 +59,8 @@ func runOrchestrator(o options) (code int) {
 			fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 			code = max(code, 1)
 		}
-		if code == 0 {
+		// Kept after a failure or leak, for its IPAM stores and trellis log.
+		if code == 0 || code == 130 {
 			_ = os.RemoveAll(runDir)
 		} else {
 			fmt.Fprintf(os.Stderr, "bench-cni: kept %s (IPAM stores, libcni cache, trellis log) for inspection; the next run removes it\n", runDir)
@@ -175,8 +176,10 @@ func (s *supervisor) runChild(o options, prefix, runDir string) int {
 	args := append([]string{"netns", "exec", nodeNetns(prefix), self}, o.runnerArgs(prefix, runDir)...)
 	cmd := exec.Command("ip", args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
-	// ip execs the runner in place, so it keeps this: the runner dies with the orchestrator.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// ip execs the runner in place, so it keeps these. Pdeathsig: the runner dies with the
+	// orchestrator. Setpgid: a terminal's ^C reaches the orchestrator, which passes it to the
+	// runner alone, not to the plugins it runs: an ADD or DEL is never killed half-way.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 
 	s.mu.Lock()
 	if s.ctx.Err() != nil {

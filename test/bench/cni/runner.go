@@ -101,7 +101,10 @@ func runRunner(o options) int {
 	}
 	if r.stopping.Load() {
 		fmt.Fprintln(os.Stderr, "bench-cni: interrupted: no report")
-		return 130
+		if code == 0 {
+			code = 130 // interrupted, but everything added was deleted
+		}
+		return code
 	}
 	res.print(os.Stdout, o, o.runDir)
 	if o.samplesCSV != "" {
