@@ -7,6 +7,8 @@ package ipam
 
 import (
 	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -17,6 +19,7 @@ import (
 )
 
 const (
+	indexPrefix  = "attachment-"
 	lockFile     = "lock"
 	lastFile     = "last_reserved_ip"
 	tmpPrefix    = ".tmp-"
@@ -61,9 +64,7 @@ func Open(dir string) (*Store, error) {
 		f.Close()
 		return nil, fmt.Errorf("locking IPAM directory %s: %w", dir, err)
 	}
-	s := &Store{dir: dir, lock: f}
-	s.removeTemps()
-	return s, nil
+	return &Store{dir: dir, lock: f}, nil
 }
 
 // Close releases the lock.
@@ -107,6 +108,9 @@ func (s *Store) owner(name string) (string, string, error) {
 	if err != nil {
 		return "", "", fmt.Errorf("reading allocation %s: %w", name, err)
 	}
+	if len(b) == 0 {
+		return "", "", nil
+	}
 	sc := bufio.NewScanner(strings.NewReader(string(b)))
 	var lines []string
 	for sc.Scan() {
@@ -118,18 +122,37 @@ func (s *Store) owner(name string) (string, string, error) {
 	return lines[0], lines[1], nil
 }
 
-// Get returns the address held by (containerID, ifname), if any.
+// indexName is the per-attachment index file: it names the attachment's address, so ADD
+// and DEL read one file instead of every allocation (their cost must not grow with the
+// number of pods on the node while they hold the lock).
+func indexName(containerID, ifname string) string {
+	sum := sha256.Sum256([]byte(containerID + "/" + ifname))
+	return indexPrefix + hex.EncodeToString(sum[:16])
+}
+
+// Get returns the address held by (containerID, ifname), if any. The index is written
+// before the address file, so an address file always has its index; an index whose
+// address file is missing or names another owner (a plugin killed in between) is stale.
 func (s *Store) Get(containerID, ifname string) (netip.Addr, bool, error) {
-	all, err := s.List()
+	b, err := os.ReadFile(filepath.Join(s.dir, indexName(containerID, ifname)))
+	if errors.Is(err, os.ErrNotExist) {
+		return netip.Addr{}, false, nil
+	}
+	if err != nil {
+		return netip.Addr{}, false, fmt.Errorf("reading IPAM index: %w", err)
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(string(b)))
+	if err != nil {
+		return netip.Addr{}, false, nil
+	}
+	id, ifn, err := s.owner(ip.String())
+	if errors.Is(err, os.ErrNotExist) {
+		return netip.Addr{}, false, nil
+	}
 	if err != nil {
 		return netip.Addr{}, false, err
 	}
-	for _, a := range all {
-		if a.ContainerID == containerID && a.IfName == ifname {
-			return a.IP, true, nil
-		}
-	}
-	return netip.Addr{}, false, nil
+	return ip, id == containerID && ifn == ifname, nil
 }
 
 // Allocate gives (containerID, ifname) an address of block: the one it already holds (a
@@ -156,10 +179,14 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname string) (netip.
 	ip := start
 	for {
 		if _, err := os.Lstat(filepath.Join(s.dir, ip.String())); errors.Is(err, os.ErrNotExist) {
-			if err := s.writeFile(ip.String(), containerID+"\n"+ifname+"\n"); err != nil {
+			if err := s.writeFile(indexName(containerID, ifname), ip.String(), true); err != nil {
 				return netip.Addr{}, err
 			}
-			if err := s.writeFile(lastFile, ip.String()); err != nil {
+			if err := s.writeFile(ip.String(), containerID+"\n"+ifname+"\n", true); err != nil {
+				return netip.Addr{}, err
+			}
+			// Only a hint for round robin: losing it in a crash costs nothing.
+			if err := s.writeFile(lastFile, ip.String(), false); err != nil {
 				return netip.Addr{}, err
 			}
 			return ip, nil
@@ -175,56 +202,70 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname string) (netip.
 
 // Release frees what (containerID, ifname) holds. Releasing nothing is not an error.
 func (s *Store) Release(containerID, ifname string) ([]netip.Addr, error) {
-	all, err := s.List()
+	ip, ok, err := s.Get(containerID, ifname)
 	if err != nil {
 		return nil, err
 	}
 	var freed []netip.Addr
-	for _, a := range all {
-		if a.ContainerID == containerID && a.IfName == ifname {
-			if err := s.remove(a.IP); err != nil {
-				return freed, err
-			}
-			freed = append(freed, a.IP)
+	if ok {
+		if err := s.remove(ip.String()); err != nil {
+			return nil, err
 		}
+		freed = append(freed, ip)
 	}
-	return freed, nil
+	return freed, s.remove(indexName(containerID, ifname))
 }
 
-// ReleaseExcept frees every allocation whose attachment keep does not report as valid.
+// ReleaseExcept frees every allocation whose attachment keep does not report as valid,
+// and removes index and temporary files nothing refers to (left by killed plugins).
 func (s *Store) ReleaseExcept(keep func(containerID, ifname string) bool) ([]Allocation, error) {
+	s.removeTemps()
 	all, err := s.List()
 	if err != nil {
 		return nil, err
 	}
 	var freed []Allocation
+	live := map[string]bool{}
 	for _, a := range all {
 		if keep(a.ContainerID, a.IfName) {
+			live[indexName(a.ContainerID, a.IfName)] = true
 			continue
 		}
-		if err := s.remove(a.IP); err != nil {
+		if err := s.remove(a.IP.String()); err != nil {
 			return freed, err
 		}
 		freed = append(freed, a)
 	}
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return freed, fmt.Errorf("reading IPAM directory %s: %w", s.dir, err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), indexPrefix) && !live[e.Name()] {
+			if err := s.remove(e.Name()); err != nil {
+				return freed, err
+			}
+		}
+	}
 	return freed, nil
 }
 
-func (s *Store) remove(ip netip.Addr) error {
-	if err := os.Remove(filepath.Join(s.dir, ip.String())); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("releasing %s: %w", ip, err)
+func (s *Store) remove(name string) error {
+	if err := os.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("releasing %s: %w", name, err)
 	}
 	return nil
 }
 
-// writeFile replaces name atomically: a crash leaves the old content or the new, never half.
-func (s *Store) writeFile(name, content string) error {
+// writeFile replaces name atomically: a crash leaves the old content or the new, never
+// half; durable asks for fsync (allocations must survive a node crash, hints need not).
+func (s *Store) writeFile(name, content string, durable bool) error {
 	f, err := os.CreateTemp(s.dir, tmpPrefix)
 	if err != nil {
 		return fmt.Errorf("writing IPAM state: %w", err)
 	}
 	_, werr := f.WriteString(content)
-	if werr == nil {
+	if werr == nil && durable {
 		werr = f.Sync()
 	}
 	if cerr := f.Close(); werr == nil {
