@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -21,8 +22,10 @@ import (
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/cni/plugin"
 	"github.com/trellis-net/trellis/internal/version"
 )
 
@@ -119,6 +122,13 @@ func run(configPath, healthAddr, metricsAddr, confDir, readyFile, nodeIP, cniVer
 	}
 	r.Client = mgr.GetClient()
 	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	// Addresses of pods that are gone but were never DEL'd (the plugin's store, network "trellis").
+	if err := mgr.Add(&ipamgc.Collector{
+		Reader: mgr.GetAPIReader(), NodeName: nodeName, StoreDir: filepath.Join(plugin.DefaultDataDir, "trellis"),
+		Grace: 5 * time.Minute, Interval: 2 * time.Minute,
+	}); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 )
 
 const (
@@ -36,6 +37,11 @@ type Allocation struct {
 	IP          netip.Addr
 	ContainerID string
 	IfName      string
+	// PodUID is the Kubernetes pod the runtime named (K8S_POD_UID), if any: the agent
+	// releases allocations of pods that no longer exist.
+	PodUID string
+	// Since is when the address was allocated.
+	Since time.Time
 }
 
 // Store is the allocation state of one network on one node.
@@ -94,32 +100,34 @@ func (s *Store) List() ([]Allocation, error) {
 		if err != nil {
 			continue // lock, last_reserved_ip
 		}
-		id, ifname, err := s.owner(e.Name())
+		lines, err := s.owner(e.Name())
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Allocation{IP: ip, ContainerID: id, IfName: ifname})
+		a := Allocation{IP: ip, ContainerID: lines[0], IfName: lines[1], PodUID: lines[2]}
+		if fi, err := e.Info(); err == nil {
+			a.Since = fi.ModTime()
+		}
+		out = append(out, a)
 	}
 	return out, nil
 }
 
-func (s *Store) owner(name string) (string, string, error) {
+// owner reads an allocation file: container ID, interface name, pod UID, one per line.
+func (s *Store) owner(name string) ([]string, error) {
 	b, err := os.ReadFile(filepath.Join(s.dir, name))
 	if err != nil {
-		return "", "", fmt.Errorf("reading allocation %s: %w", name, err)
-	}
-	if len(b) == 0 {
-		return "", "", nil
+		return nil, fmt.Errorf("reading allocation %s: %w", name, err)
 	}
 	sc := bufio.NewScanner(strings.NewReader(string(b)))
 	var lines []string
 	for sc.Scan() {
 		lines = append(lines, strings.TrimSpace(sc.Text()))
 	}
-	for len(lines) < 2 {
+	for len(lines) < 3 {
 		lines = append(lines, "")
 	}
-	return lines[0], lines[1], nil
+	return lines, nil
 }
 
 // indexName is the per-attachment index file: it names the attachment's address, so ADD
@@ -145,21 +153,21 @@ func (s *Store) Get(containerID, ifname string) (netip.Addr, bool, error) {
 	if err != nil {
 		return netip.Addr{}, false, nil
 	}
-	id, ifn, err := s.owner(ip.String())
+	lines, err := s.owner(ip.String())
 	if errors.Is(err, os.ErrNotExist) {
 		return netip.Addr{}, false, nil
 	}
 	if err != nil {
 		return netip.Addr{}, false, err
 	}
-	return ip, id == containerID && ifn == ifname, nil
+	return ip, lines[0] == containerID && lines[1] == ifname, nil
 }
 
 // Allocate gives (containerID, ifname) an address of block: the one it already holds (a
 // retried ADD), else the next free one after the last handed out (round robin, so a freed
 // address is not reused at once). The network address, the first host address (reserved
 // for the node's gateway/VTEP use) and the broadcast address are never handed out.
-func (s *Store) Allocate(block netip.Prefix, containerID, ifname string) (netip.Addr, error) {
+func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string) (netip.Addr, error) {
 	if !block.Addr().Is4() || block.Bits() < 32-maxBlockBits || block.Bits() > 30 {
 		return netip.Addr{}, fmt.Errorf("pod block %s: must be an IPv4 prefix between /%d and /30", block, 32-maxBlockBits)
 	}
@@ -182,7 +190,7 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname string) (netip.
 			if err := s.writeFile(indexName(containerID, ifname), ip.String(), true); err != nil {
 				return netip.Addr{}, err
 			}
-			if err := s.writeFile(ip.String(), containerID+"\n"+ifname+"\n", true); err != nil {
+			if err := s.writeFile(ip.String(), containerID+"\n"+ifname+"\n"+podUID+"\n", true); err != nil {
 				return netip.Addr{}, err
 			}
 			// Only a hint for round robin: losing it in a crash costs nothing.

@@ -30,7 +30,7 @@ func TestStaleIndex(t *testing.T) {
 	if _, ok, _ := s.Get("dead", "eth0"); ok {
 		t.Fatal("a stale index counts as an allocation")
 	}
-	ip, err := s.Allocate(block, "live", "eth0")
+	ip, err := s.Allocate(block, "live", "eth0", "")
 	if err != nil || ip.String() != "10.1.0.2" {
 		t.Fatalf("allocated %v, %v; want the free 10.1.0.2", ip, err)
 	}
@@ -48,14 +48,14 @@ func TestStaleIndex(t *testing.T) {
 func TestAllocateIsIdempotentAndExhausts(t *testing.T) {
 	s := open(t, t.TempDir())
 	block := netip.MustParsePrefix("10.1.0.0/30") // one usable address: .2
-	a, err := s.Allocate(block, "a", "eth0")
+	a, err := s.Allocate(block, "a", "eth0", "uid-a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again, _ := s.Allocate(block, "a", "eth0"); again != a {
+	if again, _ := s.Allocate(block, "a", "eth0", "uid-a"); again != a {
 		t.Fatalf("a retried ADD got %s, want its %s", again, a)
 	}
-	if _, err := s.Allocate(block, "b", "eth0"); err == nil {
+	if _, err := s.Allocate(block, "b", "eth0", ""); err == nil {
 		t.Fatal("allocated beyond the block")
 	}
 	if freed, _ := s.ReleaseExcept(func(string, string) bool { return false }); len(freed) != 1 {

@@ -81,7 +81,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	}
 	defer podNS.Close()
 
-	ip, err := allocate(conf, args.ContainerID, args.IfName)
+	ip, err := allocate(conf, args.ContainerID, args.IfName, string(k8s.K8S_POD_UID))
 	if err != nil {
 		return err
 	}
@@ -143,13 +143,13 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	return types.PrintResult(result, conf.CNIVersion)
 }
 
-func allocate(conf *NetConf, containerID, ifname string) (netip.Addr, error) {
+func allocate(conf *NetConf, containerID, ifname, podUID string) (netip.Addr, error) {
 	store, err := ipam.Open(storeDir(conf))
 	if err != nil {
 		return netip.Addr{}, types.NewError(types.ErrIOFailure, "opening the IPAM store", err.Error())
 	}
 	defer store.Close()
-	ip, err := store.Allocate(conf.block, containerID, ifname)
+	ip, err := store.Allocate(conf.block, containerID, ifname, podUID)
 	if errors.Is(err, ipam.ErrExhausted) {
 		return netip.Addr{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("the node's pod block %s is full", conf.block), err.Error())
 	}
