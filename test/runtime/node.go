@@ -38,6 +38,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/trellis-net/trellis/test/testenv"
 )
 
 const (
@@ -55,17 +57,9 @@ const crictlTimeout = 2 * time.Minute
 // hack/build-runtime-tools.sh fills: $TRELLIS_CACHE/tools/..., by default under
 // $XDG_CACHE_HOME or ~/.cache. It fails, saying how to fix it, when they are not there.
 func ToolsDir() (string, error) {
-	cache := os.Getenv("TRELLIS_CACHE")
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", fmt.Errorf("finding the runtime test tools: %w", err)
-			}
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "trellis")
+	cache, err := testenv.CacheDir()
+	if err != nil {
+		return "", fmt.Errorf("finding the runtime test tools: %w", err)
 	}
 	dir := filepath.Join(cache, "tools", "cri-tools-"+CRIToolsVersion+"_cni-plugins-"+CNIPluginsVersion)
 	for _, b := range []string{"crictl", "ptp", "bridge", "host-local", "portmap", "loopback"} {

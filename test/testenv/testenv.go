@@ -21,22 +21,31 @@ func RepoRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
+// CacheDir is where the hack/ scripts build and cache tools, outside the repository:
+// $TRELLIS_CACHE, else $XDG_CACHE_HOME/trellis, else ~/.cache/trellis.
+func CacheDir() (string, error) {
+	if cache := os.Getenv("TRELLIS_CACHE"); cache != "" {
+		return cache, nil
+	}
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", err
+		}
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "trellis"), nil
+}
+
 // AssetsDir is where kube-apiserver and etcd are: $KUBEBUILDER_ASSETS, else the cache
 // hack/build-k8s.sh fills. It fails, saying how to fix it, when they are not there.
 func AssetsDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
-		cache := os.Getenv("TRELLIS_CACHE")
-		if cache == "" {
-			base := os.Getenv("XDG_CACHE_HOME")
-			if base == "" {
-				home, err := os.UserHomeDir()
-				if err != nil {
-					return "", fmt.Errorf("finding the k8s binaries: %w", err)
-				}
-				base = filepath.Join(home, ".cache")
-			}
-			cache = filepath.Join(base, "trellis")
+		cache, err := CacheDir()
+		if err != nil {
+			return "", fmt.Errorf("finding the k8s binaries: %w", err)
 		}
 		dir = filepath.Join(cache, "k8s", K8sVersion)
 	}
