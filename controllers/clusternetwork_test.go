@@ -157,8 +157,11 @@ func TestOperator(t *testing.T) {
 			t.Errorf("hostNetwork %v priorityClass %q serviceAccount %q", pod.HostNetwork, pod.PriorityClassName, pod.ServiceAccountName)
 		}
 		agent := pod.Containers[0]
-		if agent.SecurityContext == nil || agent.SecurityContext.Privileged == nil || !*agent.SecurityContext.Privileged {
-			t.Errorf("agent container is not privileged")
+		for _, c := range append(slices.Clone(pod.InitContainers), agent) {
+			sc := c.SecurityContext
+			if sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+				t.Errorf("container %s is not privileged root (the image's default user is non-root): %+v", c.Name, sc)
+			}
 		}
 		if agent.LivenessProbe == nil || agent.ReadinessProbe == nil {
 			t.Errorf("agent container lacks liveness/readiness probes")
