@@ -24,6 +24,10 @@ declare -A packages=(
   [nsenter]=util-linux
   [ping]=iputils-ping
   [iptables]=iptables # the portmap plugin, inside the node namespaces only
+  # test/cluster (hack/localcluster, make e2e): kubelet, kube-proxy and the images' Debian
+  # userspace (apt-get download + dpkg-deb, always there on Debian).
+  [sysctl]=procps
+  [unshare]=util-linux
 )
 missing=()
 for cmd in "${!packages[@]}"; do

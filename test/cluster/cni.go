@@ -1,0 +1,125 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"github.com/trellis-net/trellis/test/cluster/node"
+	"github.com/trellis-net/trellis/test/cluster/topology"
+)
+
+// referenceBlock is node i's (0-based) pod block with CNIReference: 10.244.(i+1).0/24.
+func referenceBlock(i int) netip.Prefix {
+	a := PodCIDR.Masked().Addr().As4()
+	a[2] = byte(i + 1)
+	return netip.PrefixFrom(netip.AddrFrom4(a), 24)
+}
+
+// referenceConflist: ptp (a routed veth per pod, like Trellis) with host-local IPAM on
+// the node's block. No masquerading: pod addresses are routed between the nodes and to
+// the control plane (addReferenceRoutes), so traffic keeps its source IP.
+const referenceConflist = `{
+  "cniVersion": "1.0.0",
+  "name": "localcluster-reference",
+  "plugins": [
+    {
+      "type": "ptp",
+      "ipMasq": false,
+      "mtu": 1500,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": %q}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
+// writeReferenceCNI installs the reference plugins and the conflist into the node's own
+// /opt/cni/bin and /etc/cni/net.d (containerd loads the conflist as soon as it starts).
+func (c *Cluster) writeReferenceCNI(cfg node.Config, block netip.Prefix, pluginsDir string) error {
+	if err := cfg.Prepare(); err != nil {
+		return err
+	}
+	// loopback too: containerd 1.6 runs it for every pod.
+	for _, p := range []string{"ptp", "host-local", "portmap", "loopback"} {
+		if err := copyFile(filepath.Join(pluginsDir, p), filepath.Join(cfg.CNIBinDir(), p), 0o755); err != nil {
+			return err
+		}
+	}
+	path := filepath.Join(cfg.CNIConfDir(), "10-reference.conflist")
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(referenceConflist, block)), 0o644); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// addReferenceRoutes routes every node's block from the other nodes, the control plane
+// (the API server answers pods directly) and the router, all inside their namespaces.
+func (c *Cluster) addReferenceRoutes(ctx context.Context) error {
+	l := c.Network
+	for _, to := range c.Nodes {
+		for _, from := range append([]topology.Host{l.ControlPlane}, l.Nodes...) {
+			if from.Name == to.Name {
+				continue
+			}
+			if err := topology.AddRoute(ctx, from.NetNS, to.PodCIDR, l.NextHop(from, to.Host)); err != nil {
+				return fmt.Errorf("routing %s's pods from %s: %w", to.Name, from.Name, err)
+			}
+		}
+		if l.Router != nil {
+			// The router is on both subnets: every node is a direct next hop.
+			if err := topology.AddRoute(ctx, l.Router.NetNS, to.PodCIDR, to.IP); err != nil {
+				return fmt.Errorf("routing %s's pods from the router: %w", to.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// installTrellis installs Trellis exactly as README.md tells users: the operator with
+// `kubectl apply -k config/default`, then the sample ClusterNetwork. The operator renders
+// the agent DaemonSet; the agents install the CNI.
+func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
+	if _, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.ModuleRoot, "config", "default")); err != nil {
+		return err
+	}
+	p.detail("kubectl apply -k config/default: done")
+	if _, err := c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s",
+		"crd/clusternetworks.network.trellis.dev", "crd/nodenetworks.network.trellis.dev"); err != nil {
+		return err
+	}
+	sample := filepath.Join(c.ModuleRoot, "config", "samples", "network_v1alpha1_clusternetwork.yaml")
+	if _, err := c.Kubectl(ctx, "apply", "-f", sample); err != nil {
+		return err
+	}
+	p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml: done")
+	return nil
+}
+
+func copyFile(src, dst string, mode os.FileMode) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("copying %s: %w", src, err)
+	}
+	defer in.Close()
+	tmp := dst + ".tmp"
+	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, mode)
+	if err != nil {
+		return fmt.Errorf("copying to %s: %w", dst, err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("copying to %s: %w", dst, err)
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, dst)
+}

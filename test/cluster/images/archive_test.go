@@ -1,0 +1,107 @@
+package images
+
+import (
+	"archive/tar"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// TestArchiveCache builds an archive, gets it from the cache the second time, and a new
+// one when a file changes; the archive is an OCI layout naming the image for containerd.
+func TestArchiveCache(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rootfs := filepath.Join(dir, "rootfs")
+	if err := os.MkdirAll(filepath.Join(rootfs, "usr", "sbin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("usr/sbin", filepath.Join(rootfs, "sbin")); err != nil {
+		t.Fatal(err)
+	}
+	specs := []Spec{{
+		Name:       "example.test/thing:v1",
+		Layers:     []Layer{{Dir: rootfs}, {Files: []File{{Path: "/usr/local/bin/thing", Source: bin}}}},
+		Entrypoint: []string{"/usr/local/bin/thing"},
+	}}
+	cache := filepath.Join(dir, "cache")
+	first, cached, err := Archive(cache, specs)
+	if err != nil || cached {
+		t.Fatalf("first build: %s cached=%v err=%v", first, cached, err)
+	}
+	again, cached, err := Archive(cache, specs)
+	if err != nil || !cached || again != first {
+		t.Fatalf("second build: %s cached=%v err=%v, want %s from the cache", again, cached, err, first)
+	}
+	if err := os.WriteFile(bin, []byte("#!/bin/false\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	changed, cached, err := Archive(cache, specs)
+	if err != nil || cached || changed == first {
+		t.Fatalf("after a change: %s cached=%v err=%v", changed, cached, err)
+	}
+
+	names := map[string][]byte{}
+	f, err := os.Open(changed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(tr)
+		names[h.Name] = data
+	}
+	for _, want := range []string{"oci-layout", "index.json"} {
+		if _, ok := names[want]; !ok {
+			t.Errorf("archive lacks %s", want)
+		}
+	}
+	var index struct {
+		Manifests []struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"manifests"`
+	}
+	if err := json.Unmarshal(names["index.json"], &index); err != nil {
+		t.Fatal(err)
+	}
+	var refs []string
+	for _, m := range index.Manifests {
+		refs = append(refs, m.Annotations["io.containerd.image.name"])
+	}
+	if !slices.Equal(refs, []string{"example.test/thing:v1"}) {
+		t.Errorf("image names %v", refs)
+	}
+}
+
+func TestLayerEntriesParentsFirst(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(src, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := Layer{Files: []File{{Path: "/usr/local/lib/x/f", Source: src}, {Path: "/usr/local/bin/g", Source: src}}}.entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.name)
+	}
+	want := []string{"usr/", "usr/local/", "usr/local/bin/", "usr/local/bin/g", "usr/local/lib/", "usr/local/lib/x/", "usr/local/lib/x/f"}
+	if !slices.Equal(names, want) {
+		t.Errorf("entries %v, want %v", names, want)
+	}
+}

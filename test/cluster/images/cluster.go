@@ -1,0 +1,145 @@
+package images
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+const (
+	// PauseImage is every node's sandbox image, under the name the Kubernetes release's e2e
+	// framework uses (test/utils/image/manifest.go): a static binary from this repository
+	// (test/runtime/cmd/pause) that holds the pod's namespaces and reaps children.
+	PauseImage = "registry.k8s.io/pause:3.10.2"
+	// AgnhostImage is agnhost built from k8s.io/kubernetes (hack/build-agnhost.sh) under
+	// its upstream name and the tag the v1.37.2 e2e framework uses, so e2e-style manifests
+	// run unchanged; the binary is /agnhost, as upstream.
+	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:" + AgnhostVersion
+	// AgnhostVersion must equal test/images/agnhost/VERSION of the Kubernetes release.
+	AgnhostVersion = "2.66.1"
+	// TrellisVersion is the version the binaries report and the tag of TrellisImage; it is
+	// what config/manager's kustomization pins, so `kubectl apply -k config/default`
+	// finds the image on the nodes.
+	TrellisVersion = "v0.1.0"
+	// TrellisImage holds what the Dockerfile's final stage holds: the operator, agent and
+	// CNI plugin, the reference portmap and loopback plugins the agent installs onto the
+	// node, and iptables/ipset userspace from Debian.
+	TrellisImage = "ghcr.io/trellis-net/trellis:" + TrellisVersion
+)
+
+// debianPackages are the roots of the Trellis image's Debian userspace (the agent programs
+// masquerade and NetworkPolicy with iptables-restore and ipset).
+var debianPackages = []string{"iptables", "ipset"}
+
+// iptablesAlternatives are the links the iptables package's postinst makes with
+// update-alternatives (nf_tables, Debian's default): unpacking skips maintainer scripts.
+var iptablesAlternatives = map[string]string{
+	"usr/sbin/iptables":          "iptables-nft",
+	"usr/sbin/iptables-save":     "iptables-nft-save",
+	"usr/sbin/iptables-restore":  "iptables-nft-restore",
+	"usr/sbin/ip6tables":         "ip6tables-nft",
+	"usr/sbin/ip6tables-save":    "ip6tables-nft-save",
+	"usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
+}
+
+// Sources says where the images' contents come from.
+type Sources struct {
+	// ModuleRoot is this repository (Go sources of pause and the Trellis binaries).
+	ModuleRoot string
+	// CacheDir keeps built binaries, Debian packages, root file systems and archives.
+	CacheDir string
+	// AgnhostDir holds agnhost and VERSION (hack/build-agnhost.sh).
+	AgnhostDir string
+	// CNIPluginsDir holds the reference plugins (hack/build-runtime-tools.sh); portmap and
+	// loopback go into the Trellis image.
+	CNIPluginsDir string
+	// Trellis adds TrellisImage (its Go sources must compile).
+	Trellis bool
+}
+
+// Build returns an archive with PauseImage, AgnhostImage and (with src.Trellis)
+// TrellisImage, and whether it came from the cache.
+func Build(ctx context.Context, src Sources) (string, bool, error) {
+	version, err := os.ReadFile(filepath.Join(src.AgnhostDir, "VERSION"))
+	if err != nil {
+		return "", false, fmt.Errorf("reading agnhost's version: %w (run hack/build-agnhost.sh)", err)
+	}
+	if v := strings.TrimSpace(string(version)); v != AgnhostVersion {
+		return "", false, fmt.Errorf("%s/agnhost is version %s, the image name says %s: update images.AgnhostVersion with the Kubernetes version", src.AgnhostDir, v, AgnhostVersion)
+	}
+	binDir := filepath.Join(src.CacheDir, "bin")
+	pkgs := []string{"./test/runtime/cmd/pause"}
+	if src.Trellis {
+		pkgs = append(pkgs, "./cmd/manager", "./cmd/agent", "./cmd/cni")
+	}
+	if err := goBuild(ctx, src.ModuleRoot, binDir, pkgs); err != nil {
+		return "", false, err
+	}
+	specs := []Spec{
+		{
+			Name:       PauseImage,
+			Layers:     []Layer{{Files: []File{{Path: "/pause", Source: filepath.Join(binDir, "pause")}}}},
+			Entrypoint: []string{"/pause"},
+		},
+		{
+			Name:       AgnhostImage,
+			Layers:     []Layer{{Files: []File{{Path: "/agnhost", Source: filepath.Join(src.AgnhostDir, "agnhost")}}}},
+			Entrypoint: []string{"/agnhost"},
+			Cmd:        []string{"pause"},
+		},
+	}
+	if src.Trellis {
+		rootfs, err := DebianRootfs(ctx, src.CacheDir, debianPackages, iptablesAlternatives)
+		if err != nil {
+			return "", false, fmt.Errorf("the Trellis image's Debian userspace: %w", err)
+		}
+		specs = append(specs, Spec{
+			Name: TrellisImage,
+			Layers: []Layer{
+				{Dir: rootfs},
+				{Files: []File{
+					{Path: "/usr/local/bin/trellis-operator", Source: filepath.Join(binDir, "manager")},
+					{Path: "/usr/local/bin/trellis-agent", Source: filepath.Join(binDir, "agent")},
+					{Path: "/usr/local/bin/trellis", Source: filepath.Join(binDir, "cni")},
+					{Path: "/usr/local/lib/trellis/cni/portmap", Source: filepath.Join(src.CNIPluginsDir, "portmap")},
+					{Path: "/usr/local/lib/trellis/cni/loopback", Source: filepath.Join(src.CNIPluginsDir, "loopback")},
+				}},
+			},
+			Entrypoint: []string{"/usr/local/bin/trellis-operator"},
+			// As the Dockerfile: the operator runs unprivileged, the agent's DaemonSet runs
+			// privileged as root.
+			User: "65532:65532",
+		})
+	}
+	return Archive(src.CacheDir, specs)
+}
+
+// goBuild builds pkgs of the module at root as static binaries into dir (named after
+// each package's last path element), with the version the Makefile stamps.
+func goBuild(ctx context.Context, root, dir string, pkgs []string) error {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("the go command builds the images' binaries: put /usr/local/go/bin on PATH (%w)", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating %s: %w", dir, err)
+	}
+	args := append([]string{"build", "-trimpath",
+		"-ldflags=-s -w -X github.com/trellis-net/trellis/internal/version.Version=" + TrellisVersion,
+		"-o", dir + "/"}, pkgs...)
+	var out []byte
+	// Twice: a build cache trimmed by a concurrent go command fails a build once with
+	// "could not import ... (open : no such file or directory)".
+	for range 2 {
+		cmd := exec.CommandContext(ctx, goBin, args...)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+		if out, err = cmd.CombinedOutput(); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("go build %s in %s: %w\n%s", strings.Join(pkgs, " "), root, err, out)
+}

@@ -1,0 +1,383 @@
+// Package node runs a simulated Kubernetes node inside a network namespace: containerd
+// (with runc), the kubelet and kube-proxy, sharing one mount namespace of the node's own.
+//
+// The kubelet's volume mounts must be visible to runc, hence one mount namespace for all
+// three, created by `unshare --mount --uts --propagation slave` (mounts of the root
+// namespace still show inside; the node's never leak out) and held by a `sleep infinity`
+// process the others join with nsenter. Inside it:
+//
+//   - /run is a tmpfs of the node: pod network namespaces, containerd's and runc's state,
+//     the xtables lock, and /run/trellis (= /var/run/trellis), the node's directory;
+//   - the node's directories are mounted over the host paths a CNI DaemonSet uses
+//     (/etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /var/log), so plain hostPath volumes
+//     resolve to the node's own files, and over /var/lib/kubelet (the kubelet keeps its
+//     certificates and device-plugin socket there whatever --root-dir says);
+//   - where a host path does not exist on the machine, its nearest existing ancestor
+//     (/etc, /opt...) gets an overlay whose upper layer is the node's, so the mount point
+//     is created there and never in the machine's file system;
+//   - the sysctls the kubelet insists on are files of the node mounted over /proc/sys.
+package node
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/trellis-net/trellis/test/cluster/procs"
+)
+
+// Config describes one node.
+type Config struct {
+	// Name is the Kubernetes node name and the hostname.
+	Name string
+	// NetNS is the node's network namespace (name); IP its address on the underlay.
+	NetNS string
+	IP    netip.Addr
+	// Cgroup is the kubelet's cgroupRoot (a top-level cgroup, created by the caller in
+	// every hierarchy).
+	Cgroup string
+	// Dir is the node's directory: containerd's root and socket, the kubelet's root and
+	// configuration, the directories mounted over the host paths.
+	Dir string
+	// LogDir receives NAME-containerd.log, NAME-kubelet.log, NAME-kube-proxy.log; the
+	// node's /var/log is LogDir/NAME (pod logs, /var/log/trellis).
+	LogDir string
+	// StateDir is the cluster's state directory: no overlay may cover it.
+	StateDir string
+	// BinDir holds kubelet and kube-proxy.
+	BinDir string
+	// Kubeconfig (the node's identity) and ProxyKubeconfig; CACert verifies clients of
+	// the kubelet's API (the API server).
+	Kubeconfig, ProxyKubeconfig, CACert string
+	// SandboxImage is containerd's pause image (imported by the caller).
+	SandboxImage string
+}
+
+// HostPaths are the host paths each node has its own directory for (besides /run).
+var HostPaths = []string{"/etc/cni/net.d", "/opt/cni/bin", "/var/lib/cni", "/var/lib/kubelet", "/var/log"}
+
+// Paths of the node's directories (on the machine) that the node sees at the host paths.
+func (c Config) CNIConfDir() string    { return filepath.Join(c.Dir, "cni", "net.d") }
+func (c Config) CNIBinDir() string     { return filepath.Join(c.Dir, "cni", "bin") }
+func (c Config) CNIStateDir() string   { return filepath.Join(c.Dir, "cni", "lib") }
+func (c Config) RunTrellisDir() string { return filepath.Join(c.Dir, "run-trellis") }
+func (c Config) VarLogDir() string     { return filepath.Join(c.LogDir, c.Name) }
+
+// Socket is containerd's socket (on the machine's file system, so ctr reaches it).
+func (c Config) Socket() string { return filepath.Join(c.Dir, "containerd.sock") }
+
+// KubeletRootDir is the node's directory the kubelet sees as /var/lib/kubelet, its
+// --root-dir.
+func (c Config) KubeletRootDir() string { return filepath.Join(c.Dir, "kubelet") }
+
+// Log is the log file of component (containerd, kubelet, kube-proxy).
+func (c Config) Log(component string) string {
+	return filepath.Join(c.LogDir, c.Name+"-"+component+".log")
+}
+
+// hostDirs maps each host path to the node's directory mounted over it.
+func (c Config) hostDirs() map[string]string {
+	return map[string]string{
+		"/etc/cni/net.d":   c.CNIConfDir(),
+		"/opt/cni/bin":     c.CNIBinDir(),
+		"/var/lib/cni":     c.CNIStateDir(),
+		"/var/lib/kubelet": c.KubeletRootDir(),
+		"/var/log":         c.VarLogDir(),
+	}
+}
+
+// Node is a started node.
+type Node struct {
+	Config
+	// Holder keeps the mount namespace; the others are the components.
+	Holder, Containerd, Kubelet, KubeProxy *procs.Process
+}
+
+// Validate refuses configurations the kernel or the tools cannot take.
+func (c Config) Validate() error {
+	// sun_path holds 108 bytes; containerd adds ".ttrpc".
+	if l := len(c.Socket() + ".ttrpc"); l > 100 {
+		return fmt.Errorf("node %s: containerd's socket path %s is %d bytes, too long for a unix socket: use a shorter --state-dir", c.Name, c.Socket(), l)
+	}
+	return nil
+}
+
+// Prepare creates the node's directories and configuration files.
+func (c Config) Prepare() error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	dirs := []string{c.Dir, c.LogDir, c.VarLogDir(), c.KubeletRootDir(), c.RunTrellisDir(),
+		filepath.Join(c.Dir, "containerd", "root"), filepath.Join(c.Dir, "containerd", "opt")}
+	for _, d := range c.hostDirs() {
+		dirs = append(dirs, d)
+	}
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("creating %s: %w", d, err)
+		}
+	}
+	files := map[string]string{
+		filepath.Join(c.Dir, "containerd.toml"): c.containerdConfig(),
+		filepath.Join(c.Dir, "kubelet.yaml"):    c.kubeletConfig(),
+		filepath.Join(c.Dir, "kube-proxy.yaml"): c.kubeProxyConfig(),
+		// No cluster DNS runs; pods get this (empty) resolver configuration.
+		filepath.Join(c.Dir, "resolv.conf"): "# the local cluster runs no DNS\n",
+	}
+	for path, content := range files {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// Start starts the mount-namespace holder, mounts the node's directories, starts
+// containerd and waits for it, runs importImages (the images must be there before the
+// kubelet starts pods), then starts the kubelet and kube-proxy.
+func Start(ctx context.Context, c Config, importImages func(socket string) error) (*Node, error) {
+	n := &Node{Config: c}
+	if err := c.Prepare(); err != nil {
+		return n, err
+	}
+	nsenter := mustLook("nsenter")
+	var err error
+	n.Holder, err = procs.Start(procs.Spec{
+		Path: nsenter,
+		Args: []string{"nsenter", "--net=" + procs.NetNSPath(c.NetNS), "--",
+			"unshare", "--mount", "--uts", "--propagation", "slave", "--", "sleep", "infinity"},
+		Log: c.Log("mounts"),
+	})
+	if err != nil {
+		return n, fmt.Errorf("node %s: starting the mount namespace holder: %w", c.Name, err)
+	}
+	if err := waitUnshared(n.Holder, 10*time.Second); err != nil {
+		return n, fmt.Errorf("node %s: %w", c.Name, err)
+	}
+	script, err := c.mountScript()
+	if err != nil {
+		return n, err
+	}
+	if _, err := procs.Run(ctx, "nsenter", fmt.Sprintf("--target=%d", n.Holder.Pid), "--mount", "--uts", "--",
+		"/bin/sh", "-ec", script); err != nil {
+		return n, fmt.Errorf("node %s: mounting its directories: %w", c.Name, err)
+	}
+
+	enter := func(component string, args ...string) (*procs.Process, error) {
+		return procs.Start(procs.Spec{
+			Path: nsenter,
+			Args: append([]string{"nsenter", fmt.Sprintf("--target=%d", n.Holder.Pid), "--mount", "--uts", "--net", "--"}, args...),
+			Env:  []string{"HOME=" + c.Dir},
+			Log:  c.Log(component),
+		})
+	}
+	if n.Containerd, err = enter("containerd", mustLook("containerd"), "--config", filepath.Join(c.Dir, "containerd.toml")); err != nil {
+		return n, err
+	}
+	if err := waitContainerd(ctx, n, 30*time.Second); err != nil {
+		return n, err
+	}
+	if err := importImages(c.Socket()); err != nil {
+		return n, fmt.Errorf("node %s: importing images: %w", c.Name, err)
+	}
+	if n.Kubelet, err = enter("kubelet", filepath.Join(c.BinDir, "kubelet"),
+		"--config="+filepath.Join(c.Dir, "kubelet.yaml"),
+		"--kubeconfig="+c.Kubeconfig,
+		"--root-dir=/var/lib/kubelet",
+		"--hostname-override="+c.Name,
+		"--node-ip="+c.IP.String(),
+	); err != nil {
+		return n, err
+	}
+	if n.KubeProxy, err = enter("kube-proxy", filepath.Join(c.BinDir, "kube-proxy"),
+		"--config="+filepath.Join(c.Dir, "kube-proxy.yaml"),
+	); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// CheckRunning returns an error naming the first component that has exited (only known
+// while the starting process runs).
+func (n *Node) CheckRunning() error {
+	for _, c := range []struct {
+		name string
+		p    *procs.Process
+	}{{"containerd", n.Containerd}, {"kubelet", n.Kubelet}, {"kube-proxy", n.KubeProxy}} {
+		if c.p == nil {
+			continue
+		}
+		select {
+		case <-c.p.Exited:
+			return fmt.Errorf("node %s: %s exited (%v); %s", n.Name, c.name, c.p.State, procs.LogTail(n.Log(c.name), 4096))
+		default:
+		}
+	}
+	return nil
+}
+
+// waitUnshared waits until the holder runs in a mount namespace of its own (unshare has
+// done its work and exec'd sleep), so that joining it joins the node's namespace.
+func waitUnshared(p *procs.Process, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case <-p.Exited:
+			return fmt.Errorf("the mount namespace holder exited (%v)", p.State)
+		default:
+		}
+		same, err := procs.SameMountNS(p.Pid)
+		if err == nil && !same && strings.HasPrefix(procs.Cmdline(p.Pid), "sleep") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the mount namespace holder did not unshare within %v", timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func waitContainerd(ctx context.Context, n *Node, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		select {
+		case <-n.Containerd.Exited:
+			return fmt.Errorf("node %s: containerd exited (%v) during startup; %s", n.Name, n.Containerd.State, procs.LogTail(n.Log("containerd"), 4096))
+		default:
+		}
+		if _, err := os.Stat(n.Socket()); err != nil {
+			last = err
+		} else if _, last = procs.Run(ctx, "ctr", "--address", n.Socket(), "version"); last == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("node %s: containerd not ready after %v: %v; %s", n.Name, timeout, last, procs.LogTail(n.Log("containerd"), 4096))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// kubeletSysctls are the values the kubelet insists on with protectKernelDefaults (which
+// keeps it from changing them machine-wide): those that differ on this machine are bind-
+// mounted over /proc/sys inside the node's mount namespace only.
+var kubeletSysctls = map[string]string{
+	"vm/overcommit_memory":      "1",
+	"vm/panic_on_oom":           "0",
+	"kernel/panic":              "10",
+	"kernel/panic_on_oops":      "1",
+	"kernel/keys/root_maxkeys":  "1000000",
+	"kernel/keys/root_maxbytes": "25000000",
+}
+
+// mountScript is the shell script run inside the node's mount namespace to set it up.
+func (c Config) mountScript() (string, error) {
+	var b strings.Builder
+	line := func(args ...string) {
+		for i, a := range args {
+			if i > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(shellQuote(a))
+		}
+		b.WriteByte('\n')
+	}
+	line("hostname", c.Name)
+	line("mount", "-t", "tmpfs", "-o", "mode=0755", "trlc-run", "/run")
+	line("mkdir", "-p", "/run/netns", "/run/containerd", "/run/lock", "/run/trellis")
+	line("mount", "--bind", c.RunTrellisDir(), "/run/trellis")
+
+	// Overlays first: one mounted on an ancestor after a bind below it would hide the bind.
+	targets := slices.Clone(HostPaths)
+	slices.Sort(targets)
+	var overlays []string
+	for _, target := range targets {
+		if _, err := os.Stat(target); err == nil {
+			continue
+		}
+		anc := target
+		for {
+			anc = filepath.Dir(anc)
+			if _, err := os.Stat(anc); err == nil {
+				break
+			}
+		}
+		if anc == "/" {
+			return "", fmt.Errorf("node %s: %s does not exist and / cannot be overlaid: create %s", c.Name, target, filepath.Dir(target))
+		}
+		if under(c.StateDir, anc) {
+			return "", fmt.Errorf("node %s: the state directory %s is under %s, which gets an overlay inside the node (%s does not exist): use a --state-dir elsewhere", c.Name, c.StateDir, anc, target)
+		}
+		if !slices.Contains(overlays, anc) {
+			overlays = append(overlays, anc)
+		}
+	}
+	for _, anc := range overlays {
+		for _, other := range overlays {
+			if other != anc && under(anc, other) {
+				return "", fmt.Errorf("node %s: overlays on both %s and %s would be needed: create %s", c.Name, other, anc, anc)
+			}
+		}
+		ov := filepath.Join(c.Dir, "overlay", strings.ReplaceAll(strings.TrimPrefix(anc, "/"), "/", "_"))
+		for _, d := range []string{"upper", "work"} {
+			if err := os.MkdirAll(filepath.Join(ov, d), 0o755); err != nil {
+				return "", err
+			}
+		}
+		line("mount", "-t", "overlay", "trlc-overlay", "-o",
+			"lowerdir="+anc+",upperdir="+filepath.Join(ov, "upper")+",workdir="+filepath.Join(ov, "work"), anc)
+	}
+	for _, target := range targets {
+		line("mkdir", "-p", target)
+		line("mount", "--bind", c.hostDirs()[target], target)
+	}
+
+	keys := make([]string, 0, len(kubeletSysctls))
+	for k := range kubeletSysctls {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		cur, err := os.ReadFile(filepath.Join("/proc/sys", k))
+		if err != nil || strings.TrimSpace(string(cur)) == kubeletSysctls[k] {
+			continue
+		}
+		f := filepath.Join(c.Dir, "sysctl", strings.ReplaceAll(k, "/", "."))
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(f, []byte(kubeletSysctls[k]+"\n"), 0o444); err != nil {
+			return "", err
+		}
+		line("mount", "--bind", f, filepath.Join("/proc/sys", k))
+	}
+	return b.String(), nil
+}
+
+// under reports whether path is dir or below it.
+func under(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r == '/' || r == '-' || r == '_' || r == '.' || r == '=' || r == ',' || r == ':' ||
+			(r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9'))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func mustLook(cmd string) string {
+	if p, err := procs.LookPath(cmd); err == nil {
+		return p
+	}
+	return cmd
+}

@@ -1,0 +1,99 @@
+package node
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMountScript checks the node's mount plan: /run private, every host path bound to
+// the node's directory, overlays (for host paths missing on this machine) before any
+// bind, and the state directory never under an overlay.
+func TestMountScript(t *testing.T) {
+	dir := t.TempDir()
+	c := Config{Name: "node1", NetNS: "trlc-t-node1", IP: netip.MustParseAddr("198.51.100.11"),
+		Dir: filepath.Join(dir, "nodes", "node1"), LogDir: filepath.Join(dir, "logs"), StateDir: dir}
+	script, err := c.mountScript()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(script), "\n")
+	if lines[0] != "hostname node1" || !strings.Contains(script, "mount -t tmpfs -o mode=0755 trlc-run /run\n") {
+		t.Errorf("script does not start with the hostname and a private /run:\n%s", script)
+	}
+	firstBind, lastOverlay := len(lines), -1
+	for i, l := range lines {
+		for _, target := range HostPaths {
+			if strings.HasPrefix(l, "mount --bind ") && strings.HasSuffix(l, " "+target) {
+				firstBind = min(firstBind, i)
+			}
+		}
+		if strings.Contains(l, "-t overlay") {
+			lastOverlay = i
+		}
+	}
+	if lastOverlay > firstBind {
+		t.Errorf("an overlay is mounted after a bind it would hide:\n%s", script)
+	}
+	for target, src := range c.hostDirs() {
+		if !strings.Contains(script, "mount --bind "+src+" "+target+"\n") {
+			t.Errorf("%s is not bound to %s:\n%s", target, src, script)
+		}
+		if _, err := os.Stat(target); err != nil {
+			anc := filepath.Dir(target)
+			for ; ; anc = filepath.Dir(anc) {
+				if _, err := os.Stat(anc); err == nil {
+					break
+				}
+			}
+			if !strings.Contains(script, " "+anc+"\n") || !strings.Contains(script, "lowerdir="+anc+",") {
+				t.Errorf("%s is missing here but %s gets no overlay:\n%s", target, anc, script)
+			}
+		}
+	}
+}
+
+func TestStateDirUnderOverlayRefused(t *testing.T) {
+	var missing string
+	for _, p := range HostPaths {
+		if _, err := os.Stat(p); err != nil {
+			missing = p
+		}
+	}
+	if missing == "" {
+		t.Logf("every host path exists on this machine: no overlay to refuse")
+		return
+	}
+	anc := filepath.Dir(missing)
+	for ; ; anc = filepath.Dir(anc) {
+		if _, err := os.Stat(anc); err == nil {
+			break
+		}
+	}
+	c := Config{Name: "node1", Dir: "/x/nodes/node1", LogDir: "/x/logs", StateDir: filepath.Join(anc, "state")}
+	if _, err := c.mountScript(); err == nil || !strings.Contains(err.Error(), "--state-dir") {
+		t.Errorf("state directory under the overlaid %s: err = %v", anc, err)
+	}
+}
+
+func TestShellQuote(t *testing.T) {
+	for in, want := range map[string]string{
+		"/a/b-c_d.e": "/a/b-c_d.e",
+		"a b":        "'a b'",
+		"it's":       `'it'\''s'`,
+		"":           "''",
+	} {
+		if got := shellQuote(in); got != want {
+			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+func TestValidateSocketLength(t *testing.T) {
+	c := Config{Name: "n", Dir: "/" + strings.Repeat("d", 100)}
+	if err := c.Validate(); err == nil {
+		t.Error("a socket path beyond sun_path was accepted")
+	}
+}

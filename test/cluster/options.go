@@ -1,0 +1,147 @@
+// Package cluster brings up a local multi-node Kubernetes cluster on one machine, each
+// node a network namespace running containerd, a real kubelet and kube-proxy, with a real
+// control plane in a namespace of its own, and tears it down again leaving nothing behind.
+// hack/localcluster is its command line; e2e tests get a cluster with ForTest.
+//
+// What runs where:
+//
+//   - network (package topology): an underlay bridge in namespace trlc-NAME-underlay;
+//     the control plane (trlc-NAME-cp, 198.51.100.1), nodes node1..N (trlc-NAME-nodeI,
+//     198.51.100.10+I), an external host (trlc-NAME-ext, 198.51.100.200) and, with
+//     RemoteNode, a router (trlc-NAME-router) with the last node behind it on
+//     203.0.113.0/24. Nothing is configured in the root network namespace.
+//   - control plane (package controlplane): etcd, kube-apiserver, kube-controller-manager
+//     (no node CIDR allocation: Trellis allocates pod blocks), kube-scheduler.
+//   - nodes (package node): containerd + runc from Debian, kubelet and kube-proxy
+//     (iptables) v1.37.2 in one mount namespace per node, with per-node directories at
+//     /etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /var/run/trellis, /var/lib/kubelet
+//     and /var/log (see Node for where they are on the machine).
+//   - kubectl access from the root namespace through a loopback forwarder (package
+//     forward), a detached process of the binary that ran Up; the kubeconfig Up writes
+//     points at it.
+//   - images (package images), imported into every node: pause, agnhost, and with the
+//     Trellis CNI the Trellis image, all without a registry.
+//
+// Processes are detached (they outlive `localcluster up`); Down finds them by network
+// namespace, cgroup and command line, so it also cleans up after a killed Up.
+package cluster
+
+import (
+	"fmt"
+	"io"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/trellis-net/trellis/test/cluster/topology"
+	"github.com/trellis-net/trellis/test/testenv"
+)
+
+// CNI selects the pod network.
+type CNI string
+
+const (
+	// CNITrellis installs Trellis as a user would: `kubectl apply -k config/default`, then
+	// the sample ClusterNetwork; the operator renders the agent DaemonSet, whose agents
+	// install the CNI plugin and conflist; nodes go Ready when the conflist appears.
+	CNITrellis CNI = "trellis"
+	// CNIReference is a stand-in: the reference ptp + host-local plugins with a conflist
+	// per node (block 10.244.I.0/24 for nodeI) and static routes between the node
+	// namespaces, written by Up itself.
+	CNIReference CNI = "reference"
+)
+
+// K8sVersion is the Kubernetes release of every component (hack/build-k8s.sh).
+const K8sVersion = testenv.K8sVersion
+
+var (
+	// ServiceCIDR is the ClusterIP range; 10.96.0.1 is the kubernetes Service.
+	ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
+	// PodCIDR is the pod network of both CNIs (the sample ClusterNetwork's podCIDRs).
+	PodCIDR = netip.MustParsePrefix("10.244.0.0/16")
+)
+
+// Options configure a cluster. The zero value is the default cluster.
+type Options struct {
+	// Name identifies the cluster: its namespaces are trlc-NAME-*, its cgroups
+	// trlc-NAME-NODE. Lower-case letters and digits, at most 12. Default "trellis".
+	Name string
+	// StateDir holds everything of the cluster: state, certificates, kubeconfig, the
+	// nodes' directories and logs/. Default $TRELLIS_CACHE/clusters/NAME.
+	StateDir string
+	// Nodes is the node count (default 3).
+	Nodes int
+	// CNI is the pod network (default CNITrellis).
+	CNI CNI
+	// RemoteNode puts the last node behind a router, on 203.0.113.0/24.
+	RemoteNode bool
+	// WaitReady is how long Up waits for every node to be Ready (default 5 minutes);
+	// negative: do not wait.
+	WaitReady time.Duration
+	// BuildMissing lets Up build missing binaries (Kubernetes, CNI plugins, agnhost) with
+	// the hack/ scripts instead of failing with the command that builds them.
+	BuildMissing bool
+	// Progress receives progress lines (default: none).
+	Progress io.Writer
+}
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
+
+// withDefaults fills in defaults and validates.
+func (o Options) withDefaults() (Options, error) {
+	if o.Name == "" {
+		o.Name = "trellis"
+	}
+	if !nameRE.MatchString(o.Name) {
+		return o, fmt.Errorf("cluster name %q: use 1 to 12 lower-case letters and digits, starting with a letter", o.Name)
+	}
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir(o.Name)
+	}
+	abs, err := filepath.Abs(o.StateDir)
+	if err != nil {
+		return o, fmt.Errorf("state directory %s: %w", o.StateDir, err)
+	}
+	o.StateDir = abs
+	if o.Nodes == 0 {
+		o.Nodes = 3
+	}
+	if o.Nodes < 1 || o.Nodes > topology.MaxNodes {
+		return o, fmt.Errorf("--nodes %d: between 1 and %d", o.Nodes, topology.MaxNodes)
+	}
+	if o.CNI == "" {
+		o.CNI = CNITrellis
+	}
+	if o.CNI != CNITrellis && o.CNI != CNIReference {
+		return o, fmt.Errorf("--cni %q: %q or %q", o.CNI, CNITrellis, CNIReference)
+	}
+	if o.RemoteNode && o.Nodes < 2 {
+		return o, fmt.Errorf("a remote node needs --nodes 2 or more")
+	}
+	if o.WaitReady == 0 {
+		o.WaitReady = 5 * time.Minute
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	return o, nil
+}
+
+// CacheDir is where the hack/ scripts put what they build (testenv.CacheDir), falling
+// back to /root/.cache/trellis when there is no home directory.
+func CacheDir() string {
+	dir, err := testenv.CacheDir()
+	if err != nil {
+		return "/root/.cache/trellis"
+	}
+	return dir
+}
+
+// DefaultStateDir is the state directory of the cluster name when none is given.
+func DefaultStateDir(name string) string {
+	return filepath.Join(CacheDir(), "clusters", name)
+}
+
+// prefix starts the names of the cluster's namespaces and cgroups.
+func prefix(name string) string { return "trlc-" + name + "-" }

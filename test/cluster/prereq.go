@@ -1,0 +1,130 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/trellis-net/trellis/test/cluster/procs"
+)
+
+// Versions of the tools hack/build-runtime-tools.sh builds (kept in step with it and with
+// test/runtime, which derive the same directory).
+const (
+	criToolsVersion   = "v1.37.0"
+	cniPluginsVersion = "v1.10.0"
+)
+
+// tools are the directories of what the cluster runs.
+type tools struct {
+	moduleRoot string // this repository
+	k8sBin     string // etcd, kube-*, kubelet, kubectl
+	cniPlugins string // reference plugins
+	agnhost    string // agnhost + VERSION
+}
+
+// Prerequisites checks what a cluster needs (root, commands from Debian packages, the
+// binaries the hack/ scripts build) and returns an error that says how to fix the first
+// thing missing. With opts.BuildMissing, missing binaries are built instead.
+func Prerequisites(ctx context.Context, opts Options) error {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return err
+	}
+	_, err = findTools(ctx, opts)
+	return err
+}
+
+func findTools(ctx context.Context, opts Options) (tools, error) {
+	if os.Geteuid() != 0 {
+		return tools{}, fmt.Errorf("the local cluster creates network namespaces, mounts and cgroups: run it as root")
+	}
+	for _, c := range []struct{ cmd, pkg string }{
+		{"containerd", "containerd"}, {"ctr", "containerd"}, {"runc", "runc"},
+		{"ip", "iproute2"}, {"nsenter", "util-linux"}, {"unshare", "util-linux"}, {"mount", "mount"},
+		{"sysctl", "procps"}, {"iptables", "iptables"}, {"dpkg-deb", "dpkg"}, {"apt-get", "apt"},
+		{"tar", "tar"},
+	} {
+		if _, err := procs.LookPath(c.cmd); err != nil {
+			return tools{}, fmt.Errorf("%s is missing (Debian package %s): run hack/install-deps.sh (or `make deps`)", c.cmd, c.pkg)
+		}
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		return tools{}, fmt.Errorf("the go command is needed (it builds the images' binaries): put /usr/local/go/bin on PATH")
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/cpuset"); err != nil {
+		return tools{}, fmt.Errorf("no cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset: the local cluster is made for the cgroup v1 (hybrid) machines of this project")
+	}
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return tools{}, err
+	}
+	t := tools{moduleRoot: root}
+	cache := CacheDir()
+	t.k8sBin, err = ensureBuilt(ctx, opts, root, "build-k8s.sh", filepath.Join(cache, "k8s", K8sVersion),
+		"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl")
+	if err != nil {
+		return t, err
+	}
+	t.cniPlugins, err = ensureBuilt(ctx, opts, root, "build-runtime-tools.sh",
+		filepath.Join(cache, "tools", "cri-tools-"+criToolsVersion+"_cni-plugins-"+cniPluginsVersion),
+		"ptp", "host-local", "loopback", "portmap")
+	if err != nil {
+		return t, err
+	}
+	t.agnhost, err = ensureBuilt(ctx, opts, root, "build-agnhost.sh", filepath.Join(cache, "agnhost", K8sVersion), "agnhost", "VERSION")
+	return t, err
+}
+
+// ensureBuilt returns dir when it holds every one of files; else it runs hack/script
+// (with opts.BuildMissing) or says to.
+func ensureBuilt(ctx context.Context, opts Options, root, script, dir string, files ...string) (string, error) {
+	missing := func() string {
+		for _, f := range files {
+			if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+				return f
+			}
+		}
+		return ""
+	}
+	m := missing()
+	if m == "" {
+		return dir, nil
+	}
+	if !opts.BuildMissing {
+		return "", fmt.Errorf("%s is missing in %s: run hack/%s (`make deps` builds the Kubernetes binaries and CNI plugins, `make e2e` also agnhost)", m, dir, script)
+	}
+	fmt.Fprintf(opts.Progress, "--> %s is missing: running hack/%s (slow the first time)\n", m, script)
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", script))
+	cmd.Dir = root
+	cmd.Stdout = io.Discard
+	cmd.Stderr = opts.Progress
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("hack/%s: %w", script, err)
+	}
+	if m := missing(); m != "" {
+		return "", fmt.Errorf("hack/%s ran but %s is still missing in %s", script, m, dir)
+	}
+	return dir, nil
+}
+
+// moduleRoot is the directory of the Trellis go.mod, found from the working directory.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the repository with `go env GOMOD`: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", fmt.Errorf("run this inside the Trellis repository (go env GOMOD=%q)", gomod)
+	}
+	data, err := os.ReadFile(gomod)
+	if err != nil || !strings.Contains(string(data), "module github.com/trellis-net/trellis\n") {
+		return "", fmt.Errorf("%s is not the Trellis module: run this inside the Trellis repository", gomod)
+	}
+	return filepath.Dir(gomod), nil
+}

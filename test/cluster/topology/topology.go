@@ -1,0 +1,249 @@
+// Package topology builds the local cluster's simulated network out of network
+// namespaces: an underlay bridge in a namespace of its own, and the control plane, the
+// nodes, an "external host" and optionally a router to a second subnet, each a namespace
+// attached to it by a veth pair.
+//
+// Nothing is created in the root network namespace, not even transiently: veth pairs are
+// created inside the underlay namespace with their peer placed directly in the member's
+// namespace. Addresses come from the documentation ranges 198.51.100.0/24 (the underlay)
+// and 203.0.113.0/24 (the subnet behind the router), never from 192.0.2.0/24, the range of
+// the machines' own eth0.
+package topology
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"strings"
+
+	"github.com/trellis-net/trellis/test/cluster/procs"
+)
+
+var (
+	// UnderlaySubnet is the L2 segment every host but a remote node is on.
+	UnderlaySubnet = netip.MustParsePrefix("198.51.100.0/24")
+	// RemoteSubnet is the segment behind the router (with Plan's remote option).
+	RemoteSubnet = netip.MustParsePrefix("203.0.113.0/24")
+	// ControlPlaneIP is the API server's address (etcd and the controllers run there too).
+	ControlPlaneIP = netip.MustParseAddr("198.51.100.1")
+	// ExternalIP is the "external host", a namespace outside the cluster for NAT tests: it
+	// has no routes to any pod network.
+	ExternalIP = netip.MustParseAddr("198.51.100.200")
+	// RouterUnderlayIP and RouterRemoteIP are the router's legs.
+	RouterUnderlayIP = netip.MustParseAddr("198.51.100.254")
+	RouterRemoteIP   = netip.MustParseAddr("203.0.113.1")
+)
+
+// MaxNodes bounds the node count: node i gets .10+i, below the external host's .200.
+const MaxNodes = 50
+
+// Host is one namespace on the simulated network.
+type Host struct {
+	// Name is short and readable: "cp", "ext", "router", "node1"...; NetNS is the
+	// network namespace's name in /run/netns.
+	Name, NetNS string
+	// IP on Subnet, on the host's eth0.
+	IP     netip.Addr
+	Subnet netip.Prefix
+	// Gateway is the default route's next hop (invalid: no default route).
+	Gateway netip.Addr
+}
+
+// Layout is the whole simulated network.
+type Layout struct {
+	// Underlay is the namespace holding the bridges (br0 for the underlay, br1 for the
+	// remote subnet).
+	Underlay     string
+	ControlPlane Host
+	External     Host
+	Nodes        []Host
+	// Router is set when one node sits behind it, on RemoteSubnet; its eth0 is on the
+	// underlay (RouterUnderlayIP), its eth1 on the remote subnet (RouterRemoteIP).
+	Router *Host
+}
+
+// Plan lays out n nodes; all namespace names start with prefix. With remote, the last
+// node is on RemoteSubnet behind a router.
+//
+// Nodes' default route leads to a dead end (the control plane's namespace, which does
+// not forward): the kube-proxy's ClusterIP DNAT happens after the routing decision for
+// locally generated packets, which fails with "network is unreachable" without a route.
+func Plan(prefix string, n int, remote bool) (Layout, error) {
+	if n < 1 || n > MaxNodes {
+		return Layout{}, fmt.Errorf("node count %d out of range 1..%d", n, MaxNodes)
+	}
+	if remote && n < 2 {
+		return Layout{}, fmt.Errorf("a remote node needs at least 2 nodes (one stays on the underlay)")
+	}
+	l := Layout{
+		Underlay:     prefix + "underlay",
+		ControlPlane: Host{Name: "cp", NetNS: prefix + "cp", IP: ControlPlaneIP, Subnet: UnderlaySubnet},
+		External:     Host{Name: "ext", NetNS: prefix + "ext", IP: ExternalIP, Subnet: UnderlaySubnet},
+	}
+	if remote {
+		l.Router = &Host{Name: "router", NetNS: prefix + "router", IP: RouterUnderlayIP, Subnet: UnderlaySubnet}
+	}
+	for i := 1; i <= n; i++ {
+		name := fmt.Sprintf("node%d", i)
+		h := Host{Name: name, NetNS: prefix + name, IP: nthAddr(UnderlaySubnet, 10+i), Subnet: UnderlaySubnet, Gateway: ControlPlaneIP}
+		if remote && i == n {
+			h.IP, h.Subnet, h.Gateway = nthAddr(RemoteSubnet, 10+i), RemoteSubnet, RouterRemoteIP
+		}
+		l.Nodes = append(l.Nodes, h)
+	}
+	return l, nil
+}
+
+func nthAddr(p netip.Prefix, n int) netip.Addr {
+	a := p.Masked().Addr().As4()
+	a[3] += byte(n)
+	return netip.AddrFrom4(a)
+}
+
+// Namespaces lists every namespace of the layout, the underlay last.
+func (l Layout) Namespaces() []string {
+	names := []string{l.ControlPlane.NetNS, l.External.NetNS}
+	if l.Router != nil {
+		names = append(names, l.Router.NetNS)
+	}
+	for _, n := range l.Nodes {
+		names = append(names, n.NetNS)
+	}
+	return append(names, l.Underlay)
+}
+
+// NextHop is the address from reaches to's subnet through: to itself when they share a
+// subnet, else the router's leg on from's subnet.
+func (l Layout) NextHop(from, to Host) netip.Addr {
+	if from.Subnet == to.Subnet {
+		return to.IP
+	}
+	if from.Subnet == RemoteSubnet {
+		return RouterRemoteIP
+	}
+	return RouterUnderlayIP
+}
+
+// Create makes the namespaces, bridges, links, addresses and routes. It expects none of
+// them to exist (remove leftovers first).
+func (l Layout) Create(ctx context.Context) error {
+	if err := addNetNS(ctx, l.Underlay); err != nil {
+		return err
+	}
+	bridges := []string{"br0"}
+	if l.Router != nil {
+		bridges = append(bridges, "br1")
+	}
+	for _, br := range bridges {
+		if err := ip(ctx, l.Underlay, "link", "add", br, "type", "bridge"); err != nil {
+			return err
+		}
+		if err := ip(ctx, l.Underlay, "link", "set", br, "up"); err != nil {
+			return err
+		}
+	}
+	attach := func(h Host, ifname, bridge, veth string, addr netip.Addr, subnet netip.Prefix) error {
+		if err := ip(ctx, l.Underlay, "link", "add", veth, "type", "veth", "peer", "name", ifname, "netns", h.NetNS); err != nil {
+			return err
+		}
+		if err := ip(ctx, l.Underlay, "link", "set", veth, "master", bridge, "up"); err != nil {
+			return err
+		}
+		if err := ip(ctx, h.NetNS, "addr", "add", netip.PrefixFrom(addr, subnet.Bits()).String(), "dev", ifname); err != nil {
+			return err
+		}
+		return ip(ctx, h.NetNS, "link", "set", ifname, "up")
+	}
+	bridgeFor := func(h Host) string {
+		if h.Subnet == RemoteSubnet {
+			return "br1"
+		}
+		return "br0"
+	}
+	hosts := append([]Host{l.ControlPlane, l.External}, l.Nodes...)
+	if l.Router != nil {
+		hosts = append(hosts, *l.Router)
+	}
+	for _, h := range hosts {
+		if err := addNetNS(ctx, h.NetNS); err != nil {
+			return err
+		}
+		if err := attach(h, "eth0", bridgeFor(h), "v-"+h.Name, h.IP, h.Subnet); err != nil {
+			return fmt.Errorf("attaching %s: %w", h.Name, err)
+		}
+		if h.Gateway.IsValid() {
+			if err := ip(ctx, h.NetNS, "route", "add", "default", "via", h.Gateway.String()); err != nil {
+				return err
+			}
+		}
+	}
+	// Every node forwards (pods behind it); the CNI plugins would turn it on as well.
+	for _, n := range l.Nodes {
+		if err := Sysctl(ctx, n.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
+			return err
+		}
+	}
+	if l.Router != nil {
+		r := *l.Router
+		if err := attach(r, "eth1", "br1", "v-router-r", RouterRemoteIP, RemoteSubnet); err != nil {
+			return fmt.Errorf("attaching the router to the remote subnet: %w", err)
+		}
+		if err := Sysctl(ctx, r.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
+			return err
+		}
+		// Hosts on the underlay reach the remote subnet through the router.
+		for _, h := range hosts {
+			if h.Subnet == UnderlaySubnet && h.Name != r.Name {
+				if err := ip(ctx, h.NetNS, "route", "add", RemoteSubnet.String(), "via", RouterUnderlayIP.String()); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// AddRoute adds a route to dst via nexthop in namespace netns.
+func AddRoute(ctx context.Context, netns string, dst netip.Prefix, via netip.Addr) error {
+	return ip(ctx, netns, "route", "replace", dst.String(), "via", via.String())
+}
+
+// Sysctl sets a (network namespace scoped) sysctl inside netns.
+func Sysctl(ctx context.Context, netns, key, value string) error {
+	_, err := procs.Run(ctx, "nsenter", "--net="+procs.NetNSPath(netns), "--", "sysctl", "-q", "-w", key+"="+value)
+	if err != nil {
+		return fmt.Errorf("setting %s in %s: %w", key, netns, err)
+	}
+	return nil
+}
+
+func addNetNS(ctx context.Context, name string) error {
+	if _, err := procs.Run(ctx, "ip", "netns", "add", name); err != nil {
+		return err
+	}
+	return ip(ctx, name, "link", "set", "lo", "up")
+}
+
+// ip runs `ip -n netns args...`.
+func ip(ctx context.Context, netns string, args ...string) error {
+	_, err := procs.Run(ctx, "ip", append([]string{"-n", netns}, args...)...)
+	return err
+}
+
+// DeleteNetNS removes the named namespaces that exist (their processes must be gone).
+func DeleteNetNS(ctx context.Context, names []string) error {
+	var errs []string
+	for _, n := range names {
+		if _, err := os.Stat(procs.NetNSPath(n)); err != nil {
+			continue
+		}
+		if _, err := procs.Run(ctx, "ip", "netns", "delete", n); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("deleting network namespaces: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
