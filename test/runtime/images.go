@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/trellis-net/trellis/test/cluster/images"
 )
 
 const (
@@ -76,7 +77,7 @@ func imageArchive(t testing.TB) (string, error) {
 		}
 	}
 	archive := filepath.Join(dir, "images.tar")
-	if err := tarDir(layoutDir, archive); err != nil {
+	if err := images.TarDir(layoutDir, archive); err != nil {
 		return "", err
 	}
 	imageArchives.byTest[t] = archive
@@ -186,57 +187,4 @@ func binaryImage(binPath, dst string) (v1.Image, error) {
 		return nil, fmt.Errorf("setting the image config: %w", err)
 	}
 	return img, nil
-}
-
-// tarDir writes the files under dir into the tar archive dst, with paths relative to dir.
-func tarDir(dir, dst string) error {
-	f, err := os.Create(dst)
-	if err != nil {
-		return fmt.Errorf("creating %s: %w", dst, err)
-	}
-	tw := tar.NewWriter(f)
-	err = filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || path == dir {
-			return err
-		}
-		rel, err := filepath.Rel(dir, path)
-		if err != nil {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		hdr, err := tar.FileInfoHeader(info, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if d.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if d.IsDir() {
-			return nil
-		}
-		src, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer src.Close()
-		_, err = io.Copy(tw, src)
-		return err
-	})
-	if err == nil {
-		err = tw.Close()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("archiving %s into %s: %w", dir, dst, err)
-	}
-	return nil
 }

@@ -99,7 +99,7 @@ func Archive(cacheDir string, specs []Spec) (path string, cached bool, err error
 		}
 	}
 	tmp := filepath.Join(work, "images.tar")
-	if err := tarDir(layoutDir, tmp); err != nil {
+	if err := TarDir(layoutDir, tmp); err != nil {
 		return "", false, err
 	}
 	if err := os.Rename(tmp, path); err != nil {
@@ -301,8 +301,9 @@ func (s Spec) image() (v1.Image, error) {
 	return mutate.ConfigFile(img, cfg)
 }
 
-// tarDir writes the files under dir into the tar archive dst, paths relative to dir.
-func tarDir(dir, dst string) error {
+// TarDir writes the files under dir into the tar archive dst, paths relative to dir (an
+// OCI layout directory becomes an archive `ctr images import` takes).
+func TarDir(dir, dst string) error {
 	f, err := os.Create(dst)
 	if err != nil {
 		return fmt.Errorf("creating %s: %w", dst, err)
