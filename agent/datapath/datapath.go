@@ -70,7 +70,7 @@ type Status struct {
 	Underlay      string
 	UnderlayMTU   int
 	PodMTU        int
-	VTEPMAC       net.HardwareAddr // nil when no VXLAN device is needed
+	VTEPMAC       net.HardwareAddr
 	PeersDirect   []string
 	PeersVXLAN    []string
 	PeersPending  []string // VXLAN peers whose VTEP MAC is not known yet
@@ -94,15 +94,21 @@ func Sync(cfg Config) (*Status, error) {
 	}
 
 	direct, tunnel := split(cfg, subnet, st)
-	var vx netlink.Link
-	if cfg.Mode != ModeDirect {
-		vx, err = ensureVXLAN(cfg, underlay, st.UnderlayMTU-VXLANOverhead)
-		if err != nil {
-			return nil, err
-		}
-		st.VTEPMAC = vx.Attrs().HardwareAddr
-	} else if err := removeVXLAN(); err != nil {
+	// The VXLAN device and its peer entries exist in every mode, Direct included: during a
+	// live mode switch the nodes restart one by one, and a node already on Direct must
+	// still take (and peers still reach it with) traffic from nodes not yet switched.
+	// Only the routes say which path a node sends on.
+	vx, err := ensureVXLAN(cfg, underlay, st.UnderlayMTU-VXLANOverhead)
+	if err != nil {
 		return nil, err
+	}
+	st.VTEPMAC = vx.Attrs().HardwareAddr
+	for _, p := range direct {
+		if p.VTEPMAC != nil {
+			if err := ensureVXLANPeer(vx, p, VTEPAddr(p.PodCIDR)); err != nil {
+				return st, err
+			}
+		}
 	}
 
 	want := map[string]*netlink.Route{}
@@ -129,10 +135,8 @@ func Sync(cfg Config) (*Status, error) {
 		}
 		st.PeersVXLAN = append(st.PeersVXLAN, p.Name)
 	}
-	if vx != nil {
-		if err := pruneVXLANPeers(vx, tunnel); err != nil {
-			return st, err
-		}
+	if err := pruneVXLANPeers(vx, append(slices.Clone(direct), tunnel...)); err != nil {
+		return st, err
 	}
 	if err := syncRoutes(want, st); err != nil {
 		return st, err
@@ -287,7 +291,7 @@ func removeVXLAN() error {
 		return nil
 	}
 	if err := netlink.LinkDel(l); err != nil {
-		return fmt.Errorf("removing %s (Direct mode needs none): %w", VXLANDevice, err)
+		return fmt.Errorf("removing %s: %w", VXLANDevice, err)
 	}
 	return nil
 }

@@ -256,7 +256,7 @@ func TestModes(t *testing.T) {
 		vxlan     bool
 	}{
 		{datapath.ModeVXLAN, all, true},
-		{datapath.ModeDirect, []pair{{0, 1}, {1, 0}}, false},
+		{datapath.ModeDirect, []pair{{0, 1}, {1, 0}}, true}, // the device stays: see Sync
 		{datapath.ModeHybrid, all, true},
 		{datapath.ModeVXLAN, all, true}, // and back: a live switch
 	} {
@@ -375,4 +375,17 @@ func TestMasqueradeAndAntiSpoofing(t *testing.T) {
 		}
 		return err
 	}))
+}
+
+// During a live switch nodes run different modes for a while: a node already on Direct
+// and one still on VXLAN must keep talking.
+func TestMixedModesDuringASwitch(t *testing.T) {
+	topo := newTopology(t)
+	topo.syncAll(datapath.ModeVXLAN)
+	topo.sync(0, datapath.ModeDirect, 1, 2) // node1 switched, node2 not yet
+	for _, p := range [][2]int{{0, 1}, {1, 0}} {
+		if _, err := topo.reach(p[0], p[1]); err != nil {
+			t.Errorf("%s (Direct) <-> %s (VXLAN): %v", topo.nodes[p[0]].name, topo.nodes[p[1]].name, err)
+		}
+	}
 }

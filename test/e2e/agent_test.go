@@ -145,8 +145,10 @@ func TestAgentDatapath(t *testing.T) {
 			gap, fails, total := p.gapSince(since)
 			t.Logf("VXLAN<->Direct switch to %s: settled after %v; longest gap between successful connects %v (%d of %d attempts failed, last error: %v)",
 				mode, settled.Round(100*time.Millisecond), gap.Round(time.Millisecond), fails, total, p.lastError())
-			if gap > 60*time.Second {
-				t.Errorf("traffic stopped for %v after switching to %s, want at most 60s", gap.Round(time.Millisecond), mode)
+			// Nodes keep their VXLAN device in every mode, so nodes in mixed modes during
+			// the rolling restart keep talking: the switch is hitless.
+			if gap > 2*time.Second {
+				t.Errorf("traffic stopped for %v after switching to %s, want at most 2s", gap.Round(time.Millisecond), mode)
 			}
 			if last := p.lastOK(); time.Since(last) > time.Second {
 				t.Errorf("no successful connect in the last %v after switching to %s", time.Since(last).Round(time.Millisecond), mode)
