@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
 // referenceConflist is ptp + host-local + portmap, the reference plugins, on a pod subnet
@@ -144,7 +146,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 			t.Errorf("%s still exists after Close (%v)", path, err)
 		}
 	}
-	for _, h := range cgroupHierarchies() {
+	for _, h := range procs.CgroupHierarchies() {
 		if _, err := os.Stat(filepath.Join(h, node.Name)); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s/%s still exists after Close (%v)", h, node.Name, err)
 		}

@@ -1,11 +1,9 @@
 package runtime
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
 // namePrefix starts the name of every node network namespace, node directory (under
@@ -40,7 +40,7 @@ func sweepLeftovers() (removed []string, errs []error) {
 	}
 	add(netnsDir)
 	add(os.TempDir())
-	for _, h := range cgroupHierarchies() {
+	for _, h := range procs.CgroupHierarchies() {
 		add(h)
 	}
 	for name := range names {
@@ -79,7 +79,7 @@ func removeNodeResources(name, dir string) error {
 	var errs []error
 	nsPath := filepath.Join(netnsDir, name)
 	if ino, err := nsInode(nsPath); err == nil {
-		if err := killUntilGone(func() []int { return pidsInNetNS(ino) }); err != nil {
+		if err := procs.KillUntilGone(func() []int { return pidsInNetNS(ino) }, 10*time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("processes in network namespace %s: %w", name, err))
 		}
 	}
@@ -128,104 +128,14 @@ func pidsInNetNS(ino uint64) []int {
 	return pids
 }
 
-// killUntilGone SIGKILLs the processes list returns until it returns none (10 s at most).
-func killUntilGone(list func() []int) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids := list()
-		if len(pids) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("processes %v still alive after SIGKILL", pids)
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// cgroupHierarchies lists the mount points of the cgroup (v1) and cgroup2 file systems.
-func cgroupHierarchies() []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil
-	}
-	defer f.Close()
-	var dirs []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
-			continue
-		}
-		if fs := fields[sep+1]; fs == "cgroup" || fs == "cgroup2" {
-			dirs = append(dirs, fields[4])
-		}
-	}
-	return dirs
-}
-
 // removeCgroups kills the processes in the node's cgroup subtrees (the pods' containers,
 // under cgroup_parent /<name>/...) and removes the directories, deepest first.
 func removeCgroups(name string) error {
 	var trees []string
-	for _, h := range cgroupHierarchies() {
+	for _, h := range procs.CgroupHierarchies() {
 		if _, err := os.Stat(filepath.Join(h, name)); err == nil {
 			trees = append(trees, filepath.Join(h, name))
 		}
 	}
-	if len(trees) == 0 {
-		return nil
-	}
-	err := killUntilGone(func() []int {
-		var pids []int
-		for _, tree := range trees {
-			_ = filepath.WalkDir(tree, func(path string, d fs.DirEntry, err error) error {
-				if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
-					return nil
-				}
-				data, _ := os.ReadFile(path)
-				for _, f := range strings.Fields(string(data)) {
-					if pid, err := strconv.Atoi(f); err == nil && !slices.Contains(pids, pid) {
-						pids = append(pids, pid)
-					}
-				}
-				return nil
-			})
-		}
-		return pids
-	})
-	if err != nil {
-		return fmt.Errorf("processes in cgroups %s: %w", name, err)
-	}
-	var errs []error
-	for _, tree := range trees {
-		var dirs []string
-		_ = filepath.WalkDir(tree, func(path string, d fs.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, path)
-			}
-			return nil
-		})
-		// Deepest first; a cgroup whose last task just exited can be busy for a moment.
-		slices.SortFunc(dirs, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-		for _, d := range dirs {
-			var err error
-			for range 50 {
-				if err = syscall.Rmdir(d); err == nil || errors.Is(err, syscall.ENOENT) {
-					err = nil
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("rmdir %s: %w", d, err))
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return procs.RemoveCgroupTrees(trees)
 }
