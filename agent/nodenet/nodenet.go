@@ -169,12 +169,8 @@ func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
 	if r.NodeIP.IsValid() {
 		return r.NodeIP, nil
 	}
-	for _, a := range node.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
-				return ip, nil
-			}
-		}
+	if ip, err := r.nodeIPOf(node); err == nil {
+		return ip, nil
 	}
 	return netip.Addr{}, fmt.Errorf("Node %s has no IPv4 InternalIP: set the agent's --node-ip", node.Name)
 }
