@@ -225,39 +225,50 @@ func (c *Cluster) startNodes(ctx context.Context, cfgs []node.Config, archive fu
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t0 := time.Now()
-			running[i], errs[i] = node.Start(ctx, cfg, func(socket string) error {
-				path, err := archive()
-				if err != nil {
-					return err
-				}
-				t1 := time.Now()
-				if _, err := procs.Run(ctx, "ctr", "--address", socket, "--namespace", "k8s.io", "images", "import", path); err != nil {
-					return err
-				}
-				p.detail("%s: images imported in %v", cfg.Name, sinceRounded(t1))
-				return nil
-			})
-			if errs[i] == nil {
-				p.detail("%s (%s): kubelet and kube-proxy started (%v)", cfg.Name, cfg.IP, sinceRounded(t0))
-			}
+			running[i], errs[i] = startNode(ctx, cfg, archive, p)
 		}()
 	}
 	wg.Wait()
 	for i, n := range running {
-		if n == nil {
-			continue
-		}
-		for role, proc := range map[string]*procs.Process{"holder": n.Holder, "containerd": n.Containerd, "kubelet": n.Kubelet, "kube-proxy": n.KubeProxy} {
-			if proc != nil {
-				c.Nodes[i].Pids[role] = proc.Pid
-			}
-		}
+		c.Nodes[i].recordPids(n)
 	}
 	if err := c.save(); err != nil {
 		return running, err
 	}
 	return running, errors.Join(errs...)
+}
+
+// startNode starts one node, importing the images from archive before its kubelet starts.
+func startNode(ctx context.Context, cfg node.Config, archive func() (string, error), p *progress) (*node.Node, error) {
+	t0 := time.Now()
+	n, err := node.Start(ctx, cfg, func(socket string) error {
+		path, err := archive()
+		if err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if _, err := procs.Run(ctx, "ctr", "--address", socket, "--namespace", "k8s.io", "images", "import", path); err != nil {
+			return err
+		}
+		p.detail("%s: images imported in %v", cfg.Name, sinceRounded(t1))
+		return nil
+	})
+	if err == nil {
+		p.detail("%s (%s): kubelet and kube-proxy started (%v)", cfg.Name, cfg.IP, sinceRounded(t0))
+	}
+	return n, err
+}
+
+// recordPids notes the pids of running's processes (nil: nothing started).
+func (n *Node) recordPids(running *node.Node) {
+	if running == nil {
+		return
+	}
+	for role, proc := range map[string]*procs.Process{"holder": running.Holder, "containerd": running.Containerd, "kubelet": running.Kubelet, "kube-proxy": running.KubeProxy} {
+		if proc != nil {
+			n.Pids[role] = proc.Pid
+		}
+	}
 }
 
 // reuseOrSweep returns the running cluster when it is healthy and matches opts, fails when
@@ -295,22 +306,27 @@ func reuseOrSweep(ctx context.Context, opts Options, p *progress) (*Cluster, err
 func (c *Cluster) nodeConfigs(t tools) []node.Config {
 	var cfgs []node.Config
 	for _, h := range c.Network.Nodes {
-		dir := filepath.Join(c.StateDir, "nodes", h.Name)
-		cfgs = append(cfgs, node.Config{
-			Name: h.Name, NetNS: h.NetNS, IP: h.IP,
-			Cgroup:   prefix(c.Name) + h.Name,
-			Dir:      dir,
-			LogDir:   c.LogDir,
-			StateDir: c.StateDir,
-			BinDir:   t.k8sBin,
-			// Written by writePKI.
-			Kubeconfig:      filepath.Join(dir, "kubelet.kubeconfig"),
-			ProxyKubeconfig: filepath.Join(c.StateDir, "pki", "kube-proxy.kubeconfig"),
-			CACert:          filepath.Join(c.StateDir, "pki", "ca.crt"),
-			SandboxImage:    images.PauseImage,
-		})
+		cfgs = append(cfgs, c.nodeConfig(h, t))
 	}
 	return cfgs
+}
+
+// nodeConfig describes node h of c.
+func (c *Cluster) nodeConfig(h topology.Host, t tools) node.Config {
+	dir := filepath.Join(c.StateDir, "nodes", h.Name)
+	return node.Config{
+		Name: h.Name, NetNS: h.NetNS, IP: h.IP,
+		Cgroup:   prefix(c.Name) + h.Name,
+		Dir:      dir,
+		LogDir:   c.LogDir,
+		StateDir: c.StateDir,
+		BinDir:   t.k8sBin,
+		// Written by writePKI.
+		Kubeconfig:      filepath.Join(dir, "kubelet.kubeconfig"),
+		ProxyKubeconfig: filepath.Join(c.StateDir, "pki", "kube-proxy.kubeconfig"),
+		CACert:          filepath.Join(c.StateDir, "pki", "ca.crt"),
+		SandboxImage:    images.PauseImage,
+	}
 }
 
 // writePKI makes every certificate and kubeconfig (except the admin kubeconfig, which
@@ -364,13 +380,8 @@ func (c *Cluster) writePKI(nodes []node.Config) (controlplane.Config, error) {
 	if _, err := issue("admin", pki.Spec{CommonName: "kubernetes-admin", Organizations: []string{"system:masters"}}); err != nil {
 		return controlplane.Config{}, err
 	}
-	server := fmt.Sprintf("https://%s:%d", apiIP, controlplane.APIServerPort)
 	kubeconfig := func(path, user string, orgs ...string) error {
-		kp, err := ca.Issue(pki.Spec{CommonName: user, Organizations: orgs})
-		if err != nil {
-			return err
-		}
-		return pki.WriteKubeconfig(path, c.Name, server, ca.CertPEM, kp)
+		return writeClientKubeconfig(ca, c.Name, path, user, orgs...)
 	}
 	kcm := filepath.Join(cpDir, "controller-manager.kubeconfig")
 	sched := filepath.Join(cpDir, "scheduler.kubeconfig")
@@ -384,7 +395,7 @@ func (c *Cluster) writePKI(nodes []node.Config) (controlplane.Config, error) {
 		return controlplane.Config{}, err
 	}
 	for _, n := range nodes {
-		if err := kubeconfig(n.Kubeconfig, "system:node:"+n.Name, "system:nodes"); err != nil {
+		if err := writeNodeKubeconfig(ca, c.Name, n); err != nil {
 			return controlplane.Config{}, err
 		}
 	}
@@ -400,6 +411,23 @@ func (c *Cluster) writePKI(nodes []node.Config) (controlplane.Config, error) {
 		ControllerManagerKubeconfig: kcm, SchedulerKubeconfig: sched,
 		AdminCert: filepath.Join(dir, "admin.crt"), AdminKey: filepath.Join(dir, "admin.key"),
 	}, nil
+}
+
+// writeClientKubeconfig writes a kubeconfig at path for a client certificate of user
+// (in groups orgs) that ca issues, pointing at the API server in the control plane's
+// namespace.
+func writeClientKubeconfig(ca *pki.CA, clusterName, path, user string, orgs ...string) error {
+	kp, err := ca.Issue(pki.Spec{CommonName: user, Organizations: orgs})
+	if err != nil {
+		return err
+	}
+	server := fmt.Sprintf("https://%s:%d", topology.ControlPlaneIP, controlplane.APIServerPort)
+	return pki.WriteKubeconfig(path, clusterName, server, ca.CertPEM, kp)
+}
+
+// writeNodeKubeconfig writes the kubelet's kubeconfig of node n: the node's identity.
+func writeNodeKubeconfig(ca *pki.CA, clusterName string, n node.Config) error {
+	return writeClientKubeconfig(ca, clusterName, n.Kubeconfig, "system:node:"+n.Name, "system:nodes")
 }
 
 // writeAdminKubeconfig writes c.Kubeconfig for c.Server (the forwarder).

@@ -174,3 +174,34 @@ func WriteKubeconfig(path, contextName, server string, caPEM []byte, client KeyP
 	}
 	return WriteFile(path, data)
 }
+
+// LoadCA reads a CA written by WriteFile from its certificate and key files (to issue more
+// certificates for a running cluster).
+func LoadCA(certPath, keyPath string) (*CA, error) {
+	certPEM, err := os.ReadFile(certPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(keyPath)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA key: %w", err)
+	}
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, fmt.Errorf("%s or %s is not PEM", certPath, keyPath)
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", certPath, err)
+	}
+	key, err := x509.ParsePKCS8PrivateKey(kb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", keyPath, err)
+	}
+	signer, ok := key.(crypto.Signer)
+	if !ok {
+		return nil, fmt.Errorf("%s holds no signing key", keyPath)
+	}
+	return &CA{Cert: cert, Key: signer, CertPEM: certPEM}, nil
+}

@@ -77,3 +77,38 @@ func parse(t *testing.T, data []byte) *x509.Certificate {
 	}
 	return c
 }
+
+func TestLoadCA(t *testing.T) {
+	ca, err := NewCA("test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ca.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := WriteFile(filepath.Join(dir, "ca.crt"), ca.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFile(filepath.Join(dir, "ca.key"), key); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the loaded CA issues verifies against the original.
+	kp, err := loaded.Issue(Spec{CommonName: "system:node:node4", Organizations: []string{"system:nodes"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	if _, err := parse(t, kp.CertPEM).Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		t.Errorf("a certificate from the loaded CA: %v", err)
+	}
+	if _, err := LoadCA(filepath.Join(dir, "ca.crt"), filepath.Join(dir, "missing.key")); err == nil {
+		t.Errorf("LoadCA with a missing key: no error")
+	}
+}

@@ -85,8 +85,7 @@ func Plan(prefix string, n int, remote bool) (Layout, error) {
 		l.Router = &Host{Name: "router", NetNS: prefix + "router", IP: RouterUnderlayIP, Subnet: UnderlaySubnet}
 	}
 	for i := 1; i <= n; i++ {
-		name := fmt.Sprintf("node%d", i)
-		h := Host{Name: name, NetNS: prefix + name, IP: nthAddr(UnderlaySubnet, 10+i), Subnet: UnderlaySubnet, Gateway: ControlPlaneIP}
+		h := underlayNode(prefix, i)
 		if remote && i == n {
 			h.IP, h.Subnet, h.Gateway = nthAddr(RemoteSubnet, 10+i), RemoteSubnet, RouterRemoteIP
 		}
@@ -143,39 +142,13 @@ func (l Layout) Create(ctx context.Context) error {
 			return err
 		}
 	}
-	attach := func(h Host, ifname, bridge, veth string, addr netip.Addr, subnet netip.Prefix) error {
-		if err := ip(ctx, l.Underlay, "link", "add", veth, "type", "veth", "peer", "name", ifname, "netns", h.NetNS); err != nil {
-			return err
-		}
-		if err := ip(ctx, l.Underlay, "link", "set", veth, "master", bridge, "up"); err != nil {
-			return err
-		}
-		if err := ip(ctx, h.NetNS, "addr", "add", netip.PrefixFrom(addr, subnet.Bits()).String(), "dev", ifname); err != nil {
-			return err
-		}
-		return ip(ctx, h.NetNS, "link", "set", ifname, "up")
-	}
-	bridgeFor := func(h Host) string {
-		if h.Subnet == RemoteSubnet {
-			return "br1"
-		}
-		return "br0"
-	}
 	hosts := append([]Host{l.ControlPlane, l.External}, l.Nodes...)
 	if l.Router != nil {
 		hosts = append(hosts, *l.Router)
 	}
 	for _, h := range hosts {
-		if err := addNetNS(ctx, h.NetNS); err != nil {
+		if err := l.addHost(ctx, h); err != nil {
 			return err
-		}
-		if err := attach(h, "eth0", bridgeFor(h), "v-"+h.Name, h.IP, h.Subnet); err != nil {
-			return fmt.Errorf("attaching %s: %w", h.Name, err)
-		}
-		if h.Gateway.IsValid() {
-			if err := ip(ctx, h.NetNS, "route", "add", "default", "via", h.Gateway.String()); err != nil {
-				return err
-			}
 		}
 	}
 	// Every node forwards (pods behind it); the CNI plugins would turn it on as well.
@@ -186,7 +159,7 @@ func (l Layout) Create(ctx context.Context) error {
 	}
 	if l.Router != nil {
 		r := *l.Router
-		if err := attach(r, "eth1", "br1", "v-router-r", RouterRemoteIP, RemoteSubnet); err != nil {
+		if err := l.attach(ctx, r, "eth1", "br1", "v-router-r", RouterRemoteIP, RemoteSubnet); err != nil {
 			return fmt.Errorf("attaching the router to the remote subnet: %w", err)
 		}
 		if err := Sysctl(ctx, r.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
@@ -202,6 +175,76 @@ func (l Layout) Create(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// AddNode attaches one more node to the running network: its namespace, its link to the
+// underlay bridge, its routes and forwarding, as Create does for the planned nodes.
+func (l Layout) AddNode(ctx context.Context, h Host) error {
+	if err := l.addHost(ctx, h); err != nil {
+		return err
+	}
+	if l.Router != nil && h.Subnet == UnderlaySubnet {
+		if err := ip(ctx, h.NetNS, "route", "add", RemoteSubnet.String(), "via", RouterUnderlayIP.String()); err != nil {
+			return err
+		}
+	}
+	return Sysctl(ctx, h.NetNS, "net.ipv4.ip_forward", "1")
+}
+
+// NextNode is the host a node added to the running layout gets: the next free name and
+// address on the underlay.
+func (l Layout) NextNode() (Host, error) {
+	i := 1
+	for _, n := range l.Nodes {
+		var k int
+		if _, err := fmt.Sscanf(n.Name, "node%d", &k); err == nil && k >= i {
+			i = k + 1
+		}
+	}
+	if i > MaxNodes {
+		return Host{}, fmt.Errorf("node%d: the underlay has room for %d nodes", i, MaxNodes)
+	}
+	return underlayNode(strings.TrimSuffix(l.Underlay, "underlay"), i), nil
+}
+
+// underlayNode is node i on the underlay: nodeI at .10+i.
+func underlayNode(prefix string, i int) Host {
+	name := fmt.Sprintf("node%d", i)
+	return Host{Name: name, NetNS: prefix + name, IP: nthAddr(UnderlaySubnet, 10+i), Subnet: UnderlaySubnet, Gateway: ControlPlaneIP}
+}
+
+// addHost creates h's namespace and attaches its eth0 to its subnet's bridge, with its
+// default route.
+func (l Layout) addHost(ctx context.Context, h Host) error {
+	if err := addNetNS(ctx, h.NetNS); err != nil {
+		return err
+	}
+	bridge := "br0"
+	if h.Subnet == RemoteSubnet {
+		bridge = "br1"
+	}
+	if err := l.attach(ctx, h, "eth0", bridge, "v-"+h.Name, h.IP, h.Subnet); err != nil {
+		return fmt.Errorf("attaching %s: %w", h.Name, err)
+	}
+	if h.Gateway.IsValid() {
+		return ip(ctx, h.NetNS, "route", "add", "default", "via", h.Gateway.String())
+	}
+	return nil
+}
+
+// attach links h's ifname to bridge (the veth's other end, named veth, stays in the
+// underlay namespace) and gives it addr.
+func (l Layout) attach(ctx context.Context, h Host, ifname, bridge, veth string, addr netip.Addr, subnet netip.Prefix) error {
+	if err := ip(ctx, l.Underlay, "link", "add", veth, "type", "veth", "peer", "name", ifname, "netns", h.NetNS); err != nil {
+		return err
+	}
+	if err := ip(ctx, l.Underlay, "link", "set", veth, "master", bridge, "up"); err != nil {
+		return err
+	}
+	if err := ip(ctx, h.NetNS, "addr", "add", netip.PrefixFrom(addr, subnet.Bits()).String(), "dev", ifname); err != nil {
+		return err
+	}
+	return ip(ctx, h.NetNS, "link", "set", ifname, "up")
 }
 
 // AddRoute adds a route to dst via nexthop in namespace netns.
