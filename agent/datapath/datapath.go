@@ -15,7 +15,6 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -63,6 +62,11 @@ type Config struct {
 	Local    Local
 	Peers    []Peer
 	PodCIDRs []netip.Prefix
+	// ChecksumOffload keeps TX checksum offload on the VXLAN device (off by default).
+	ChecksumOffload bool
+	// ProcSys is where sysctls are written; empty is /proc/sys (of the calling thread's
+	// network namespace). Tests point it elsewhere to make a setting fail.
+	ProcSys string
 }
 
 // Status is what Sync did and found.
@@ -77,6 +81,10 @@ type Status struct {
 	Unreachable   []string // Direct peers that are not on-link, with the reason
 	RoutesAdded   int
 	RoutesDeleted int
+	// Sysctls in effect, by sysctl(8) name (see kernel.go).
+	Sysctls map[string]string
+	// TXChecksumOffload is whether the VXLAN device checksums in software (false) or not.
+	TXChecksumOffload bool
 }
 
 // Sync converges the kernel to cfg.
@@ -89,10 +97,6 @@ func Sync(cfg Config) (*Status, error) {
 	st.Underlay, st.UnderlayMTU = underlay.Attrs().Name, underlay.Attrs().MTU
 	st.PodMTU = PodMTU(cfg.Mode, cfg.MTU, st.UnderlayMTU)
 
-	if err := setKernelSettings(); err != nil {
-		return nil, err
-	}
-
 	direct, tunnel := split(cfg, subnet, st)
 	// The VXLAN device and its peer entries exist in every mode, Direct included: during a
 	// live mode switch the nodes restart one by one, and a node already on Direct must
@@ -103,6 +107,10 @@ func Sync(cfg Config) (*Status, error) {
 		return nil, err
 	}
 	st.VTEPMAC = vx.Attrs().HardwareAddr
+	if _, err := SetTXChecksum(VXLANDevice, cfg.ChecksumOffload); err != nil {
+		return st, err
+	}
+	st.TXChecksumOffload = cfg.ChecksumOffload
 	for _, p := range direct {
 		if p.VTEPMAC != nil {
 			if err := ensureVXLANPeer(vx, p, VTEPAddr(p.PodCIDR)); err != nil {
@@ -141,7 +149,14 @@ func Sync(cfg Config) (*Status, error) {
 	if err := syncRoutes(want, st); err != nil {
 		return st, err
 	}
-	return st, nil
+	// Last, so the routes are in place even when a setting is refused (reported as a
+	// *SysctlError; the caller keeps the node not ready until it is fixed).
+	procSys := cfg.ProcSys
+	if procSys == "" {
+		procSys = "/proc/sys"
+	}
+	st.Sysctls, err = setKernelSettings(procSys)
+	return st, err
 }
 
 // PodMTU is the MTU pods get: the configured one, else the underlay's less what the
@@ -383,23 +398,6 @@ func syncRoutes(want map[string]*netlink.Route, st *Status) error {
 
 func sameRoute(a, b netlink.Route) bool {
 	return a.LinkIndex == b.LinkIndex && a.Gw.Equal(b.Gw) && a.Flags&int(netlink.FLAG_ONLINK) == b.Flags&int(netlink.FLAG_ONLINK)
-}
-
-// setKernelSettings turns on what a routed pod network needs: forwarding. (Anti-spoofing
-// is an iptables rpfilter rule, see iptables.go, so it holds whatever rp_filter says.)
-func setKernelSettings() error {
-	for path, value := range map[string]string{
-		"/proc/sys/net/ipv4/ip_forward": "1",
-	} {
-		cur, err := os.ReadFile(path)
-		if err == nil && strings.TrimSpace(string(cur)) == value {
-			continue
-		}
-		if err := os.WriteFile(path, []byte(value), 0o644); err != nil {
-			return fmt.Errorf("setting %s = %s: %w", strings.TrimPrefix(path, "/proc/sys/"), value, err)
-		}
-	}
-	return nil
 }
 
 func ipnet(p netip.Prefix) *net.IPNet {

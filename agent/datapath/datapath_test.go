@@ -39,6 +39,8 @@ type topology struct {
 	t      *testing.T
 	router ns.NetNS
 	nodes  []*testNode
+	// tweak, when set, edits every node's Config before a sync.
+	tweak func(*datapath.Config)
 }
 
 func newNS(t *testing.T) ns.NetNS {
@@ -171,6 +173,9 @@ func (topo *topology) sync(i int, mode datapath.Mode, peers ...int) *datapath.St
 	for _, p := range peers {
 		peer := topo.nodes[p]
 		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: peer.name, NodeIP: peer.ip, PodCIDR: peer.block, VTEPMAC: peer.mac})
+	}
+	if topo.tweak != nil {
+		topo.tweak(&cfg)
 	}
 	var st *datapath.Status
 	must(topo.t, n.ns.Do(func(ns.NetNS) error {

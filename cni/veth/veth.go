@@ -83,6 +83,10 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ip netip.Addr, mtu int) (
 	// No IPv6 link-local chatter on a link that carries only IPv4 (best effort: the
 	// sysctl is absent when IPv6 is disabled on the node).
 	_ = writeSysctl("net/ipv6/conf/"+hostName+"/disable_ipv6", "1")
+	// Loose reverse-path filtering, as the agent keeps it on every trellis device (it also
+	// fixes a veth this write missed, and reports failures): anti-spoofing is the agent's
+	// rpfilter rule, not the sysctl.
+	_ = writeSysctl("net/ipv4/conf/"+hostName+"/rp_filter", "2")
 	if err := netlink.LinkSetUp(host); err != nil {
 		return nil, fmt.Errorf("setting host veth %s up: %w", hostName, err)
 	}

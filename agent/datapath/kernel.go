@@ -1,0 +1,110 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/trellis-net/trellis/cni/veth"
+)
+
+// RPFilterLoose is the rp_filter mode of the devices trellis owns. The kernel applies the
+// larger of conf.all and conf.<dev>, so 2 is loose whatever the distribution put in "all",
+// while 0 would lose to a strict (1) "all". Strict would drop pod traffic a peer still sends
+// through trellis.vxlan while this node already routes it directly (a live mode switch);
+// pods can't spoof anyway: the raw-table rpfilter rule (iptables.go) drops that.
+const RPFilterLoose = "2"
+
+// Sysctl names the datapath reports (sysctl(8) notation: an interface name's dots become
+// "/"). VethRPFilter stands for every pod veth.
+const (
+	SysctlIPForward   = "net.ipv4.ip_forward"
+	SysctlAllRPFilter = "net.ipv4.conf.all.rp_filter"
+	VethRPFilter      = "net.ipv4.conf." + veth.HostPrefix + "*.rp_filter"
+)
+
+// VXLANRPFilter is the sysctl(8) name of trellis.vxlan's rp_filter.
+var VXLANRPFilter = "net.ipv4.conf." + strings.ReplaceAll(VXLANDevice, ".", "/") + ".rp_filter"
+
+// SysctlError is a kernel setting the datapath relies on that could not be applied.
+type SysctlError struct {
+	Name, Value string
+	Err         error
+}
+
+func (e *SysctlError) Error() string {
+	return fmt.Sprintf("could not set %s = %s: %v", e.Name, e.Value, e.Err)
+}
+
+func (e *SysctlError) Unwrap() error { return e.Err }
+
+// sysctl is one setting: its sysctl(8) name and its path under /proc/sys.
+type sysctl struct{ name, path, value string }
+
+func rpFilter(dev, name string) sysctl {
+	return sysctl{name: name, path: "net/ipv4/conf/" + dev + "/rp_filter", value: RPFilterLoose}
+}
+
+// setKernelSettings applies what the routed pod network needs in the current network
+// namespace (forwarding; loose rp_filter on trellis.vxlan and the pod veths), each written
+// only when it differs, and returns the values in effect. Every failure is a *SysctlError.
+func setKernelSettings(procSys string) (map[string]string, error) {
+	want := []sysctl{
+		{name: SysctlIPForward, path: "net/ipv4/ip_forward", value: "1"},
+		rpFilter(VXLANDevice, VXLANRPFilter),
+	}
+	vethSettings, err := vethRPFilters()
+	if err != nil {
+		return nil, err
+	}
+	effective := map[string]string{}
+	var errs []error
+	for _, s := range append(want, vethSettings...) {
+		path := filepath.Join(procSys, s.path)
+		cur, err := readSysctl(path)
+		if err != nil || cur != s.value {
+			if err = os.WriteFile(path, []byte(s.value), 0o644); err == nil {
+				cur, err = readSysctl(path)
+			}
+			if err != nil {
+				errs = append(errs, &SysctlError{Name: s.name, Value: s.value, Err: err})
+			}
+		}
+		if prev, seen := effective[s.name]; !seen || prev == s.value {
+			effective[s.name] = cur // the veths share one name: any one that differs shows
+		}
+	}
+	// Informational: the kernel applies max(all, dev) to rp_filter.
+	if v, err := readSysctl(filepath.Join(procSys, "net/ipv4/conf/all/rp_filter")); err == nil {
+		effective[SysctlAllRPFilter] = v
+	}
+	return effective, errors.Join(errs...)
+}
+
+// vethRPFilters are the rp_filter settings of every pod veth on the node (the CNI plugin
+// sets it when it creates one; this covers veths of older plugins and hand edits).
+func vethRPFilters() ([]sysctl, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	var out []sysctl
+	for _, l := range links {
+		if _, ok := l.(*netlink.Veth); ok && strings.HasPrefix(l.Attrs().Name, veth.HostPrefix) {
+			out = append(out, rpFilter(l.Attrs().Name, VethRPFilter))
+		}
+	}
+	return out, nil
+}
+
+func readSysctl(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(string(b)), nil
+}
