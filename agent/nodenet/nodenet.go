@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -45,6 +46,9 @@ const (
 	ReasonWaitingForBlock  = "WaitingForBlock"
 	ReasonPeersUnreachable = "PeersUnreachable"
 	ReasonSyncFailed       = "SyncFailed"
+	// A kernel setting the datapath relies on could not be applied (the message names it).
+	ReasonIPForwardNotSet = "IPForwardNotSet"
+	ReasonRPFilterNotSet  = "RPFilterNotSet"
 )
 
 // ResyncPeriod bounds how long drift in the kernel (a route deleted by hand) lasts.
@@ -80,6 +84,8 @@ type Reconciler struct {
 	// NodeIP overrides the Node's InternalIP.
 	NodeIP  netip.Addr
 	Version string
+	// ProcSys is where sysctls are written (empty: /proc/sys); tests make settings fail with it.
+	ProcSys string
 
 	ready atomic.Bool
 }
@@ -116,8 +122,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 	block, err := netip.ParsePrefix(nn.Spec.PodCIDR)
 	if err != nil {
-		return ctrl.Result{RequeueAfter: 5 * time.Second}, r.writeStatus(ctx, nn, nodeIP, nil, 0,
-			metav1.ConditionFalse, ReasonWaitingForBlock, "no pod block allocated yet")
+		return ctrl.Result{RequeueAfter: 5 * time.Second}, r.writeStatus(ctx, nn, report{nodeIP: nodeIP,
+			status: metav1.ConditionFalse, reason: ReasonWaitingForBlock, message: "no pod block allocated yet"})
 	}
 
 	cfg, err := r.desired(ctx, nodeIP, block)
@@ -130,12 +136,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 	if err != nil {
 		syncErrors.Inc()
-		var mac net.HardwareAddr
-		var mtu int
+		rep := report{nodeIP: nodeIP, status: metav1.ConditionFalse, reason: ReasonSyncFailed, message: err.Error()}
 		if st != nil {
-			mac, mtu = st.VTEPMAC, st.PodMTU
+			rep.datapath = st
 		}
-		serr := r.writeStatus(ctx, nn, nodeIP, mac, mtu, metav1.ConditionFalse, ReasonSyncFailed, err.Error())
+		var se *datapath.SysctlError
+		if errors.As(err, &se) {
+			rep.reason = sysctlReason(se.Name)
+			rep.message = err.Error() + "; the node can't carry pod traffic until this is fixed (another tool may be resetting it)"
+		}
+		serr := r.writeStatus(ctx, nn, rep)
 		return ctrl.Result{}, errors.Join(err, serr)
 	}
 	peersProgrammed.WithLabelValues("direct").Set(float64(len(st.PeersDirect)))
@@ -147,16 +157,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 	r.ready.Store(true)
 
-	status, reason := metav1.ConditionTrue, ReasonProgrammed
+	rep := report{nodeIP: nodeIP, datapath: st, status: metav1.ConditionTrue, reason: ReasonProgrammed}
 	msg := fmt.Sprintf("%d peer(s) direct, %d via VXLAN", len(st.PeersDirect), len(st.PeersVXLAN))
 	if len(st.PeersPending) > 0 {
 		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
 	}
 	if len(st.Unreachable) > 0 {
-		status, reason = metav1.ConditionFalse, ReasonPeersUnreachable
+		rep.status, rep.reason = metav1.ConditionFalse, ReasonPeersUnreachable
 		msg = "spec.encapsulation Direct can't reach: " + strings.Join(st.Unreachable, "; ")
 	}
-	if err := r.writeStatus(ctx, nn, nodeIP, st.VTEPMAC, st.PodMTU, status, reason, msg); err != nil {
+	rep.message = msg
+	if err := r.writeStatus(ctx, nn, rep); err != nil {
 		return ctrl.Result{}, err
 	}
 	if st.RoutesAdded+st.RoutesDeleted > 0 {
@@ -193,6 +204,7 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 	cfg := &datapath.Config{
 		Mode: datapath.Mode(r.Config.Encapsulation), VNI: int(r.Config.VXLAN.VNI), Port: int(r.Config.VXLAN.Port),
 		MTU: int(r.Config.MTU), Local: datapath.Local{NodeIP: nodeIP, PodCIDR: block},
+		ChecksumOffload: r.Config.VXLAN.ChecksumOffload, ProcSys: r.ProcSys,
 	}
 	for _, c := range r.Config.PodCIDRs {
 		p, err := netip.ParsePrefix(c)
@@ -255,20 +267,41 @@ func (r *Reconciler) hostReadyFile() string {
 	return "/var/run/trellis/" + filepath.Base(r.ReadyFile)
 }
 
-func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, nodeIP netip.Addr, mac net.HardwareAddr, mtu int,
-	status metav1.ConditionStatus, reason, msg string) error {
-	orig := nn.DeepCopy()
-	nn.Status.NodeIP = nodeIP.String()
-	if mac != nil {
-		nn.Status.VTEPMAC = mac.String()
-	} else {
-		nn.Status.VTEPMAC = ""
+// sysctlReason is the Ready reason for a kernel setting that could not be applied.
+func sysctlReason(name string) string {
+	if name == datapath.SysctlIPForward {
+		return ReasonIPForwardNotSet
 	}
-	nn.Status.MTU = int32(mtu)
+	return ReasonRPFilterNotSet
+}
+
+// report is what one sync tells the NodeNetwork status.
+type report struct {
+	nodeIP   netip.Addr
+	datapath *datapath.Status // nil when the sync got nowhere
+	status   metav1.ConditionStatus
+	reason   string
+	message  string
+}
+
+func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, rep report) error {
+	orig := nn.DeepCopy()
+	nn.Status.NodeIP = rep.nodeIP.String()
+	nn.Status.VTEPMAC, nn.Status.MTU = "", 0
+	if st := rep.datapath; st != nil {
+		if st.VTEPMAC != nil {
+			nn.Status.VTEPMAC = st.VTEPMAC.String()
+		}
+		nn.Status.MTU = int32(st.PodMTU)
+		nn.Status.Kernel = v1alpha1.NodeKernelStatus{Sysctls: st.Sysctls}
+		if st.VTEPMAC != nil {
+			nn.Status.Kernel.VXLANTXChecksumOffload = ptr.To(st.TXChecksumOffload)
+		}
+	}
 	nn.Status.Encapsulation = v1alpha1.Encapsulation(r.Config.Encapsulation)
 	nn.Status.AgentVersion = r.Version
 	meta.SetStatusCondition(&nn.Status.Conditions, metav1.Condition{
-		Type: v1alpha1.ConditionReady, Status: status, Reason: reason, Message: msg, ObservedGeneration: nn.Generation,
+		Type: v1alpha1.ConditionReady, Status: rep.status, Reason: rep.reason, Message: rep.message, ObservedGeneration: nn.Generation,
 	})
 	if equalStatus(orig.Status, nn.Status) {
 		return nil
@@ -280,7 +313,8 @@ func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, 
 }
 
 func equalStatus(a, b v1alpha1.NodeNetworkStatus) bool {
-	if a.NodeIP != b.NodeIP || a.VTEPMAC != b.VTEPMAC || a.MTU != b.MTU || a.Encapsulation != b.Encapsulation || a.AgentVersion != b.AgentVersion {
+	if a.NodeIP != b.NodeIP || a.VTEPMAC != b.VTEPMAC || a.MTU != b.MTU || a.Encapsulation != b.Encapsulation || a.AgentVersion != b.AgentVersion ||
+		!equality.Semantic.DeepEqual(a.Kernel, b.Kernel) {
 		return false
 	}
 	ca, cb := meta.FindStatusCondition(a.Conditions, v1alpha1.ConditionReady), meta.FindStatusCondition(b.Conditions, v1alpha1.ConditionReady)

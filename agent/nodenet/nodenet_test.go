@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,6 +126,18 @@ func TestTwoAgents(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dirs[n.name], "run", "cni-ready")); err != nil {
 			t.Errorf("%s: ready file: %v", n.name, err)
 		}
+		wantKernel := map[string]string{"net.ipv4.ip_forward": "1", "net.ipv4.conf.trellis/vxlan.rp_filter": "2"}
+		for k, v := range wantKernel {
+			if got := nn.Status.Kernel.Sysctls[k]; got != v {
+				t.Errorf("%s: status.kernel.sysctls[%s] = %q, want %q (all: %v)", n.name, k, got, v, nn.Status.Kernel.Sysctls)
+			}
+		}
+		if _, ok := nn.Status.Kernel.Sysctls["net.ipv4.conf.all.rp_filter"]; !ok {
+			t.Errorf("%s: status.kernel.sysctls lacks net.ipv4.conf.all.rp_filter: %v", n.name, nn.Status.Kernel.Sysctls)
+		}
+		if off := nn.Status.Kernel.VXLANTXChecksumOffload; off == nil || *off {
+			t.Errorf("%s: status.kernel.vxlanTXChecksumOffload %v, want false (the default)", n.name, off)
+		}
 	}
 	// Pods on the two nodes reach each other through the routes the agents programmed.
 	podA, podB := newNS(t), newNS(t)
@@ -150,6 +163,29 @@ func TestTwoAgents(t *testing.T) {
 		}
 		return c.Close()
 	}))
+
+	// A kernel setting that can't be applied turns Ready False with a reason naming it,
+	// and Ready comes back once it can be.
+	procSys := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755)) // writes fail
+	must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan"), 0o755))
+	recs[0].ProcSys = procSys
+	err = nsA.Do(func(ns.NetNS) error { _, err := recs[0].Reconcile(ctx, ctrl.Request{}); return err })
+	if err == nil {
+		t.Error("a sync whose ip_forward write failed returned no error")
+	}
+	nn := &v1alpha1.NodeNetwork{}
+	must(t, k8s.Get(ctx, types.NamespacedName{Name: "node-a"}, nn))
+	c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != nodenet.ReasonIPForwardNotSet || !strings.Contains(c.Message, "net.ipv4.ip_forward") {
+		t.Errorf("Ready with ip_forward refused: %+v, want False/%s naming net.ipv4.ip_forward", c, nodenet.ReasonIPForwardNotSet)
+	}
+	recs[0].ProcSys = ""
+	must(t, nsA.Do(func(ns.NetNS) error { _, err := recs[0].Reconcile(ctx, ctrl.Request{}); return err }))
+	must(t, k8s.Get(ctx, types.NamespacedName{Name: "node-a"}, nn))
+	if c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Ready after the setting could be applied again: %+v", c)
+	}
 }
 
 func newNS(t *testing.T) ns.NetNS {

@@ -31,11 +31,29 @@ type NodeNetworkStatus struct {
 	// AgentVersion is the version of the agent that wrote this status.
 	// +optional
 	AgentVersion string `json:"agentVersion,omitempty"`
+	// Kernel is the kernel configuration the node's datapath relies on, as in effect.
+	// +optional
+	Kernel NodeKernelStatus `json:"kernel,omitzero"`
 	// Conditions: Ready.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeKernelStatus is the kernel configuration the agent sets on its node.
+type NodeKernelStatus struct {
+	// Sysctls the datapath relies on, by sysctl(8) name, with the value in effect:
+	// net.ipv4.ip_forward (1), rp_filter of trellis.vxlan (written
+	// net.ipv4.conf.trellis/vxlan.rp_filter) and of the pod veths (net.ipv4.conf.trl*.rp_filter,
+	// when pods run) set to 2 (loose), and net.ipv4.conf.all.rp_filter, which the kernel
+	// combines with them (the larger wins) and the agent leaves alone.
+	// +optional
+	Sysctls map[string]string `json:"sysctls,omitempty"`
+	// VXLANTXChecksumOffload is whether TX checksum offload is on on trellis.vxlan
+	// (ClusterNetwork spec.vxlan.checksumOffload; off by default).
+	// +optional
+	VXLANTXChecksumOffload *bool `json:"vxlanTXChecksumOffload,omitempty"`
 }
 
 // NodeNetwork is one node's share of the pod network. It has the node's name and is owned
