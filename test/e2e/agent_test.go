@@ -36,12 +36,13 @@ const (
 )
 
 // TestAgentDatapath runs the node agent's datapath tests on one 3-node cluster (all nodes on
-// one subnet, Trellis, VXLAN to start with): natOutgoing, the agent killed under traffic,
-// and a live encapsulation switch under traffic. Each subtest leaves the cluster as it
-// found it.
+// one subnet, Trellis, VXLAN to start with): connectivity and MTU in VXLAN, natOutgoing, a
+// node added and removed, the agent killed under traffic, and a live switch through
+// Direct and Hybrid back to VXLAN under traffic with the same checks in each mode. Each
+// subtest leaves the cluster as it found it.
 func TestAgentDatapath(t *testing.T) {
 	c := cluster.ForTest(t, cluster.Options{Name: "agent", Nodes: 3, CNI: cluster.CNITrellis})
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	if len(c.Nodes) != 3 {
 		t.Fatalf("%d nodes, want 3", len(c.Nodes))
@@ -50,12 +51,20 @@ func TestAgentDatapath(t *testing.T) {
 		t.Fatalf("ClusterNetwork encapsulation %q at start, want VXLAN (the sample's)", mode)
 	}
 	waitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
-	pods := deployTestPods(ctx, t, c, map[string]string{
-		"client": c.Nodes[0].Name, "server": c.Nodes[1].Name,
+	pods := deployTestPods(ctx, t, c, "main", []podSpec{
+		{Name: "client", Node: c.Nodes[0].Name},
+		{Name: "neighbour", Node: c.Nodes[0].Name},
+		{Name: "server", Node: c.Nodes[1].Name, HostPort: hostPort},
 	})
 	client, server := pods["client"], pods["server"]
 	t.Logf("client %s on %s, server %s on %s", client.IP, client.Node, server.IP, server.Node)
 	serverAddr := netip.AddrPortFrom(server.IP, serverPort).String()
+	dp := datapathPods{client: client, neighbour: pods["neighbour"], server: server,
+		serverNode: c.Nodes[1], from: c.Nodes[2], svcIP: createService(ctx, t, c, "server")}
+	underlayMTU := linkMTU(t, c.Nodes[0], "eth0")
+
+	checkDatapath(ctx, t, c, dp, "VXLAN")
+	t.Run("VXLAN/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, "VXLAN", underlayMTU-50, c.Nodes[0], c.Nodes[1]) })
 
 	t.Run("NATOutgoing", func(t *testing.T) {
 		// A pod reaching the external host is seen with its node's IP; a pod reaching
@@ -83,12 +92,19 @@ func TestAgentDatapath(t *testing.T) {
 		}
 	})
 
+	t.Run("NodeJoinsAndLeaves", func(t *testing.T) { testNodeJoinsAndLeaves(ctx, t, c, dp) })
+
 	t.Run("AgentKilled", func(t *testing.T) {
 		// SIGKILL the agent on the client's and the server's node under continuous
 		// cross-node traffic: routes stay, so connections never stop.
 		p := startProber(t, client.NetNS, serverAddr)
 		defer p.stop()
 		p.waitFlowing(t, 30*time.Second)
+		state := map[string]kernelState{}
+		for _, n := range c.Nodes[:2] {
+			state[n.Name] = readKernelState(t, n)
+		}
+		snapshotAt := time.Now()
 		since := time.Now()
 		for _, n := range c.Nodes[:2] {
 			pids := agentPids(t, n)
@@ -122,13 +138,34 @@ func TestAgentDatapath(t *testing.T) {
 		if gap >= time.Second {
 			t.Errorf("traffic stopped for %v while the agents restarted, want < 1s", gap.Round(time.Millisecond))
 		}
+		// The restarted agents changed nothing: same device, same routes, and the
+		// iptables rules were not rewritten (their counters kept counting).
+		for _, n := range c.Nodes[:2] {
+			after := readKernelState(t, n)
+			for _, diff := range state[n.Name].changedIn(after) {
+				t.Errorf("%s: the restarted agent re-created what had not changed: %s", n.Name, diff)
+			}
+			if n.Name != client.Node {
+				continue
+			}
+			// Every connect of the prober is a new pod-to-pod connection through that
+			// rule: a rewritten chain would have lost the count from before the kill.
+			b, okb := state[n.Name].podToPodRule()
+			a, oka := after.podToPodRule()
+			// (One connect may have been in flight when the counters were read.)
+			if ok := p.successesSince(snapshotAt); !okb || !oka || a < b || a-b+1 < uint64(ok) {
+				t.Errorf("%s: the pod-to-pod nat rule counted %d -> %d packets over %d new connections: the chain was rewritten", n.Name, b, a, ok)
+			} else {
+				t.Logf("%s: the pod-to-pod nat rule kept counting (%d -> %d over %d new connections)", n.Name, b, a, ok)
+			}
+		}
 	})
 
 	t.Run("EncapsulationSwitch", func(t *testing.T) {
 		p := startProber(t, client.NetNS, serverAddr)
 		defer p.stop()
 		p.waitFlowing(t, 30*time.Second)
-		for _, mode := range []string{"Direct", "VXLAN"} {
+		for _, mode := range []string{"Direct", "Hybrid", "VXLAN"} {
 			since := time.Now()
 			patch := fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, mode)
 			if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "merge", "-p", patch); err != nil {
@@ -143,7 +180,7 @@ func TestAgentDatapath(t *testing.T) {
 			p.waitFlowing(t, 60*time.Second)
 			time.Sleep(3 * time.Second) // traffic must stay up, not just come back once
 			gap, fails, total := p.gapSince(since)
-			t.Logf("VXLAN<->Direct switch to %s: settled after %v; longest gap between successful connects %v (%d of %d attempts failed, last error: %v)",
+			t.Logf("live switch to %s: settled after %v; longest gap between successful connects %v (%d of %d attempts failed, last error: %v)",
 				mode, settled.Round(100*time.Millisecond), gap.Round(time.Millisecond), fails, total, p.lastError())
 			// Nodes keep their VXLAN device in every mode, so nodes in mixed modes during
 			// the rolling restart keep talking: the switch is hitless.
@@ -163,8 +200,54 @@ func TestAgentDatapath(t *testing.T) {
 			if t.Failed() {
 				t.Fatalf("after switching to %s:\n%s", mode, c.Diagnose(ctx))
 			}
+			// The route to the server's node is the mode's: through the VXLAN device, or
+			// straight to the peer's node IP (all nodes share the underlay here).
+			route := peerStateOn(t, c.Nodes[0], nodeBlock(ctx, t, c, c.Nodes[1].Name), c.Nodes[1].IP).Route
+			wantRoute := fmt.Sprintf("via %s dev eth0", c.Nodes[1].IP)
+			if mode == "VXLAN" {
+				wantRoute = fmt.Sprintf("via %s dev trellis.vxlan", nodeBlock(ctx, t, c, c.Nodes[1].Name).Addr().Next())
+			}
+			if route != wantRoute {
+				t.Errorf("in %s, %s routes %s's block %q, want %q", mode, c.Nodes[0].Name, c.Nodes[1].Name, route, wantRoute)
+			}
+			// Pods made before the switch, and pods made in the new mode (MTU).
+			checkDatapath(ctx, t, c, dp, mode)
+			want := underlayMTU - 50
+			if mode == "Direct" {
+				want = underlayMTU // no encapsulation, the full underlay MTU
+			}
+			t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, want, c.Nodes[0], c.Nodes[1]) })
 		}
 	})
+}
+
+// checkModeMTU checks, in mode, that the ClusterNetwork and every NodeNetwork report the
+// pod MTU want and that pods made now (on nodes a and b) get it and pass full-MTU
+// packets with DF set between each other.
+func checkModeMTU(ctx context.Context, t *testing.T, c *cluster.Cluster, mode string, want int, a, b cluster.Node) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := clusterMTU(ctx, t, c)
+		var bad []string
+		for _, nn := range nodeNetworks(ctx, t, c) {
+			if nn.Status.MTU != want {
+				bad = append(bad, fmt.Sprintf("%s: %d", nn.Metadata.Name, nn.Status.MTU))
+			}
+		}
+		if got == want && len(bad) == 0 {
+			t.Logf("%s: ClusterNetwork status.mtu and every NodeNetwork's: %d", mode, got)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: ClusterNetwork status.mtu %d, NodeNetworks %v; want %d", mode, got, bad, want)
+		}
+		time.Sleep(time.Second)
+	}
+	batch := "mtu-" + strings.ToLower(mode)
+	pods := deployTestPods(ctx, t, c, batch, []podSpec{{Name: batch + "-a", Node: a.Name}, {Name: batch + "-b", Node: b.Name}})
+	defer deletePods(ctx, t, c, batch)
+	checkMTU(t, pods[batch+"-a"], pods[batch+"-b"], want)
+	checkMTU(t, pods[batch+"-b"], pods[batch+"-a"], want)
 }
 
 // TestAgentHybrid checks Hybrid encapsulation with the last node behind a router: pods on
@@ -227,6 +310,22 @@ func TestAgentHybrid(t *testing.T) {
 	if len(probes) != 3 {
 		t.Errorf("%d probe pods, want one on each of the 3 nodes", len(probes))
 	}
+
+	// The same checks as in the other modes, with the server behind the router (VXLAN)
+	// and the hostPort reached from node2 (across the router too).
+	remote := c.Nodes[2]
+	pods := deployTestPods(ctx, t, c, "hybrid", []podSpec{
+		{Name: "client", Node: c.Nodes[0].Name},
+		{Name: "neighbour", Node: c.Nodes[0].Name},
+		{Name: "server", Node: remote.Name, HostPort: hostPort},
+	})
+	dp := datapathPods{client: pods["client"], neighbour: pods["neighbour"], server: pods["server"],
+		serverNode: remote, from: c.Nodes[1], svcIP: createService(ctx, t, c, "server")}
+	checkDatapath(ctx, t, c, dp, "Hybrid")
+	t.Run("Hybrid/MTU", func(t *testing.T) {
+		// Pods get the VXLAN MTU in Hybrid: a full one crosses the router encapsulated.
+		checkModeMTU(ctx, t, c, "Hybrid", linkMTU(t, c.Nodes[0], "eth0")-50, c.Nodes[0], remote)
+	})
 }
 
 // testPod is a pod of the test with its network namespace open.
@@ -236,13 +335,20 @@ type testPod struct {
 	NetNS *os.File
 }
 
-// deployTestPods creates one agnhost netexec pod per entry (name -> node), waits until
-// they are Ready and opens their network namespaces.
-func deployTestPods(ctx context.Context, t *testing.T, c *cluster.Cluster, byName map[string]string) map[string]testPod {
+// podSpec is a test pod: an agnhost netexec server on node, with hostPort mapped to its
+// port when set.
+type podSpec struct {
+	Name, Node string
+	HostPort   int
+}
+
+// deployTestPods creates the pods of batch (labelled with it), waits until they are Ready
+// and opens their network namespaces.
+func deployTestPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []podSpec) map[string]testPod {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", agentTestNS)
-	for name, node := range byName {
+	for _, ps := range specs {
 		fmt.Fprintf(&b, `---
 apiVersion: v1
 kind: Pod
@@ -251,6 +357,8 @@ metadata:
   namespace: %s
   labels:
     app: agent-e2e
+    batch: %s
+    name: %s
 spec:
   nodeName: %s
   terminationGracePeriodSeconds: 1
@@ -259,16 +367,22 @@ spec:
     image: %s
     imagePullPolicy: IfNotPresent
     args: ["netexec", "--http-port=%d"]
-    readinessProbe:
+    ports:
+    - containerPort: %d
+`, ps.Name, agentTestNS, batch, ps.Name, ps.Node, images.AgnhostImage, serverPort, serverPort)
+		if ps.HostPort != 0 {
+			fmt.Fprintf(&b, "      hostPort: %d\n", ps.HostPort)
+		}
+		fmt.Fprintf(&b, `    readinessProbe:
       tcpSocket:
         port: %d
       periodSeconds: 1
-`, name, agentTestNS, node, images.AgnhostImage, serverPort, serverPort)
+`, serverPort)
 	}
 	if _, err := c.KubectlInput(ctx, b.String(), "apply", "-f", "-"); err != nil {
 		t.Fatalf("creating the test pods: %v", err)
 	}
-	if out, err := c.Kubectl(ctx, "wait", "-n", agentTestNS, "--for=condition=Ready", "pod", "-l", "app=agent-e2e", "--timeout=2m"); err != nil {
+	if out, err := c.Kubectl(ctx, "wait", "-n", agentTestNS, "--for=condition=Ready", "pod", "-l", "batch="+batch, "--timeout=2m"); err != nil {
 		t.Fatalf("test pods not Ready: %v\n%s\n%s", err, out, c.Diagnose(ctx))
 	}
 	kc, err := c.Client()
@@ -276,17 +390,17 @@ spec:
 		t.Fatalf("client: %v", err)
 	}
 	pods := map[string]testPod{}
-	for name, node := range byName {
-		p, err := kc.CoreV1().Pods(agentTestNS).Get(ctx, name, metav1.GetOptions{})
+	for _, ps := range specs {
+		p, err := kc.CoreV1().Pods(agentTestNS).Get(ctx, ps.Name, metav1.GetOptions{})
 		if err != nil {
-			t.Fatalf("pod %s: %v", name, err)
+			t.Fatalf("pod %s: %v", ps.Name, err)
 		}
 		ip, err := netip.ParseAddr(p.Status.PodIP)
 		if err != nil {
-			t.Fatalf("pod %s's IP %q: %v", name, p.Status.PodIP, err)
+			t.Fatalf("pod %s's IP %q: %v", ps.Name, p.Status.PodIP, err)
 		}
-		if p.Spec.NodeName != node {
-			t.Fatalf("pod %s on %s, want %s", name, p.Spec.NodeName, node)
+		if p.Spec.NodeName != ps.Node {
+			t.Fatalf("pod %s on %s, want %s", ps.Name, p.Spec.NodeName, ps.Node)
 		}
 		ns := podNetns(t, string(p.UID))
 		// Make sure it is the pod's namespace: the pod IP must be on one of its interfaces.
@@ -302,11 +416,65 @@ spec:
 			}
 			return fmt.Errorf("pod IP %s not among %v", ip, addrs)
 		}); err != nil {
-			t.Fatalf("pod %s's network namespace: %v", name, err)
+			t.Fatalf("pod %s's network namespace: %v", ps.Name, err)
 		}
-		pods[name] = testPod{Node: node, IP: ip, NetNS: ns}
+		pods[ps.Name] = testPod{Node: ps.Node, IP: ip, NetNS: ns}
 	}
 	return pods
+}
+
+// deletePods deletes the pods of batch without waiting for them to go.
+func deletePods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string) {
+	t.Helper()
+	if _, err := c.Kubectl(ctx, "delete", "pod", "-n", agentTestNS, "-l", "batch="+batch, "--wait=false"); err != nil {
+		t.Errorf("deleting the pods of %s: %v", batch, err)
+	}
+}
+
+// createService creates a ClusterIP Service named like the pod it selects, port 80 to
+// the pod's serverPort, and returns its ClusterIP.
+func createService(ctx context.Context, t *testing.T, c *cluster.Cluster, pod string) netip.Addr {
+	t.Helper()
+	svc := fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+spec:
+  selector:
+    name: %[1]s
+  ports:
+  - port: 80
+    targetPort: %[3]d
+`, pod, agentTestNS, serverPort)
+	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
+		t.Fatalf("creating Service %s: %v", pod, err)
+	}
+	out, err := c.Kubectl(ctx, "get", "service", "-n", agentTestNS, pod, "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		t.Fatalf("Service %s: %v", pod, err)
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("Service %s's ClusterIP %q: %v", pod, out, err)
+	}
+	return ip
+}
+
+// linkMTU is the MTU of link name in node n's namespace.
+func linkMTU(t *testing.T, n cluster.Node, name string) int {
+	t.Helper()
+	var mtu int
+	if err := inNetns(openNetns(t, n.NetNSPath()), func() error {
+		ifc, err := net.InterfaceByName(name)
+		if err == nil {
+			mtu = ifc.MTU
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("%s's %s: %v", n.Name, name, err)
+	}
+	return mtu
 }
 
 func podIP(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) netip.Addr {
@@ -482,6 +650,19 @@ func (p *prober) lastError() error {
 	return p.lastErr
 }
 
+// successesSince counts the successful connects since t0.
+func (p *prober) successesSince(t0 time.Time) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, a := range p.attempts {
+		if a.ok && !a.at.Before(t0) {
+			n++
+		}
+	}
+	return n
+}
+
 func (p *prober) lastOK() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -606,6 +787,7 @@ type nodeNetwork struct {
 	} `json:"metadata"`
 	Status struct {
 		Encapsulation string `json:"encapsulation"`
+		MTU           int    `json:"mtu"`
 		Conditions    []struct {
 			Type, Status, Reason, Message string
 		} `json:"conditions"`
