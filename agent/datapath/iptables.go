@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -87,22 +88,105 @@ func SyncIPTables(rules map[string][]string) (changed bool, err error) {
 	return changed, nil
 }
 
-// CleanupIPTables removes the jump rules and the trellis chains.
-func CleanupIPTables() error {
+// ChainPrefix starts the name of every chain trellis owns (today's and future ones, such
+// as NetworkPolicy chains), so an uninstall can find them all.
+const ChainPrefix = "TRELLIS-"
+
+// cleanupTables are the tables trellis chains may live in.
+var cleanupTables = []string{"raw", "mangle", "nat", "filter"}
+
+// CleanupIPTables removes every chain whose name starts with ChainPrefix and every rule of
+// other chains that jumps (or goes) to one; nothing else. It reports the chains removed.
+func CleanupIPTables() ([]string, error) {
 	ipt, err := iptables.NewWithProtocol(iptables.ProtocolIPv4)
 	if err != nil {
-		return fmt.Errorf("iptables: %w", err)
+		return nil, fmt.Errorf("iptables: %w", err)
 	}
-	_ = ipt.DeleteIfExists("nat", "POSTROUTING", "-m", "comment", "--comment", "trellis", "-j", ChainNAT)
-	_ = ipt.DeleteIfExists("raw", "PREROUTING", "-m", "comment", "--comment", "trellis", "-j", ChainRaw)
-	for table, chain := range map[string]string{"nat": ChainNAT, "raw": ChainRaw} {
-		if ok, _ := ipt.ChainExists(table, chain); ok {
-			if err := ipt.ClearAndDeleteChain(table, chain); err != nil {
-				return fmt.Errorf("removing %s/%s: %w", table, chain, err)
+	var removed []string
+	var errs []error
+	for _, table := range cleanupTables {
+		chains, err := ipt.ListChains(table)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing chains of table %s: %w", table, err))
+			continue
+		}
+		var ours []string
+		for _, chain := range chains {
+			if strings.HasPrefix(chain, ChainPrefix) {
+				ours = append(ours, chain)
+				continue
+			}
+			rules, err := ipt.List(table, chain)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("listing %s/%s: %w", table, chain, err))
+				continue
+			}
+			for _, rule := range rules {
+				args := splitRule(rule)
+				if len(args) < 3 || args[0] != "-A" || !jumpsToOurs(args) {
+					continue
+				}
+				// By its spec, not its number: others (kube-proxy) may edit the chain meanwhile.
+				if err := ipt.Delete(table, chain, args[2:]...); err != nil {
+					errs = append(errs, fmt.Errorf("deleting %q from %s/%s: %w", rule, table, chain, err))
+				}
 			}
 		}
+		// Flush them all first: trellis chains may jump to each other.
+		for _, chain := range ours {
+			if err := ipt.ClearChain(table, chain); err != nil {
+				errs = append(errs, fmt.Errorf("flushing %s/%s: %w", table, chain, err))
+			}
+		}
+		for _, chain := range ours {
+			if err := ipt.DeleteChain(table, chain); err != nil {
+				errs = append(errs, fmt.Errorf("removing %s/%s: %w", table, chain, err))
+				continue
+			}
+			removed = append(removed, table+"/"+chain)
+		}
 	}
-	return nil
+	return removed, errors.Join(errs...)
+}
+
+func jumpsToOurs(args []string) bool {
+	for i := 0; i+1 < len(args); i++ {
+		if (args[i] == "-j" || args[i] == "-g") && strings.HasPrefix(args[i+1], ChainPrefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// splitRule splits one line of iptables -S into its arguments, undoing the quoting
+// iptables applies (double quotes, backslash escapes inside them).
+func splitRule(line string) []string {
+	var args []string
+	var cur strings.Builder
+	inQuote, inArg := false, false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case inQuote && c == '\\' && i+1 < len(line):
+			i++
+			cur.WriteByte(line[i])
+		case c == '"':
+			inQuote, inArg = !inQuote, true
+		case !inQuote && (c == ' ' || c == '\t'):
+			if inArg {
+				args = append(args, cur.String())
+				cur.Reset()
+				inArg = false
+			}
+		default:
+			cur.WriteByte(c)
+			inArg = true
+		}
+	}
+	if inArg {
+		args = append(args, cur.String())
+	}
+	return args
 }
 
 // equalRules compares iptables -S output with rendered rules, ignoring quoting differences.

@@ -35,6 +35,15 @@ const (
 	ConditionReady = "Ready"
 )
 
+// Uninstall: the operator's finalizer on the ClusterNetwork holds its deletion until every
+// agent has removed trellis from its node, which the agent confirms on its NodeNetwork's
+// Ready condition with one of the two reasons.
+const (
+	UninstallFinalizer    = "network.trellis.dev/uninstall"
+	ReasonUninstalled     = "Uninstalled"
+	ReasonUninstallFailed = "UninstallFailed"
+)
+
 // ClusterNetworkSpec is the desired pod network of the whole cluster.
 // +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).prefixLength() < self.nodeBlockSize)",message="spec.nodeBlockSize must be longer than the prefix of every entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSize"
 type ClusterNetworkSpec struct {

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,14 +15,15 @@ import (
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
-	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/nodenet"
+	"github.com/trellis-net/trellis/agent/uninstall"
 	"github.com/trellis-net/trellis/cni/plugin"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/version"
@@ -61,9 +63,12 @@ func main() {
 		replaced, err = cniinstall.Binaries(binDir, pluginSources(pluginDir)...)
 		log.Info("CNI plugins installed", "dir", binDir, "replaced", replaced)
 	case "cleanup":
-		err = cleanup(binDir, confDir, readyFile)
+		var removed []string
+		removed, err = uninstall.Run(uninstall.Node{CNIBinDir: binDir, CNIConfDir: confDir, ReadyFile: readyFile, Plugins: pluginSources(pluginDir)})
+		log.Info("trellis removed from the node", "removed", removed)
 	case "":
-		err = run(configPath, healthAddr, metricsAddr, confDir, readyFile, nodeIP, cniVersion)
+		node := uninstall.Node{CNIBinDir: binDir, CNIConfDir: confDir, ReadyFile: readyFile, Plugins: pluginSources(pluginDir)}
+		err = run(configPath, healthAddr, metricsAddr, nodeIP, cniVersion, node)
 	default:
 		err = fmt.Errorf("unknown command %q: want install-cni, cleanup, version or none", cmd)
 	}
@@ -85,7 +90,7 @@ func pluginSources(dir string) []string {
 	return srcs
 }
 
-func run(configPath, healthAddr, metricsAddr, confDir, readyFile, nodeIP, cniVersion string) error {
+func run(configPath, healthAddr, metricsAddr, nodeIP, cniVersion string, node uninstall.Node) error {
 	cfg, err := agentconfig.Load(configPath)
 	if err != nil {
 		return err
@@ -95,7 +100,7 @@ func run(configPath, healthAddr, metricsAddr, confDir, readyFile, nodeIP, cniVer
 		return errors.New("NODE_NAME is not set (the DaemonSet sets it from spec.nodeName)")
 	}
 	r := &nodenet.Reconciler{
-		NodeName: nodeName, Config: cfg, CNIConfDir: confDir, ReadyFile: readyFile,
+		NodeName: nodeName, Config: cfg, CNIConfDir: node.CNIConfDir, ReadyFile: node.ReadyFile,
 		CNIVersion: cniVersion, Version: version.Version,
 	}
 	if nodeIP != "" {
@@ -132,20 +137,41 @@ func run(configPath, healthAddr, metricsAddr, confDir, readyFile, nodeIP, cniVer
 	if err := mgr.AddReadyzCheck("datapath", func(*http.Request) error { return r.Ready() }); err != nil {
 		return err
 	}
+	ctx := ctrl.SetupSignalHandler()
+	watch := &uninstall.Watch{}
+	if err := watch.Register(ctx, mgr.GetCache()); err != nil {
+		return err
+	}
 	ctrl.Log.Info("starting trellis-agent", "version", version.Version, "node", nodeName, "encapsulation", cfg.Encapsulation)
-	// Shutdown leaves routes, rules and the conflist in place: the next agent takes over
-	// without a gap, and the node stays Ready during upgrades.
-	return mgr.Start(ctrl.SetupSignalHandler())
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	return shutdown(watch, mgr.GetClient(), mgr.GetAPIReader(), nodeName, node)
 }
 
-// cleanup removes everything trellis put on the node (uninstall).
-func cleanup(binDir, confDir, readyFile string) error {
-	var errs []error
-	errs = append(errs, datapath.Cleanup(), datapath.CleanupIPTables())
-	for _, p := range []string{filepath.Join(confDir, cniinstall.ConflistName), readyFile, filepath.Join(binDir, "trellis")} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, err)
-		}
+// shutdown runs once the agent was told to stop. Unless the ClusterNetwork is being
+// deleted it leaves routes, rules and the conflist in place: the next agent takes over
+// without a gap, and the node stays Ready during upgrades. On an uninstall it removes
+// trellis from the node and confirms on the NodeNetwork (the operator waits for that).
+// The DaemonSet's terminationGracePeriodSeconds leaves time for it.
+func shutdown(watch *uninstall.Watch, c client.Client, r client.Reader, nodeName string, node uninstall.Node) error {
+	log := ctrl.Log.WithName("shutdown")
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	yes, why := watch.Uninstalling(ctx, r)
+	if !yes {
+		log.Info("stopping; the node's network stays in place", "why", why)
+		return nil
 	}
-	return errors.Join(errs...)
+	log.Info("uninstall: removing trellis from the node", "why", why)
+	removed, err := uninstall.Run(node)
+	if err != nil {
+		log.Error(err, "uninstall: removing trellis from the node failed", "removed", removed)
+	} else {
+		log.Info("uninstall: trellis removed from the node", "removed", removed)
+	}
+	if cerr := uninstall.Confirm(ctx, c, r, nodeName, removed, err); cerr != nil {
+		log.Error(cerr, "uninstall: could not confirm on the NodeNetwork (the operator names this node when it gives up waiting)")
+	}
+	return err
 }
