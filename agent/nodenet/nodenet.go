@@ -38,6 +38,7 @@ import (
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/cni/plugin"
 )
 
 // Condition reasons on NodeNetwork Ready.
@@ -81,8 +82,11 @@ type Reconciler struct {
 	ReadyFile  string
 	// CNIVersion the conflist declares: the newest the node's runtime understands.
 	CNIVersion string
-	// NodeIP overrides the Node's InternalIP.
-	NodeIP  netip.Addr
+	// NodeIP, when set, is this node's underlay address; else the first IPv4 address of
+	// NodeIPInterface, when set; else the Node's InternalIP; else the address of the
+	// default route's interface.
+	NodeIP          netip.Addr
+	NodeIPInterface string
 	Version string
 	// ProcSys is where sysctls are written (empty: /proc/sys); tests make settings fail with it.
 	ProcSys string
@@ -176,16 +180,6 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	return ctrl.Result{RequeueAfter: ResyncPeriod}, nil
 }
 
-func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
-	if r.NodeIP.IsValid() {
-		return r.NodeIP, nil
-	}
-	if ip, err := r.nodeIPOf(node); err == nil {
-		return ip, nil
-	}
-	return netip.Addr{}, fmt.Errorf("Node %s has no IPv4 InternalIP: set the agent's --node-ip", node.Name)
-}
-
 func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip.Prefix) (*datapath.Config, error) {
 	var nns v1alpha1.NodeNetworkList
 	if err := r.List(ctx, &nns); err != nil {
@@ -233,24 +227,13 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 	return cfg, nil
 }
 
-func (r *Reconciler) nodeIPOf(n *corev1.Node) (netip.Addr, error) {
-	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
-				return ip, nil
-			}
-		}
-	}
-	return netip.Addr{}, errors.New("no InternalIP")
-}
-
 func (r *Reconciler) installConflist(block netip.Prefix, mtu int) error {
-	plugin := map[string]any{
+	trellis := map[string]any{
 		"type": "trellis", "podCIDR": block.String(), "mtu": mtu,
-		"readyFile": r.hostReadyFile(),
+		"readyFile": r.hostReadyFile(), "dataDir": plugin.DefaultDataDir,
 	}
 	conf := cniinstall.Conflist{CNIVersion: r.CNIVersion, Name: "trellis", Plugins: []any{
-		plugin,
+		trellis,
 		map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}, "snat": true},
 	}}
 	if _, err := cniinstall.WriteConflist(r.CNIConfDir, conf); err != nil {
