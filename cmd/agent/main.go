@@ -31,7 +31,7 @@ import (
 
 func main() {
 	var (
-		configPath, healthAddr, metricsAddr, binDir, confDir, readyFile, nodeIP, cniVersion, pluginDir string
+		configPath, healthAddr, metricsAddr, binDir, confDir, readyFile, nodeIP, nodeIPInterface, cniVersion, pluginDir string
 	)
 	fs := flag.NewFlagSet("trellis-agent", flag.ExitOnError)
 	fs.StringVar(&configPath, "config", "/etc/trellis/config.json", "agent configuration rendered by the operator")
@@ -40,7 +40,8 @@ func main() {
 	fs.StringVar(&binDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI binary directory, as mounted")
 	fs.StringVar(&confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the node's CNI configuration directory, as mounted")
 	fs.StringVar(&readyFile, "ready-file", "/var/run/trellis/cni-ready", "file whose presence tells the CNI plugin the node is ready")
-	fs.StringVar(&nodeIP, "node-ip", "", "underlay address of this node (default: the Node's InternalIP)")
+	fs.StringVar(&nodeIP, "node-ip", "", "underlay address of this node (default: --node-ip-interface's, else the Node's InternalIP, else the default route interface's)")
+	fs.StringVar(&nodeIPInterface, "node-ip-interface", "", "take the node's underlay address from this interface")
 	fs.StringVar(&cniVersion, "cni-version", "1.0.0", "cniVersion of the conflist: the newest the node's runtime understands (containerd 1.6: 1.0.0)")
 	fs.StringVar(&pluginDir, "plugin-dir", "/usr/local/lib/trellis/cni", "where the image keeps the plugins install-cni copies")
 	opts := zap.Options{}
@@ -68,7 +69,7 @@ func main() {
 		log.Info("trellis removed from the node", "removed", removed)
 	case "":
 		node := uninstall.Node{CNIBinDir: binDir, CNIConfDir: confDir, ReadyFile: readyFile, Plugins: pluginSources(pluginDir)}
-		err = run(configPath, healthAddr, metricsAddr, nodeIP, cniVersion, node)
+		err = run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersion, node)
 	default:
 		err = fmt.Errorf("unknown command %q: want install-cni, cleanup, version or none", cmd)
 	}
@@ -90,7 +91,7 @@ func pluginSources(dir string) []string {
 	return srcs
 }
 
-func run(configPath, healthAddr, metricsAddr, nodeIP, cniVersion string, node uninstall.Node) error {
+func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersion string, node uninstall.Node) error {
 	cfg, err := agentconfig.Load(configPath)
 	if err != nil {
 		return err
@@ -101,7 +102,7 @@ func run(configPath, healthAddr, metricsAddr, nodeIP, cniVersion string, node un
 	}
 	r := &nodenet.Reconciler{
 		NodeName: nodeName, Config: cfg, CNIConfDir: node.CNIConfDir, ReadyFile: node.ReadyFile,
-		CNIVersion: cniVersion, Version: version.Version,
+		CNIVersion: cniVersion, Version: version.Version, NodeIPInterface: nodeIPInterface,
 	}
 	if nodeIP != "" {
 		if r.NodeIP, err = netip.ParseAddr(nodeIP); err != nil {
