@@ -87,7 +87,7 @@ type Reconciler struct {
 	// default route's interface.
 	NodeIP          netip.Addr
 	NodeIPInterface string
-	Version string
+	Version         string
 	// ProcSys is where sysctls are written (empty: /proc/sys); tests make settings fail with it.
 	ProcSys string
 
