@@ -46,9 +46,12 @@ type ClusterNetworkReconciler struct {
 	AgentImage string
 	// Now is the clock; tests may replace it.
 	Now func() time.Time
+	// UninstallTimeout bounds how long a deleted ClusterNetwork waits for the agents to
+	// remove trellis from their nodes (default DefaultUninstallTimeout).
+	UninstallTimeout time.Duration
 }
 
-// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,verbs=get;list;watch
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/finalizers,verbs=update
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks,verbs=get;list;watch;create;delete
@@ -68,10 +71,13 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !cn.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, nil // owner references let the garbage collector remove the agent
+		return r.uninstall(ctx, cn) // see uninstall.go
 	}
 	if cn.Name != v1alpha1.ClusterNetworkName {
 		return ctrl.Result{}, r.refuseNotDefault(ctx, cn)
+	}
+	if err := r.ensureFinalizer(ctx, cn); err != nil {
+		return ctrl.Result{}, err
 	}
 
 	o := observed{generation: cn.Generation, now: r.now(),
@@ -318,6 +324,12 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	toDefault := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: v1alpha1.ClusterNetworkName}}}
 	})
+	// Deletion must start the uninstall whether or not the API server bumps the generation.
+	deletionStarted := predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+		},
+	}
 	nodeMembership := predicate.Funcs{
 		CreateFunc: func(event.CreateEvent) bool { return true },
 		DeleteFunc: func(event.DeleteEvent) bool { return true },
@@ -328,7 +340,7 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		GenericFunc: func(event.GenericEvent) bool { return true },
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.ClusterNetwork{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		For(&v1alpha1.ClusterNetwork{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, deletionStarted))).
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&corev1.ConfigMap{}).
 		Owns(&corev1.ServiceAccount{}).
