@@ -24,6 +24,7 @@ declare -A packages=(
   [nsenter]=util-linux
   [ping]=iputils-ping
   [iptables]=iptables # the portmap plugin, inside the node namespaces only
+  [ipset]=ipset # agent/uninstall: trellis's sets are removed and others' left, in a namespace
   # test/cluster (hack/localcluster, make e2e): kubelet, kube-proxy and the images' Debian
   # userspace (apt-get download + dpkg-deb, always there on Debian).
   [sysctl]=procps
