@@ -70,6 +70,9 @@ func setKernelSettings(procSys string) (map[string]string, error) {
 			if err = os.WriteFile(path, []byte(s.value), 0o644); err == nil {
 				cur, err = readSysctl(path)
 			}
+			if err != nil && s.name == VethRPFilter && errors.Is(err, os.ErrNotExist) {
+				continue // the pod's veth went away since the listing
+			}
 			if err != nil {
 				errs = append(errs, &SysctlError{Name: s.name, Value: s.value, Err: err})
 			}
