@@ -157,7 +157,8 @@ func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersio
 // The DaemonSet's terminationGracePeriodSeconds leaves time for it.
 func shutdown(watch *uninstall.Watch, c client.Client, r client.Reader, nodeName string, node uninstall.Node) error {
 	log := ctrl.Log.WithName("shutdown")
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	// Bounds the API calls only; with the manager's own shutdown it stays within the grace period.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	yes, why := watch.Uninstalling(ctx, r)
 	if !yes {
