@@ -62,17 +62,17 @@ func TestNodeIP(t *testing.T) {
 	}
 	cases := []struct {
 		name         string
-		r            Reconciler
+		r            *Reconciler
 		node         *corev1.Node
 		defaultRoute bool
 		want, err    string
 	}{
-		{"flag wins", Reconciler{NodeIP: netip.MustParseAddr("198.51.100.9"), NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.9", ""},
-		{"configured interface over InternalIP", Reconciler{NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.5", ""},
-		{"InternalIP over the default route", Reconciler{}, withInternal, true, "198.51.100.7", ""},
-		{"default route's interface", Reconciler{}, bare, true, "203.0.113.5", ""},
-		{"missing interface", Reconciler{NodeIPInterface: "nope"}, withInternal, true, "", "--node-ip-interface nope"},
-		{"nothing to go by", Reconciler{}, bare, false, "", "no IPv4 InternalIP and there is no IPv4 default route"},
+		{"flag wins", &Reconciler{NodeIP: netip.MustParseAddr("198.51.100.9"), NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.9", ""},
+		{"configured interface over InternalIP", &Reconciler{NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.5", ""},
+		{"InternalIP over the default route", &Reconciler{}, withInternal, true, "198.51.100.7", ""},
+		{"default route's interface", &Reconciler{}, bare, true, "203.0.113.5", ""},
+		{"missing interface", &Reconciler{NodeIPInterface: "nope"}, withInternal, true, "", "--node-ip-interface nope"},
+		{"nothing to go by", &Reconciler{}, bare, false, "", "no IPv4 InternalIP and there is no IPv4 default route"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
