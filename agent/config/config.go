@@ -24,6 +24,10 @@ type Config struct {
 	NATOutgoing   bool          `json:"natOutgoing"`
 	NetworkPolicy NetworkPolicy `json:"networkPolicy"`
 	LogLevel      string        `json:"logLevel"`
+	// NodeIPInterface, when set, is the interface the node's underlay address is taken from.
+	NodeIPInterface string `json:"nodeIPInterface,omitempty"`
+	// RemoveOtherCNIConfigs: delete other CNIs' configurations once trellis's is written.
+	RemoveOtherCNIConfigs bool `json:"removeOtherCNIConfigs,omitempty"`
 }
 
 // VXLAN settings of the node's VXLAN device.

@@ -156,7 +156,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	peersProgrammed.WithLabelValues("vxlan").Set(float64(len(st.PeersVXLAN)))
 
 	// Only now that routes work does the runtime get to use trellis.
-	if err := r.installConflist(block, st.PodMTU); err != nil {
+	if err := r.installConflist(ctx, block, st.PodMTU); err != nil {
 		return ctrl.Result{}, err
 	}
 	r.ready.Store(true)
@@ -227,7 +227,7 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 	return cfg, nil
 }
 
-func (r *Reconciler) installConflist(block netip.Prefix, mtu int) error {
+func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mtu int) error {
 	trellis := map[string]any{
 		"type": "trellis", "podCIDR": block.String(), "mtu": mtu,
 		"readyFile": r.hostReadyFile(), "dataDir": plugin.DefaultDataDir,
@@ -238,6 +238,15 @@ func (r *Reconciler) installConflist(block netip.Prefix, mtu int) error {
 	}}
 	if _, err := cniinstall.WriteConflist(r.CNIConfDir, conf); err != nil {
 		return err
+	}
+	if r.Config.RemoveOtherCNIConfigs {
+		removed, err := cniinstall.RemoveOthers(r.CNIConfDir)
+		if len(removed) > 0 {
+			logf.FromContext(ctx).Info("removed other CNI configurations (spec.agent.removeOtherCNIConfigs)", "dir", r.CNIConfDir, "files", removed)
+		}
+		if err != nil {
+			return fmt.Errorf("removing other CNI configurations from %s: %w", r.CNIConfDir, err)
+		}
 	}
 	if err := os.MkdirAll(filepath.Dir(r.ReadyFile), 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", filepath.Dir(r.ReadyFile), err)

@@ -88,6 +88,11 @@ func TestTwoAgents(t *testing.T) {
 		recs = append(recs, &nodenet.Reconciler{Client: k8s, NodeName: n.name, Config: agentCfg,
 			CNIConfDir: filepath.Join(dir, "net.d"), ReadyFile: filepath.Join(dir, "run", "cni-ready"), CNIVersion: "1.0.0", Version: "test"})
 	}
+	// Another CNI's configuration, which stays unless spec.agent.removeOtherCNIConfigs.
+	for _, dir := range dirs {
+		must(t, os.MkdirAll(filepath.Join(dir, "net.d"), 0o755))
+		must(t, os.WriteFile(filepath.Join(dir, "net.d", "05-other.conflist"), []byte(`{"name":"other"}`), 0o644))
+	}
 	// Before any sync: not ready, no conflist.
 	if recs[0].Ready() == nil {
 		t.Fatal("ready before the first sync")
@@ -122,6 +127,9 @@ func TestTwoAgents(t *testing.T) {
 		must(t, json.Unmarshal(b, &conf))
 		if conf.CNIVersion != "1.0.0" || conf.Plugins[0]["podCIDR"] != n.block || conf.Plugins[0]["mtu"] != float64(1450) || conf.Plugins[1]["type"] != "portmap" {
 			t.Errorf("%s conflist %s", n.name, b)
+		}
+		if _, err := os.Stat(filepath.Join(dirs[n.name], "net.d", "05-other.conflist")); err != nil {
+			t.Errorf("%s: another CNI's conflist removed without removeOtherCNIConfigs: %v", n.name, err)
 		}
 		if _, err := os.Stat(filepath.Join(dirs[n.name], "run", "cni-ready")); err != nil {
 			t.Errorf("%s: ready file: %v", n.name, err)
@@ -185,6 +193,18 @@ func TestTwoAgents(t *testing.T) {
 	must(t, k8s.Get(ctx, types.NamespacedName{Name: "node-a"}, nn))
 	if c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("Ready after the setting could be applied again: %+v", c)
+	}
+
+	// With removeOtherCNIConfigs, node-b's agent removes the other conflist, not its own.
+	removing := *agentCfg
+	removing.RemoveOtherCNIConfigs = true
+	recs[1].Config = &removing
+	must(t, nsB.Do(func(ns.NetNS) error { _, err := recs[1].Reconcile(ctx, ctrl.Request{}); return err }))
+	if _, err := os.Stat(filepath.Join(dirs["node-b"], "net.d", "05-other.conflist")); err == nil {
+		t.Error("node-b: another CNI's conflist still there with removeOtherCNIConfigs")
+	}
+	if _, err := os.Stat(filepath.Join(dirs["node-b"], "net.d", cniinstall.ConflistName)); err != nil {
+		t.Errorf("node-b: trellis's own conflist: %v", err)
 	}
 }
 

@@ -178,6 +178,20 @@ type AgentSpec struct {
 	// +kubebuilder:default=info
 	// +optional
 	LogLevel LogLevel `json:"logLevel,omitempty"`
+
+	// NodeIPInterface names the interface whose IPv4 address is each node's underlay address
+	// (the VXLAN endpoint and the Direct next hop). Empty: the Node's InternalIP, else the
+	// address of the default route's interface.
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-zA-Z0-9_.@-]+$')",message="spec.agent.nodeIPInterface must be an interface name such as eth1: letters, digits, '.', '-', '_' or '@', at most 15"
+	// +optional
+	NodeIPInterface string `json:"nodeIPInterface,omitempty"`
+
+	// RemoveOtherCNIConfigs makes the agent delete the other CNI configurations in the
+	// node's CNI configuration directory once its own is written (when migrating from
+	// another CNI). Off by default: those files belong to whoever installed them.
+	// +optional
+	RemoveOtherCNIConfigs bool `json:"removeOtherCNIConfigs,omitempty"`
 }
 
 // RolloutSpec controls agent rollouts.

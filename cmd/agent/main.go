@@ -104,6 +104,9 @@ func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersio
 		NodeName: nodeName, Config: cfg, CNIConfDir: node.CNIConfDir, ReadyFile: node.ReadyFile,
 		CNIVersion: cniVersion, Version: version.Version, NodeIPInterface: nodeIPInterface,
 	}
+	if r.NodeIPInterface == "" {
+		r.NodeIPInterface = cfg.NodeIPInterface // spec.agent.nodeIPInterface
+	}
 	if nodeIP != "" {
 		if r.NodeIP, err = netip.ParseAddr(nodeIP); err != nil {
 			return fmt.Errorf("--node-ip %q: %w", nodeIP, err)

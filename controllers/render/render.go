@@ -71,7 +71,9 @@ func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) agentconfig.Config {
 			Enabled:      spec.NetworkPolicy.Enabled == nil || *spec.NetworkPolicy.Enabled,
 			SetupTimeout: agentconfig.Duration{Duration: defaultSetupTimeout},
 		},
-		LogLevel: string(spec.Agent.LogLevel),
+		LogLevel:              string(spec.Agent.LogLevel),
+		NodeIPInterface:       spec.Agent.NodeIPInterface,
+		RemoveOtherCNIConfigs: spec.Agent.RemoveOtherCNIConfigs,
 	}
 	if c.Encapsulation == "" {
 		c.Encapsulation = string(v1alpha1.EncapsulationVXLAN)

@@ -100,3 +100,19 @@ func TestMaxUnavailable(t *testing.T) {
 }
 
 func isInt(v any) bool { _, ok := v.(int64); return ok }
+
+func TestAgentNodeSettings(t *testing.T) {
+	s := spec()
+	s.Agent.NodeIPInterface = "eth1"
+	s.Agent.RemoveOtherCNIConfigs = true
+	r, err := Agent(s, "img:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _, _ := unstructured.NestedString(find(t, r, "ConfigMap", ConfigMapName).Object, "data", "config.json")
+	for _, want := range []string{`"nodeIPInterface": "eth1"`, `"removeOtherCNIConfigs": true`} {
+		if !strings.Contains(data, want) {
+			t.Errorf("config.json lacks %s:\n%s", want, data)
+		}
+	}
+}
