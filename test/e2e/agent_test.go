@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -165,6 +166,7 @@ func TestAgentDatapath(t *testing.T) {
 		p := startProber(t, client.NetNS, serverAddr)
 		defer p.stop()
 		p.waitFlowing(t, 30*time.Second)
+		var directEra map[string]testPod
 		for _, mode := range []string{"Direct", "Hybrid", "VXLAN"} {
 			since := time.Now()
 			patch := fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, mode)
@@ -217,7 +219,23 @@ func TestAgentDatapath(t *testing.T) {
 				want = underlayMTU // no encapsulation, the full underlay MTU
 			}
 			t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, want, c.Nodes[0], c.Nodes[1]) })
+			if mode == "Direct" {
+				// Pods with Direct's larger MTU, kept through the switches back to VXLAN.
+				directEra = deployTestPods(ctx, t, c, "direct-era", []podSpec{
+					{Name: "direct-era-a", Node: c.Nodes[0].Name}, {Name: "direct-era-b", Node: c.Nodes[1].Name}})
+			}
 		}
+		t.Run("DirectPodsInVXLAN", func(t *testing.T) {
+			// Their full-size TCP segments no longer fit the VXLAN path: the node's ICMP
+			// "fragmentation needed" must reach them so that TCP adapts.
+			a, b := directEra["direct-era-a"], directEra["direct-era-b"]
+			if got := linkMTUIn(t, a.NetNS, "eth0"); got != underlayMTU {
+				t.Fatalf("a pod made in Direct has MTU %d, want %d", got, underlayMTU)
+			}
+			if err := transfer(a.NetNS, b.NetNS, b.IP, 4<<20); err != nil {
+				t.Errorf("4 MiB over TCP between pods made in Direct, now in VXLAN: %v", err)
+			}
+		})
 	})
 }
 
@@ -464,17 +482,66 @@ spec:
 // linkMTU is the MTU of link name in node n's namespace.
 func linkMTU(t *testing.T, n cluster.Node, name string) int {
 	t.Helper()
+	return linkMTUIn(t, openNetns(t, n.NetNSPath()), name)
+}
+
+// linkMTUIn is the MTU of link name in namespace ns.
+func linkMTUIn(t *testing.T, ns *os.File, name string) int {
+	t.Helper()
 	var mtu int
-	if err := inNetns(openNetns(t, n.NetNSPath()), func() error {
+	if err := inNetns(ns, func() error {
 		ifc, err := net.InterfaceByName(name)
 		if err == nil {
 			mtu = ifc.MTU
 		}
 		return err
 	}); err != nil {
-		t.Fatalf("%s's %s: %v", n.Name, name, err)
+		t.Fatalf("%s: %v", name, err)
 	}
 	return mtu
+}
+
+// transfer sends size bytes over one TCP connection from namespace from to ip in
+// namespace to, and checks they all arrive within 30 s.
+func transfer(from, to *os.File, ip netip.Addr, size int) error {
+	const port = 9300
+	var ln net.Listener
+	if err := inNetns(to, func() error {
+		var err error
+		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
+		return err
+	}); err != nil {
+		return err
+	}
+	defer ln.Close()
+	got := make(chan int64, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			got <- -1
+			return
+		}
+		defer conn.Close()
+		_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		n, _ := io.Copy(io.Discard, conn)
+		got <- n
+	}()
+	if err := inNetns(from, func() error {
+		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, port).String(), 3*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		_ = conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		_, err = conn.Write(make([]byte, size))
+		return err
+	}); err != nil {
+		return fmt.Errorf("sending: %w", err)
+	}
+	if n := <-got; n != int64(size) {
+		return fmt.Errorf("%d of %d bytes arrived", n, size)
+	}
+	return nil
 }
 
 func podIP(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) netip.Addr {
