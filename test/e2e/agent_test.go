@@ -917,9 +917,15 @@ func waitNodeNetworks(ctx context.Context, t *testing.T, c *cluster.Cluster, mod
 
 func clusterEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "clusternetwork", "default", "-o", "jsonpath={.spec.encapsulation}")
+	return clusterNetworkField(ctx, t, c, ".spec.encapsulation")
+}
+
+// clusterNetworkField is the ClusterNetwork's field at the JSONPath path.
+func clusterNetworkField(ctx context.Context, t *testing.T, c *cluster.Cluster, path string) string {
+	t.Helper()
+	out, err := c.Kubectl(ctx, "get", "clusternetwork", "default", "-o", "jsonpath={"+path+"}")
 	if err != nil {
-		t.Fatalf("ClusterNetwork: %v", err)
+		t.Fatalf("ClusterNetwork %s: %v", path, err)
 	}
 	return strings.TrimSpace(out)
 }

@@ -253,11 +253,8 @@ func waitPeerState(t *testing.T, on []cluster.Node, block netip.Prefix, peerIP n
 // clusterMTU is the ClusterNetwork's status.mtu.
 func clusterMTU(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "clusternetwork", "default", "-o", "jsonpath={.status.mtu}")
-	if err != nil {
-		t.Fatalf("ClusterNetwork: %v", err)
-	}
-	mtu, err := strconv.Atoi(strings.TrimSpace(out))
+	out := clusterNetworkField(ctx, t, c, ".status.mtu")
+	mtu, err := strconv.Atoi(out)
 	if err != nil {
 		t.Fatalf("ClusterNetwork status.mtu %q: %v", out, err)
 	}
