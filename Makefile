@@ -128,3 +128,14 @@ bench-cni: ## CNI ADD/DEL latency, trellis vs ptp + host-local (root; own netns)
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o "$$tmp/trellis" ./cmd/cni && \
 	go run ./test/bench/cni -reference-dir "$$tools" -trellis "$$tmp/trellis" $(BENCH_CNI_FLAGS)
+
+BENCH_DATAPATH_FLAGS ?=
+
+.PHONY: bench-datapath
+bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin + agent datapath) vs hand-built paths (root; own netns). Options: BENCH_DATAPATH_FLAGS="-duration 3s -repeat 5 -checksum-offload".
+	@hack/install-deps.sh && \
+	tmp="$${TMPDIR:-/tmp}/trlb-$$$$-make" && mkdir -m 700 "$$tmp" && \
+	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o "$$tmp/trellis" ./cmd/cni && \
+	go build -o "$$tmp/bench-datapath" ./test/bench/datapath && \
+	"$$tmp/bench-datapath" -trellis "$$tmp/trellis" $(BENCH_DATAPATH_FLAGS)

@@ -29,6 +29,8 @@ declare -A packages=(
   # userspace (apt-get download + dpkg-deb, always there on Debian).
   [sysctl]=procps
   [unshare]=util-linux
+  # test/bench/datapath (make bench-datapath): TCP throughput inside the pod namespaces.
+  [iperf3]=iperf3
 )
 missing=()
 for cmd in "${!packages[@]}"; do

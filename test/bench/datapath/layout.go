@@ -1,0 +1,173 @@
+package main
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/trellis-net/trellis/agent/datapath"
+)
+
+// The two sides compared.
+type side int
+
+const (
+	sideTrellis side = iota
+	sideReference
+)
+
+func (s side) String() string {
+	if s == sideTrellis {
+		return "trellis"
+	}
+	return "reference"
+}
+
+// The underlay: one L2 subnet on bridge br0, and a second one on br1 behind a router, both
+// documentation ranges (the machines' own eth0 is on 192.0.2.0/24).
+var (
+	underlaySubnet   = netip.MustParsePrefix("198.51.100.0/24")
+	remoteSubnet     = netip.MustParsePrefix("203.0.113.0/24")
+	routerUnderlayIP = netip.MustParseAddr("198.51.100.254")
+	routerRemoteIP   = netip.MustParseAddr("203.0.113.1")
+	// The bare veth pair (the ceiling): pod addresses in two namespaces, nothing else.
+	floorA = netip.MustParsePrefix("10.99.0.1/24")
+	floorB = netip.MustParsePrefix("10.99.0.2/24")
+)
+
+// underlayMTU is the MTU of every node's eth0; the agent derives the pod MTU from it.
+const underlayMTU = 1500
+
+// pod is a pod network namespace and the address it got.
+type pod struct {
+	netns string
+	ip    netip.Addr
+}
+
+// node is a simulated node: a namespace on the underlay with its pods behind it.
+type node struct {
+	name   string // node1, node2...: the peer name the agent sees
+	netns  string
+	ip     netip.Addr
+	subnet netip.Prefix // underlaySubnet or remoteSubnet
+	block  netip.Prefix // its pod block
+	pods   []*pod
+}
+
+// cluster is one side's nodes in one encapsulation mode. Each mode of each side is a
+// cluster of its own, so every path exists at the same time and the runs of all of them can
+// alternate; they share the underlay bridges and the router, as nodes of several clusters
+// could.
+type cluster struct {
+	side    side
+	mode    datapath.Mode
+	podCIDR netip.Prefix
+	podMTU  int // what the pods got (the agent's choice on the trellis side)
+	nodes   []*node
+	// agent is what datapath.Sync reported for node1 (trellis side only).
+	agent *datapath.Status
+}
+
+// layout is everything a run creates.
+type layout struct {
+	prefix   string // trlb-<pid>-
+	underlay string // the namespace with br0 and br1
+	router   string // the namespace routing between them
+	floor    [2]*pod
+	clusters []*cluster
+}
+
+var modes = []datapath.Mode{datapath.ModeVXLAN, datapath.ModeDirect, datapath.ModeHybrid}
+
+// newLayout names the namespaces and addresses of a run. Cluster c (trellis VXLAN, Direct,
+// Hybrid, then the reference ones) has nodes 198.51.100.<10(c+1)+k> and pod CIDR
+// 10.<100+c>.0.0/16 with node k's block 10.<100+c>.k.0/24. Node1 has two pods (the client
+// and the same-node server), every other node one. Hybrid clusters have a third node on the
+// remote subnet, so Hybrid has a peer it must reach through VXLAN.
+func newLayout(prefix string) *layout {
+	l := &layout{
+		prefix:   prefix,
+		underlay: prefix + "ul",
+		router:   prefix + "rt",
+		floor:    [2]*pod{{netns: prefix + "va", ip: floorA.Addr()}, {netns: prefix + "vb", ip: floorB.Addr()}},
+	}
+	for _, s := range []side{sideTrellis, sideReference} {
+		for _, m := range modes {
+			c := len(l.clusters)
+			cl := &cluster{side: s, mode: m, podCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + c), 0, 0}), 16)}
+			count := 2
+			if m == datapath.ModeHybrid {
+				count = 3
+			}
+			for k := 1; k <= count; k++ {
+				n := &node{
+					name:   fmt.Sprintf("node%d", k),
+					netns:  fmt.Sprintf("%s%s%s%d", prefix, sideTag(s), modeTag(m), k),
+					subnet: underlaySubnet,
+					block:  netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + c), byte(k), 0}), 24),
+				}
+				if k == 3 {
+					n.subnet = remoteSubnet
+				}
+				n.ip = nthAddr(n.subnet, 10*(c+1)+k)
+				pods := 1
+				if k == 1 {
+					pods = 2
+				}
+				for p := range pods {
+					n.pods = append(n.pods, &pod{netns: fmt.Sprintf("%s%c", n.netns, 'a'+p)})
+				}
+				cl.nodes = append(cl.nodes, n)
+			}
+			l.clusters = append(l.clusters, cl)
+		}
+	}
+	return l
+}
+
+func sideTag(s side) string {
+	if s == sideTrellis {
+		return "t"
+	}
+	return "r"
+}
+
+func modeTag(m datapath.Mode) string {
+	switch m {
+	case datapath.ModeVXLAN:
+		return "vx"
+	case datapath.ModeDirect:
+		return "dr"
+	default:
+		return "hy"
+	}
+}
+
+func nthAddr(p netip.Prefix, n int) netip.Addr {
+	a := p.Masked().Addr().As4()
+	a[3] += byte(n)
+	return netip.AddrFrom4(a)
+}
+
+// namespaces lists every namespace of the layout: pods before their nodes, the underlay
+// last (deleting in this order never leaves a veth dangling in a namespace still listed).
+func (l *layout) namespaces() []string {
+	names := []string{l.floor[0].netns, l.floor[1].netns}
+	for _, c := range l.clusters {
+		for _, n := range c.nodes {
+			for _, p := range n.pods {
+				names = append(names, p.netns)
+			}
+			names = append(names, n.netns)
+		}
+	}
+	return append(names, l.router, l.underlay)
+}
+
+func (l *layout) cluster(s side, m datapath.Mode) *cluster {
+	for _, c := range l.clusters {
+		if c.side == s && c.mode == m {
+			return c
+		}
+	}
+	panic(fmt.Sprintf("no %s %s cluster in the layout", s, m))
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/trellis-net/trellis/agent/datapath"
+)
+
+// The agent's settings the benchmark programs, the ClusterNetwork defaults.
+const (
+	vxlanVNI    = 1
+	vxlanPort   = 4789
+	natOutgoing = true
+)
+
+// cniTimeout bounds one CNI call; the plugin takes milliseconds.
+const cniTimeout = time.Minute
+
+// setupTrellis brings a trellis cluster up as a real one comes up: the agent's datapath
+// sync on every node (twice: the first pass makes each node's VXLAN device, whose MAC the
+// peers need, as the NodeNetwork status publishes it), its iptables chains, then the
+// conflist with the pod MTU the sync chose, then the pods, ADDed by the trellis plugin
+// binary through libcni from inside the node namespace, then one more sync.
+func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) error {
+	macs := map[string]net.HardwareAddr{}
+	var statuses []*datapath.Status
+	for pass := range 2 {
+		statuses = statuses[:0]
+		for _, n := range c.nodes {
+			st, err := syncNode(c, n, macs, o.checksumOffload)
+			if err != nil {
+				return fmt.Errorf("trellis %s %s, sync pass %d: %w", c.mode, n.name, pass+1, err)
+			}
+			macs[n.name] = st.VTEPMAC
+			statuses = append(statuses, st)
+		}
+	}
+	for i, n := range c.nodes {
+		st := statuses[i]
+		if len(st.Unreachable) > 0 || len(st.PeersPending) > 0 {
+			return fmt.Errorf("trellis %s %s: the sync left peers unreachable %v or pending %v", c.mode, n.name, st.Unreachable, st.PeersPending)
+		}
+		logf("trellis %-6s %s: peers direct %v, via VXLAN %v, pod MTU %d", c.mode, n.name, st.PeersDirect, st.PeersVXLAN, st.PodMTU)
+	}
+	c.podMTU = statuses[0].PodMTU
+
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	cni := libcni.NewCNIConfigWithCacheDir([]string{filepath.Dir(o.trellisBin)}, filepath.Join(runDir, "cni-cache"), exec)
+	for i, n := range c.nodes {
+		list, err := nodeConflist(n, statuses[i].PodMTU, filepath.Join(runDir, n.netns))
+		if err != nil {
+			return err
+		}
+		for _, p := range n.pods {
+			if err := createNetns(ctx, p.netns); err != nil {
+				return err
+			}
+			if err := addPod(ctx, cni, list, n, p); err != nil {
+				return err
+			}
+		}
+	}
+	// The agent's next periodic sync, with the pods in place: the node as it runs from then
+	// on (the sync also covers the pod veths' settings).
+	for i, n := range c.nodes {
+		st, err := syncNode(c, n, macs, o.checksumOffload)
+		if err != nil {
+			return fmt.Errorf("trellis %s %s, sync with the pods in place: %w", c.mode, n.name, err)
+		}
+		if i == 0 {
+			c.agent = st
+		}
+	}
+	return nil
+}
+
+// syncNode runs what the agent's reconcile runs on n: datapath.Sync with every other node of
+// the cluster as a peer (with the VTEP MACs known so far), then SyncIPTables.
+func syncNode(c *cluster, n *node, macs map[string]net.HardwareAddr, checksumOffload bool) (*datapath.Status, error) {
+	cfg := datapath.Config{
+		Mode: c.mode, VNI: vxlanVNI, Port: vxlanPort, ChecksumOffload: checksumOffload,
+		Local:    datapath.Local{NodeIP: n.ip, PodCIDR: n.block},
+		PodCIDRs: []netip.Prefix{c.podCIDR},
+	}
+	for _, peer := range c.nodes {
+		if peer != n {
+			cfg.Peers = append(cfg.Peers, datapath.Peer{Name: peer.name, NodeIP: peer.ip, PodCIDR: peer.block, VTEPMAC: macs[peer.name]})
+		}
+	}
+	var st *datapath.Status
+	err := inNetns(n.netns, func() error {
+		var err error
+		if st, err = datapath.Sync(cfg); err != nil {
+			return fmt.Errorf("datapath.Sync: %w", err)
+		}
+		if _, err := datapath.SyncIPTables(datapath.Rules(cfg.PodCIDRs, natOutgoing)); err != nil {
+			return fmt.Errorf("datapath.SyncIPTables: %w", err)
+		}
+		return nil
+	})
+	return st, err
+}
+
+// nodeConflist writes the node's ready file and returns the conflist the agent would write
+// (the trellis entry; portmap, which the agent chains after it, adds nothing to a pod
+// without port mappings), with the node's state kept under dir.
+func nodeConflist(n *node, podMTU int, dir string) (*libcni.NetworkConfigList, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	ready := filepath.Join(dir, "cni-ready")
+	if err := os.WriteFile(ready, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644); err != nil {
+		return nil, fmt.Errorf("writing the ready file of %s: %w", n.netns, err)
+	}
+	b, err := json.Marshal(map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "trellis",
+		"plugins": []any{map[string]any{
+			"type": "trellis", "podCIDR": n.block.String(), "mtu": podMTU,
+			"dataDir": filepath.Join(dir, "ipam"), "readyFile": ready, "logFile": filepath.Join(dir, "cni.log"),
+		}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("encoding the conflist of %s: %w", n.netns, err)
+	}
+	list, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the conflist of %s: %w", n.netns, err)
+	}
+	return list, nil
+}
+
+// addPod asks the plugin for the network's STATUS and then ADDs p, as a runtime does, from
+// a thread in the node namespace (the plugin makes the host end of the veth where it runs).
+func addPod(ctx context.Context, cni *libcni.CNIConfig, list *libcni.NetworkConfigList, n *node, p *pod) error {
+	id := randomHex(32)
+	rt := &libcni.RuntimeConf{
+		ContainerID: id, NetNS: netnsPath(p.netns), IfName: "eth0",
+		Args: [][2]string{
+			{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "bench"}, {"K8S_POD_NAME", p.netns},
+			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", randomHex(16)},
+		},
+	}
+	ctx, cancel := context.WithTimeout(ctx, cniTimeout)
+	defer cancel()
+	return inNetns(n.netns, func() error {
+		if err := cni.GetStatusNetworkList(ctx, list); err != nil {
+			return fmt.Errorf("CNI STATUS on %s: %w", n.netns, err)
+		}
+		res, err := cni.AddNetworkList(ctx, list, rt)
+		if err != nil {
+			return fmt.Errorf("CNI ADD of %s on %s: %w", p.netns, n.netns, err)
+		}
+		cur, err := current.NewResultFromResult(res)
+		if err != nil {
+			return fmt.Errorf("CNI ADD of %s: converting the result: %w", p.netns, err)
+		}
+		if len(cur.IPs) != 1 {
+			return fmt.Errorf("CNI ADD of %s: %d IPs in the result, want 1", p.netns, len(cur.IPs))
+		}
+		ip, ok := netip.AddrFromSlice(cur.IPs[0].Address.IP.To4())
+		if !ok || !n.block.Contains(ip) {
+			return fmt.Errorf("CNI ADD of %s: address %v is not in the node's block %s", p.netns, cur.IPs[0].Address.IP, n.block)
+		}
+		p.ip = ip
+		return nil
+	})
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails on Linux
+	return hex.EncodeToString(b)
+}
