@@ -8,12 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/vishvananda/netlink"
 )
 
 // namePrefix starts every namespace and directory a run creates:
@@ -122,54 +119,6 @@ func isStale(name string) bool {
 	}
 	err = syscall.Kill(pid, 0)
 	return errors.Is(err, syscall.ESRCH)
-}
-
-// rootSnapshot describes the root network namespace's links, addresses and routes (every
-// table), without counters or timers, to prove the run changed none of them.
-func rootSnapshot() ([]string, error) {
-	var out []string
-	links, err := netlink.LinkList()
-	if err != nil {
-		return nil, fmt.Errorf("listing root links: %w", err)
-	}
-	names := map[int]string{}
-	for _, l := range links {
-		a := l.Attrs()
-		names[a.Index] = a.Name
-		out = append(out, fmt.Sprintf("link %s %s", a.Name, l.Type()))
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
-		if err != nil {
-			return nil, fmt.Errorf("listing addresses of %s: %w", a.Name, err)
-		}
-		for _, ad := range addrs {
-			out = append(out, fmt.Sprintf("addr %s %s", a.Name, ad.IPNet))
-		}
-	}
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Table: syscall.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("listing root routes: %w", err)
-	}
-	for _, r := range routes {
-		out = append(out, fmt.Sprintf("route table %d %v via %v dev %s src %v", r.Table, r.Dst, r.Gw, names[r.LinkIndex], r.Src))
-	}
-	slices.Sort(out)
-	return out, nil
-}
-
-// diffLines lists the lines only in a (-) or only in b (+).
-func diffLines(a, b []string) []string {
-	var d []string
-	for _, l := range a {
-		if !slices.Contains(b, l) {
-			d = append(d, "- "+l)
-		}
-	}
-	for _, l := range b {
-		if !slices.Contains(a, l) {
-			d = append(d, "+ "+l)
-		}
-	}
-	return d
 }
 
 func firstLines(b []byte, n int) string {

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/test/bench/rootns"
 )
 
 // childGrace is how long the runner may take, after an interrupt, to DEL what it added.
@@ -36,7 +38,7 @@ func runOrchestrator(o options) (code int) {
 	} else if len(removed) > 0 {
 		fmt.Fprintf(os.Stderr, "bench-cni: removed %d leftovers of killed runs\n", len(removed))
 	}
-	before, err := rootSnapshot()
+	before, err := rootns.Snapshot()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 		return 1
@@ -106,12 +108,12 @@ func preflight(o options) error {
 
 // checkRootUnchanged compares the root namespace with its snapshot from the start.
 func checkRootUnchanged(before []string) int {
-	after, err := rootSnapshot()
+	after, err := rootns.Snapshot()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 		return 1
 	}
-	if d := diffLines(before, after); len(d) > 0 {
+	if d := rootns.Diff(before, after); len(d) > 0 {
 		fmt.Fprintf(os.Stderr, "bench-cni: the root network namespace changed during the run:\n  %s\n", strings.Join(d, "\n  "))
 		return 1
 	}
