@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/test/bench/rootns"
 )
 
 func logf(format string, args ...any) {
@@ -43,7 +45,7 @@ func run(o options) (code int) {
 		logf("removed %d leftovers of killed runs", len(removed))
 	}
 	load := loadAverage()
-	before, err := rootSnapshot()
+	before, err := rootns.Snapshot()
 	if err != nil {
 		logf("%v", err)
 		return 1
@@ -178,12 +180,12 @@ func preflight(o options) error {
 
 // checkRootUnchanged compares the root namespace with its snapshot from the start.
 func checkRootUnchanged(before []string) int {
-	after, err := rootSnapshot()
+	after, err := rootns.Snapshot()
 	if err != nil {
 		logf("%v", err)
 		return 1
 	}
-	if d := diffLines(before, after); len(d) > 0 {
+	if d := rootns.Diff(before, after); len(d) > 0 {
 		logf("the root network namespace changed during the run:\n  %s", strings.Join(d, "\n  "))
 		return 1
 	}

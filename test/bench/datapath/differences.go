@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/test/bench/rootns"
 )
 
 // differences says how the trellis nodes differ from the hand-built ones besides the
@@ -24,7 +25,7 @@ func differences(ctx context.Context, l *layout) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		if d := diffLines(t, r); len(d) > 0 {
+		if d := rootns.Diff(t, r); len(d) > 0 {
 			notes = append(notes, fmt.Sprintf("%s: the VXLAN devices differ (- trellis, + reference): %s", m, strings.Join(d, ", ")))
 		}
 	}
