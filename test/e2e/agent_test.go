@@ -311,20 +311,7 @@ func TestAgentHybrid(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
-	probes, err := c.DeployProbes(ctx, 3*time.Minute)
-	if err != nil {
-		t.Fatalf("probe pods: %v", err)
-	}
-	m, err := c.ConnectivityMatrix(ctx, probes)
-	if err != nil {
-		t.Fatalf("connectivity: %v", err)
-	}
-	var table strings.Builder
-	m.Write(&table)
-	t.Logf("connectivity in Hybrid (rows connect to columns):\n%s", table.String())
-	for _, f := range m.Failures() {
-		t.Errorf("connection failed: %s", f)
-	}
+	probes := checkProbeMatrix(ctx, t, c, "connectivity in Hybrid")
 	if len(probes) != 3 {
 		t.Errorf("%d probe pods, want one on each of the 3 nodes", len(probes))
 	}

@@ -77,20 +77,7 @@ func TestClusterSmoke(t *testing.T) {
 		}
 	}
 
-	probes, err := c.DeployProbes(ctx, 3*time.Minute)
-	if err != nil {
-		t.Fatalf("probe pods: %v", err)
-	}
-	m, err := c.ConnectivityMatrix(ctx, probes)
-	if err != nil {
-		t.Fatalf("connectivity: %v", err)
-	}
-	var table strings.Builder
-	m.Write(&table)
-	t.Logf("connectivity (rows connect to columns):\n%s", table.String())
-	for _, f := range m.Failures() {
-		t.Errorf("connection failed: %s", f)
-	}
+	probes := checkProbeMatrix(ctx, t, c, "connectivity")
 	seen := map[string]bool{}
 	for _, p := range probes {
 		seen[p.Node] = true
@@ -114,6 +101,27 @@ func TestClusterSmoke(t *testing.T) {
 	if after := rootNamespaceState(t); after != rootBefore {
 		t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", rootBefore, after)
 	}
+}
+
+// checkProbeMatrix deploys a probe pod on every node, logs the connectivity matrix under
+// title and fails the test for every connection that failed.
+func checkProbeMatrix(ctx context.Context, t *testing.T, c *cluster.Cluster, title string) []cluster.Probe {
+	t.Helper()
+	probes, err := c.DeployProbes(ctx, 3*time.Minute)
+	if err != nil {
+		t.Fatalf("probe pods: %v", err)
+	}
+	m, err := c.ConnectivityMatrix(ctx, probes)
+	if err != nil {
+		t.Fatalf("connectivity: %v", err)
+	}
+	var table strings.Builder
+	m.Write(&table)
+	t.Logf("%s (rows connect to columns):\n%s", title, table.String())
+	for _, f := range m.Failures() {
+		t.Errorf("connection failed: %s", f)
+	}
+	return probes
 }
 
 var lifetimes = regexp.MustCompile(`\s*(valid|preferred)_lft \S+`)
