@@ -39,7 +39,7 @@ const (
 // is on another (with hostPort), svcIP is a ClusterIP Service in front of server.
 type datapathPods struct {
 	client, neighbour, server testPod
-	serverNode               cluster.Node
+	serverNode                cluster.Node
 	// from is a node namespace other than the server's (hostPort is checked from there).
 	from  cluster.Node
 	svcIP netip.Addr
