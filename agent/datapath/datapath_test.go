@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // The topology, all in namespaces the test creates (the root namespace is never touched):
@@ -41,25 +41,6 @@ type topology struct {
 	nodes  []*testNode
 	// tweak, when set, edits every node's Config before a sync.
 	tweak func(*datapath.Config)
-}
-
-func newNS(t *testing.T) ns.NetNS {
-	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating a namespace: %v", err)
-	}
-	t.Cleanup(func() { n.Close(); _ = testutils.UnmountNS(n) })
-	if err := n.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 func must(t *testing.T, err error) {
@@ -108,8 +89,8 @@ func newTopology(t *testing.T) *topology {
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
 		t.Fatal("iptables-restore is missing: run hack/install-deps.sh (make test does)")
 	}
-	topo := &topology{t: t, router: newNS(t)}
-	sw := newNS(t)
+	topo := &topology{t: t, router: netnstest.New(t)}
+	sw := netnstest.New(t)
 	must(t, sw.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "br0"
@@ -141,7 +122,7 @@ func newTopology(t *testing.T) *topology {
 		{"198.51.100.12/24", "198.51.100.1", "10.244.2.0/24"},
 		{"203.0.113.13/24", "203.0.113.1", "10.244.3.0/24"},
 	} {
-		n := &testNode{name: fmt.Sprintf("node%d", i+1), ns: newNS(t), block: netip.MustParsePrefix(spec.block)}
+		n := &testNode{name: fmt.Sprintf("node%d", i+1), ns: netnstest.New(t), block: netip.MustParsePrefix(spec.block)}
 		n.ip = netip.MustParsePrefix(spec.ip).Addr()
 		if i < 2 {
 			link(t, n.ns, "eth0", spec.ip, sw, "p-"+n.name, "")
@@ -153,7 +134,7 @@ func newTopology(t *testing.T) *topology {
 			l, _ := netlink.LinkByName("eth0")
 			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(spec.gw)})
 		}))
-		n.pod = newNS(t)
+		n.pod = netnstest.New(t)
 		n.podIP = n.block.Addr().Next().Next()
 		must(t, n.ns.Do(func(ns.NetNS) error {
 			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", n.podIP, 1400)

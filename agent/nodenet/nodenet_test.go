@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,6 +28,7 @@ import (
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -52,7 +52,7 @@ func TestTwoAgents(t *testing.T) {
 	}
 	ctx := context.Background()
 
-	nsA, nsB := newNS(t), newNS(t)
+	nsA, nsB := netnstest.New(t), netnstest.New(t)
 	must(t, nsA.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "eth0"
@@ -148,7 +148,7 @@ func TestTwoAgents(t *testing.T) {
 		}
 	}
 	// Pods on the two nodes reach each other through the routes the agents programmed.
-	podA, podB := newNS(t), newNS(t)
+	podA, podB := netnstest.New(t), netnstest.New(t)
 	ipA, ipB := netip.MustParseAddr("10.244.10.5"), netip.MustParseAddr("10.244.11.5")
 	must(t, nsA.Do(func(ns.NetNS) error { _, err := veth.Setup(podA, "trlpoda", "eth0", ipA, 1450); return err }))
 	must(t, nsB.Do(func(ns.NetNS) error { _, err := veth.Setup(podB, "trlpodb", "eth0", ipB, 1450); return err }))
@@ -206,23 +206,6 @@ func TestTwoAgents(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dirs["node-b"], "net.d", cniinstall.ConflistName)); err != nil {
 		t.Errorf("node-b: trellis's own conflist: %v", err)
 	}
-}
-
-func newNS(t *testing.T) ns.NetNS {
-	t.Helper()
-	n, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close(); _ = testutils.UnmountNS(n) })
-	must(t, n.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return netlink.LinkSetUp(lo)
-	}))
-	return n
 }
 
 func must(t *testing.T, err error) {
