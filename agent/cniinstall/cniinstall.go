@@ -12,6 +12,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // ConflistName is trellis's conflist; the "10-" prefix sorts it before most other CNIs'.
@@ -41,15 +43,8 @@ func Binaries(dir string, sources ...string) ([]string, error) {
 	return replaced, nil
 }
 
-// Conflist is the conflist the agent writes.
-type Conflist struct {
-	CNIVersion string `json:"cniVersion"`
-	Name       string `json:"name"`
-	Plugins    []any  `json:"plugins"`
-}
-
 // WriteConflist writes conf into dir unless identical content is already there.
-func WriteConflist(dir string, conf Conflist) (changed bool, err error) {
+func WriteConflist(dir string, conf cnicontract.Conflist) (changed bool, err error) {
 	data, err := json.MarshalIndent(conf, "", "  ")
 	if err != nil {
 		return false, fmt.Errorf("encoding conflist: %w", err)

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 func TestBinariesAndConflist(t *testing.T) {
@@ -29,7 +31,7 @@ func TestBinariesAndConflist(t *testing.T) {
 		t.Errorf("temp files left behind: %v", entries)
 	}
 
-	conf := Conflist{CNIVersion: "1.0.0", Name: "trellis", Plugins: []any{map[string]any{"type": "trellis"}}}
+	conf := cnicontract.NewConflist("1.0.0", cnicontract.NetConf{PodCIDR: "10.244.1.0/24"})
 	if changed, err := WriteConflist(dst, conf); !changed || err != nil {
 		t.Fatalf("first conflist write: %v %v", changed, err)
 	}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 const (
@@ -171,10 +173,10 @@ func PodMTU(mode Mode, configured, underlay int) int {
 	return underlay - VXLANOverhead
 }
 
-// VTEPAddr is the address of a node's VXLAN device: the first host address of its pod
+// VTEPAddr is the address of a node's VXLAN device: the node's own address in its pod
 // block, which the CNI IPAM never hands to a pod.
 func VTEPAddr(block netip.Prefix) netip.Addr {
-	return block.Masked().Addr().Next()
+	return cnicontract.NodeAddr(block)
 }
 
 // VTEPMACFor derives a stable, locally administered MAC from the node IP, so re-creating

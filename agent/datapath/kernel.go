@@ -10,14 +10,11 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
-// RPFilterLoose is the rp_filter mode of the devices trellis owns. The kernel applies the
-// larger of conf.all and conf.<dev>, so 2 is loose whatever the distribution put in "all",
-// while 0 would lose to a strict (1) "all". Strict would drop pod traffic a peer still sends
-// through trellis.vxlan while this node already routes it directly (a live mode switch);
-// pods can't spoof anyway: the raw-table rpfilter rule (iptables.go) drops that.
-const RPFilterLoose = "2"
+// RPFilterLoose is the rp_filter mode of the devices trellis owns (why: see cnicontract).
+const RPFilterLoose = cnicontract.RPFilterLoose
 
 // Sysctl names the datapath reports (sysctl(8) notation: an interface name's dots become
 // "/"). VethRPFilter stands for every pod veth.

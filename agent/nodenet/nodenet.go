@@ -38,7 +38,7 @@ import (
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/cni/plugin"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // Condition reasons on NodeNetwork Ready.
@@ -227,15 +227,16 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 	return cfg, nil
 }
 
+// Conflist is the network configuration this node's runtime gets: the trellis plugin on
+// the node's block with the datapath's pod MTU, then portmap.
+func (r *Reconciler) Conflist(block netip.Prefix, mtu int) cnicontract.Conflist {
+	return cnicontract.NewConflist(r.CNIVersion, cnicontract.NetConf{
+		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
+	})
+}
+
 func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mtu int) error {
-	trellis := map[string]any{
-		"type": "trellis", "podCIDR": block.String(), "mtu": mtu,
-		"readyFile": r.hostReadyFile(), "dataDir": plugin.DefaultDataDir,
-	}
-	conf := cniinstall.Conflist{CNIVersion: r.CNIVersion, Name: "trellis", Plugins: []any{
-		trellis,
-		map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}, "snat": true},
-	}}
+	conf := r.Conflist(block, mtu)
 	if _, err := cniinstall.WriteConflist(r.CNIConfDir, conf); err != nil {
 		return err
 	}
@@ -254,9 +255,10 @@ func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mt
 	return cniinstall.WriteAtomic(r.ReadyFile, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644)
 }
 
-// hostReadyFile is the ready file's path on the host, where the plugin runs.
+// hostReadyFile is the ready file's path on the host, where the plugin runs (the agent
+// sees the host's run directory mounted at the same path).
 func (r *Reconciler) hostReadyFile() string {
-	return "/var/run/trellis/" + filepath.Base(r.ReadyFile)
+	return filepath.Join(cnicontract.RunDir, filepath.Base(r.ReadyFile))
 }
 
 // sysctlReason is the Ready reason for a kernel setting that could not be applied.

@@ -24,7 +24,7 @@ import (
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/agent/uninstall"
-	"github.com/trellis-net/trellis/cni/plugin"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/version"
 )
@@ -39,7 +39,7 @@ func main() {
 	fs.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:9798", "address of /metrics; 0 disables it")
 	fs.StringVar(&binDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI binary directory, as mounted")
 	fs.StringVar(&confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the node's CNI configuration directory, as mounted")
-	fs.StringVar(&readyFile, "ready-file", "/var/run/trellis/cni-ready", "file whose presence tells the CNI plugin the node is ready")
+	fs.StringVar(&readyFile, "ready-file", cnicontract.DefaultReadyFile, "file whose presence tells the CNI plugin the node is ready")
 	fs.StringVar(&nodeIP, "node-ip", "", "underlay address of this node (default: --node-ip-interface's, else the Node's InternalIP, else the default route interface's)")
 	fs.StringVar(&nodeIPInterface, "node-ip-interface", "", "take the node's underlay address from this interface")
 	fs.StringVar(&cniVersion, "cni-version", "1.0.0", "cniVersion of the conflist: the newest the node's runtime understands (containerd 1.6: 1.0.0)")
@@ -130,7 +130,7 @@ func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersio
 	}
 	// Addresses of pods that are gone but were never DEL'd (the plugin's store, network "trellis").
 	if err := mgr.Add(&ipamgc.Collector{
-		Reader: mgr.GetAPIReader(), NodeName: nodeName, StoreDir: filepath.Join(plugin.DefaultDataDir, "trellis"),
+		Reader: mgr.GetAPIReader(), NodeName: nodeName, StoreDir: cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName),
 		Grace: 5 * time.Minute, Interval: 2 * time.Minute,
 	}); err != nil {
 		return err

@@ -17,16 +17,17 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 const (
-	indexPrefix  = "attachment-"
-	lockFile     = "lock"
-	lastFile     = "last_reserved_ip"
-	tmpPrefix    = ".tmp-"
-	fileMode     = 0o600
-	dirMode      = 0o700
-	maxBlockBits = 16 // refuse to scan blocks larger than /16 address by address
+	indexPrefix = "attachment-"
+	lockFile    = "lock"
+	lastFile    = "last_reserved_ip"
+	tmpPrefix   = ".tmp-"
+	fileMode    = 0o600
+	dirMode     = 0o700
 )
 
 // ErrExhausted is returned when the block has no free address.
@@ -165,16 +166,17 @@ func (s *Store) Get(containerID, ifname string) (netip.Addr, bool, error) {
 
 // Allocate gives (containerID, ifname) an address of block: the one it already holds (a
 // retried ADD), else the next free one after the last handed out (round robin, so a freed
-// address is not reused at once). The network address, the first host address (reserved
-// for the node's gateway/VTEP use) and the broadcast address are never handed out.
+// address is not reused at once), within cnicontract.PodRange: the network address, the
+// node's own address and the broadcast address are never handed out.
 func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string) (netip.Addr, error) {
-	if !block.Addr().Is4() || block.Bits() < 32-maxBlockBits || block.Bits() > 30 {
-		return netip.Addr{}, fmt.Errorf("pod block %s: must be an IPv4 prefix between /%d and /30", block, 32-maxBlockBits)
+	// Larger blocks than the contract allows are refused: they'd be scanned address by address.
+	if err := cnicontract.ValidateBlock(block); err != nil {
+		return netip.Addr{}, fmt.Errorf("pod block: %w", err)
 	}
 	if ip, ok, err := s.Get(containerID, ifname); err != nil || ok {
 		return ip, err
 	}
-	first, last := usable(block)
+	first, last := cnicontract.PodRange(block)
 	start := first
 	if b, err := os.ReadFile(filepath.Join(s.dir, lastFile)); err == nil {
 		if prev, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && block.Contains(prev) {
@@ -290,22 +292,4 @@ func (s *Store) writeFile(name, content string, durable bool) error {
 		return fmt.Errorf("writing IPAM state %s: %w", name, werr)
 	}
 	return nil
-}
-
-// usable is the range of addresses handed out: after the network address and the
-// reserved gateway address, before the broadcast address.
-func usable(block netip.Prefix) (first, last netip.Addr) {
-	a := block.Masked().Addr().As4()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	size := uint32(1) << uint(32-block.Bits())
-	return u32(v + 2), u32(v + size - 2)
-}
-
-// Gateway is the reserved first host address of the block.
-func Gateway(block netip.Prefix) netip.Addr {
-	return block.Masked().Addr().Next()
-}
-
-func u32(v uint32) netip.Addr {
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }

@@ -10,51 +10,18 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
-// Defaults of the conflist fields.
-const (
-	DefaultDataDir   = "/var/lib/cni/trellis"
-	DefaultReadyFile = "/var/run/trellis/cni-ready"
-	DefaultLogFile   = "/var/log/trellis/cni.log"
-	DefaultMTU       = 1500
-	DefaultTimeout   = 10 * time.Second
-
-	FailurePolicyFail   = "Fail"
-	FailurePolicyIgnore = "Ignore"
-)
-
-// NetConf is the plugin's entry in the conflist the node agent writes.
+// NetConf is the plugin's configuration on stdin: the standard fields and trellis's own
+// (cnicontract.NetConf, what the node agent writes), defaulted and validated.
 type NetConf struct {
 	types.PluginConf
+	cnicontract.NetConf
 
-	// PodCIDR is the node's pod block (required).
-	PodCIDR string `json:"podCIDR"`
-	// MTU of the pod interface and its host end.
-	MTU int `json:"mtu,omitempty"`
-	// DataDir holds the IPAM state, one directory per network name.
-	DataDir string `json:"dataDir,omitempty"`
-	// ReadyFile exists while the node agent considers the node's network working (STATUS).
-	ReadyFile string `json:"readyFile,omitempty"`
-	// LogFile receives the plugin's log, one line per event, each with the container ID.
-	LogFile string `json:"logFile,omitempty"`
-	// Policy, when set, makes ADD wait for the node agent to put the pod under its policies.
-	Policy *PolicyConf `json:"policy,omitempty"`
-
-	block netip.Prefix
-}
-
-// PolicyConf configures the policy hook.
-type PolicyConf struct {
-	// Socket of the node agent.
-	Socket string `json:"socket"`
-	// Timeout for the agent's confirmation, a Go duration ("10s").
-	Timeout string `json:"timeout,omitempty"`
-	// FailurePolicy when the agent can't be reached or doesn't confirm in time: "Fail" (the
-	// ADD fails and the runtime retries) or "Ignore" (the pod starts without waiting).
-	FailurePolicy string `json:"failurePolicy,omitempty"`
-
-	timeout time.Duration
+	block         netip.Prefix
+	policyTimeout time.Duration
 }
 
 // K8sArgs are the CNI_ARGS a Kubernetes runtime passes.
@@ -65,6 +32,21 @@ type K8sArgs struct {
 	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive
 	K8S_POD_UID                types.UnmarshallableString //nolint:revive
 }
+
+// Parse decodes, defaults and validates a configuration as ADD, CHECK and STATUS see it.
+func Parse(stdin []byte) (*NetConf, error) {
+	c, err := parseConf(stdin, true)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Block is the node's pod block (valid after a strict parse).
+func (c *NetConf) Block() netip.Prefix { return c.block }
+
+// PolicyTimeout is the policy hook's timeout in effect (when Policy is set).
+func (c *NetConf) PolicyTimeout() time.Duration { return c.policyTimeout }
 
 // parseConf decodes and validates stdin. strict is false for DEL and GC, which must work
 // with whatever config the attachment was made with, even one that no longer validates.
@@ -80,22 +62,22 @@ func parseConf(stdin []byte, strict bool) (*NetConf, *types.Error) {
 		return nil, invalid("name", fmt.Sprintf("%q can't be used as a directory name", c.Name))
 	}
 	if c.DataDir == "" {
-		c.DataDir = DefaultDataDir
+		c.DataDir = cnicontract.DefaultDataDir
 	}
 	if c.ReadyFile == "" {
-		c.ReadyFile = DefaultReadyFile
+		c.ReadyFile = cnicontract.DefaultReadyFile
 	}
 	if c.LogFile == "" {
-		c.LogFile = DefaultLogFile
+		c.LogFile = cnicontract.DefaultLogFile
 	}
 	if c.MTU == 0 {
-		c.MTU = DefaultMTU
+		c.MTU = cnicontract.DefaultMTU
 	}
 	if p := c.Policy; p != nil {
 		if p.FailurePolicy == "" {
-			p.FailurePolicy = FailurePolicyFail
+			p.FailurePolicy = cnicontract.FailurePolicyFail
 		}
-		p.timeout = DefaultTimeout
+		c.policyTimeout = cnicontract.DefaultPolicyTimeout
 		if p.Timeout != "" {
 			d, err := time.ParseDuration(p.Timeout)
 			if err != nil || d <= 0 {
@@ -103,11 +85,11 @@ func parseConf(stdin []byte, strict bool) (*NetConf, *types.Error) {
 					return nil, invalid("policy.timeout", fmt.Sprintf("%q is not a positive duration such as \"10s\"", p.Timeout))
 				}
 			} else {
-				p.timeout = d
+				c.policyTimeout = d
 			}
 		}
-		if strict && p.FailurePolicy != FailurePolicyFail && p.FailurePolicy != FailurePolicyIgnore {
-			return nil, invalid("policy.failurePolicy", fmt.Sprintf("%q must be %q or %q", p.FailurePolicy, FailurePolicyFail, FailurePolicyIgnore))
+		if strict && p.FailurePolicy != cnicontract.FailurePolicyFail && p.FailurePolicy != cnicontract.FailurePolicyIgnore {
+			return nil, invalid("policy.failurePolicy", fmt.Sprintf("%q must be %q or %q", p.FailurePolicy, cnicontract.FailurePolicyFail, cnicontract.FailurePolicyIgnore))
 		}
 		if strict && p.Socket == "" {
 			return nil, invalid("policy.socket", "is empty: give the node agent's socket path, or drop the policy section")
@@ -121,8 +103,12 @@ func parseConf(stdin []byte, strict bool) (*NetConf, *types.Error) {
 		return nil, invalid("podCIDR", "is empty: the node agent writes the node's pod block there")
 	}
 	block, err := netip.ParsePrefix(c.PodCIDR)
-	if err != nil || !block.Addr().Is4() || block != block.Masked() || block.Bits() < 16 || block.Bits() > 30 {
-		return nil, invalid("podCIDR", fmt.Sprintf("%q must be an IPv4 network address with a prefix between /16 and /30, e.g. 10.244.1.0/24", c.PodCIDR))
+	if err == nil {
+		err = cnicontract.ValidateBlock(block)
+	}
+	if err != nil {
+		return nil, invalid("podCIDR", fmt.Sprintf("%q must be an IPv4 network address with a prefix between /%d and /%d, e.g. 10.244.1.0/24",
+			c.PodCIDR, cnicontract.MinBlockBits, cnicontract.MaxBlockBits))
 	}
 	c.block = block
 	if c.MTU < 576 || c.MTU > 65535 {

@@ -42,7 +42,7 @@ func FuzzParseConf(f *testing.F) {
 			if c.MTU < 576 || c.MTU > 65535 {
 				t.Fatalf("accepted MTU %d", c.MTU)
 			}
-			if p := c.Policy; p != nil && (p.timeout <= 0 || p.Socket == "") {
+			if p := c.Policy; p != nil && (c.policyTimeout <= 0 || p.Socket == "") {
 				t.Fatalf("accepted policy %+v", p)
 			}
 		}

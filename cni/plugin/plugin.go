@@ -21,6 +21,7 @@ import (
 	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // FaultEnv names a test-only fault point: when the plugin reaches it, it kills itself with
@@ -56,7 +57,7 @@ func logger(conf *NetConf, command, containerID string) (logr.Logger, func()) {
 }
 
 func storeDir(conf *NetConf) string {
-	return filepath.Join(conf.DataDir, conf.Name)
+	return cnicontract.StoreDir(conf.DataDir, conf.Name)
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
@@ -110,13 +111,13 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	fault("add-after-veth")
 
 	if p := conf.Policy; p != nil {
-		req := policyhook.Request{
-			Op: "add", ContainerID: args.ContainerID,
+		req := cnicontract.PolicyRequest{
+			Op: cnicontract.PolicyOpAdd, ContainerID: args.ContainerID,
 			Namespace: string(k8s.K8S_POD_NAMESPACE), Pod: string(k8s.K8S_POD_NAME), PodUID: string(k8s.K8S_POD_UID),
 			IP: ip.String(), HostInterface: hostName,
 		}
-		if err := policyhook.Notify(p.Socket, p.timeout, req); err != nil {
-			if p.FailurePolicy == FailurePolicyIgnore {
+		if err := policyhook.Notify(p.Socket, conf.policyTimeout, req); err != nil {
+			if p.FailurePolicy == cnicontract.FailurePolicyIgnore {
 				log.Info("starting the pod without policy confirmation (policy.failurePolicy Ignore)", "reason", err.Error())
 			} else {
 				return types.NewError(types.ErrTryAgainLater, "the pod's network policies are not in place", err.Error())

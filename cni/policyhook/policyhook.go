@@ -1,10 +1,6 @@
-// Package policyhook is the protocol between the CNI plugin and the node agent that puts a
-// new pod under its NetworkPolicies before the pod's first packet.
-//
-// The plugin connects to the agent's unix socket and writes one JSON Request followed by a
-// newline; the agent answers with one JSON Response and a newline once the pod's endpoint is
-// programmed (or it gives up), then closes the connection. The plugin waits at most the
-// configured timeout for the whole exchange.
+// Package policyhook is the CNI plugin's side of the policy hook: it asks the node agent to
+// put a new pod under its NetworkPolicies before the pod's first packet, and waits for the
+// answer. The wire protocol is in internal/cnicontract.
 package policyhook
 
 import (
@@ -14,36 +10,17 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
-
-// Version of the protocol; the agent refuses requests of a version it does not know.
-const Version = 1
-
-// Request announces a pod endpoint.
-type Request struct {
-	Version       int    `json:"version"`
-	Op            string `json:"op"` // "add"
-	ContainerID   string `json:"containerID"`
-	Namespace     string `json:"namespace"`
-	Pod           string `json:"pod"`
-	PodUID        string `json:"podUID,omitempty"`
-	IP            string `json:"ip"`
-	HostInterface string `json:"hostInterface"`
-}
-
-// Response is the agent's answer: OK when the endpoint's policies are in place.
-type Response struct {
-	OK    bool   `json:"ok"`
-	Error string `json:"error,omitempty"`
-}
 
 // ErrUnreachable wraps failures to reach the agent at all (as opposed to the agent
 // answering with an error), which the failure policy may choose to ignore.
 var ErrUnreachable = errors.New("node agent unreachable")
 
 // Notify sends req to the agent at socket and waits for its answer.
-func Notify(socket string, timeout time.Duration, req Request) error {
-	req.Version = Version
+func Notify(socket string, timeout time.Duration, req cnicontract.PolicyRequest) error {
+	req.Version = cnicontract.PolicyHookVersion
 	deadline := time.Now().Add(timeout)
 	conn, err := net.DialTimeout("unix", socket, timeout)
 	if err != nil {
@@ -60,7 +37,7 @@ func Notify(socket string, timeout time.Duration, req Request) error {
 	if err != nil {
 		return fmt.Errorf("no answer from the node agent within %s: %w", timeout, err)
 	}
-	var resp Response
+	var resp cnicontract.PolicyResponse
 	if err := json.Unmarshal(line, &resp); err != nil {
 		return fmt.Errorf("malformed answer from the node agent: %w", err)
 	}

@@ -18,11 +18,13 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 const (
 	// HostPrefix starts the name of every host-side veth trellis creates.
-	HostPrefix = "trl"
+	HostPrefix = cnicontract.HostVethPrefix
 	// RouteProtocol marks the host routes trellis owns (see /etc/iproute2/rt_protos).
 	RouteProtocol netlink.RouteProtocol = 201
 )
@@ -86,7 +88,7 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ip netip.Addr, mtu int) (
 	// Loose reverse-path filtering, as the agent keeps it on every trellis device (it also
 	// fixes a veth this write missed, and reports failures): anti-spoofing is the agent's
 	// rpfilter rule, not the sysctl.
-	_ = writeSysctl("net/ipv4/conf/"+hostName+"/rp_filter", "2")
+	_ = writeSysctl("net/ipv4/conf/"+hostName+"/rp_filter", cnicontract.RPFilterLoose)
 	if err := netlink.LinkSetUp(host); err != nil {
 		return nil, fmt.Errorf("setting host veth %s up: %w", hostName, err)
 	}

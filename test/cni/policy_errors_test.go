@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/cni/policyhook"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // fakeAgent answers the policy hook like the node agent, after delay.
-func fakeAgent(t *testing.T, delay time.Duration, ok bool) (socket string, got chan policyhook.Request) {
+func fakeAgent(t *testing.T, delay time.Duration, ok bool) (socket string, got chan cnicontract.PolicyRequest) {
 	t.Helper()
 	socket = filepath.Join(t.TempDir(), "policy.sock")
 	l, err := net.Listen("unix", socket)
@@ -25,7 +25,7 @@ func fakeAgent(t *testing.T, delay time.Duration, ok bool) (socket string, got c
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { l.Close() })
-	got = make(chan policyhook.Request, 10)
+	got = make(chan cnicontract.PolicyRequest, 10)
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -33,11 +33,11 @@ func fakeAgent(t *testing.T, delay time.Duration, ok bool) (socket string, got c
 				return
 			}
 			line, _ := bufio.NewReader(c).ReadBytes('\n')
-			var req policyhook.Request
+			var req cnicontract.PolicyRequest
 			_ = json.Unmarshal(line, &req)
 			got <- req
 			time.Sleep(delay)
-			resp := policyhook.Response{OK: ok}
+			resp := cnicontract.PolicyResponse{OK: ok}
 			if !ok {
 				resp.Error = "ipset trellis-pods is full"
 			}
@@ -59,7 +59,7 @@ func TestPolicyHook(t *testing.T) {
 			t.Errorf("ADD returned after %s, before the agent confirmed", took)
 		}
 		req := <-got
-		if req.Version != policyhook.Version || req.Op != "add" || req.Namespace != "default" || req.Pod != "web" ||
+		if req.Version != cnicontract.PolicyHookVersion || req.Op != "add" || req.Namespace != "default" || req.Pod != "web" ||
 			req.PodUID != "uid-web" || req.IP != podIP(t, r).String() || req.ContainerID != p.id || !strings.HasPrefix(req.HostInterface, "trl") {
 			t.Errorf("agent got %+v", req)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
@@ -203,7 +204,7 @@ func peerStateOn(t *testing.T, n cluster.Node, block netip.Prefix, peerIP netip.
 		if err != nil {
 			return err
 		}
-		vtep := block.Masked().Addr().Next() // agent/datapath.VTEPAddr
+		vtep := cnicontract.NodeAddr(block) // the VTEP address
 		for _, nb := range neighs {
 			if nb.IP.Equal(vtep.AsSlice()) && nb.State&netlink.NUD_PERMANENT != 0 {
 				st.Neigh = true

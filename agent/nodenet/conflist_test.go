@@ -1,0 +1,70 @@
+package nodenet_test
+
+import (
+	"net/netip"
+	"path/filepath"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/trellis-net/trellis/agent/cniinstall"
+	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/agent/nodenet"
+	"github.com/trellis-net/trellis/cni/plugin"
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+// The conflist the agent writes, read back the way a runtime reads it (libcni) and handed
+// to the plugin's parser as a runtime hands it over: the plugin accepts it and sees exactly
+// the block, MTU, ready file and IPAM directory the agent meant, and portmap is chained.
+func TestConflistRoundTrip(t *testing.T) {
+	for _, tc := range []struct {
+		cniVersion string
+		block      string
+		mtu        int
+	}{
+		{"1.0.0", "10.244.1.0/24", 1450}, // containerd 1.6
+		{"1.1.0", "10.0.128.0/17", 1500}, // containerd 2, CRI-O
+		{"1.0.0", "172.16.9.252/30", 8950},
+	} {
+		r := &nodenet.Reconciler{
+			CNIVersion: tc.cniVersion, ReadyFile: "/var/run/trellis/cni-ready",
+			Config: &agentconfig.Config{PodCIDRs: []string{"10.0.0.0/8"}},
+		}
+		block := netip.MustParsePrefix(tc.block)
+		dir := t.TempDir()
+		if _, err := cniinstall.WriteConflist(dir, r.Conflist(block, tc.mtu)); err != nil {
+			t.Fatal(err)
+		}
+		list, err := libcni.ConfListFromFile(filepath.Join(dir, cniinstall.ConflistName))
+		if err != nil {
+			t.Fatalf("libcni can't load the agent's conflist: %v", err)
+		}
+		if list.Name != cnicontract.NetworkName || list.CNIVersion != tc.cniVersion || len(list.Plugins) != 2 {
+			t.Fatalf("conflist %s %s with %d plugins, want %s %s with trellis and portmap",
+				list.Name, list.CNIVersion, len(list.Plugins), cnicontract.NetworkName, tc.cniVersion)
+		}
+		if typ := list.Plugins[1].Network.Type; typ != cnicontract.PortMapType || !list.Plugins[1].Network.Capabilities["portMappings"] {
+			t.Errorf("second plugin %s with capabilities %v, want portmap with portMappings", typ, list.Plugins[1].Network.Capabilities)
+		}
+		// What the runtime puts on the plugin's stdin: the entry with name and cniVersion.
+		stdin, err := libcni.InjectConf(list.Plugins[0], map[string]any{"name": list.Name, "cniVersion": list.CNIVersion})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conf, err := plugin.Parse(stdin.Bytes)
+		if err != nil {
+			t.Fatalf("the plugin refuses the agent's conflist: %v\n%s", err, stdin.Bytes)
+		}
+		if conf.Type != cnicontract.PluginType || conf.Block() != block || conf.MTU != tc.mtu ||
+			conf.ReadyFile != cnicontract.DefaultReadyFile || conf.DataDir != cnicontract.DefaultDataDir || conf.Policy != nil {
+			t.Errorf("the plugin read type %s block %s MTU %d ready file %s data dir %s policy %v; the agent meant %s %s %d %s %s none",
+				conf.Type, conf.Block(), conf.MTU, conf.ReadyFile, conf.DataDir, conf.Policy,
+				cnicontract.PluginType, block, tc.mtu, cnicontract.DefaultReadyFile, cnicontract.DefaultDataDir)
+		}
+		// The agent's IPAM garbage collector looks where the plugin keeps its store.
+		if got, want := cnicontract.StoreDir(conf.DataDir, conf.Name), cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName); got != want {
+			t.Errorf("plugin store %s, agent GC looks at %s", got, want)
+		}
+	}
+}

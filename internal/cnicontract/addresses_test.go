@@ -1,0 +1,51 @@
+package cnicontract_test
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+func TestAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		block             string
+		node, first, last string
+	}{
+		{"10.244.1.0/24", "10.244.1.1", "10.244.1.2", "10.244.1.254"},
+		{"10.0.0.0/16", "10.0.0.1", "10.0.0.2", "10.0.255.254"},
+		{"192.168.7.4/30", "192.168.7.5", "192.168.7.6", "192.168.7.6"},
+	} {
+		b := netip.MustParsePrefix(tc.block)
+		if got := cnicontract.NodeAddr(b).String(); got != tc.node {
+			t.Errorf("NodeAddr(%s) = %s, want %s", b, got, tc.node)
+		}
+		first, last := cnicontract.PodRange(b)
+		if first.String() != tc.first || last.String() != tc.last {
+			t.Errorf("PodRange(%s) = %s..%s, want %s..%s", b, first, last, tc.first, tc.last)
+		}
+		if first == cnicontract.NodeAddr(b) || !b.Contains(last) {
+			t.Errorf("%s: the pod range %s..%s must exclude the node address and stay in the block", b, first, last)
+		}
+	}
+}
+
+func TestValidateBlock(t *testing.T) {
+	for _, tc := range []struct {
+		block string
+		ok    bool
+	}{
+		{"10.244.1.0/24", true},
+		{"10.244.0.0/16", true},
+		{"10.244.1.4/30", true},
+		{"10.0.0.0/15", false},
+		{"10.244.1.0/31", false},
+		{"10.244.1.5/24", false},
+		{"fd00::/64", false},
+	} {
+		err := cnicontract.ValidateBlock(netip.MustParsePrefix(tc.block))
+		if (err == nil) != tc.ok {
+			t.Errorf("ValidateBlock(%s) = %v, want ok=%v", tc.block, err, tc.ok)
+		}
+	}
+}

@@ -1,0 +1,110 @@
+// Package cnicontract is the contract between the node agent and the CNI plugin: the
+// conflist the agent writes and the plugin reads, the paths and values both sides assume,
+// the addresses of a node's block the plugin never hands to a pod, and the policy hook's
+// wire protocol. Both sides import it; neither repeats what is here.
+package cnicontract
+
+import (
+	"path/filepath"
+	"time"
+)
+
+const (
+	// NetworkName is the conflist's network name; the plugin keeps its IPAM state under it.
+	NetworkName = "trellis"
+	// PluginType is the plugin's binary name and its "type" in the conflist.
+	PluginType = "trellis"
+	// PortMapType is the reference portmap plugin chained after trellis for hostPort.
+	PortMapType = "portmap"
+
+	// RunDir is the host directory the agent and the plugin share at run time.
+	RunDir = "/var/run/trellis"
+	// DefaultDataDir holds the plugin's IPAM state, one directory per network name.
+	DefaultDataDir = "/var/lib/cni/trellis"
+	// DefaultReadyFile exists while the agent considers the node's network working.
+	DefaultReadyFile = RunDir + "/cni-ready"
+	// DefaultPolicySocket is where the agent serves the policy hook.
+	DefaultPolicySocket = RunDir + "/policy.sock"
+	// DefaultLogFile receives the plugin's log.
+	DefaultLogFile = "/var/log/trellis/cni.log"
+	// DefaultMTU is the pod MTU when the conflist names none.
+	DefaultMTU = 1500
+	// DefaultPolicyTimeout bounds the wait for the agent's policy confirmation.
+	DefaultPolicyTimeout = 10 * time.Second
+
+	// FailurePolicyFail fails ADD when the agent does not confirm the pod's policies.
+	FailurePolicyFail = "Fail"
+	// FailurePolicyIgnore starts the pod without the agent's confirmation.
+	FailurePolicyIgnore = "Ignore"
+
+	// HostVethPrefix starts the name of every host-side pod veth. The agent matches pod
+	// traffic by it (anti-spoofing, rp_filter, policy dispatch), so it is part of the contract.
+	HostVethPrefix = "trl"
+	// RPFilterLoose is the rp_filter mode of the host devices trellis owns (pod veths, the
+	// VXLAN device). The kernel applies the larger of conf.all and conf.<dev>, so 2 is loose
+	// whatever "all" holds, while 0 would lose to a strict (1) "all". Strict would drop pod
+	// traffic a peer still sends through the tunnel while this node already routes it
+	// directly (a live mode switch); pods can't spoof anyway: the agent's raw-table rpfilter
+	// rule drops that.
+	RPFilterLoose = "2"
+)
+
+// StoreDir is the IPAM store of a network under dataDir.
+func StoreDir(dataDir, network string) string {
+	return filepath.Join(dataDir, network)
+}
+
+// NetConf is trellis's own settings in its conflist entry. The agent writes it (inside a
+// Plugin); the plugin reads it beside the standard fields (types.PluginConf).
+type NetConf struct {
+	// PodCIDR is the node's pod block (required).
+	PodCIDR string `json:"podCIDR"`
+	// MTU of the pod interface and its host end (0: DefaultMTU).
+	MTU int `json:"mtu,omitempty"`
+	// DataDir holds the IPAM state, one directory per network name (empty: DefaultDataDir).
+	DataDir string `json:"dataDir,omitempty"`
+	// ReadyFile exists while the node agent considers the node's network working (STATUS).
+	ReadyFile string `json:"readyFile,omitempty"`
+	// LogFile receives the plugin's log, one line per event, each with the container ID.
+	LogFile string `json:"logFile,omitempty"`
+	// Policy, when set, makes ADD wait for the node agent to put the pod under its policies.
+	Policy *PolicyConf `json:"policy,omitempty"`
+}
+
+// PolicyConf configures the policy hook.
+type PolicyConf struct {
+	// Socket of the node agent.
+	Socket string `json:"socket"`
+	// Timeout for the agent's confirmation, a Go duration ("10s"; empty: DefaultPolicyTimeout).
+	Timeout string `json:"timeout,omitempty"`
+	// FailurePolicy when the agent can't be reached or doesn't confirm in time:
+	// FailurePolicyFail (the ADD fails and the runtime retries) or FailurePolicyIgnore.
+	FailurePolicy string `json:"failurePolicy,omitempty"`
+}
+
+// Conflist is the network configuration list the agent writes on each node.
+type Conflist struct {
+	CNIVersion string   `json:"cniVersion"`
+	Name       string   `json:"name"`
+	Plugins    []Plugin `json:"plugins"`
+}
+
+// Plugin is one entry of the chain: trellis (Type PluginType with NetConf) or portmap.
+type Plugin struct {
+	Type string `json:"type"`
+	// NetConf is set on the trellis entry only; its fields are inlined.
+	*NetConf
+	Capabilities map[string]bool `json:"capabilities,omitempty"`
+	// SNAT (portmap): masquerade hairpin traffic to a hostPort.
+	SNAT *bool `json:"snat,omitempty"`
+}
+
+// NewConflist is the chain trellis installs: the trellis plugin, then portmap for hostPort
+// (with SNAT, so a pod can reach a hostPort on its own node).
+func NewConflist(cniVersion string, conf NetConf) Conflist {
+	snat := true
+	return Conflist{CNIVersion: cniVersion, Name: NetworkName, Plugins: []Plugin{
+		{Type: PluginType, NetConf: &conf},
+		{Type: PortMapType, Capabilities: map[string]bool{"portMappings": true}, SNAT: &snat},
+	}}
+}
