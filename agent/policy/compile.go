@@ -1,0 +1,487 @@
+package policy
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+// Chains and sets trellis's policy engine owns. Every name starts with TRELLIS- (chains) or
+// trellis- (sets), so the uninstall finds them.
+const (
+	ChainForward = "TRELLIS-FORWARD"
+	ChainInput   = "TRELLIS-INPUT"
+	ChainFromPod = "TRELLIS-FROM-POD"
+	ChainToPod   = "TRELLIS-TO-POD"
+
+	ingressPrefix = "TRELLIS-I-" // + hash: a pod's ingress chain
+	egressPrefix  = "TRELLIS-E-" // + hash: a pod's egress chain
+	setPrefix     = "trellis-"
+)
+
+// Direction of traffic relative to the pod a chain belongs to.
+type Direction string
+
+const (
+	Ingress Direction = "ingress"
+	Egress  Direction = "egress"
+)
+
+// SetType is an ipset type.
+type SetType string
+
+const (
+	// SetIP holds pod addresses (selector memberships).
+	SetIP SetType = "hash:ip"
+	// SetNet holds ipBlocks: the CIDR, and its excepts as "nomatch" entries.
+	SetNet SetType = "hash:net"
+	// SetIPPort holds ip,protocol:port of the pods declaring a named port.
+	SetIPPort SetType = "hash:ip,port"
+)
+
+// Set is a desired ipset.
+type Set struct {
+	Name string
+	Type SetType
+	// Members in ipset's notation, sorted ("10.0.0.0/24", "10.0.0.0/28 nomatch",
+	// "10.1.2.3,tcp:8080").
+	Members []string
+	// Comment says what the set stands for (for people reading `ipset list`).
+	Comment string
+}
+
+// Chain is a desired filter-table chain: its rules in iptables-save notation, without the
+// leading "-A CHAIN".
+type Chain struct {
+	Name  string
+	Rules []string
+}
+
+// PodChain tells which pod and direction a per-pod chain enforces (for metrics and status).
+type PodChain struct {
+	Pod       types.NamespacedName
+	Direction Direction
+	Chain     string
+}
+
+// Problem is an input Compile could not fully honour (an invalid selector, say), with the
+// object it came from. Compile fails closed: a rule it can't read allows nothing.
+type Problem struct {
+	Policy  types.NamespacedName
+	Message string
+}
+
+// Ruleset is the desired state Compile computes.
+type Ruleset struct {
+	// Chains of the filter table, the entry chains first.
+	Chains []Chain
+	// Sets referenced by the chains, sorted by name.
+	Sets []Set
+	// PodChains are the per-pod chains, sorted by chain name.
+	PodChains []PodChain
+	Problems  []Problem
+}
+
+// Jumps are the rules trellis puts into the built-in chains, first in each.
+var Jumps = []struct{ Chain, Target string }{
+	{"FORWARD", ChainForward},
+	{"INPUT", ChainInput},
+}
+
+// Compile computes the filter-table chains and ipsets that enforce st's policies on st's
+// endpoints. It is pure and deterministic: the same state gives the same Ruleset.
+func Compile(st State) *Ruleset {
+	c := newCompiler(st)
+	var ingress, egress []Chain
+	eps := slices.Clone(st.Endpoints)
+	sort.Slice(eps, func(i, j int) bool { return eps[i].Interface < eps[j].Interface })
+	var toPod, fromPod []string
+	for _, ep := range eps {
+		pod := c.pods[ep.Pod]
+		if pod == nil || !ep.IP.IsValid() || ep.Interface == "" {
+			continue // not in the cache yet: the agent waits for it before confirming the pod
+		}
+		in, out := c.selecting(pod)
+		if len(in) > 0 {
+			ch := Chain{Name: podChainName(ingressPrefix, ep.Pod)}
+			ch.Rules = c.podRules(pod, ep, in, Ingress)
+			ingress = append(ingress, ch)
+			toPod = append(toPod, fmt.Sprintf("-o %s -j %s", ep.Interface, ch.Name))
+			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Ingress, Chain: ch.Name})
+		}
+		if len(out) > 0 {
+			ch := Chain{Name: podChainName(egressPrefix, ep.Pod)}
+			ch.Rules = c.podRules(pod, ep, out, Egress)
+			egress = append(egress, ch)
+			fromPod = append(fromPod, fmt.Sprintf("-i %s -j %s", ep.Interface, ch.Name))
+			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Egress, Chain: ch.Name})
+		}
+	}
+	veths := cnicontract.HostVethPrefix + "+"
+	established := "-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"trellis: replies of allowed connections\" -j RETURN"
+	c.rs.Chains = append(c.rs.Chains,
+		Chain{Name: ChainForward, Rules: []string{
+			established,
+			fmt.Sprintf("-i %s -j %s", veths, ChainFromPod),
+			fmt.Sprintf("-o %s -j %s", veths, ChainToPod),
+		}},
+		Chain{Name: ChainInput, Rules: []string{
+			established,
+			fmt.Sprintf("-i %s -j %s", veths, ChainFromPod),
+		}},
+		Chain{Name: ChainFromPod, Rules: fromPod},
+		Chain{Name: ChainToPod, Rules: toPod},
+	)
+	c.rs.Chains = append(c.rs.Chains, ingress...)
+	c.rs.Chains = append(c.rs.Chains, egress...)
+	sort.Slice(c.rs.PodChains, func(i, j int) bool { return c.rs.PodChains[i].Chain < c.rs.PodChains[j].Chain })
+	for _, name := range sortedKeys(c.sets) {
+		c.rs.Sets = append(c.rs.Sets, *c.sets[name])
+	}
+	return c.rs
+}
+
+type compiler struct {
+	rs         *Ruleset
+	pods       map[types.NamespacedName]*Pod
+	addressed  []*Pod // addressable pods, sorted by key
+	namespaces map[string]*Namespace
+	policies   []*networkingv1.NetworkPolicy
+	sets       map[string]*Set
+}
+
+func newCompiler(st State) *compiler {
+	c := &compiler{
+		rs: &Ruleset{}, pods: map[types.NamespacedName]*Pod{}, namespaces: map[string]*Namespace{},
+		sets: map[string]*Set{},
+	}
+	for _, p := range st.Pods {
+		c.pods[p.Key()] = p
+		if p.Addressable() {
+			c.addressed = append(c.addressed, p)
+		}
+	}
+	sort.Slice(c.addressed, func(i, j int) bool {
+		a, b := c.addressed[i], c.addressed[j]
+		return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
+	})
+	for _, n := range st.Namespaces {
+		c.namespaces[n.Name] = n
+	}
+	c.policies = slices.Clone(st.Policies)
+	sort.Slice(c.policies, func(i, j int) bool {
+		a, b := c.policies[i], c.policies[j]
+		return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
+	})
+	return c
+}
+
+// selecting returns the policies that select pod and isolate it for ingress and egress.
+func (c *compiler) selecting(pod *Pod) (ingress, egress []*networkingv1.NetworkPolicy) {
+	if pod.HostNetwork {
+		return nil, nil
+	}
+	for _, np := range c.policies {
+		if np.Namespace != pod.Namespace {
+			continue
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil {
+			c.problem(np, "spec.podSelector: %v", err)
+			continue
+		}
+		if !sel.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		in, out := policyTypes(np)
+		if in {
+			ingress = append(ingress, np)
+		}
+		if out {
+			egress = append(egress, np)
+		}
+	}
+	return ingress, egress
+}
+
+// policyTypes applies the API's defaulting when policyTypes is empty: Ingress always,
+// Egress when the policy has egress rules.
+func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress bool) {
+	if len(np.Spec.PolicyTypes) == 0 {
+		return true, len(np.Spec.Egress) > 0
+	}
+	for _, t := range np.Spec.PolicyTypes {
+		switch t {
+		case networkingv1.PolicyTypeIngress:
+			ingress = true
+		case networkingv1.PolicyTypeEgress:
+			egress = true
+		}
+	}
+	return ingress, egress
+}
+
+// podRules is the chain of one isolated pod for one direction: traffic with itself always
+// passes (a pod reaching itself through a Service), each allowed (peer, port) pair RETURNs,
+// the rest is dropped.
+func (c *compiler) podRules(pod *Pod, ep Endpoint, policies []*networkingv1.NetworkPolicy, dir Direction) []string {
+	self, peerDir := "-s", "src"
+	if dir == Egress {
+		self, peerDir = "-d", "dst"
+	}
+	rules := []string{fmt.Sprintf("%s %s/32 -m comment --comment \"trellis: a pod is never blocked from itself\" -j RETURN", self, ep.IP)}
+	seen := map[string]bool{}
+	for _, np := range policies {
+		for i, r := range policyRules(np, dir) {
+			peers, ports := r.peers, r.ports
+			where := fmt.Sprintf("%s/%s %s[%d]", np.Namespace, np.Name, dir, i)
+			peerMatches := []string{""} // no peers: every peer
+			if len(peers) > 0 {
+				peerMatches = nil
+				for j := range peers {
+					if m, ok := c.peerMatch(np, &peers[j], peerDir, fmt.Sprintf("%s.%s[%d]", where, peersField(dir), j)); ok {
+						peerMatches = append(peerMatches, m)
+					}
+				}
+			}
+			portMatches := []string{""} // no ports: every port and protocol
+			if len(ports) > 0 {
+				portMatches = nil
+				for j := range ports {
+					portMatches = append(portMatches, c.portMatches(np, pod, &ports[j], dir, fmt.Sprintf("%s.ports[%d]", where, j))...)
+				}
+			}
+			for _, pm := range peerMatches {
+				for _, port := range portMatches {
+					r := strings.TrimSpace(pm+" "+port) + " -j RETURN"
+					if r == "-j RETURN" {
+						r = fmt.Sprintf("-m comment --comment \"trellis: %s allows all\" -j RETURN", where)
+					}
+					if !seen[r] {
+						seen[r] = true
+						rules = append(rules, r)
+					}
+				}
+			}
+		}
+	}
+	return append(rules, fmt.Sprintf("-m comment --comment \"trellis: %s of %s/%s not allowed by policy\" -j DROP", dir, pod.Namespace, pod.Name))
+}
+
+func peersField(dir Direction) string {
+	if dir == Ingress {
+		return "from"
+	}
+	return "to"
+}
+
+// rule is one ingress or egress rule of a policy.
+type rule struct {
+	peers []networkingv1.NetworkPolicyPeer
+	ports []networkingv1.NetworkPolicyPort
+}
+
+// policyRules are np's rules for dir.
+func policyRules(np *networkingv1.NetworkPolicy, dir Direction) []rule {
+	var out []rule
+	if dir == Ingress {
+		for _, r := range np.Spec.Ingress {
+			out = append(out, rule{r.From, r.Ports})
+		}
+		return out
+	}
+	for _, r := range np.Spec.Egress {
+		out = append(out, rule{r.To, r.Ports})
+	}
+	return out
+}
+
+// peerMatch is the iptables match for one peer (src for ingress, dst for egress). ok is
+// false when the peer can match nothing (e.g. an invalid selector: fail closed).
+func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.NetworkPolicyPeer, dir, where string) (string, bool) {
+	if b := peer.IPBlock; b != nil {
+		set, err := c.ipBlockSet(b)
+		if err != nil {
+			c.problem(np, "%s.ipBlock: %v", where, err)
+			return "", false
+		}
+		if set == "" {
+			return "", false // an IPv6 block: no IPv4 address is in it
+		}
+		return fmt.Sprintf("-m set --match-set %s %s", set, dir), true
+	}
+	var podSel, nsSel labels.Selector = labels.Everything(), nil
+	var err error
+	if peer.PodSelector != nil {
+		if podSel, err = metav1.LabelSelectorAsSelector(peer.PodSelector); err != nil {
+			c.problem(np, "%s.podSelector: %v", where, err)
+			return "", false
+		}
+	}
+	if peer.NamespaceSelector != nil {
+		if nsSel, err = metav1.LabelSelectorAsSelector(peer.NamespaceSelector); err != nil {
+			c.problem(np, "%s.namespaceSelector: %v", where, err)
+			return "", false
+		}
+	}
+	var key, comment string
+	var members []string
+	if nsSel == nil { // pods of the policy's own namespace
+		key = "pods|ns=" + np.Namespace + "|" + podSel.String()
+		comment = fmt.Sprintf("pods of namespace %s matching {%s}", np.Namespace, podSel)
+		for _, p := range c.addressed {
+			if p.Namespace == np.Namespace && podSel.Matches(labels.Set(p.Labels)) {
+				members = append(members, p.IP.String())
+			}
+		}
+	} else {
+		key = "pods|nssel=" + nsSel.String() + "|" + podSel.String()
+		comment = fmt.Sprintf("pods matching {%s} in namespaces matching {%s}", podSel, nsSel)
+		for _, p := range c.addressed {
+			ns := c.namespaces[p.Namespace]
+			if ns == nil || !nsSel.Matches(labels.Set(ns.Labels)) || !podSel.Matches(labels.Set(p.Labels)) {
+				continue
+			}
+			members = append(members, p.IP.String())
+		}
+	}
+	return fmt.Sprintf("-m set --match-set %s %s", c.set(key, SetIP, members, comment), dir), true
+}
+
+// ipBlockSet is the hash:net set of an ipBlock: its CIDR, and the excepts as nomatch
+// entries (the most specific entry decides). "" for an IPv6 block.
+func (c *compiler) ipBlockSet(b *networkingv1.IPBlock) (string, error) {
+	cidr, err := netip.ParsePrefix(b.CIDR)
+	if err != nil {
+		return "", fmt.Errorf("cidr %q: %w", b.CIDR, err)
+	}
+	if !cidr.Addr().Is4() {
+		return "", nil
+	}
+	cidr = cidr.Masked()
+	var members []string
+	// hash:net can't hold a /0: two /1s cover the same.
+	if cidr.Bits() == 0 {
+		members = append(members, "0.0.0.0/1", "128.0.0.0/1")
+	} else {
+		members = append(members, cidr.String())
+	}
+	except := []string{}
+	for _, e := range b.Except {
+		p, err := netip.ParsePrefix(e)
+		if err != nil {
+			return "", fmt.Errorf("except %q: %w", e, err)
+		}
+		if !p.Addr().Is4() {
+			continue
+		}
+		p = p.Masked()
+		if p.Bits() == 0 {
+			return "", fmt.Errorf("except %q excludes everything", e)
+		}
+		members = append(members, p.String()+" nomatch")
+		except = append(except, p.String())
+	}
+	slices.Sort(except)
+	key := "net|" + cidr.String() + "|" + strings.Join(except, ",")
+	comment := "ipBlock " + cidr.String()
+	if len(except) > 0 {
+		comment += " except " + strings.Join(except, " ")
+	}
+	return c.set(key, SetNet, members, comment), nil
+}
+
+// portMatches are the iptables matches for one NetworkPolicyPort. A named port resolves,
+// for ingress, against the pod the chain protects; for egress, against every peer pod,
+// through a hash:ip,port set of the pods declaring that name for that protocol.
+func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *networkingv1.NetworkPolicyPort, dir Direction, where string) []string {
+	proto := corev1.ProtocolTCP
+	if port.Protocol != nil {
+		proto = *port.Protocol
+	}
+	p := strings.ToLower(string(proto))
+	if proto != corev1.ProtocolTCP && proto != corev1.ProtocolUDP && proto != corev1.ProtocolSCTP {
+		c.problem(np, "%s.protocol %q is not TCP, UDP or SCTP", where, proto)
+		return nil
+	}
+	if port.Port == nil {
+		return []string{"-p " + p}
+	}
+	if port.Port.Type == 0 { // a number
+		n := port.Port.IntVal
+		if port.EndPort != nil && *port.EndPort > n {
+			return []string{fmt.Sprintf("-p %s -m %s --dport %d:%d", p, p, n, *port.EndPort)}
+		}
+		return []string{fmt.Sprintf("-p %s -m %s --dport %d", p, p, n)}
+	}
+	name := port.Port.StrVal
+	if dir == Ingress {
+		for _, cp := range pod.Ports {
+			if cp.Name == name && cp.Protocol == proto {
+				return []string{fmt.Sprintf("-p %s -m %s --dport %d", p, p, cp.Port)}
+			}
+		}
+		return nil // the pod has no such port: the rule allows nothing here
+	}
+	var members []string
+	for _, peer := range c.addressed {
+		for _, cp := range peer.Ports {
+			if cp.Name == name && cp.Protocol == proto {
+				members = append(members, fmt.Sprintf("%s,%s:%d", peer.IP, p, cp.Port))
+			}
+		}
+	}
+	set := c.set("port|"+name+"|"+p, SetIPPort, members, fmt.Sprintf("pods with a %s port named %s", proto, name))
+	return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
+}
+
+// set registers a set by its content key and returns its name.
+func (c *compiler) set(key string, typ SetType, members []string, comment string) string {
+	name := setPrefix + hashName(key, 20)
+	if _, ok := c.sets[name]; !ok {
+		m := slices.Clone(members)
+		slices.Sort(m)
+		m = slices.Compact(m)
+		c.sets[name] = &Set{Name: name, Type: typ, Members: m, Comment: comment}
+	}
+	return name
+}
+
+func (c *compiler) problem(np *networkingv1.NetworkPolicy, format string, args ...any) {
+	c.rs.Problems = append(c.rs.Problems, Problem{
+		Policy: types.NamespacedName{Namespace: np.Namespace, Name: np.Name}, Message: fmt.Sprintf(format, args...),
+	})
+}
+
+// podChainName is stable for a pod (namespace/name), so a restarted agent computes the same.
+func podChainName(prefix string, pod types.NamespacedName) string {
+	return prefix + hashName(pod.String(), 16)
+}
+
+var b32 = base32.StdEncoding.WithPadding(base32.NoPadding)
+
+func hashName(key string, n int) string {
+	sum := sha256.Sum256([]byte(key))
+	return b32.EncodeToString(sum[:])[:n]
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,81 @@
+// Package policy enforces Kubernetes NetworkPolicy (networking.k8s.io/v1) on a node with
+// iptables and ipsets. Compile is a pure function from what the agent sees (pods,
+// namespaces, policies, this node's pod endpoints) to the desired filter-table chains and
+// ipsets; the agent applies them by difference.
+//
+// Layout of what Compile produces, in the filter table:
+//
+//	FORWARD ─► TRELLIS-FORWARD: replies (ESTABLISHED,RELATED) return at once;
+//	           from a pod veth (-i trl+) ─► TRELLIS-FROM-POD ─► -i <veth> ─► TRELLIS-E-<pod>
+//	           to a pod veth (-o trl+)   ─► TRELLIS-TO-POD   ─► -o <veth> ─► TRELLIS-I-<pod>
+//	INPUT   ─► TRELLIS-INPUT: pod to this node is the pod's egress too.
+//
+// A pod gets a chain for a direction only when a policy isolates it for that direction;
+// the chain RETURNs what some rule allows and DROPs the rest. Selector memberships,
+// ipBlocks and named ports of remote pods are ipsets, so a packet's cost depends on the
+// rules of the policies selecting its pod, never on the number of policies in the cluster,
+// and a pod coming, going or changing labels changes set members, not chains.
+package policy
+
+import (
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Port is a container port a pod declares (named ports resolve against these).
+type Port struct {
+	Name     string
+	Protocol corev1.Protocol
+	Port     int32
+}
+
+// Pod is what policy needs of a pod.
+type Pod struct {
+	Namespace, Name string
+	UID             types.UID
+	Labels          map[string]string
+	// IP is the pod's IPv4 address; invalid when it has none yet.
+	IP          netip.Addr
+	NodeName    string
+	HostNetwork bool
+	// Terminating: deleted (deletionTimestamp) or finished (Succeeded/Failed); its IP may
+	// already belong to another pod.
+	Terminating bool
+	Ports       []Port
+}
+
+// Key is namespace/name.
+func (p *Pod) Key() types.NamespacedName {
+	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
+}
+
+// Addressable: the pod can be a peer (a member of selector sets): it has an IP of its own,
+// is not on the host network and is not going away.
+func (p *Pod) Addressable() bool {
+	return p.IP.IsValid() && !p.HostNetwork && !p.Terminating
+}
+
+// Namespace is what policy needs of a namespace.
+type Namespace struct {
+	Name   string
+	Labels map[string]string
+}
+
+// Endpoint is a pod wired on this node: its address and the host end of its veth.
+type Endpoint struct {
+	Pod       types.NamespacedName
+	IP        netip.Addr
+	Interface string
+}
+
+// State is everything Compile looks at.
+type State struct {
+	Pods       []*Pod
+	Namespaces []*Namespace
+	Policies   []*networkingv1.NetworkPolicy
+	// Endpoints are this node's pods with their veths; only these get chains.
+	Endpoints []Endpoint
+}
