@@ -134,6 +134,13 @@ func Compile(st State) *Ruleset {
 	c.rs.Chains = append(c.rs.Chains,
 		Chain{Name: ChainForward, Rules: []string{
 			established,
+			// A pod's TCP connection is tracked from its SYN only. When a policy starts
+			// denying an established connection its conntrack entry is deleted; without
+			// this, the peer's next segment would be picked up mid-stream as a NEW
+			// connection in the other direction, judged by other policies, and its
+			// tracking would let the denied direction through as replies.
+			fmt.Sprintf("-i %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths),
+			fmt.Sprintf("-o %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths),
 			fmt.Sprintf("-i %s -j %s", veths, ChainFromPod),
 			fmt.Sprintf("-o %s -j %s", veths, ChainToPod),
 		}},

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -82,9 +83,16 @@ func (e *evaluator) run(chain string, depth int) (string, error) {
 // match reads one rule of the vocabulary Compile writes and tells whether the packet matches.
 func (e *evaluator) match(rule string) (bool, string, error) {
 	args := splitArgs(rule)
-	matched, target := true, ""
+	matched, target, negate := true, "", false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
+		if a == "!" {
+			negate = true
+			continue
+		}
+		if negate && a != "--tcp-flags" {
+			return false, "", fmt.Errorf("negation of %s is not understood", a)
+		}
 		next := func() string {
 			i++
 			if i < len(args) {
@@ -104,8 +112,15 @@ func (e *evaluator) match(rule string) (bool, string, error) {
 		case "--comment":
 			next()
 		case "--ctstate":
-			next()
-			matched = false // a first packet is NEW
+			// A first packet is NEW.
+			v := next()
+			matched = matched && slices.Contains(strings.Split(v, ","), "NEW")
+		case "--tcp-flags":
+			// A connection's first TCP packet is a SYN: of FIN,SYN,RST,ACK only SYN is set.
+			mask, set := next(), next()
+			isSYN := mask == "FIN,SYN,RST,ACK" && set == "SYN"
+			matched = matched && isSYN != negate
+			negate = false
 		case "-i":
 			v := next()
 			matched = matched && ifaceMatch(v, e.p.InInterface)

@@ -34,6 +34,9 @@ type NodeNetworkStatus struct {
 	// Kernel is the kernel configuration the node's datapath relies on, as in effect.
 	// +optional
 	Kernel NodeKernelStatus `json:"kernel,omitzero"`
+	// NetworkPolicy is the state of NetworkPolicy enforcement on the node.
+	// +optional
+	NetworkPolicy NodePolicyStatus `json:"networkPolicy,omitzero"`
 	// Conditions: Ready.
 	// +listType=map
 	// +listMapKey=type
@@ -56,6 +59,30 @@ type NodeKernelStatus struct {
 	VXLANTXChecksumOffload *bool `json:"vxlanTXChecksumOffload,omitempty"`
 }
 
+// NodePolicyStatus is the state of NetworkPolicy enforcement on a node.
+type NodePolicyStatus struct {
+	// Enforced is true while the node's kernel holds every NetworkPolicy that applies to
+	// its pods (ClusterNetwork spec.networkPolicy.enabled and the last sync succeeded).
+	Enforced bool `json:"enforced"`
+	// Backend is the iptables backend the rules are written with (nft or legacy), the one
+	// the node already uses.
+	// +optional
+	Backend string `json:"backend,omitempty"`
+	// IsolatedPods counts the node's pods isolated for ingress and for egress.
+	// +optional
+	IsolatedPods PolicyDirections `json:"isolatedPods,omitzero"`
+	// Message says why policies are not enforced, or names policies the agent could not
+	// fully honour (those fail closed).
+	// +optional
+	Message string `json:"message,omitempty"`
+}
+
+// PolicyDirections counts by direction.
+type PolicyDirections struct {
+	Ingress int32 `json:"ingress"`
+	Egress  int32 `json:"egress"`
+}
+
 // NodeNetwork is one node's share of the pod network. It has the node's name and is owned
 // by the Node.
 // +kubebuilder:object:root=true
@@ -65,6 +92,7 @@ type NodeKernelStatus struct {
 // +kubebuilder:printcolumn:name="NodeIP",type=string,JSONPath=`.status.nodeIP`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.encapsulation`
 // +kubebuilder:printcolumn:name="MTU",type=integer,JSONPath=`.status.mtu`
+// +kubebuilder:printcolumn:name="Policy",type=boolean,JSONPath=`.status.networkPolicy.enforced`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeNetwork struct {

@@ -1,0 +1,102 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+// WiredPods lists the pods the CNI plugin wired on this node, from the kernel: the /32
+// route to each pod through its host veth (route protocol of the plugin). A restarted agent
+// knows its endpoints from this before any plugin call reaches it.
+func WiredPods() (map[netip.Addr]string, error) {
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4,
+		&netlink.Route{Protocol: veth.RouteProtocol, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("listing pod routes: %w", err)
+	}
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("listing links: %w", err)
+	}
+	names := map[int]string{}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, cnicontract.HostVethPrefix) {
+			names[l.Attrs().Index] = l.Attrs().Name
+		}
+	}
+	out := map[netip.Addr]string{}
+	for _, r := range routes {
+		if r.Dst == nil {
+			continue
+		}
+		ones, bits := r.Dst.Mask.Size()
+		ip, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok || ones != 32 || bits != 32 {
+			continue
+		}
+		if name := names[r.LinkIndex]; name != "" {
+			out[ip] = name
+		}
+	}
+	return out, nil
+}
+
+// conntrackFilter matches the tracked connections rs no longer allows.
+type conntrackFilter struct {
+	rs *Ruleset
+	// ifaces maps this node's pod addresses to their veths.
+	ifaces map[netip.Addr]string
+	err    error
+}
+
+var protocols = map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
+
+// MatchConntrackFlow: the filter table saw the original source and, after DNAT (a
+// Service), the reply's source as destination.
+func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	proto, ok := protocols[flow.Forward.Protocol]
+	if !ok {
+		return false
+	}
+	src, ok1 := netip.AddrFromSlice(flow.Forward.SrcIP.To4())
+	dst, ok2 := netip.AddrFromSlice(flow.Reverse.SrcIP.To4())
+	if !ok1 || !ok2 {
+		return false
+	}
+	in, out := f.ifaces[src], f.ifaces[dst]
+	if in == "" && out == "" {
+		return false // not a pod of this node: not ours to judge
+	}
+	if src == dst {
+		return false
+	}
+	allowed, err := f.rs.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: int(flow.Reverse.SrcPort), InInterface: in, OutInterface: out})
+	if err != nil {
+		f.err = err
+		return false
+	}
+	return !allowed
+}
+
+// DeleteDeniedConnections removes the conntrack entries of connections to or from this
+// node's pods that rs denies, so a new denial also stops established connections (their
+// next packet is NEW, and dropped). It returns how many it removed.
+func DeleteDeniedConnections(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error) {
+	f := &conntrackFilter{rs: rs, ifaces: ifaces}
+	n, err := netlinksafe.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
+	if err != nil {
+		return n, fmt.Errorf("deleting denied conntrack entries: %w", err)
+	}
+	if f.err != nil {
+		return n, fmt.Errorf("judging conntrack entries: %w", f.err)
+	}
+	return n, nil
+}

@@ -1,0 +1,104 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TrimPod is the agent's cache transform for pods: it keeps only what policy reads (name,
+// labels, node, host networking, container ports, phase, IPs, deletion), so the agent's
+// memory in a large cluster is a small fraction of the full objects'.
+func TrimPod(obj any) (any, error) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return obj, nil // a tombstone (cache.DeletedFinalStateUnknown) passes as is
+	}
+	out := &corev1.Pod{
+		TypeMeta: p.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{
+			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
+			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp,
+		},
+		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
+		Status: corev1.PodStatus{
+			Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
+		},
+	}
+	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+		var ports []corev1.ContainerPort
+		for _, cp := range c.Ports {
+			if cp.Name != "" { // only named ports matter: numbers come from the policy
+				ports = append(ports, corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol})
+			}
+		}
+		if len(ports) > 0 {
+			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
+		}
+	}
+	return out, nil
+}
+
+// TrimNamespace keeps a namespace's name and labels.
+func TrimNamespace(obj any) (any, error) {
+	n, ok := obj.(*corev1.Namespace)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Namespace{TypeMeta: n.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+	}}, nil
+}
+
+// TrimNetworkPolicy drops managed fields and annotations (a last-applied-configuration
+// copy can be larger than the policy itself).
+func TrimNetworkPolicy(obj any) (any, error) {
+	np, ok := obj.(*networkingv1.NetworkPolicy)
+	if !ok {
+		return obj, nil
+	}
+	np.ManagedFields, np.Annotations = nil, nil
+	return np, nil
+}
+
+// PodFrom converts a (trimmed) pod. Its IP is its first IPv4 address.
+func PodFrom(p *corev1.Pod) *Pod {
+	out := &Pod{
+		Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels, NodeName: p.Spec.NodeName,
+		HostNetwork: p.Spec.HostNetwork,
+		Terminating: p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
+	}
+	ips := []string{p.Status.PodIP}
+	for _, ip := range p.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	for _, s := range ips {
+		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+			out.IP = a
+			break
+		}
+	}
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			proto := cp.Protocol
+			if proto == "" {
+				proto = corev1.ProtocolTCP
+			}
+			out.Ports = append(out.Ports, Port{Name: cp.Name, Protocol: proto, Port: cp.ContainerPort})
+		}
+	}
+	return out
+}
+
+// NamespaceFrom converts a namespace.
+func NamespaceFrom(n *corev1.Namespace) *Namespace {
+	return &Namespace{Name: n.Name, Labels: n.Labels}
+}
+
+// String names a pod chain for people: namespace/pod and direction.
+func (pc PodChain) String() string {
+	return fmt.Sprintf("%s %s (%s)", pc.Pod, pc.Direction, pc.Chain)
+}
