@@ -1,0 +1,190 @@
+package policy
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/trellis-net/trellis/cni/policyhook"
+	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/scheme"
+)
+
+// recorder is an Applier that keeps what it was given.
+type recorder struct {
+	mu   sync.Mutex
+	last *Ruleset
+	n    int
+}
+
+func (r *recorder) Apply(rs *Ruleset) (bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last, r.n = rs, r.n+1
+	return true, nil
+}
+
+func (r *recorder) Remove() error { return nil }
+
+func (r *recorder) ruleset() *Ruleset {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
+
+func newEngine(t *testing.T, configure func(*Engine), objs ...client.Object) (*Engine, *recorder, client.Client) {
+	t.Helper()
+	s, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).Build()
+	rec := &recorder{}
+	e := &Engine{
+		Reader: c, NodeName: "node1", Applier: rec, Log: testr.New(t), SetupTimeout: 2 * time.Second,
+		Wired:        func() (map[netip.Addr]string, error) { return map[netip.Addr]string{}, nil },
+		DeleteDenied: func(*Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
+	}
+	if configure != nil {
+		configure(e)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return e, rec, c
+}
+
+func pod(ns, name, uid, node, ip string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid), Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c"}}},
+		Status:     corev1.PodStatus{Phase: corev1.PodPending, PodIP: ip},
+	}
+}
+
+// A new pod is announced by the plugin before the API server knows its IP: the hook
+// answers only once the pod's chain is in the applied Ruleset, with the announced address
+// in the sets of the policies that select it as a peer.
+func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}
+	deny := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deny-out"},
+		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}},
+	}
+	allowFromWeb := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}},
+		},
+	}
+	dbHere := func(e *Engine) {
+		e.Wired = func() (map[netip.Addr]string, error) { // db runs here; web-0 is being wired
+			return map[netip.Addr]string{netip.MustParseAddr("10.244.1.9"): "trldb"}, nil
+		}
+	}
+	e, rec, c := newEngine(t, dbHere, ns, deny, allowFromWeb, pod("shop", "db", "u-db", "node1", "10.244.1.9", map[string]string{"app": "db"}))
+
+	// The hook is served on a real socket and called by the plugin's own client.
+	sock := filepath.Join(t.TempDir(), "policy.sock")
+	srv := &HookServer{Socket: sock, Handle: e.EnsurePod, Timeout: 5 * time.Second, Log: testr.New(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = srv.Start(ctx) }()
+	waitFor(t, func() bool { return fileExists(sock) })
+
+	// The pod reaches the cache only after the plugin asked (as with a slow watch).
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = c.Create(context.Background(), pod("shop", "web-0", "u-web", "node1", "", map[string]string{"app": "web"}))
+	}()
+	start := time.Now()
+	err := policyhook.Notify(sock, 5*time.Second, cnicontract.PolicyRequest{
+		Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web-0", PodUID: "u-web", IP: "10.244.1.7", HostInterface: "trlweb0",
+	})
+	if err != nil {
+		t.Fatalf("the hook refused the pod: %v", err)
+	}
+	if time.Since(start) < 300*time.Millisecond {
+		t.Errorf("the hook answered after %v, before the pod was in the cache", time.Since(start))
+	}
+	rs := rec.ruleset()
+	if rs == nil {
+		t.Fatal("nothing applied")
+	}
+	allowed, err := rs.Allowed(Packet{Src: netip.MustParseAddr("10.244.1.7"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 5432, InInterface: "trlweb0", OutInterface: "trldb"})
+	if err != nil || allowed {
+		t.Errorf("web-0 -> db allowed=%v (%v) in the ruleset applied when the hook answered, want its default-deny egress in force\n%s", allowed, err, dump(rs))
+	}
+	inSet := false
+	for _, s := range rs.Sets {
+		if strings.Contains(s.Comment, "{app=web}") && len(s.Members) == 1 && s.Members[0] == "10.244.1.7" {
+			inSet = true
+		}
+	}
+	if !inSet {
+		t.Errorf("web-0's announced address is not in the app=web selector set\n%s", dump(rs))
+	}
+}
+
+// A pod that never reaches the cache is refused with the reason, within the setup timeout.
+func TestEnsurePodRefusesUnknownPod(t *testing.T) {
+	e, _, _ := newEngine(t, func(e *Engine) { e.SetupTimeout = 300 * time.Millisecond })
+	err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+		Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "ghost", PodUID: "u", IP: "10.244.1.8", HostInterface: "trlghost",
+	})
+	if err == nil || !strings.Contains(err.Error(), "did not reach the agent's cache") {
+		t.Fatalf("EnsurePod of a pod the API server doesn't have: %v", err)
+	}
+}
+
+// Requests that can't be honoured get an answer that says why.
+func TestHookRefusesBadRequests(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "policy.sock")
+	srv := &HookServer{Socket: sock, Timeout: time.Second, Log: testr.New(t),
+		Handle: func(context.Context, cnicontract.PolicyRequest) error { return nil }}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = srv.Start(ctx) }()
+	waitFor(t, func() bool { return fileExists(sock) })
+	err := policyhook.Notify(sock, time.Second, cnicontract.PolicyRequest{Op: "add", Namespace: "shop", Pod: "web"})
+	if err == nil || !strings.Contains(err.Error(), "lacks") {
+		t.Errorf("request without ip and interface: %v", err)
+	}
+	err = policyhook.Notify(sock, time.Second, cnicontract.PolicyRequest{Op: "remove", Namespace: "shop", Pod: "web", IP: "10.0.0.1", HostInterface: "trlx"})
+	if err == nil || !strings.Contains(err.Error(), "unknown operation") {
+		t.Errorf("unknown op: %v", err)
+	}
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
