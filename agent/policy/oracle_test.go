@@ -1,0 +1,218 @@
+package policy
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/mattfenwick/cyclonus/pkg/connectivity"
+	cprobe "github.com/mattfenwick/cyclonus/pkg/connectivity/probe"
+	"github.com/mattfenwick/cyclonus/pkg/generator"
+	"github.com/mattfenwick/cyclonus/pkg/kube"
+	"github.com/sirupsen/logrus"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// compiledKube is cyclonus's in-memory cluster whose "probes" are answered by Compile and
+// the Ruleset evaluator instead of a network: every pod is on this node. cyclonus's
+// interpreter replays each generated case against it and compares every probe with its own
+// model of NetworkPolicy (the oracle, code nobody here wrote). The real-kernel, real-cluster
+// run of the same cases is test/conformance; this one checks the compile step alone, in
+// milliseconds, for every case.
+type compiledKube struct {
+	*kube.MockKubernetes
+	mu       sync.Mutex
+	gen, at  int
+	compiled *Ruleset
+	ifaces   map[netip.Addr]string
+}
+
+func (k *compiledKube) changed() {
+	k.mu.Lock()
+	k.gen++
+	k.mu.Unlock()
+}
+
+// defaulted applies the API server's defaulting of policyTypes (the oracle needs it too).
+func defaulted(np *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
+	if len(np.Spec.PolicyTypes) == 0 {
+		np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+		if len(np.Spec.Egress) > 0 {
+			np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+		}
+	}
+	return np
+}
+
+func (k *compiledKube) CreateNetworkPolicy(np *networkingv1.NetworkPolicy) (*networkingv1.NetworkPolicy, error) {
+	defer k.changed()
+	return k.MockKubernetes.CreateNetworkPolicy(defaulted(np))
+}
+
+func (k *compiledKube) UpdateNetworkPolicy(np *networkingv1.NetworkPolicy) (*networkingv1.NetworkPolicy, error) {
+	defer k.changed()
+	return k.MockKubernetes.UpdateNetworkPolicy(defaulted(np))
+}
+
+func (k *compiledKube) DeleteNetworkPolicy(ns, name string) error {
+	defer k.changed()
+	return k.MockKubernetes.DeleteNetworkPolicy(ns, name)
+}
+
+func (k *compiledKube) DeleteAllNetworkPoliciesInNamespace(ns string) error {
+	defer k.changed()
+	return k.MockKubernetes.DeleteAllNetworkPoliciesInNamespace(ns)
+}
+
+func (k *compiledKube) CreateNamespace(ns *corev1.Namespace) (*corev1.Namespace, error) {
+	defer k.changed()
+	return k.MockKubernetes.CreateNamespace(ns)
+}
+
+// SetNamespaceLabels stores the labels: cyclonus's mock (v0.5.6) returns them without
+// keeping them, which its own simulation never notices.
+func (k *compiledKube) SetNamespaceLabels(ns string, labels map[string]string) (*corev1.Namespace, error) {
+	defer k.changed()
+	obj, ok := k.Namespaces[ns]
+	if !ok {
+		return nil, fmt.Errorf("namespace %s not found", ns)
+	}
+	obj.NamespaceObject.Labels = maps.Clone(labels)
+	return k.GetNamespace(ns)
+}
+
+func (k *compiledKube) DeleteNamespace(ns string) error {
+	defer k.changed()
+	return k.MockKubernetes.DeleteNamespace(ns)
+}
+
+func (k *compiledKube) CreatePod(p *corev1.Pod) (*corev1.Pod, error) {
+	defer k.changed()
+	return k.MockKubernetes.CreatePod(p)
+}
+
+func (k *compiledKube) SetPodLabels(ns, pod string, labels map[string]string) (*corev1.Pod, error) {
+	defer k.changed()
+	return k.MockKubernetes.SetPodLabels(ns, pod, labels)
+}
+
+func (k *compiledKube) DeletePod(ns, pod string) error {
+	defer k.changed()
+	return k.MockKubernetes.DeletePod(ns, pod)
+}
+
+// ruleset compiles the mock cluster's current state, once per change.
+func (k *compiledKube) ruleset() (*Ruleset, map[netip.Addr]string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.compiled != nil && k.at == k.gen {
+		return k.compiled, k.ifaces
+	}
+	st := State{}
+	k.ifaces = map[netip.Addr]string{}
+	for name, ns := range k.Namespaces {
+		obj, _ := k.GetNamespace(name) // with kubernetes.io/metadata.name, as the API server sets it
+		st.Namespaces = append(st.Namespaces, NamespaceFrom(obj))
+		for _, np := range ns.Netpols {
+			st.Policies = append(st.Policies, np)
+		}
+		for _, p := range ns.Pods {
+			pod := PodFrom(p)
+			pod.NodeName = "node1"
+			st.Pods = append(st.Pods, pod)
+			iface := "trl" + pod.Namespace + pod.Name
+			st.Endpoints = append(st.Endpoints, Endpoint{Pod: pod.Key(), IP: pod.IP, Interface: iface})
+			k.ifaces[pod.IP] = iface
+		}
+	}
+	k.compiled, k.at = Compile(st), k.gen
+	return k.compiled, k.ifaces
+}
+
+// ExecuteRemoteCommand answers `/agnhost connect HOST:PORT --timeout=.. --protocol=P` run
+// in namespace/pod by evaluating the compiled rules.
+func (k *compiledKube) ExecuteRemoteCommand(namespace, pod, container string, command []string) (string, string, error, error) {
+	if len(command) < 3 || command[1] != "connect" {
+		return "", "", nil, fmt.Errorf("unexpected probe command %q", command)
+	}
+	host, port, err := net.SplitHostPort(command[2])
+	if err != nil {
+		return "", "", nil, err
+	}
+	proto := "tcp"
+	for _, a := range command[3:] {
+		if v, ok := strings.CutPrefix(a, "--protocol="); ok {
+			proto = v
+		}
+	}
+	dst, err := netip.ParseAddr(host)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("probe target %q is not a pod IP (set the probe mode to pod IP)", host)
+	}
+	dport, _ := strconv.Atoi(port)
+	from, err := k.GetPod(namespace, pod)
+	if err != nil {
+		return "", "", nil, err
+	}
+	src := netip.MustParseAddr(from.Status.PodIP)
+	rs, ifaces := k.ruleset()
+	allowed, err := rs.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: dport, InInterface: ifaces[src], OutInterface: ifaces[dst]})
+	if err != nil {
+		return "", "", nil, err
+	}
+	if !allowed {
+		return "", "TIMEOUT", fmt.Errorf("blocked"), nil
+	}
+	return "", "", nil, nil
+}
+
+// Every case cyclonus generates, judged by cyclonus's own model of NetworkPolicy.
+func TestCompileAgainstCyclonus(t *testing.T) {
+	logrus.SetLevel(logrus.WarnLevel)
+	k := &compiledKube{MockKubernetes: kube.NewMockKubernetes(1.0)}
+	namespaces, pods := []string{"x", "y", "z"}, []string{"a", "b", "c"}
+	protocols := []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
+	resources, err := cprobe.NewDefaultResources(k, namespaces, pods, []int{80, 81}, protocols, nil, 5, false, "registry.k8s.io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	zc, err := resources.GetPod("z", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	interpreter := connectivity.NewInterpreter(k, resources, &connectivity.InterpreterConfig{
+		ResetClusterBeforeTestCase: true, IgnoreLoopback: true, JobTimeoutSeconds: 1,
+	})
+	cases := generator.NewTestCaseGenerator(false, zc.IP, namespaces, nil, nil).GenerateAllTestCases()
+	if len(cases) < 200 {
+		t.Fatalf("cyclonus generated only %d cases", len(cases))
+	}
+	failed := 0
+	for i, tc := range cases {
+		for _, step := range tc.Steps {
+			step.Probe.Mode = generator.ProbeModePodIP
+		}
+		res := interpreter.ExecuteTestCase(tc)
+		if res.Err != nil {
+			t.Errorf("case %d %q: %v", i, tc.Description, res.Err)
+			continue
+		}
+		if !res.Passed(true) {
+			failed++
+			var b strings.Builder
+			for s, step := range res.Steps {
+				if !step.Passed(true) {
+					fmt.Fprintf(&b, "step %d:\n%s\n", s+1, step.LastComparison().RenderSuccessTable())
+				}
+			}
+			t.Errorf("case %d %q (tags %v) differs from the oracle:\n%s", i, tc.Description, tc.Tags.Keys(), b.String())
+		}
+	}
+	t.Logf("%d cases, %d differ from the oracle", len(cases), failed)
+}
