@@ -161,18 +161,23 @@ func Compile(st State) *Ruleset {
 }
 
 type compiler struct {
-	rs         *Ruleset
-	pods       map[types.NamespacedName]*Pod
-	addressed  []*Pod // addressable pods, sorted by key
-	namespaces map[string]*Namespace
-	policies   []*networkingv1.NetworkPolicy
-	sets       map[string]*Set
+	rs          *Ruleset
+	pods        map[types.NamespacedName]*Pod
+	addressed   []*Pod            // addressable pods, sorted by key
+	byNamespace map[string][]*Pod // addressable pods by namespace, sorted by name
+	setNames    map[string]string // set content key -> name
+	// podSelectors: each policy's spec.podSelector, parsed once (nil when invalid).
+	podSelectors map[*networkingv1.NetworkPolicy]labels.Selector
+	namespaces   map[string]*Namespace
+	policies     []*networkingv1.NetworkPolicy
+	sets         map[string]*Set
 }
 
 func newCompiler(st State) *compiler {
 	c := &compiler{
 		rs: &Ruleset{}, pods: map[types.NamespacedName]*Pod{}, namespaces: map[string]*Namespace{},
-		sets: map[string]*Set{},
+		sets: map[string]*Set{}, byNamespace: map[string][]*Pod{}, setNames: map[string]string{},
+		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{},
 	}
 	for _, p := range st.Pods {
 		c.pods[p.Key()] = p
@@ -184,6 +189,9 @@ func newCompiler(st State) *compiler {
 		a, b := c.addressed[i], c.addressed[j]
 		return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
 	})
+	for _, p := range c.addressed {
+		c.byNamespace[p.Namespace] = append(c.byNamespace[p.Namespace], p)
+	}
 	for _, n := range st.Namespaces {
 		c.namespaces[n.Name] = n
 	}
@@ -204,9 +212,15 @@ func (c *compiler) selecting(pod *Pod) (ingress, egress []*networkingv1.NetworkP
 		if np.Namespace != pod.Namespace {
 			continue
 		}
-		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
-		if err != nil {
-			c.problem(np, "spec.podSelector: %v", err)
+		sel, ok := c.podSelectors[np]
+		if !ok {
+			var err error
+			if sel, err = metav1.LabelSelectorAsSelector(&np.Spec.PodSelector); err != nil {
+				c.problem(np, "spec.podSelector: %v", err)
+			}
+			c.podSelectors[np] = sel
+		}
+		if sel == nil {
 			continue
 		}
 		if !sel.Matches(labels.Set(pod.Labels)) {
@@ -343,25 +357,34 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 			return "", false
 		}
 	}
-	var key, comment string
+	key := "pods|ns=" + np.Namespace + "|" + podSel.String()
+	if nsSel != nil {
+		key = "pods|nssel=" + nsSel.String() + "|" + podSel.String()
+	}
+	if name, ok := c.setNames[key]; ok { // the same selector in another rule or policy
+		return fmt.Sprintf("-m set --match-set %s %s", name, dir), true
+	}
+	var comment string
 	var members []string
 	if nsSel == nil { // pods of the policy's own namespace
-		key = "pods|ns=" + np.Namespace + "|" + podSel.String()
 		comment = fmt.Sprintf("pods of namespace %s matching {%s}", np.Namespace, podSel)
-		for _, p := range c.addressed {
-			if p.Namespace == np.Namespace && podSel.Matches(labels.Set(p.Labels)) {
+		for _, p := range c.byNamespace[np.Namespace] {
+			if podSel.Matches(labels.Set(p.Labels)) {
 				members = append(members, p.IP.String())
 			}
 		}
 	} else {
-		key = "pods|nssel=" + nsSel.String() + "|" + podSel.String()
 		comment = fmt.Sprintf("pods matching {%s} in namespaces matching {%s}", podSel, nsSel)
-		for _, p := range c.addressed {
-			ns := c.namespaces[p.Namespace]
-			if ns == nil || !nsSel.Matches(labels.Set(ns.Labels)) || !podSel.Matches(labels.Set(p.Labels)) {
+		for _, ns := range sortedKeys(c.byNamespace) {
+			n := c.namespaces[ns]
+			if n == nil || !nsSel.Matches(labels.Set(n.Labels)) {
 				continue
 			}
-			members = append(members, p.IP.String())
+			for _, p := range c.byNamespace[ns] {
+				if podSel.Matches(labels.Set(p.Labels)) {
+					members = append(members, p.IP.String())
+				}
+			}
 		}
 	}
 	return fmt.Sprintf("-m set --match-set %s %s", c.set(key, SetIP, members, comment), dir), true
@@ -442,6 +465,10 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 		}
 		return nil // the pod has no such port: the rule allows nothing here
 	}
+	key := "port|" + name + "|" + p
+	if set, ok := c.setNames[key]; ok {
+		return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
+	}
 	var members []string
 	for _, peer := range c.addressed {
 		for _, cp := range peer.Ports {
@@ -450,13 +477,14 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 			}
 		}
 	}
-	set := c.set("port|"+name+"|"+p, SetIPPort, members, fmt.Sprintf("pods with a %s port named %s", proto, name))
+	set := c.set(key, SetIPPort, members, fmt.Sprintf("pods with a %s port named %s", proto, name))
 	return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
 }
 
 // set registers a set by its content key and returns its name.
 func (c *compiler) set(key string, typ SetType, members []string, comment string) string {
 	name := setPrefix + hashName(key, 20)
+	c.setNames[key] = name
 	if _, ok := c.sets[name]; !ok {
 		m := slices.Clone(members)
 		slices.Sort(m)

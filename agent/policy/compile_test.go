@@ -328,3 +328,5 @@ COMMIT
 		t.Errorf("DropCounts = %v, want the per-pod chains' DROP counters only", got)
 	}
 }
+
+func intstrName(n string) intstr.IntOrString { return intstr.FromString(n) }
