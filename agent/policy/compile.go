@@ -286,7 +286,10 @@ func (c *compiler) podRules(pod *Pod, ep Endpoint, policies []*networkingv1.Netw
 			}
 			for _, pm := range peerMatches {
 				for _, port := range portMatches {
-					r := strings.TrimSpace(pm+" "+port) + " -j RETURN"
+					// In the order iptables-save prints a rule (protocol before the
+					// matches), so the kernel's copy reads back identical.
+					proto, rest := splitProtocol(port)
+					r := strings.Join(slices.DeleteFunc([]string{proto, pm, rest, "-j RETURN"}, func(s string) bool { return s == "" }), " ")
 					if r == "-j RETURN" {
 						r = fmt.Sprintf("-m comment --comment \"trellis: %s allows all\" -j RETURN", where)
 					}
@@ -299,6 +302,18 @@ func (c *compiler) podRules(pod *Pod, ep Endpoint, policies []*networkingv1.Netw
 		}
 	}
 	return append(rules, fmt.Sprintf("-m comment --comment \"trellis: %s of %s/%s not allowed by policy\" -j DROP", dir, pod.Namespace, pod.Name))
+}
+
+// splitProtocol splits a port match into its "-p proto" and the rest.
+func splitProtocol(match string) (proto, rest string) {
+	if !strings.HasPrefix(match, "-p ") {
+		return "", match
+	}
+	f := strings.SplitN(match, " ", 3)
+	if len(f) < 3 {
+		return match, ""
+	}
+	return f[0] + " " + f[1], f[2]
 }
 
 func peersField(dir Direction) string {
