@@ -40,14 +40,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/test/testenv"
-)
-
-const (
-	// CRIToolsVersion is the sigs.k8s.io/cri-tools release crictl is built from.
-	CRIToolsVersion = "v1.37.0"
-	// CNIPluginsVersion is the github.com/containernetworking/plugins release of the
-	// reference plugins (ptp, bridge, host-local, portmap, loopback).
-	CNIPluginsVersion = "v1.10.0"
+	"github.com/trellis-net/trellis/test/versions"
 )
 
 // crictlTimeout bounds one crictl call (runp and stopp take 1–2 s on a loaded machine).
@@ -61,7 +54,11 @@ func ToolsDir() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("finding the runtime test tools: %w", err)
 	}
-	dir := filepath.Join(cache, "tools", "cri-tools-"+CRIToolsVersion+"_cni-plugins-"+CNIPluginsVersion)
+	v, err := versions.Load()
+	if err != nil {
+		return "", fmt.Errorf("finding the runtime test tools: %w", err)
+	}
+	dir := v.RuntimeToolsDir(cache)
 	for _, b := range []string{"crictl", "ptp", "bridge", "host-local", "portmap", "loopback"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			return "", fmt.Errorf("runtime tests need %s in %s (%w): run hack/build-runtime-tools.sh or `make test`, which builds it", b, dir, err)

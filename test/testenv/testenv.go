@@ -10,10 +10,9 @@ import (
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-)
 
-// K8sVersion is the Kubernetes release the tests run against.
-const K8sVersion = "v1.37.2"
+	"github.com/trellis-net/trellis/test/versions"
+)
 
 // RepoRoot is the repository's top directory.
 func RepoRoot() string {
@@ -39,7 +38,8 @@ func CacheDir() (string, error) {
 }
 
 // AssetsDir is where kube-apiserver and etcd are: $KUBEBUILDER_ASSETS, else the cache
-// hack/build-k8s.sh fills. It fails, saying how to fix it, when they are not there.
+// hack/build-k8s.sh fills for the K8S_VERSION of hack/versions.env. It fails, saying how
+// to fix it, when they are not there.
 func AssetsDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
@@ -47,7 +47,11 @@ func AssetsDir() (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("finding the k8s binaries: %w", err)
 		}
-		dir = filepath.Join(cache, "k8s", K8sVersion)
+		v, err := versions.Load()
+		if err != nil {
+			return "", fmt.Errorf("finding the k8s binaries: %w", err)
+		}
+		dir = v.KubernetesDir(cache)
 	}
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {

@@ -15,10 +15,11 @@ const (
 	// (test/runtime/cmd/pause) that holds the pod's namespaces and reaps children.
 	PauseImage = "registry.k8s.io/pause:3.10.2"
 	// AgnhostImage is agnhost built from k8s.io/kubernetes (hack/build-agnhost.sh) under
-	// its upstream name and the tag the v1.37.2 e2e framework uses, so e2e-style manifests
-	// run unchanged; the binary is /agnhost, as upstream.
+	// its upstream name and the tag the e2e framework of K8S_VERSION (hack/versions.env)
+	// uses, so e2e-style manifests run unchanged; the binary is /agnhost, as upstream.
 	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:" + AgnhostVersion
-	// AgnhostVersion must equal test/images/agnhost/VERSION of the Kubernetes release.
+	// AgnhostVersion must equal test/images/agnhost/VERSION of the Kubernetes release
+	// (Build checks it against what hack/build-agnhost.sh built).
 	AgnhostVersion = "2.66.1"
 	// TrellisVersion is the version the binaries report and the tag of TrellisImage; it is
 	// what config/manager's kustomization pins, so `kubectl apply -k config/default`
