@@ -7,10 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"testing"
 
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/test/versions"
 )
 
@@ -77,4 +80,42 @@ func Start() (*envtest.Environment, *rest.Config, error) {
 		return nil, nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", dir, err)
 	}
 	return env, cfg, nil
+}
+
+// NewClient returns a client of the control plane at cfg with the scheme the operator and
+// the agent use (internal/scheme: the built-in types and the Trellis API).
+func NewClient(cfg *rest.Config) (client.Client, error) {
+	s, err := scheme.New()
+	if err != nil {
+		return nil, fmt.Errorf("building the scheme: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		return nil, fmt.Errorf("creating a client of %s: %w", cfg.Host, err)
+	}
+	return c, nil
+}
+
+// Run is the TestMain of a package whose tests share one control plane: it starts it,
+// hands its config and a client (NewClient; c.Scheme() is the shared scheme) to setup,
+// runs the tests and stops it. It returns the exit code for os.Exit; a control plane that
+// does not start fails the package with the reason.
+func Run(m *testing.M, setup func(cfg *rest.Config, c client.Client)) int {
+	env, cfg, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the test control plane:", err)
+		}
+	}()
+	c, err := NewClient(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	setup(cfg, c)
+	return m.Run()
 }
