@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 )
 
@@ -76,7 +77,7 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 	if src.Trellis {
 		pkgs = append(pkgs, "./cmd/manager", "./cmd/agent", "./cmd/cni")
 	}
-	if err := goBuild(ctx, src.ModuleRoot, binDir, pkgs); err != nil {
+	if err := GoBuild(ctx, src.ModuleRoot, binDir, pkgs); err != nil {
 		return "", false, err
 	}
 	specs := []Spec{
@@ -118,12 +119,12 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 	return Archive(src.CacheDir, specs)
 }
 
-// goBuild builds pkgs of the module at root as static binaries into dir (named after
-// each package's last path element), with the version the Makefile stamps.
-func goBuild(ctx context.Context, root, dir string, pkgs []string) error {
-	goBin, err := exec.LookPath("go")
+// GoBuild builds pkgs of the module at root as static linux binaries into dir (named
+// after each package's last path element), with the version the Makefile stamps.
+func GoBuild(ctx context.Context, root, dir string, pkgs []string) error {
+	goBin, err := goCommand()
 	if err != nil {
-		return fmt.Errorf("the go command builds the images' binaries: put /usr/local/go/bin on PATH (%w)", err)
+		return err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
@@ -143,4 +144,17 @@ func goBuild(ctx context.Context, root, dir string, pkgs []string) error {
 		}
 	}
 	return fmt.Errorf("go build %s in %s: %w\n%s", strings.Join(pkgs, " "), root, err, out)
+}
+
+// goCommand finds the go command: on PATH, else the toolchain this program was built with
+// (a test binary run without /usr/local/go/bin on PATH).
+func goCommand() (string, error) {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p, nil
+	}
+	p := filepath.Join(goruntime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("the go command builds the images' binaries: put /usr/local/go/bin on PATH (%w)", err)
+	}
+	return p, nil
 }
