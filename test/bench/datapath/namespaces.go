@@ -64,20 +64,20 @@ func ipIn(ctx context.Context, netns string, args ...string) error {
 // ipBatch runs the ip commands of script (one per line, without "ip") in netns with a
 // single `ip -batch`.
 func ipBatch(ctx context.Context, netns string, script []string) error {
-	cmd := exec.CommandContext(ctx, "ip", "-n", netns, "-batch", "-")
-	cmd.Stdin = strings.NewReader(strings.Join(script, "\n") + "\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ip -n %s -batch (%s): %w: %s", netns, strings.Join(script, "; "), err, benchrun.FirstLines(out, 5))
-	}
-	return nil
+	return batchIn(ctx, "ip", netns, script)
 }
 
 // bridgeBatch runs the bridge commands of script in netns with a single `bridge -batch`.
 func bridgeBatch(ctx context.Context, netns string, script []string) error {
-	cmd := exec.CommandContext(ctx, "bridge", "-n", netns, "-batch", "-")
+	return batchIn(ctx, "bridge", netns, script)
+}
+
+// batchIn runs `tool -n netns -batch -` (ip and bridge take the same options) on script.
+func batchIn(ctx context.Context, tool, netns string, script []string) error {
+	cmd := exec.CommandContext(ctx, tool, "-n", netns, "-batch", "-")
 	cmd.Stdin = strings.NewReader(strings.Join(script, "\n") + "\n")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("bridge -n %s -batch (%s): %w: %s", netns, strings.Join(script, "; "), err, benchrun.FirstLines(out, 5))
+		return fmt.Errorf("%s -n %s -batch (%s): %w: %s", tool, netns, strings.Join(script, "; "), err, benchrun.FirstLines(out, 5))
 	}
 	return nil
 }
