@@ -18,15 +18,7 @@ import (
 )
 
 func TestReleasesOnlyLeaks(t *testing.T) {
-	env, cfg, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	k8s, err := testenv.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k8s := testenv.StartForTest(t)
 	ctx := context.Background()
 	pod := func(name, node string) *corev1.Pod {
 		p := &corev1.Pod{

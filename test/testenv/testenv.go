@@ -96,6 +96,26 @@ func NewClient(cfg *rest.Config) (client.Client, error) {
 	return c, nil
 }
 
+// StartForTest starts a control plane for t alone, stopped when t ends, and returns a
+// client of it (NewClient). It fails t when the control plane does not start.
+func StartForTest(t testing.TB) client.Client {
+	t.Helper()
+	env, cfg, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Logf("stopping the test control plane: %v", err)
+		}
+	})
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // Run is the TestMain of a package whose tests share one control plane: it starts it,
 // hands its config and a client (NewClient; c.Scheme() is the shared scheme) to setup,
 // runs the tests and stops it. It returns the exit code for os.Exit; a control plane that
