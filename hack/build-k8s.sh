@@ -43,10 +43,7 @@ if [[ ! -x "${BIN_DIR}/etcd" ]]; then
 fi
 
 # --- Kubernetes ----------------------------------------------------------------------------
-missing=()
-for b in "${K8S_CMDS[@]}"; do
-  [[ -x "${BIN_DIR}/${b}" ]] || missing+=("${b}")
-done
+mapfile -t missing < <(missing_in "${BIN_DIR}" "${K8S_CMDS[@]}")
 if ((${#missing[@]})); then
   log "building ${missing[*]} ${K8S_VERSION} (about 25 minutes cold on 2 cores, seconds warm)"
   cd "${WORK_DIR}"

@@ -21,7 +21,7 @@ CNI_WORK_DIR="${CACHE_ROOT}/build/cni-plugins-${CNI_PLUGINS_VERSION}"
 
 CNI_PLUGINS=(plugins/main/ptp plugins/main/bridge plugins/ipam/host-local plugins/meta/portmap plugins/main/loopback)
 
-have_all() { have_files "${BIN_DIR}" crictl "${CNI_PLUGINS[@]##*/}"; }
+have_all() { have_files "${BIN_DIR}" crictl "${CNI_PLUGINS[@]}"; }
 
 if have_all; then
   echo "${BIN_DIR}"
@@ -52,10 +52,7 @@ build_in() {
 }
 
 # --- reference CNI plugins ---------------------------------------------------------------
-missing=()
-for p in "${CNI_PLUGINS[@]}"; do
-  [[ -x "${BIN_DIR}/${p##*/}" ]] || missing+=("${p}")
-done
+mapfile -t missing < <(missing_in "${BIN_DIR}" "${CNI_PLUGINS[@]}")
 if ((${#missing[@]})); then
   log "building CNI plugins ${CNI_PLUGINS_VERSION}: ${missing[*]##*/} (under a minute cold)"
   build_in "${CNI_WORK_DIR}" github.com/containernetworking/plugins "${CNI_PLUGINS_VERSION}" \

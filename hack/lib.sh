@@ -22,14 +22,18 @@ CACHE_ROOT="${TRELLIS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trellis}"
 # the directory each script prints).
 log() { echo "$(basename "$0" .sh): $*" >&2; }
 
-# have_files DIR FILE... — true when DIR holds every FILE (not empty).
-have_files() {
-  local dir="$1" f
+# missing_in DIR ITEM... — prints, one a line, each ITEM whose last path element is not a
+# non-empty file in DIR (ITEMs may be package paths: plugins/main/ptp is DIR/ptp).
+missing_in() {
+  local dir="$1" item
   shift
-  for f in "$@"; do
-    [[ -s "${dir}/${f}" ]] || return 1
+  for item in "$@"; do
+    [[ -s "${dir}/${item##*/}" ]] || echo "${item}"
   done
 }
+
+# have_files DIR ITEM... — true when DIR holds every ITEM (missing_in prints nothing).
+have_files() { [[ -z "$(missing_in "$@")" ]]; }
 
 # prepare_go_build — checks for go and sets the environment of the throwaway-module builds:
 # static binaries, and -mod=mod because the module cache must stay the default one, outside
