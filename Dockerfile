@@ -9,10 +9,11 @@ COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/trellis-net/trellis/internal/version.Version=${VERSION}" \
       -o /out/ ./cmd/manager ./cmd/agent ./cmd/cni \
  && mv /out/manager /out/trellis-operator && mv /out/agent /out/trellis-agent && mv /out/cni /out/trellis
-# The reference plugins the agent installs beside trellis: portmap (hostPort) and loopback.
-RUN CGO_ENABLED=0 GOBIN=/out/cni go install -trimpath \
-      github.com/containernetworking/plugins/plugins/meta/portmap@v1.10.0 \
-      github.com/containernetworking/plugins/plugins/main/loopback@v1.10.0
+# The reference plugins the agent installs beside trellis: portmap (hostPort) and loopback,
+# of the release the tests run (CNI_PLUGINS_VERSION in hack/versions.env).
+RUN . hack/versions.env && CGO_ENABLED=0 GOBIN=/out/cni go install -trimpath \
+      "github.com/containernetworking/plugins/plugins/meta/portmap@${CNI_PLUGINS_VERSION}" \
+      "github.com/containernetworking/plugins/plugins/main/loopback@${CNI_PLUGINS_VERSION}"
 
 FROM debian:bookworm-slim
 # iptables/ipset userspace for the agent's masquerade and NetworkPolicy rules.

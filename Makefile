@@ -2,7 +2,12 @@
 
 VERSION ?= v0.1.0
 IMG ?= ghcr.io/trellis-net/trellis:$(VERSION)
-K8S_VERSION ?= v1.37.2
+# K8S_VERSION, ETCD_VERSION ... come from hack/versions.env, the one place that names them;
+# as in the hack/ scripts, a non-empty value from the environment or the command line wins.
+define version_from_file # KEY=value
+$(firstword $(subst =, ,$(1))) := $(or $($(firstword $(subst =, ,$(1)))),$(lastword $(subst =, ,$(1))))
+endef
+$(foreach kv,$(shell grep -E '^[A-Z][A-Z0-9_]*=' hack/versions.env),$(eval $(call version_from_file,$(kv))))
 # Caches live outside the repository so a warm machine (and CI on it) is fast.
 TRELLIS_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/trellis
 export TRELLIS_CACHE

@@ -2,15 +2,12 @@ package controllers_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap/zapcore"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -19,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
 	"github.com/trellis-net/trellis/test/testenv"
 )
@@ -27,40 +23,22 @@ import (
 const defaultImage = "registry.example/trellis:v0.1.0"
 
 var (
-	cfg    *rest.Config
-	k8s    client.Client
-	scheme = runtime.NewScheme()
+	cfg *rest.Config
+	k8s client.Client
 	// clockOffset moves the operator's clock forward (progress deadline tests).
 	clockOffset atomic.Int64
 )
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true), zap.Level(zapLevel())))
-	_ = clientgoscheme.AddToScheme(scheme)
-	_ = v1alpha1.AddToScheme(scheme)
-	env, c, err := testenv.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		os.Exit(1)
-	}
-	cfg = c
-	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stopping the test control plane:", err)
-	}
-	os.Exit(code)
+	os.Exit(testenv.Run(m, func(c *rest.Config, cl client.Client) { cfg, k8s = c, cl }))
 }
 
 // startOperator runs the real manager, wired as cmd/manager wires it, until stop is called.
 func startOperator(t *testing.T) (stop func()) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:                 scheme,
+		Scheme:                 k8s.Scheme(),
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
 		Cache:                  controllers.CacheOptions(),

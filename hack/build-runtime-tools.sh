@@ -8,72 +8,51 @@
 # containerd and runc themselves come from Debian (hack/install-deps.sh).
 #
 # Prints the directory holding the binaries on stdout (last line); progress goes to stderr.
+#
+# Versions: CRI_TOOLS_VERSION and CNI_PLUGINS_VERSION of hack/versions.env (the
+# environment's win).
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-CRI_TOOLS_VERSION="${CRI_TOOLS_VERSION:-v1.37.0}"
-CNI_PLUGINS_VERSION="${CNI_PLUGINS_VERSION:-v1.10.0}"
-CACHE_ROOT="${TRELLIS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trellis}"
-# test/runtime derives the same path from the same versions: keep them in step.
+# test/runtime and test/cluster derive the same path from the same versions (test/versions).
 BIN_DIR="${CACHE_ROOT}/tools/cri-tools-${CRI_TOOLS_VERSION}_cni-plugins-${CNI_PLUGINS_VERSION}"
 CRI_WORK_DIR="${CACHE_ROOT}/build/cri-tools-${CRI_TOOLS_VERSION}"
 CNI_WORK_DIR="${CACHE_ROOT}/build/cni-plugins-${CNI_PLUGINS_VERSION}"
 
 CNI_PLUGINS=(plugins/main/ptp plugins/main/bridge plugins/ipam/host-local plugins/meta/portmap plugins/main/loopback)
 
-log() { echo "build-runtime-tools: $*" >&2; }
-
-have_all() {
-  [[ -x "${BIN_DIR}/crictl" ]] || return 1
-  for p in "${CNI_PLUGINS[@]}"; do
-    [[ -x "${BIN_DIR}/${p##*/}" ]] || return 1
-  done
-}
+have_all() { have_files "${BIN_DIR}" crictl "${CNI_PLUGINS[@]}"; }
 
 if have_all; then
   echo "${BIN_DIR}"
   exit 0
 fi
 
-command -v go >/dev/null || { log "go is not on PATH (expected /usr/local/go/bin)"; exit 1; }
+prepare_go_build
 mkdir -p "${BIN_DIR}"
-export GOFLAGS="${GOFLAGS:-} -mod=mod"
-export CGO_ENABLED=0
 
 # build_in MODULE_DIR MODULE VERSION LDFLAGS PKG... — builds PKGs of MODULE@VERSION from a
 # throwaway module in MODULE_DIR into BIN_DIR (each binary named after its package's last
 # element), with LDFLAGS added to "-s -w".
-# The module cache stays the default one, outside MODULE_DIR (one inside breaks `go mod tidy`).
 build_in() {
   local dir="$1" module="$2" version="$3" ldflags="$4"
   shift 4
   mkdir -p "${dir}"
   cd "${dir}"
   [[ -f go.mod ]] || go mod init "trellis.local/$(basename "${dir}")-build" >/dev/null 2>&1
-  {
-    echo "//go:build tools"
-    echo
-    echo "package tools"
-    echo
-    echo "import ("
-    for p in "$@"; do echo "	_ \"${module}/${p}\""; done
-    echo ")"
-  } > tools.go
+  local pkgs=("${@/#/${module}/}")
+  write_tools_go "${pkgs[@]}"
   go get "${module}@${version}" >&2
   go mod tidy >&2
   local tmp="${BIN_DIR}/.tmp"
   rm -rf "${tmp}"; mkdir -p "${tmp}"
-  local pkgs=()
-  for p in "$@"; do pkgs+=("${module}/${p}"); done
   go build -trimpath -ldflags "-s -w ${ldflags}" -o "${tmp}/" "${pkgs[@]}" >&2
   for p in "$@"; do mv "${tmp}/${p##*/}" "${BIN_DIR}/${p##*/}"; done
   rmdir "${tmp}"
 }
 
 # --- reference CNI plugins ---------------------------------------------------------------
-missing=()
-for p in "${CNI_PLUGINS[@]}"; do
-  [[ -x "${BIN_DIR}/${p##*/}" ]] || missing+=("${p}")
-done
+mapfile -t missing < <(missing_in "${BIN_DIR}" "${CNI_PLUGINS[@]}")
 if ((${#missing[@]})); then
   log "building CNI plugins ${CNI_PLUGINS_VERSION}: ${missing[*]##*/} (under a minute cold)"
   build_in "${CNI_WORK_DIR}" github.com/containernetworking/plugins "${CNI_PLUGINS_VERSION}" \

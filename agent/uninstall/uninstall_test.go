@@ -12,30 +12,19 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/uninstall"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // A node namespace with everything trellis programs and things of others beside it: the
 // cleanup removes trellis's objects and leaves the others'.
 func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("must run as root: the test creates a network namespace")
-	}
-	for _, cmd := range []string{"iptables-restore", "ipset"} {
-		if _, err := exec.LookPath(cmd); err != nil {
-			t.Fatalf("%s is missing: run hack/install-deps.sh (make test does)", cmd)
-		}
-	}
-	node, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { node.Close(); _ = testutils.UnmountNS(node) })
+	netnstest.RequireCommands(t, "iptables-restore", "ipset")
+	node := netnstest.New(t)
 
 	dir := t.TempDir()
 	n := uninstall.Node{

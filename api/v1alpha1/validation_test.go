@@ -10,7 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
@@ -20,23 +20,7 @@ import (
 var k8s client.Client
 
 func TestMain(m *testing.M) {
-	env, cfg, err := testenv.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		os.Exit(1)
-	}
-	scheme := runtime.NewScheme()
-	_ = v1alpha1.AddToScheme(scheme)
-	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stopping the test control plane:", err)
-	}
-	os.Exit(code)
+	os.Exit(testenv.Run(m, func(_ *rest.Config, c client.Client) { k8s = c }))
 }
 
 // clusterNetwork is a valid ClusterNetwork as a user writes it, as unstructured so tests can

@@ -18,7 +18,7 @@ import (
 	"github.com/trellis-net/trellis/test/cluster/node"
 )
 
-// Kubectl runs kubectl (K8sVersion) against the cluster and returns its stdout; the error
+// Kubectl runs kubectl (K8S_VERSION of hack/versions.env) against the cluster and returns its stdout; the error
 // carries stderr.
 func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 	return c.KubectlInput(ctx, "", args...)

@@ -13,9 +13,10 @@
 //   - control plane (package controlplane): etcd, kube-apiserver, kube-controller-manager
 //     (no node CIDR allocation: Trellis allocates pod blocks), kube-scheduler.
 //   - nodes (package node): containerd + runc from Debian, kubelet and kube-proxy
-//     (iptables) v1.37.2 in one mount namespace per node, with per-node directories at
-//     /etc/cni/net.d, /opt/cni/bin, /var/lib/cni, /var/run/trellis, /var/lib/kubelet
-//     and /var/log (see Node for where they are on the machine).
+//     (iptables) of K8S_VERSION (hack/versions.env) in one mount namespace per node,
+//     with per-node directories at /etc/cni/net.d, /opt/cni/bin, /var/lib/cni,
+//     /var/run/trellis, /var/lib/kubelet and /var/log (see Node for where they are on
+//     the machine).
 //   - kubectl access from the root namespace through a loopback forwarder (package
 //     forward), a detached process of the binary that ran Up; the kubeconfig Up writes
 //     points at it.
@@ -51,9 +52,6 @@ const (
 	// namespaces, written by Up itself.
 	CNIReference CNI = "reference"
 )
-
-// K8sVersion is the Kubernetes release of every component (hack/build-k8s.sh).
-const K8sVersion = testenv.K8sVersion
 
 var (
 	// ServiceCIDR is the ClusterIP range; 10.96.0.1 is the kubernetes Service.

@@ -10,13 +10,7 @@ import (
 	"strings"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
-)
-
-// Versions of the tools hack/build-runtime-tools.sh builds (kept in step with it and with
-// test/runtime, which derive the same directory).
-const (
-	criToolsVersion   = "v1.37.0"
-	cniPluginsVersion = "v1.10.0"
+	"github.com/trellis-net/trellis/test/versions"
 )
 
 // tools are the directories of what the cluster runs.
@@ -63,20 +57,24 @@ func findTools(ctx context.Context, opts Options) (tools, error) {
 	if err != nil {
 		return tools{}, err
 	}
+	v, err := versions.Load()
+	if err != nil {
+		return tools{}, err
+	}
 	t := tools{moduleRoot: root}
 	cache := CacheDir()
-	t.k8sBin, err = ensureBuilt(ctx, opts, root, "build-k8s.sh", filepath.Join(cache, "k8s", K8sVersion),
+	t.k8sBin, err = ensureBuilt(ctx, opts, root, "build-k8s.sh", v.KubernetesDir(cache),
 		"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl")
 	if err != nil {
 		return t, err
 	}
 	t.cniPlugins, err = ensureBuilt(ctx, opts, root, "build-runtime-tools.sh",
-		filepath.Join(cache, "tools", "cri-tools-"+criToolsVersion+"_cni-plugins-"+cniPluginsVersion),
+		v.RuntimeToolsDir(cache),
 		"ptp", "host-local", "loopback", "portmap")
 	if err != nil {
 		return t, err
 	}
-	t.agnhost, err = ensureBuilt(ctx, opts, root, "build-agnhost.sh", filepath.Join(cache, "agnhost", K8sVersion), "agnhost", "VERSION")
+	t.agnhost, err = ensureBuilt(ctx, opts, root, "build-agnhost.sh", v.AgnhostDir(cache), "agnhost", "VERSION")
 	return t, err
 }
 

@@ -31,7 +31,7 @@ type Cluster struct {
 	Network topology.Layout
 	// Nodes are the Kubernetes nodes, in order.
 	Nodes []Node
-	// BinDir holds kubectl and the other Kubernetes binaries of K8sVersion.
+	// BinDir holds kubectl and the other Kubernetes binaries (K8S_VERSION of hack/versions.env).
 	BinDir string
 	// ModuleRoot is the Trellis repository the cluster was brought up from.
 	ModuleRoot string

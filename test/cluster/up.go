@@ -16,6 +16,7 @@ import (
 	"github.com/trellis-net/trellis/test/cluster/pki"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/cluster/topology"
+	"github.com/trellis-net/trellis/test/versions"
 )
 
 // Up brings the cluster of opts up and returns it once every node is Ready (see
@@ -33,7 +34,11 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.RemoteNode {
 		remote = ", last node behind a router"
 	}
-	p.head("cluster %q: %d nodes%s, CNI %s, Kubernetes %s, state in %s", opts.Name, opts.Nodes, remote, opts.CNI, K8sVersion, opts.StateDir)
+	v, err := versions.Load()
+	if err != nil {
+		return nil, err
+	}
+	p.head("cluster %q: %d nodes%s, CNI %s, Kubernetes %s, state in %s", opts.Name, opts.Nodes, remote, opts.CNI, v.Kubernetes, opts.StateDir)
 	t, err := findTools(ctx, opts)
 	if err != nil {
 		return nil, err

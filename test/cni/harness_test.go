@@ -21,10 +21,10 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -32,10 +32,6 @@ import (
 var pluginDir string
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "FAIL: the CNI tests create network namespaces and must run as root")
-		os.Exit(1)
-	}
 	dir, err := os.MkdirTemp("", "trellis-cni-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
@@ -84,22 +80,8 @@ func newNode(t *testing.T, o nodeOpts) *node {
 	if o.block == "" {
 		o.block = "10.244.7.0/24"
 	}
-	nodeNS, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating node namespace: %v", err)
-	}
-	t.Cleanup(func() {
-		nodeNS.Close()
-		_ = testutils.UnmountNS(nodeNS)
-	})
-	err = nodeNS.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
+	nodeNS := netnstest.New(t)
+	err := nodeNS.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "underlay0"
 		d := &netlink.Bridge{LinkAttrs: la} // stands in for the node's NIC (no dummy module here)
@@ -175,18 +157,9 @@ type pod struct {
 
 func (n *node) newPod(name string) *pod {
 	n.t.Helper()
-	podNS, err := testutils.NewNS()
-	if err != nil {
-		n.t.Fatalf("creating pod namespace: %v", err)
-	}
 	id := make([]byte, 32)
 	_, _ = rand.Read(id)
-	p := &pod{id: hex.EncodeToString(id), ns: podNS, name: name}
-	n.t.Cleanup(func() {
-		p.ns.Close()
-		_ = testutils.UnmountNS(p.ns)
-	})
-	return p
+	return &pod{id: hex.EncodeToString(id), ns: netnstest.New(n.t), name: name}
 }
 
 func (n *node) rt(p *pod) *libcni.RuntimeConf {

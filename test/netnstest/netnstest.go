@@ -13,12 +13,12 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// RequireRoot fails the test (it does not skip) unless it runs as root: creating
-// namespaces needs it, and a skipped test must not count as a pass.
+// RequireRoot fails the test (it does not skip) unless it runs as root: creating or
+// joining namespaces needs it, and a skipped test must not count as a pass.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Fatal("must run as root: the test creates network namespaces")
+		t.Fatal("must run as root: the test creates or joins network namespaces (make test runs as root)")
 	}
 }
 

@@ -39,15 +39,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/containerd"
 	"github.com/trellis-net/trellis/test/testenv"
-)
-
-const (
-	// CRIToolsVersion is the sigs.k8s.io/cri-tools release crictl is built from.
-	CRIToolsVersion = "v1.37.0"
-	// CNIPluginsVersion is the github.com/containernetworking/plugins release of the
-	// reference plugins (ptp, bridge, host-local, portmap, loopback).
-	CNIPluginsVersion = "v1.10.0"
+	"github.com/trellis-net/trellis/test/versions"
 )
 
 // crictlTimeout bounds one crictl call (runp and stopp take 1–2 s on a loaded machine).
@@ -61,7 +56,11 @@ func ToolsDir() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("finding the runtime test tools: %w", err)
 	}
-	dir := filepath.Join(cache, "tools", "cri-tools-"+CRIToolsVersion+"_cni-plugins-"+CNIPluginsVersion)
+	v, err := versions.Load()
+	if err != nil {
+		return "", fmt.Errorf("finding the runtime test tools: %w", err)
+	}
+	dir := v.RuntimeToolsDir(cache)
 	for _, b := range []string{"crictl", "ptp", "bridge", "host-local", "portmap", "loopback"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
 			return "", fmt.Errorf("runtime tests need %s in %s (%w): run hack/build-runtime-tools.sh or `make test`, which builds it", b, dir, err)
@@ -165,7 +164,7 @@ func StartNode(t testing.TB, opts NodeOptions) *Node {
 	dir := filepath.Join(os.TempDir(), name)
 	n := &Node{
 		Name:        name,
-		NetNS:       filepath.Join(netnsDir, name),
+		NetNS:       procs.NetNSPath(name),
 		Dir:         dir,
 		CNIBinDir:   opts.CNIBinDir,
 		CNIConfDir:  opts.CNIConfDir,
@@ -208,7 +207,7 @@ func checkPrerequisites(t testing.TB) string {
 		{"unshare", "util-linux"},
 		{"mount", "mount"},
 	} {
-		if _, err := lookPath(c.cmd); err != nil {
+		if _, err := procs.LookPath(c.cmd); err != nil {
 			t.Fatalf("runtime tests need %s (Debian package %s): run hack/install-deps.sh or `make test`: %v", c.cmd, c.pkg, err)
 		}
 	}
@@ -219,27 +218,10 @@ func checkPrerequisites(t testing.TB) string {
 	return dir
 }
 
-// sbinPath is the PATH the node's processes get (containerd finds its shim and runc,
-// plugins find iptables there).
-const sbinPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-// lookPath finds cmd on PATH or in the sbin directories, which a non-login PATH may lack.
-func lookPath(cmd string) (string, error) {
-	if p, err := exec.LookPath(cmd); err == nil {
-		return p, nil
-	}
-	for _, d := range filepath.SplitList(sbinPath) {
-		p := filepath.Join(d, cmd)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found on PATH nor in %s", cmd, sbinPath)
-}
-
-// sbinCommand is exec.CommandContext with name looked up by lookPath.
+// sbinCommand is exec.CommandContext with name looked up by procs.LookPath (PATH, then
+// the sbin directories a non-login PATH may lack).
 func sbinCommand(ctx context.Context, name string, args ...string) *exec.Cmd {
-	if p, err := lookPath(name); err == nil {
+	if p, err := procs.LookPath(name); err == nil {
 		name = p
 	}
 	return exec.CommandContext(ctx, name, args...)
@@ -259,7 +241,7 @@ func (n *Node) start(archive string) error {
 	if out, err := sbinCommand(context.Background(), "ip", "-n", n.Name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
 		return fmt.Errorf("bringing lo up in %s: %w: %s", n.Name, err, strings.TrimSpace(string(out)))
 	}
-	runc, err := lookPath("runc")
+	runc, err := procs.LookPath("runc")
 	if err != nil {
 		return err
 	}
@@ -294,7 +276,7 @@ exec containerd --config "$TRLRT_CONFIG"
 		"unshare", "--mount", "--uts", "--propagation", "slave", "--",
 		"/bin/sh", "-c", script)
 	cmd.Env = []string{
-		"PATH=" + sbinPath,
+		"PATH=" + procs.SbinPath,
 		"HOME=" + n.Dir,
 		"TRLRT_CNI_STATE=" + n.CNIStateDir,
 		"TRLRT_NAME=" + n.Name,
@@ -316,7 +298,7 @@ exec containerd --config "$TRLRT_CONFIG"
 	if err := n.waitReady(30 * time.Second); err != nil {
 		return err
 	}
-	ctr, err := lookPath("ctr")
+	ctr, err := procs.LookPath("ctr")
 	if err != nil {
 		return err
 	}
@@ -329,64 +311,14 @@ exec containerd --config "$TRLRT_CONFIG"
 	return nil
 }
 
+// containerdConfig keeps everything of containerd in the node's directory.
 func (n *Node) containerdConfig(runc string) string {
-	return fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing",
-]
-
-[grpc]
-  address = %[3]q
-
-[ttrpc]
-  address = %[4]q
-
-[debug]
-  level = "info"
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[5]q
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[6]q
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "10010"
-  enable_tls_streaming = false
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = %[7]q
-        Root = %[8]q
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %[9]q
-    conf_dir = %[10]q
-    max_conf_num = 1
-`,
-		filepath.Join(n.Dir, "root"), filepath.Join(n.Dir, "state"),
-		n.Socket, n.Socket+".ttrpc", filepath.Join(n.Dir, "opt"),
-		PauseImage, runc, filepath.Join(n.Dir, "runc"),
-		n.CNIBinDir, n.CNIConfDir)
+	return containerd.Config{
+		Root: filepath.Join(n.Dir, "root"), State: filepath.Join(n.Dir, "state"),
+		Socket: n.Socket, OptDir: filepath.Join(n.Dir, "opt"),
+		SandboxImage: PauseImage, Runc: runc, RuncRoot: filepath.Join(n.Dir, "runc"),
+		CNIBinDir: n.CNIBinDir, CNIConfDir: n.CNIConfDir,
+	}.TOML()
 }
 
 // waitReady waits until containerd's CRI answers with RuntimeReady.
@@ -472,7 +404,7 @@ func (n *Node) crictlCtx(timeout time.Duration, args ...string) (string, error) 
 	defer cancel()
 	full := append([]string{"--net=" + n.NetNS, "--", n.crictl, "--config", n.crictlConf}, args...)
 	cmd := sbinCommand(ctx, "nsenter", full...)
-	cmd.Env = []string{"PATH=" + sbinPath, "HOME=" + n.Dir}
+	cmd.Env = []string{"PATH=" + procs.SbinPath, "HOME=" + n.Dir}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {

@@ -126,7 +126,7 @@ func TestCloseRemovesEverything(t *testing.T) {
 	}
 	node, pod := nodes[0], pods[0]
 	containerd := node.cmd.Process.Pid
-	netnsIno, err := nsInode(node.NetNS)
+	netnsIno, err := procs.NSInode(node.NetNS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,11 +134,11 @@ func TestCloseRemovesEverything(t *testing.T) {
 	node.Close()
 
 	for _, pid := range []int{containerd, pod.PID} {
-		if processAlive(pid) {
+		if procs.Alive(pid) {
 			t.Errorf("process %d still alive after Close", pid)
 		}
 	}
-	if pids := pidsInNetNS(netnsIno); len(pids) != 0 {
+	if pids := procs.InNetNSInode(netnsIno); len(pids) != 0 {
 		t.Errorf("processes %v still in the node's network namespace", pids)
 	}
 	for _, path := range []string{node.NetNS, node.Dir, pod.NetNS} {
@@ -200,12 +200,12 @@ func TestSweepLeftovers(t *testing.T) {
 	}
 	waited := make(chan error, 1)
 	go func() { waited <- sleeper.Wait() }()
-	ino, err := nsInode(filepath.Join(netnsDir, name))
+	ino, err := procs.NSInode(procs.NetNSPath(name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for len(pidsInNetNS(ino)) == 0 && time.Now().Before(deadline) {
+	for len(procs.InNetNSInode(ino)) == 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
@@ -221,12 +221,12 @@ func TestSweepLeftovers(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Errorf("the process in the leftover namespace was not killed")
 	}
-	for _, path := range []string{filepath.Join(netnsDir, name), filepath.Join(os.TempDir(), name)} {
+	for _, path := range []string{procs.NetNSPath(name), filepath.Join(os.TempDir(), name)} {
 		if _, err := os.Stat(path); !os.IsNotExist(err) {
 			t.Errorf("%s still exists after the sweep (%v)", path, err)
 		}
 	}
-	for _, path := range []string{filepath.Join(netnsDir, live), filepath.Join(os.TempDir(), live)} {
+	for _, path := range []string{procs.NetNSPath(live), filepath.Join(os.TempDir(), live)} {
 		if _, err := os.Stat(path); err != nil {
 			t.Errorf("the sweep removed %s of a live process: %v", path, err)
 		}

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
@@ -19,9 +18,6 @@ import (
 // namePrefix starts the name of every node network namespace, node directory (under
 // os.TempDir) and node cgroup: "trlrt-<pid of the test process>-<sequence>[-<name>]".
 const namePrefix = "trlrt-"
-
-// netnsDir is where `ip netns` keeps named network namespaces.
-const netnsDir = "/run/netns"
 
 var sweepOnce sync.Once
 
@@ -38,14 +34,14 @@ func sweepLeftovers() (removed []string, errs []error) {
 			}
 		}
 	}
-	add(netnsDir)
+	add(procs.NetNSDir)
 	add(os.TempDir())
 	for _, h := range procs.CgroupHierarchies() {
 		add(h)
 	}
 	for name := range names {
 		pid, ok := ownerPID(name)
-		if !ok || pid == os.Getpid() || processAlive(pid) {
+		if !ok || pid == os.Getpid() || procs.Alive(pid) {
 			continue
 		}
 		if err := removeNodeResources(name, filepath.Join(os.TempDir(), name)); err != nil {
@@ -66,20 +62,15 @@ func ownerPID(name string) (int, bool) {
 	return pid, err == nil && pid > 0
 }
 
-func processAlive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
-}
-
 // removeNodeResources kills every process of node `name` (those in its network namespace:
 // containerd, shims, CNI plugins; those in its cgroups: the containers), removes its
 // cgroups and network namespace and then dir. The node's mounts live in a private mount
 // namespace that disappears with its last process.
 func removeNodeResources(name, dir string) error {
 	var errs []error
-	nsPath := filepath.Join(netnsDir, name)
-	if ino, err := nsInode(nsPath); err == nil {
-		if err := procs.KillUntilGone(func() []int { return pidsInNetNS(ino) }, 10*time.Second); err != nil {
+	nsPath := procs.NetNSPath(name)
+	if ino, err := procs.NSInode(nsPath); err == nil {
+		if err := procs.KillUntilGone(func() []int { return procs.InNetNSInode(ino) }, 10*time.Second); err != nil {
 			errs = append(errs, fmt.Errorf("processes in network namespace %s: %w", name, err))
 		}
 	}
@@ -100,32 +91,6 @@ func removeNodeResources(name, dir string) error {
 		return fmt.Errorf("removing node %s: %w", name, err)
 	}
 	return nil
-}
-
-// nsInode is the inode of the namespace file at path, as shown in /proc/PID/ns/* links.
-func nsInode(path string) (uint64, error) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return 0, fmt.Errorf("stat %s: %w", path, err)
-	}
-	return st.Ino, nil
-}
-
-// pidsInNetNS lists the processes whose network namespace has inode ino.
-func pidsInNetNS(ino uint64) []int {
-	want := fmt.Sprintf("net:[%d]", ino)
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if link, err := os.Readlink(filepath.Join("/proc", e.Name(), "ns", "net")); err == nil && link == want {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // removeCgroups kills the processes in the node's cgroup subtrees (the pods' containers,

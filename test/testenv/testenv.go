@@ -7,13 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"testing"
 
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-)
 
-// K8sVersion is the Kubernetes release the tests run against.
-const K8sVersion = "v1.37.2"
+	"github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/test/versions"
+)
 
 // RepoRoot is the repository's top directory.
 func RepoRoot() string {
@@ -39,7 +41,8 @@ func CacheDir() (string, error) {
 }
 
 // AssetsDir is where kube-apiserver and etcd are: $KUBEBUILDER_ASSETS, else the cache
-// hack/build-k8s.sh fills. It fails, saying how to fix it, when they are not there.
+// hack/build-k8s.sh fills for the K8S_VERSION of hack/versions.env. It fails, saying how
+// to fix it, when they are not there.
 func AssetsDir() (string, error) {
 	dir := os.Getenv("KUBEBUILDER_ASSETS")
 	if dir == "" {
@@ -47,7 +50,11 @@ func AssetsDir() (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("finding the k8s binaries: %w", err)
 		}
-		dir = filepath.Join(cache, "k8s", K8sVersion)
+		v, err := versions.Load()
+		if err != nil {
+			return "", fmt.Errorf("finding the k8s binaries: %w", err)
+		}
+		dir = v.KubernetesDir(cache)
 	}
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
@@ -73,4 +80,62 @@ func Start() (*envtest.Environment, *rest.Config, error) {
 		return nil, nil, fmt.Errorf("starting kube-apiserver and etcd from %s: %w", dir, err)
 	}
 	return env, cfg, nil
+}
+
+// NewClient returns a client of the control plane at cfg with the scheme the operator and
+// the agent use (internal/scheme: the built-in types and the Trellis API).
+func NewClient(cfg *rest.Config) (client.Client, error) {
+	s, err := scheme.New()
+	if err != nil {
+		return nil, fmt.Errorf("building the scheme: %w", err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		return nil, fmt.Errorf("creating a client of %s: %w", cfg.Host, err)
+	}
+	return c, nil
+}
+
+// StartForTest starts a control plane for t alone, stopped when t ends, and returns a
+// client of it (NewClient). It fails t when the control plane does not start.
+func StartForTest(t testing.TB) client.Client {
+	t.Helper()
+	env, cfg, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Logf("stopping the test control plane: %v", err)
+		}
+	})
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Run is the TestMain of a package whose tests share one control plane: it starts it,
+// hands its config and a client (NewClient; c.Scheme() is the shared scheme) to setup,
+// runs the tests and stops it. It returns the exit code for os.Exit; a control plane that
+// does not start fails the package with the reason.
+func Run(m *testing.M, setup func(cfg *rest.Config, c client.Client)) int {
+	env, cfg, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	defer func() {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the test control plane:", err)
+		}
+	}()
+	c, err := NewClient(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	setup(cfg, c)
+	return m.Run()
 }

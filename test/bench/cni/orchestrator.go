@@ -9,11 +9,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
 )
 
@@ -32,7 +32,7 @@ func runOrchestrator(o options) (code int) {
 		fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 		return 2
 	}
-	if removed, err := sweepLeftovers(); err != nil {
+	if removed, err := benchrun.Sweep(namePrefix); err != nil {
 		fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 		return 1
 	} else if len(removed) > 0 {
@@ -44,8 +44,8 @@ func runOrchestrator(o options) (code int) {
 		return 1
 	}
 
-	prefix := fmt.Sprintf("%s%d", namePrefix, os.Getpid())
-	runDir, err := os.MkdirTemp("", prefix+"-run-")
+	prefix := benchrun.Prefix(namePrefix)
+	runDir, err := os.MkdirTemp("", prefix+"run-")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "bench-cni: creating the run directory: %v\n", err)
 		return 1
@@ -57,7 +57,7 @@ func runOrchestrator(o options) (code int) {
 
 	// Cleanup runs whatever happened; signals stay caught meanwhile, so it completes.
 	defer func() {
-		if err := deleteNetns(names); err != nil {
+		if err := benchrun.DeleteNetns(names); err != nil {
 			fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 			code = max(code, 1)
 		}
@@ -67,7 +67,10 @@ func runOrchestrator(o options) (code int) {
 		} else {
 			fmt.Fprintf(os.Stderr, "bench-cni: kept %s (IPAM stores, libcni cache, trellis log) for inspection; the next run removes it\n", runDir)
 		}
-		code = max(code, checkRootUnchanged(before))
+		if err := rootns.Unchanged(before); err != nil {
+			fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
+			code = max(code, 1)
+		}
 	}()
 
 	start := time.Now()
@@ -86,11 +89,8 @@ func runOrchestrator(o options) (code int) {
 
 // preflight fails early, saying what to do, when the run can't work.
 func preflight(o options) error {
-	if os.Geteuid() != 0 {
-		return errors.New("the benchmark creates network namespaces: run it as root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		return fmt.Errorf("the benchmark needs ip (Debian package iproute2): %w", err)
+	if err := benchrun.Preflight(map[string]string{"ip": "iproute2"}); err != nil {
+		return err
 	}
 	for _, b := range []string{"ptp", "host-local"} {
 		if _, err := os.Stat(filepath.Join(o.referenceDir, b)); err != nil {
@@ -104,20 +104,6 @@ func preflight(o options) error {
 		return fmt.Errorf("trellis plugin: %w (go build -o DIR/trellis ./cmd/cni)", err)
 	}
 	return nil
-}
-
-// checkRootUnchanged compares the root namespace with its snapshot from the start.
-func checkRootUnchanged(before []string) int {
-	after, err := rootns.Snapshot()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
-		return 1
-	}
-	if d := rootns.Diff(before, after); len(d) > 0 {
-		fmt.Fprintf(os.Stderr, "bench-cni: the root network namespace changed during the run:\n  %s\n", strings.Join(d, "\n  "))
-		return 1
-	}
-	return 0
 }
 
 // supervisor turns SIGINT/SIGTERM/SIGHUP into a graceful stop: the first one is passed to

@@ -66,14 +66,14 @@ func newPhase(prefix string, m mode, plugin string, round, pods int) phase {
 	}
 	short := map[string]string{pluginReference: "ref", pluginTrellis: "trl"}[plugin]
 	for i := range pods {
-		ph.netns = append(ph.netns, fmt.Sprintf("%s-%s-%s-%s-%d", prefix, m.tag, short, r, i))
+		ph.netns = append(ph.netns, fmt.Sprintf("%s%s-%s-%s-%d", prefix, m.tag, short, r, i))
 	}
 	return ph
 }
 
 // nodeNetns is the name of the namespace both plugins run in.
 func nodeNetns(prefix string) string {
-	return prefix + "-node"
+	return prefix + "node"
 }
 
 // allNetns lists every namespace of the run: the node first, then the pods.

@@ -22,6 +22,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
 // opTimeout bounds one ADD or DEL; the plugins take milliseconds.
@@ -212,7 +214,7 @@ func (r *runner) watchSignals() {
 func checkNetnsExist(plan []phase) error {
 	for _, ph := range plan {
 		for _, n := range ph.netns {
-			if _, err := os.Stat(filepath.Join(netnsDir, n)); err != nil {
+			if _, err := os.Stat(procs.NetNSPath(n)); err != nil {
 				return fmt.Errorf("pod namespace: %w", err)
 			}
 		}
@@ -249,7 +251,7 @@ func newPod(netns string) *pod {
 	id := randomHex(32) // a sandbox ID as containerd makes them
 	return &pod{rt: &libcni.RuntimeConf{
 		ContainerID: id,
-		NetNS:       filepath.Join(netnsDir, netns),
+		NetNS:       procs.NetNSPath(netns),
 		IfName:      "eth0",
 		// What a Kubernetes runtime passes; IgnoreUnknown keeps host-local from refusing them.
 		Args: [][2]string{

@@ -2,18 +2,17 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"runtime"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
+	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
 func logf(format string, args ...any) {
@@ -38,7 +37,7 @@ func run(o options) (code int) {
 		logf("%v", err)
 		return 1
 	}
-	if removed, err := sweepLeftovers(); err != nil {
+	if removed, err := benchrun.Sweep(namePrefix); err != nil {
 		logf("%v", err)
 		return 1
 	} else if len(removed) > 0 {
@@ -54,7 +53,7 @@ func run(o options) (code int) {
 	// The first signal cancels ctx; later ones stay caught until the cleanup is done.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	prefix := fmt.Sprintf("%s%d-", namePrefix, os.Getpid())
+	prefix := benchrun.Prefix(namePrefix)
 	runDir, err := os.MkdirTemp("", prefix+"run-")
 	if err != nil {
 		logf("creating the run directory: %v", err)
@@ -66,7 +65,7 @@ func run(o options) (code int) {
 		if ctx.Err() != nil && code != 1 && !o.hold {
 			code = 130
 		}
-		if err := deleteNetns(append(l.namespaces(), stragglers(l)...)); err != nil {
+		if err := benchrun.DeleteNetns(append(l.namespaces(), stragglers(l)...)); err != nil {
 			logf("%v", err)
 			code = max(code, 1)
 		}
@@ -76,7 +75,10 @@ func run(o options) (code int) {
 		} else {
 			logf("kept %s (CNI logs, IPAM stores) for inspection; the next run removes it", runDir)
 		}
-		code = max(code, checkRootUnchanged(before))
+		if err := rootns.Unchanged(before); err != nil {
+			logf("%v", err)
+			code = max(code, 1)
+		}
 	}()
 
 	start := time.Now()
@@ -154,7 +156,7 @@ func setup(ctx context.Context, l *layout, o options, runDir string) error {
 // change of the layout forgot one): deleted too, so a run never leaves one behind.
 func stragglers(l *layout) []string {
 	var extra []string
-	for _, n := range ownNetns(l.prefix) {
+	for _, n := range procs.NetNSNames(l.prefix) {
 		if !slices.Contains(l.namespaces(), n) {
 			extra = append(extra, n)
 		}
@@ -164,30 +166,11 @@ func stragglers(l *layout) []string {
 
 // preflight fails early, saying what to do, when the run can't work here.
 func preflight(o options) error {
-	if os.Geteuid() != 0 {
-		return errors.New("the benchmark creates network namespaces: run it as root")
-	}
-	for cmd, pkg := range map[string]string{"ip": "iproute2", "bridge": "iproute2", "iperf3": "iperf3", "iptables-restore": "iptables", "sysctl": "procps"} {
-		if _, err := exec.LookPath(cmd); err != nil {
-			return fmt.Errorf("the benchmark needs %s (Debian package %s; hack/install-deps.sh installs it): %w", cmd, pkg, err)
-		}
+	if err := benchrun.Preflight(map[string]string{"ip": "iproute2", "bridge": "iproute2", "iperf3": "iperf3", "iptables-restore": "iptables", "sysctl": "procps"}); err != nil {
+		return err
 	}
 	if _, err := os.Stat(o.trellisBin); err != nil {
 		return fmt.Errorf("trellis plugin: %w (go build -o DIR/trellis ./cmd/cni)", err)
 	}
 	return nil
-}
-
-// checkRootUnchanged compares the root namespace with its snapshot from the start.
-func checkRootUnchanged(before []string) int {
-	after, err := rootns.Snapshot()
-	if err != nil {
-		logf("%v", err)
-		return 1
-	}
-	if d := rootns.Diff(before, after); len(d) > 0 {
-		logf("the root network namespace changed during the run:\n  %s", strings.Join(d, "\n  "))
-		return 1
-	}
-	return 0
 }

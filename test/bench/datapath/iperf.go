@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
 
 const (
@@ -51,7 +53,7 @@ func runIperf(ctx context.Context, client, server *pod, d time.Duration) (iperfR
 	}
 	defer func() { _ = srv.Process.Kill(); _ = srv.Wait() }()
 	if err := awaitListening(stdout, serverReady); err != nil {
-		return iperfResult{}, fmt.Errorf("iperf3 -s in %s: %w: %s", server.netns, err, firstLines(srvErr.Bytes(), 3))
+		return iperfResult{}, fmt.Errorf("iperf3 -s in %s: %w: %s", server.netns, err, benchrun.FirstLines(srvErr.Bytes(), 3))
 	}
 
 	cl := iperfCmd(ctx, client.netns, "-c", server.ip.String(), "-p", iperfPort,
@@ -63,7 +65,7 @@ func runIperf(ctx context.Context, client, server *pod, d time.Duration) (iperfR
 	res, err := parseIperf(out)
 	if err != nil {
 		if runErr != nil {
-			err = fmt.Errorf("%w (iperf3: %v: %s)", err, runErr, firstLines(clErr.Bytes(), 3))
+			err = fmt.Errorf("%w (iperf3: %v: %s)", err, runErr, benchrun.FirstLines(clErr.Bytes(), 3))
 		}
 		return iperfResult{}, fmt.Errorf("iperf3 %s -> %s: %w", client.netns, server.ip, err)
 	}

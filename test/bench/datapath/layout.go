@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
 // The two sides compared.
@@ -22,14 +23,13 @@ func (s side) String() string {
 	return "reference"
 }
 
-// The underlay: one L2 subnet on bridge br0, and a second one on br1 behind a router, both
-// documentation ranges (the machines' own eth0 is on 192.0.2.0/24).
+// The underlay is the local cluster's (test/cluster/topology): one L2 subnet
+// (UnderlaySubnet) on bridge br0, and a second one (RemoteSubnet) on br1 behind a router
+// (RouterUnderlayIP, RouterRemoteIP), documentation ranges, never the machines' own
+// 192.0.2.0/24.
+
+// The bare veth pair (the ceiling): pod addresses in two namespaces, nothing else.
 var (
-	underlaySubnet   = netip.MustParsePrefix("198.51.100.0/24")
-	remoteSubnet     = netip.MustParsePrefix("203.0.113.0/24")
-	routerUnderlayIP = netip.MustParseAddr("198.51.100.254")
-	routerRemoteIP   = netip.MustParseAddr("203.0.113.1")
-	// The bare veth pair (the ceiling): pod addresses in two namespaces, nothing else.
 	floorA = netip.MustParsePrefix("10.99.0.1/24")
 	floorB = netip.MustParsePrefix("10.99.0.2/24")
 )
@@ -48,7 +48,7 @@ type node struct {
 	name   string // node1, node2...: the peer name the agent sees
 	netns  string
 	ip     netip.Addr
-	subnet netip.Prefix // underlaySubnet or remoteSubnet
+	subnet netip.Prefix // topology.UnderlaySubnet or topology.RemoteSubnet
 	block  netip.Prefix // its pod block
 	pods   []*pod
 }
@@ -102,11 +102,11 @@ func newLayout(prefix string) *layout {
 				n := &node{
 					name:   fmt.Sprintf("node%d", k),
 					netns:  fmt.Sprintf("%s%s%s%d", prefix, sideTag(s), modeTag(m), k),
-					subnet: underlaySubnet,
+					subnet: topology.UnderlaySubnet,
 					block:  netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + c), byte(k), 0}), 24),
 				}
 				if k == 3 {
-					n.subnet = remoteSubnet
+					n.subnet = topology.RemoteSubnet
 				}
 				n.ip = nthAddr(n.subnet, 10*(c+1)+k)
 				pods := 1

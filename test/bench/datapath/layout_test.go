@@ -47,15 +47,3 @@ func TestLayoutNamesAndAddresses(t *testing.T) {
 		}
 	}
 }
-
-func TestIsStale(t *testing.T) {
-	if isStale("trlbench-1-node") || isStale("trlc-node1") {
-		t.Error("names of other tools are never ours")
-	}
-	if isStale("trlb-dev-a") {
-		t.Error("a name without a pid is never stale")
-	}
-	if !isStale("trlb-2147483646-ul") { // no such pid
-		t.Error("a dead run's namespace is stale")
-	}
-}

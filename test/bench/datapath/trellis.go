@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
 // The agent's settings the benchmark programs, the ClusterNetwork defaults.
@@ -149,7 +150,7 @@ func nodeConflist(n *node, podMTU int, dir string) (*libcni.NetworkConfigList, e
 func addPod(ctx context.Context, cni *libcni.CNIConfig, list *libcni.NetworkConfigList, n *node, p *pod) error {
 	id := randomHex(32)
 	rt := &libcni.RuntimeConf{
-		ContainerID: id, NetNS: netnsPath(p.netns), IfName: "eth0",
+		ContainerID: id, NetNS: procs.NetNSPath(p.netns), IfName: "eth0",
 		Args: [][2]string{
 			{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "bench"}, {"K8S_POD_NAME", p.netns},
 			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", randomHex(16)},

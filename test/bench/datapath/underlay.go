@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+
+	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
 // createUnderlay makes what both sides share: the underlay namespace with bridge br0
-// (underlaySubnet) and br1 (remoteSubnet), the router between them, and the bare veth pair
+// (topology.UnderlaySubnet) and br1 (topology.RemoteSubnet), the router between them, and the bare veth pair
 // of the floor measurement. Veths are always created inside a namespace of the run with
 // their peer placed directly into the other one, so nothing appears in the root namespace,
 // not even for a moment.
@@ -24,10 +26,10 @@ func createUnderlay(ctx context.Context, l *layout) error {
 	if err := createNetns(ctx, l.router); err != nil {
 		return err
 	}
-	if err := attach(ctx, l, l.router, "vrt0", "eth0", "br0", netip.PrefixFrom(routerUnderlayIP, underlaySubnet.Bits())); err != nil {
+	if err := attach(ctx, l, l.router, "vrt0", "eth0", "br0", netip.PrefixFrom(topology.RouterUnderlayIP, topology.UnderlaySubnet.Bits())); err != nil {
 		return fmt.Errorf("attaching the router to br0: %w", err)
 	}
-	if err := attach(ctx, l, l.router, "vrt1", "eth1", "br1", netip.PrefixFrom(routerRemoteIP, remoteSubnet.Bits())); err != nil {
+	if err := attach(ctx, l, l.router, "vrt1", "eth1", "br1", netip.PrefixFrom(topology.RouterRemoteIP, topology.RemoteSubnet.Bits())); err != nil {
 		return fmt.Errorf("attaching the router to br1: %w", err)
 	}
 	if err := sysctlIn(ctx, l.router, "net.ipv4.ip_forward=1"); err != nil {
@@ -59,9 +61,9 @@ func createNode(ctx context.Context, l *layout, n *node) error {
 	if err := createNetns(ctx, n.netns); err != nil {
 		return err
 	}
-	bridge, other, via := "br0", remoteSubnet, routerUnderlayIP
-	if n.subnet == remoteSubnet {
-		bridge, other, via = "br1", underlaySubnet, routerRemoteIP
+	bridge, other, via := "br0", topology.RemoteSubnet, topology.RouterUnderlayIP
+	if n.subnet == topology.RemoteSubnet {
+		bridge, other, via = "br1", topology.UnderlaySubnet, topology.RouterRemoteIP
 	}
 	// The underlay end is named after the node namespace's suffix (≤ 15 characters).
 	if err := attach(ctx, l, n.netns, "v"+n.netns[len(l.prefix):], "eth0", bridge, netip.PrefixFrom(n.ip, n.subnet.Bits())); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/vishvananda/netlink"
@@ -64,4 +65,17 @@ func Diff(a, b []string) []string {
 		}
 	}
 	return d
+}
+
+// Unchanged takes a snapshot now and fails, listing the differences, unless it equals
+// before (a Snapshot from the start of the run).
+func Unchanged(before []string) error {
+	after, err := Snapshot()
+	if err != nil {
+		return err
+	}
+	if d := Diff(before, after); len(d) > 0 {
+		return fmt.Errorf("the root network namespace changed during the run:\n  %s", strings.Join(d, "\n  "))
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package rootns
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -12,5 +13,21 @@ func TestDiff(t *testing.T) {
 	}
 	if d := Diff([]string{"x"}, []string{"x"}); len(d) != 0 {
 		t.Errorf("Diff of equal snapshots = %q", d)
+	}
+}
+
+// Unchanged reads this process's namespace (it changes nothing): equal to a snapshot just
+// taken, different from one with a line that is not there.
+func TestUnchanged(t *testing.T) {
+	before, err := Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Unchanged(before); err != nil {
+		t.Errorf("Unchanged right after Snapshot: %v", err)
+	}
+	err = Unchanged(append(slices.Clone(before), "link gone0 dummy mtu 1500"))
+	if err == nil || !strings.Contains(err.Error(), "- link gone0") {
+		t.Errorf("Unchanged with a vanished link = %v, want it named", err)
 	}
 }

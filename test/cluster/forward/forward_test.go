@@ -4,17 +4,16 @@ import (
 	"bufio"
 	"context"
 	"net"
-	"os"
 	"testing"
 	"time"
+
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // TestServe relays a connection through Serve to a server "in another namespace" (this
 // process's own, by path: joining a namespace needs root either way) and back.
 func TestServe(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatalf("joining a network namespace needs root: run the tests as root (`make test` does)")
-	}
+	netnstest.RequireRoot(t) // joining a network namespace needs root
 	echo, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

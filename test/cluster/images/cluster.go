@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 )
 
@@ -15,10 +16,11 @@ const (
 	// (test/runtime/cmd/pause) that holds the pod's namespaces and reaps children.
 	PauseImage = "registry.k8s.io/pause:3.10.2"
 	// AgnhostImage is agnhost built from k8s.io/kubernetes (hack/build-agnhost.sh) under
-	// its upstream name and the tag the v1.37.2 e2e framework uses, so e2e-style manifests
-	// run unchanged; the binary is /agnhost, as upstream.
+	// its upstream name and the tag the e2e framework of K8S_VERSION (hack/versions.env)
+	// uses, so e2e-style manifests run unchanged; the binary is /agnhost, as upstream.
 	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:" + AgnhostVersion
-	// AgnhostVersion must equal test/images/agnhost/VERSION of the Kubernetes release.
+	// AgnhostVersion must equal test/images/agnhost/VERSION of the Kubernetes release
+	// (Build checks it against what hack/build-agnhost.sh built).
 	AgnhostVersion = "2.66.1"
 	// TrellisVersion is the version the binaries report and the tag of TrellisImage; it is
 	// what config/manager's kustomization pins, so `kubectl apply -k config/default`
@@ -75,7 +77,7 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 	if src.Trellis {
 		pkgs = append(pkgs, "./cmd/manager", "./cmd/agent", "./cmd/cni")
 	}
-	if err := goBuild(ctx, src.ModuleRoot, binDir, pkgs); err != nil {
+	if err := GoBuild(ctx, src.ModuleRoot, binDir, pkgs); err != nil {
 		return "", false, err
 	}
 	specs := []Spec{
@@ -117,12 +119,12 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 	return Archive(src.CacheDir, specs)
 }
 
-// goBuild builds pkgs of the module at root as static binaries into dir (named after
-// each package's last path element), with the version the Makefile stamps.
-func goBuild(ctx context.Context, root, dir string, pkgs []string) error {
-	goBin, err := exec.LookPath("go")
+// GoBuild builds pkgs of the module at root as static linux binaries into dir (named
+// after each package's last path element), with the version the Makefile stamps.
+func GoBuild(ctx context.Context, root, dir string, pkgs []string) error {
+	goBin, err := goCommand()
 	if err != nil {
-		return fmt.Errorf("the go command builds the images' binaries: put /usr/local/go/bin on PATH (%w)", err)
+		return err
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
@@ -142,4 +144,17 @@ func goBuild(ctx context.Context, root, dir string, pkgs []string) error {
 		}
 	}
 	return fmt.Errorf("go build %s in %s: %w\n%s", strings.Join(pkgs, " "), root, err, out)
+}
+
+// goCommand finds the go command: on PATH, else the toolchain this program was built with
+// (a test binary run without /usr/local/go/bin on PATH).
+func goCommand() (string, error) {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p, nil
+	}
+	p := filepath.Join(goruntime.GOROOT(), "bin", "go")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("the go command builds the images' binaries: put /usr/local/go/bin on PATH (%w)", err)
+	}
+	return p, nil
 }

@@ -3,75 +3,21 @@ package node
 import (
 	"fmt"
 	"path/filepath"
+
+	"github.com/trellis-net/trellis/test/containerd"
 )
 
-// containerdConfig: containerd 1.6 from Debian (with Debian's runc) because it is what the
-// machines have installed and what was checked with this kubelet (it logs
-// "RuntimeConfig ... Unimplemented" and falls back, harmlessly).
-//
-//   - restrict_oom_score_adj: without CAP_SYS_RESOURCE runc cannot lower oom_score_adj
-//     ("can't get final child's PID from pipe: EOF").
-//   - disable_apparmor: no AppArmor profiles are loaded here.
-//   - state, runc's root and pod network namespaces are under /run, the node's own tmpfs;
-//     the socket is in the node's directory so that ctr reaches it from outside.
-//   - the CNI directories are the standard paths, which are the node's own directories
-//     inside its mount namespace.
+// containerdConfig: state, runc's root and pod network namespaces are under /run, the
+// node's own tmpfs; the socket is in the node's directory so that ctr reaches it from
+// outside; the CNI directories are the standard paths, which are the node's own
+// directories inside its mount namespace.
 func (c Config) containerdConfig() string {
-	return fmt.Sprintf(`version = 2
-root = %[1]q
-state = "/run/containerd"
-disabled_plugins = [
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing",
-]
-
-[grpc]
-  address = %[2]q
-
-[ttrpc]
-  address = %[3]q
-
-[debug]
-  level = "info"
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = %[4]q
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[5]q
-  restrict_oom_score_adj = true
-  disable_apparmor = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "10010"
-  enable_tls_streaming = false
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = %[6]q
-        Root = "/run/runc"
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/opt/cni/bin"
-    conf_dir = "/etc/cni/net.d"
-    max_conf_num = 1
-`,
-		filepath.Join(c.Dir, "containerd", "root"), c.Socket(), c.Socket()+".ttrpc",
-		filepath.Join(c.Dir, "containerd", "opt"), c.SandboxImage, mustLook("runc"))
+	return containerd.Config{
+		Root: filepath.Join(c.Dir, "containerd", "root"), State: "/run/containerd",
+		Socket: c.Socket(), OptDir: filepath.Join(c.Dir, "containerd", "opt"),
+		SandboxImage: c.SandboxImage, Runc: mustLook("runc"), RuncRoot: "/run/runc",
+		CNIBinDir: "/opt/cni/bin", CNIConfDir: "/etc/cni/net.d",
+	}.TOML()
 }
 
 // kubeletConfig: what it took on these machines (cgroup v1, no systemd, no

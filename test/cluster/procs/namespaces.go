@@ -26,8 +26,9 @@ func NetNSNames(prefix string) []string {
 	return names
 }
 
-// nsInode is the inode of the namespace file at path, as /proc/PID/ns/* links show it.
-func nsInode(path string) (uint64, error) {
+// NSInode is the inode of the namespace file at path, as /proc/PID/ns/* links show it; it
+// identifies the namespace also after its file is removed.
+func NSInode(path string) (uint64, error) {
 	var st syscall.Stat_t
 	if err := syscall.Stat(path, &st); err != nil {
 		return 0, fmt.Errorf("stat %s: %w", path, err)
@@ -38,10 +39,15 @@ func nsInode(path string) (uint64, error) {
 // InNetNS lists the processes inside the network namespace at path (none when the
 // namespace is gone).
 func InNetNS(path string) []int {
-	ino, err := nsInode(path)
+	ino, err := NSInode(path)
 	if err != nil {
 		return nil
 	}
+	return InNetNSInode(ino)
+}
+
+// InNetNSInode lists the processes inside the network namespace with inode ino (NSInode).
+func InNetNSInode(ino uint64) []int {
 	want := fmt.Sprintf("net:[%d]", ino)
 	var pids []int
 	for _, pid := range All() {

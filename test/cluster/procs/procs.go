@@ -2,7 +2,8 @@
 // command that starts them (so they outlive `localcluster up`), and finds and kills them
 // again by what they belong to: a network namespace, a cgroup tree or a marker in their
 // command line. Teardown never relies on recorded pids alone: a killed `up` may not have
-// recorded them, and a recorded pid may have been reused.
+// recorded them, and a recorded pid may have been reused. Its lookups of commands,
+// processes and named network namespaces also serve test/runtime and the benchmarks.
 package procs
 
 import (
