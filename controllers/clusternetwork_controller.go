@@ -76,30 +76,36 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if cn.Name != v1alpha1.ClusterNetworkName {
 		return ctrl.Result{}, r.refuseNotDefault(ctx, cn)
 	}
-	if err := r.ensureFinalizer(ctx, cn); err != nil {
+	// A pass that adds the finalizer ends there: the update it makes brings the next pass
+	// (see SetupWithManager), which starts from the object as stored.
+	if added, err := r.ensureFinalizer(ctx, cn); err != nil || added {
 		return ctrl.Result{}, err
 	}
 
 	o := observed{generation: cn.Generation, now: r.now(),
 		deadline: time.Duration(cn.Spec.Rollout.ProgressDeadlineSeconds) * time.Second}
 	var errs []error
-	problems, err := r.reconcileBlocks(ctx, cn)
+	problems, blocksErr := r.reconcileBlocks(ctx, cn)
 	o.problems = append(o.problems, problems...)
-	errs = append(errs, err)
+	errs = append(errs, blocksErr)
 
 	rendered, err := render.Agent(&cn.Spec, r.AgentImage)
 	if err != nil {
 		o.problems = append(o.problems, problem{ReasonRenderFailed, err.Error()})
+	} else if err := r.apply(ctx, cn, rendered); err != nil {
+		o.problems = append(o.problems, problem{ReasonApplyFailed, err.Error()})
+		errs = append(errs, err)
 	} else {
 		o.configHash = rendered.ConfigHash
-		if err := r.apply(ctx, cn, rendered); err != nil {
-			o.problems = append(o.problems, problem{ReasonApplyFailed, err.Error()})
-			errs = append(errs, err)
-		} else if cn.Status.ConfigHash != rendered.ConfigHash {
+		if cn.Status.ConfigHash != rendered.ConfigHash {
 			r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "ConfigApplied", "Apply",
 				"agent configuration %s applied (image %s)", rendered.ConfigHash, rendered.Image)
 		}
 	}
+	// The generation is processed once its blocks are allocated and its agent applied.
+	o.processed = blocksErr == nil && o.configHash != "" && !slices.ContainsFunc(o.problems, func(p problem) bool {
+		return p.reason == ReasonAllocationFailed
+	})
 	if o.daemonSet, err = r.daemonSet(ctx); err != nil {
 		errs = append(errs, err)
 	}
@@ -324,10 +330,12 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	toDefault := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: v1alpha1.ClusterNetworkName}}}
 	})
-	// Deletion must start the uninstall whether or not the API server bumps the generation.
-	deletionStarted := predicate.Funcs{
+	// Deletion must start the uninstall whether or not the API server bumps the generation,
+	// and the finalizer a pass added must bring the next pass (it leaves the generation as is).
+	lifecycle := predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
-			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+			return e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero() ||
+				!slices.Equal(e.ObjectOld.GetFinalizers(), e.ObjectNew.GetFinalizers())
 		},
 	}
 	nodeMembership := predicate.Funcs{
@@ -340,7 +348,7 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		GenericFunc: func(event.GenericEvent) bool { return true },
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&v1alpha1.ClusterNetwork{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, deletionStarted))).
+		For(&v1alpha1.ClusterNetwork{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, lifecycle))).
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&corev1.ConfigMap{}).
 		Owns(&corev1.ServiceAccount{}).

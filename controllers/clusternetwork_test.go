@@ -190,9 +190,8 @@ func TestOperator(t *testing.T) {
 
 		cfg := agentConfig(t)
 		if cfg.Encapsulation != "Hybrid" || cfg.VXLAN.Port != 8472 || cfg.VXLAN.VNI != 42 || cfg.MTU != 1400 ||
-			cfg.LogLevel != "debug" || !cfg.NATOutgoing || !cfg.NetworkPolicy.Enabled ||
-			cfg.NetworkPolicy.SetupTimeout.Duration != 10*time.Second ||
-			!slices.Equal(cfg.PodCIDRs, []string{"10.244.0.0/22", "10.245.0.0/22"}) || cfg.NodeBlockSize != 24 {
+			cfg.LogLevel != "debug" || !cfg.NATOutgoing ||
+			!slices.Equal(cfg.PodCIDRs, []string{"10.244.0.0/22", "10.245.0.0/22"}) {
 			t.Errorf("agent configuration does not match the spec: %+v", cfg)
 		}
 

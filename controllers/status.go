@@ -37,6 +37,9 @@ type problem struct {
 // observed is what a reconcile saw, the input of the status computation.
 type observed struct {
 	generation int64
+	// processed: the generation's blocks were allocated and its agent rendered and applied.
+	processed bool
+	// configHash of the agent configuration this pass applied; "" when it applied none.
 	configHash string
 	daemonSet  *appsv1.DaemonSet // nil when not (yet) there
 	problems   []problem
@@ -68,20 +71,33 @@ func (r rollout) done() bool {
 
 // computeStatus is the ClusterNetwork status for what was observed. It is pure; conditions
 // keep their transition times when their status does not change.
+//
+// observedGeneration follows Cluster API, which patches it only after a reconcile that
+// returned no error: status.observedGeneration moves to a generation only once that
+// generation was processed, so whoever waits for observedGeneration == generation (kstatus,
+// kubectl wait, a GitOps tool) never takes a spec that failed to render or apply for one
+// that took effect. Available and Progressing describe the rollout of the configuration
+// last applied and keep that generation; Degraded says why the current generation did not
+// take effect, so it is stamped with the current one.
 func computeStatus(prev v1alpha1.ClusterNetworkStatus, o observed) (v1alpha1.ClusterNetworkStatus, time.Duration) {
 	st := *prev.DeepCopy()
-	st.ObservedGeneration = o.generation
+	if o.processed {
+		st.ObservedGeneration = o.generation
+	}
 	if o.configHash != "" {
 		st.ConfigHash = o.configHash
 	}
 	if o.mtu != 0 {
 		st.MTU = o.mtu
 	}
-	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+	setFor := func(gen int64, t string, s metav1.ConditionStatus, reason, msg string) {
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{
-			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: o.generation,
+			Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen,
 			LastTransitionTime: metav1.NewTime(o.now),
 		})
+	}
+	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		setFor(st.ObservedGeneration, t, s, reason, msg)
 	}
 	var requeue time.Duration
 	problems := o.problems
@@ -99,10 +115,10 @@ func computeStatus(prev v1alpha1.ClusterNetworkStatus, o observed) (v1alpha1.Clu
 		counts := fmt.Sprintf("%d of %d nodes updated, %d available", ro.updated, ro.desired, ro.available)
 		if ro.done() {
 			set(v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonRolloutComplete,
-				"agent configuration "+o.configHash+" is rolled out: "+counts)
+				"agent configuration "+st.ConfigHash+" is rolled out: "+counts)
 		} else {
 			set(v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRollingOut,
-				"rolling out agent configuration "+o.configHash+": "+counts)
+				"rolling out agent configuration "+st.ConfigHash+": "+counts)
 			// The rollout started when Progressing last turned True.
 			since := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgressing).LastTransitionTime.Time
 			if o.deadline > 0 {
@@ -126,13 +142,13 @@ func computeStatus(prev v1alpha1.ClusterNetworkStatus, o observed) (v1alpha1.Clu
 	}
 
 	if len(problems) == 0 {
-		set(v1alpha1.ConditionDegraded, metav1.ConditionFalse, ReasonAsExpected, "")
+		setFor(o.generation, v1alpha1.ConditionDegraded, metav1.ConditionFalse, ReasonAsExpected, "")
 	} else {
 		msg := problems[0].message
 		for _, p := range problems[1:] {
 			msg += "; " + p.message
 		}
-		set(v1alpha1.ConditionDegraded, metav1.ConditionTrue, problems[0].reason, msg)
+		setFor(o.generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, problems[0].reason, msg)
 	}
 	return st, requeue
 }

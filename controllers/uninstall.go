@@ -45,16 +45,17 @@ const (
 	uninstallConfirmedMessage = "trellis removed from %d node(s)"
 )
 
-func (r *ClusterNetworkReconciler) ensureFinalizer(ctx context.Context, cn *v1alpha1.ClusterNetwork) error {
+// ensureFinalizer adds the uninstall finalizer unless it is there, and says whether it did.
+func (r *ClusterNetworkReconciler) ensureFinalizer(ctx context.Context, cn *v1alpha1.ClusterNetwork) (bool, error) {
 	if controllerutil.ContainsFinalizer(cn, v1alpha1.UninstallFinalizer) {
-		return nil
+		return false, nil
 	}
 	orig := cn.DeepCopy()
 	controllerutil.AddFinalizer(cn, v1alpha1.UninstallFinalizer)
 	if err := r.Patch(ctx, cn, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("adding finalizer %s to ClusterNetwork %s: %w", v1alpha1.UninstallFinalizer, cn.Name, err)
+		return false, fmt.Errorf("adding finalizer %s to ClusterNetwork %s: %w", v1alpha1.UninstallFinalizer, cn.Name, err)
 	}
-	return nil
+	return true, nil
 }
 
 // uninstall drives a ClusterNetwork being deleted: agent DaemonSet deleted in the

@@ -6,7 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"time"
+
+	"go.uber.org/zap/zapcore"
 )
 
 // FileName is the key of the configuration in the agent ConfigMap and the file name the
@@ -14,16 +15,16 @@ import (
 const FileName = "config.json"
 
 // Config is the agent configuration. Changing any field changes the config hash on the
-// agent pod template and so rolls the agent DaemonSet.
+// agent pod template and so rolls the agent DaemonSet: a field belongs here only if the
+// agent acts on it (config_test.go holds every field to a test that shows its effect).
 type Config struct {
-	PodCIDRs      []string      `json:"podCIDRs"`
-	NodeBlockSize int32         `json:"nodeBlockSize"`
-	Encapsulation string        `json:"encapsulation"`
-	VXLAN         VXLAN         `json:"vxlan"`
-	MTU           int32         `json:"mtu"`
-	NATOutgoing   bool          `json:"natOutgoing"`
-	NetworkPolicy NetworkPolicy `json:"networkPolicy"`
-	LogLevel      string        `json:"logLevel"`
+	PodCIDRs      []string `json:"podCIDRs"`
+	Encapsulation string   `json:"encapsulation"`
+	VXLAN         VXLAN    `json:"vxlan"`
+	MTU           int32    `json:"mtu"`
+	NATOutgoing   bool     `json:"natOutgoing"`
+	// LogLevel is the agent's log level (spec.agent.logLevel) unless --zap-log-level is given.
+	LogLevel string `json:"logLevel"`
 	// NodeIPInterface, when set, is the interface the node's underlay address is taken from.
 	NodeIPInterface string `json:"nodeIPInterface,omitempty"`
 	// RemoveOtherCNIConfigs: delete other CNIs' configurations once trellis's is written.
@@ -37,30 +38,22 @@ type VXLAN struct {
 	ChecksumOffload bool  `json:"checksumOffload"`
 }
 
-// NetworkPolicy enforcement settings.
-type NetworkPolicy struct {
-	Enabled      bool     `json:"enabled"`
-	SetupTimeout Duration `json:"setupTimeout"`
+// logLevels maps the API's log levels (api/v1alpha1 LogLevel) to zap's.
+var logLevels = map[string]zapcore.Level{
+	"debug": zapcore.DebugLevel,
+	"info":  zapcore.InfoLevel,
+	"warn":  zapcore.WarnLevel,
+	"error": zapcore.ErrorLevel,
 }
 
-// Duration is a time.Duration that reads and writes as a Go duration string ("10s").
-type Duration struct{ time.Duration }
-
-// MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
-
-// UnmarshalJSON reads a duration string.
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	var s string
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("duration must be a string such as \"10s\": %w", err)
+// ZapLevel is the zap level of a configured log level (debug, info, warn or error).
+// debug enables logr's V(1).
+func ZapLevel(level string) (zapcore.Level, error) {
+	l, ok := logLevels[level]
+	if !ok {
+		return 0, fmt.Errorf("logLevel %q: want debug, info, warn or error", level)
 	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	d.Duration = v
-	return nil
+	return l, nil
 }
 
 // Encode renders the configuration deterministically (the config hash depends on it).
@@ -80,6 +73,9 @@ func Load(path string) (*Config, error) {
 	}
 	if len(c.PodCIDRs) == 0 {
 		return nil, fmt.Errorf("agent configuration %s: podCIDRs is empty", path)
+	}
+	if _, err := ZapLevel(c.LogLevel); err != nil {
+		return nil, fmt.Errorf("agent configuration %s: %w", path, err)
 	}
 	return &c, nil
 }

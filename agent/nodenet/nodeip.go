@@ -16,14 +16,18 @@ func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
 	if r.NodeIP.IsValid() {
 		return r.NodeIP, nil
 	}
-	if r.NodeIPInterface != "" {
-		link, err := netlink.LinkByName(r.NodeIPInterface)
+	iface, setting := r.NodeIPInterface, "--node-ip-interface"
+	if iface == "" && r.Config != nil {
+		iface, setting = r.Config.NodeIPInterface, "spec.agent.nodeIPInterface"
+	}
+	if iface != "" {
+		link, err := netlink.LinkByName(iface)
 		if err != nil {
-			return netip.Addr{}, fmt.Errorf("--node-ip-interface %s: %w", r.NodeIPInterface, err)
+			return netip.Addr{}, fmt.Errorf("%s %s: %w", setting, iface, err)
 		}
 		ip, err := firstIPv4(link)
 		if err != nil {
-			return netip.Addr{}, fmt.Errorf("--node-ip-interface %s: %w", r.NodeIPInterface, err)
+			return netip.Addr{}, fmt.Errorf("%s %s: %w", setting, iface, err)
 		}
 		return ip, nil
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+
+	agentconfig "github.com/trellis-net/trellis/agent/config"
 )
 
 // The node IP comes from the flag, the configured interface, the Node's InternalIP or the
@@ -69,6 +71,9 @@ func TestNodeIP(t *testing.T) {
 	}{
 		{"flag wins", &Reconciler{NodeIP: netip.MustParseAddr("198.51.100.9"), NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.9", ""},
 		{"configured interface over InternalIP", &Reconciler{NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.5", ""},
+		{"spec.agent.nodeIPInterface over InternalIP", &Reconciler{Config: &agentconfig.Config{NodeIPInterface: "underlay"}}, withInternal, true, "198.51.100.5", ""},
+		{"--node-ip-interface over spec.agent.nodeIPInterface", &Reconciler{NodeIPInterface: "uplink", Config: &agentconfig.Config{NodeIPInterface: "underlay"}}, withInternal, true, "203.0.113.5", ""},
+		{"missing spec.agent.nodeIPInterface", &Reconciler{Config: &agentconfig.Config{NodeIPInterface: "nope"}}, withInternal, true, "", "spec.agent.nodeIPInterface nope"},
 		{"InternalIP over the default route", &Reconciler{}, withInternal, true, "198.51.100.7", ""},
 		{"default route's interface", &Reconciler{}, bare, true, "203.0.113.5", ""},
 		{"missing interface", &Reconciler{NodeIPInterface: "nope"}, withInternal, true, "", "--node-ip-interface nope"},

@@ -83,21 +83,35 @@ type Reconciler struct {
 	// CNIVersion the conflist declares: the newest the node's runtime understands.
 	CNIVersion string
 	// NodeIP, when set, is this node's underlay address; else the first IPv4 address of
-	// NodeIPInterface, when set; else the Node's InternalIP; else the address of the
-	// default route's interface.
+	// NodeIPInterface (else Config.NodeIPInterface), when set; else the Node's InternalIP;
+	// else the address of the default route's interface.
 	NodeIP          netip.Addr
 	NodeIPInterface string
 	Version         string
 	// ProcSys is where sysctls are written (empty: /proc/sys); tests make settings fail with it.
 	ProcSys string
 
-	ready atomic.Bool
+	// last is the outcome of the last sync; nil until one has ended.
+	last atomic.Pointer[outcome]
 }
 
-// Ready reports whether the conflist is written and the last sync succeeded.
+// outcome of a sync for /readyz: notReady is nil when the node got programmed.
+type outcome struct {
+	reason   string
+	notReady error
+}
+
+// Ready reports whether the last sync programmed the node (and so the conflist is
+// written). It follows every sync: a failed one makes it return the failure, with its
+// reason, until a later one succeeds. Unreachable Direct peers don't count: the node itself
+// is programmed, and its NodeNetwork's Ready condition names them.
 func (r *Reconciler) Ready() error {
-	if !r.ready.Load() {
+	o := r.last.Load()
+	switch {
+	case o == nil:
 		return errors.New("the datapath is not programmed yet")
+	case o.notReady != nil:
+		return fmt.Errorf("%s: %w", o.reason, o.notReady)
 	}
 	return nil
 }
@@ -110,56 +124,54 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 
 	node := &corev1.Node{}
 	if err := r.Get(ctx, types.NamespacedName{Name: r.NodeName}, node); err != nil {
-		return ctrl.Result{}, fmt.Errorf("reading Node %s: %w", r.NodeName, err)
-	}
-	nodeIP, err := r.nodeIP(node)
-	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, r.failed(ctx, nil, report{reason: ReasonSyncFailed}, fmt.Errorf("reading Node %s: %w", r.NodeName, err))
 	}
 	nn := &v1alpha1.NodeNetwork{}
 	if err := r.Get(ctx, types.NamespacedName{Name: r.NodeName}, nn); err != nil {
 		if apierrors.IsNotFound(err) {
 			log.Info("waiting for the operator to allocate this node's pod block")
+			r.last.Store(&outcome{reason: ReasonWaitingForBlock, notReady: fmt.Errorf("no NodeNetwork %s yet", r.NodeName)})
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		}
-		return ctrl.Result{}, err
+		return ctrl.Result{}, r.failed(ctx, nil, report{reason: ReasonSyncFailed}, fmt.Errorf("reading NodeNetwork %s: %w", r.NodeName, err))
+	}
+	nodeIP, err := r.nodeIP(node)
+	if err != nil {
+		return ctrl.Result{}, r.failed(ctx, nn, report{reason: ReasonSyncFailed}, err)
 	}
 	block, err := netip.ParsePrefix(nn.Spec.PodCIDR)
 	if err != nil {
+		r.last.Store(&outcome{reason: ReasonWaitingForBlock, notReady: errors.New("no pod block allocated yet")})
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, r.writeStatus(ctx, nn, report{nodeIP: nodeIP,
 			status: metav1.ConditionFalse, reason: ReasonWaitingForBlock, message: "no pod block allocated yet"})
 	}
 
 	cfg, err := r.desired(ctx, nodeIP, block)
 	if err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, reason: ReasonSyncFailed}, err)
 	}
 	st, err := datapath.Sync(*cfg)
 	if err == nil {
 		_, err = datapath.SyncIPTables(datapath.Rules(cfg.PodCIDRs, r.Config.NATOutgoing))
 	}
 	if err != nil {
-		syncErrors.Inc()
-		rep := report{nodeIP: nodeIP, status: metav1.ConditionFalse, reason: ReasonSyncFailed, message: err.Error()}
-		if st != nil {
-			rep.datapath = st
-		}
+		rep := report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed}
 		var se *datapath.SysctlError
 		if errors.As(err, &se) {
 			rep.reason = sysctlReason(se.Name)
 			rep.message = err.Error() + "; the node can't carry pod traffic until this is fixed (another tool may be resetting it)"
 		}
-		serr := r.writeStatus(ctx, nn, rep)
-		return ctrl.Result{}, errors.Join(err, serr)
+		return ctrl.Result{}, r.failed(ctx, nn, rep, err)
 	}
 	peersProgrammed.WithLabelValues("direct").Set(float64(len(st.PeersDirect)))
 	peersProgrammed.WithLabelValues("vxlan").Set(float64(len(st.PeersVXLAN)))
 
 	// Only now that routes work does the runtime get to use trellis.
 	if err := r.installConflist(ctx, block, st.PodMTU); err != nil {
-		return ctrl.Result{}, err
+		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed},
+			fmt.Errorf("installing the CNI configuration: %w", err))
 	}
-	r.ready.Store(true)
+	r.last.Store(&outcome{})
 
 	rep := report{nodeIP: nodeIP, datapath: st, status: metav1.ConditionTrue, reason: ReasonProgrammed}
 	msg := fmt.Sprintf("%d peer(s) direct, %d via VXLAN", len(st.PeersDirect), len(st.PeersVXLAN))
@@ -178,6 +190,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		log.Info("datapath synced", "added", st.RoutesAdded, "deleted", st.RoutesDeleted, "peers", msg)
 	}
 	return ctrl.Result{RequeueAfter: ResyncPeriod}, nil
+}
+
+// failed records a sync that did not program the node: /readyz turns NotReady with the
+// reason and, once the NodeNetwork was read, its Ready condition turns False with it.
+//
+// The conflist and the ready file stay as they are. Removing them would make the kubelet
+// report the node NotReady (the runtime's CNI status fails) on what is often a transient
+// error, and would take every node down in turn during an agent upgrade; pods already
+// running keep working on the routes in place. /readyz holds the DaemonSet rollout instead.
+func (r *Reconciler) failed(ctx context.Context, nn *v1alpha1.NodeNetwork, rep report, err error) error {
+	syncErrors.Inc()
+	rep.status = metav1.ConditionFalse
+	if rep.message == "" {
+		rep.message = err.Error()
+	}
+	r.last.Store(&outcome{reason: rep.reason, notReady: errors.New(rep.message)})
+	if nn == nil {
+		return err
+	}
+	return errors.Join(err, r.writeStatus(ctx, nn, rep))
 }
 
 func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip.Prefix) (*datapath.Config, error) {
@@ -271,7 +303,7 @@ func sysctlReason(name string) string {
 
 // report is what one sync tells the NodeNetwork status.
 type report struct {
-	nodeIP   netip.Addr
+	nodeIP   netip.Addr       // invalid when the sync failed before it knew it
 	datapath *datapath.Status // nil when the sync got nowhere
 	status   metav1.ConditionStatus
 	reason   string
@@ -280,9 +312,13 @@ type report struct {
 
 func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, rep report) error {
 	orig := nn.DeepCopy()
-	nn.Status.NodeIP = rep.nodeIP.String()
-	nn.Status.VTEPMAC, nn.Status.MTU = "", 0
+	// A sync that failed before it learnt the node IP or got to the datapath leaves what
+	// an earlier one published: peers keep reaching this node while it retries.
+	if rep.nodeIP.IsValid() {
+		nn.Status.NodeIP = rep.nodeIP.String()
+	}
 	if st := rep.datapath; st != nil {
+		nn.Status.VTEPMAC, nn.Status.MTU = "", 0
 		if st.VTEPMAC != nil {
 			nn.Status.VTEPMAC = st.VTEPMAC.String()
 		}

@@ -7,8 +7,11 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,32 +22,67 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
+	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
+var ctx = context.Background()
+
+// The API server the tests share, started by the first test that needs it.
+var (
+	envOnce sync.Once
+	env     *envtest.Environment
+	envK8s  client.Client
+	envErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if env != nil {
+		if err := env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "stopping the test control plane:", err)
+		}
+	}
+	os.Exit(code)
+}
+
+func apiServer(t *testing.T) client.Client {
+	t.Helper()
+	envOnce.Do(func() {
+		e, rc, err := testenv.Start()
+		if err != nil {
+			envErr = err
+			return
+		}
+		env = e
+		scheme, err := trellisscheme.New()
+		if err != nil {
+			envErr = err
+			return
+		}
+		envK8s, envErr = client.New(rc, client.Options{Scheme: scheme})
+	})
+	if envErr != nil {
+		t.Fatal(envErr)
+	}
+	return envK8s
+}
+
 // Two agents, each in its own node namespace, against a real API server: they publish
 // their VTEPs, program routes to each other, and only then write the conflist.
 func TestTwoAgents(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("must run as root: the test creates network namespaces")
-	}
-	env, cfg, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
-	k8s, err := testenv.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
+	netnstest.RequireRoot(t)
+	k8s := apiServer(t)
 
 	nsA, nsB := netnstest.New(t), netnstest.New(t)
 	must(t, nsA.Do(func(ns.NetNS) error {
@@ -56,8 +94,7 @@ func TestTwoAgents(t *testing.T) {
 		name, ip, block string
 		ns              ns.NetNS
 	}{{"node-a", "198.51.100.21", "10.244.10.0/24", nsA}, {"node-b", "198.51.100.22", "10.244.11.0/24", nsB}}
-	agentCfg := &agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, NodeBlockSize: 24, Encapsulation: "VXLAN",
-		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true}
+	agentCfg := baseConfig()
 	var recs []*nodenet.Reconciler
 	dirs := map[string]string{}
 	for _, n := range nodes {
@@ -72,11 +109,7 @@ func TestTwoAgents(t *testing.T) {
 			}
 			return netlink.LinkSetUp(l)
 		}))
-		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
-		must(t, k8s.Create(ctx, node))
-		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.ip}}
-		must(t, k8s.Status().Update(ctx, node))
-		must(t, k8s.Create(ctx, &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Spec: v1alpha1.NodeNetworkSpec{PodCIDR: n.block}}))
+		addNode(t, k8s, n.name, n.ip, n.block)
 		dir := t.TempDir()
 		dirs[n.name] = dir
 		recs = append(recs, &nodenet.Reconciler{Client: k8s, NodeName: n.name, Config: agentCfg,
@@ -172,7 +205,7 @@ func TestTwoAgents(t *testing.T) {
 	must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755)) // writes fail
 	must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan"), 0o755))
 	recs[0].ProcSys = procSys
-	err = nsA.Do(func(ns.NetNS) error { _, err := recs[0].Reconcile(ctx, ctrl.Request{}); return err })
+	err := nsA.Do(func(ns.NetNS) error { _, err := recs[0].Reconcile(ctx, ctrl.Request{}); return err })
 	if err == nil {
 		t.Error("a sync whose ip_forward write failed returned no error")
 	}
@@ -207,4 +240,348 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The agent's readiness follows its last sync: a failed sync turns /readyz NotReady with
+// the reason (and the NodeNetwork's Ready condition False with it), the next good one
+// turns it Ready again. The conflist and the ready file stay through the failure, so the
+// kubelet keeps the node Ready.
+func TestReadinessFollowsLastSync(t *testing.T) {
+	k8s := apiServer(t)
+	a := newAgent(t, k8s, "ready-a", "198.51.100.61", "10.244.30.0/24", baseConfig())
+	if err := a.rec.Ready(); err == nil {
+		t.Fatal("ready before the first sync")
+	}
+	must(t, a.sync())
+	a.expectReady(t)
+
+	for _, tc := range []struct {
+		name        string
+		breakIt     func()
+		fix         func()
+		reason, msg string
+	}{{
+		name: "ip_forward can't be set",
+		breakIt: func() {
+			procSys := t.TempDir()
+			must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755)) // writes fail
+			must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan"), 0o755))
+			a.rec.ProcSys = procSys
+		},
+		fix:    func() { a.rec.ProcSys = "" },
+		reason: nodenet.ReasonIPForwardNotSet, msg: "net.ipv4.ip_forward",
+	}, {
+		name: "the CNI configuration can't be written",
+		breakIt: func() {
+			file := filepath.Join(t.TempDir(), "file")
+			must(t, os.WriteFile(file, nil, 0o644))
+			a.rec.CNIConfDir = filepath.Join(file, "net.d") // under a regular file
+		},
+		fix:    func() { a.rec.CNIConfDir = filepath.Join(a.dir, "net.d") },
+		reason: nodenet.ReasonSyncFailed, msg: "installing the CNI configuration",
+	}, {
+		name:    "the node IP can't be found",
+		breakIt: func() { a.rec.NodeIPInterface = "missing0" },
+		fix:     func() { a.rec.NodeIPInterface = "" },
+		reason:  nodenet.ReasonSyncFailed, msg: "--node-ip-interface missing0",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.breakIt()
+			if err := a.sync(); err == nil {
+				t.Error("the sync returned no error")
+			}
+			err := a.rec.Ready()
+			if err == nil || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("Ready() = %v, want an error with %s and %q", err, tc.reason, tc.msg)
+			}
+			nn := a.nodeNetwork(t)
+			c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != tc.reason || !strings.Contains(c.Message, tc.msg) {
+				t.Errorf("Ready condition %+v, want False/%s saying %q", c, tc.reason, tc.msg)
+			}
+			if nn.Status.NodeIP != "198.51.100.61" || nn.Status.VTEPMAC == "" {
+				t.Errorf("status nodeIP %q vtepMAC %q: a failed sync dropped what peers reach the node by", nn.Status.NodeIP, nn.Status.VTEPMAC)
+			}
+			for _, f := range []string{filepath.Join(a.dir, "net.d", cniinstall.ConflistName), a.rec.ReadyFile} {
+				if _, err := os.Stat(f); err != nil {
+					t.Errorf("a failed sync removed %s: %v", f, err)
+				}
+			}
+			tc.fix()
+			must(t, a.sync())
+			a.expectReady(t)
+		})
+	}
+}
+
+// Every field of the agent configuration changes what the agent does (see
+// agent/config's TestEveryFieldHasAnEffect): one agent per case, against a real API
+// server, with a peer node to route to.
+func TestConfigTakesEffect(t *testing.T) {
+	netnstest.RequireCommands(t, "iptables", "iptables-restore")
+	k8s := apiServer(t)
+	peerBlock := "10.244.99.0/24"
+	addNode(t, k8s, "cfg-peer", "198.51.100.50", peerBlock)
+	peer := &v1alpha1.NodeNetwork{}
+	must(t, k8s.Get(ctx, types.NamespacedName{Name: "cfg-peer"}, peer))
+	peer.Status.NodeIP, peer.Status.VTEPMAC = "198.51.100.50", "02:00:00:00:00:50"
+	must(t, k8s.Status().Update(ctx, peer))
+
+	for i, tc := range []struct {
+		name   string
+		change func(*agentconfig.Config)
+		// setup runs in the agent's namespace before the sync.
+		setup func() error
+		check func(t *testing.T, a *agent, nn *v1alpha1.NodeNetwork)
+	}{{
+		name: "podCIDRs and natOutgoing",
+		change: func(c *agentconfig.Config) {
+			c.PodCIDRs = []string{"10.244.0.0/16", "10.250.0.0/16"}
+		},
+		check: func(t *testing.T, a *agent, _ *v1alpha1.NodeNetwork) {
+			if got, want := a.masqueraded(t), "10.244.0.0/16 10.250.0.0/16"; got != want {
+				t.Errorf("masqueraded sources %q, want %q", got, want)
+			}
+		},
+	}, {
+		name:   "natOutgoing off",
+		change: func(c *agentconfig.Config) { c.NATOutgoing = false },
+		check: func(t *testing.T, a *agent, _ *v1alpha1.NodeNetwork) {
+			if got := a.masqueraded(t); got != "" {
+				t.Errorf("masqueraded sources %q with natOutgoing off", got)
+			}
+		},
+	}, {
+		name: "encapsulation VXLAN",
+		check: func(t *testing.T, a *agent, nn *v1alpha1.NodeNetwork) {
+			if dev, gw := a.route(t, peerBlock); dev != datapath.VXLANDevice || nn.Status.Encapsulation != "VXLAN" {
+				t.Errorf("route to the peer via %s dev %s, status encapsulation %s; want dev %s, VXLAN", gw, dev, nn.Status.Encapsulation, datapath.VXLANDevice)
+			}
+		},
+	}, {
+		name:   "encapsulation Direct",
+		change: func(c *agentconfig.Config) { c.Encapsulation = "Direct" },
+		check: func(t *testing.T, a *agent, nn *v1alpha1.NodeNetwork) {
+			if dev, gw := a.route(t, peerBlock); dev != "eth0" || gw != "198.51.100.50" || nn.Status.Encapsulation != "Direct" {
+				t.Errorf("route to the peer via %s dev %s, status encapsulation %s; want via 198.51.100.50 dev eth0, Direct", gw, dev, nn.Status.Encapsulation)
+			}
+		},
+	}, {
+		name: "vxlan port, VNI and checksumOffload",
+		change: func(c *agentconfig.Config) {
+			c.VXLAN = agentconfig.VXLAN{Port: 8472, VNI: 42, ChecksumOffload: true}
+		},
+		check: func(t *testing.T, a *agent, nn *v1alpha1.NodeNetwork) {
+			var vx *netlink.Vxlan
+			must(t, a.ns.Do(func(ns.NetNS) error {
+				l, err := netlink.LinkByName(datapath.VXLANDevice)
+				vx, _ = l.(*netlink.Vxlan)
+				return err
+			}))
+			if vx == nil || vx.Port != 8472 || vx.VxlanId != 42 {
+				t.Errorf("VXLAN device %+v, want port 8472 VNI 42", vx)
+			}
+			if off := nn.Status.Kernel.VXLANTXChecksumOffload; off == nil || !*off {
+				t.Errorf("status.kernel.vxlanTXChecksumOffload %v, want true", off)
+			}
+		},
+	}, {
+		name:   "mtu",
+		change: func(c *agentconfig.Config) { c.MTU = 1300 },
+		check: func(t *testing.T, a *agent, nn *v1alpha1.NodeNetwork) {
+			if mtu := a.conflist(t)["mtu"]; nn.Status.MTU != 1300 || mtu != float64(1300) {
+				t.Errorf("status.mtu %d, conflist mtu %v; want 1300", nn.Status.MTU, mtu)
+			}
+		},
+	}, {
+		name:   "nodeIPInterface",
+		change: func(c *agentconfig.Config) { c.NodeIPInterface = "eth1" },
+		setup:  func() error { return addLink("eth1", "203.0.113.9/24") },
+		check: func(t *testing.T, _ *agent, nn *v1alpha1.NodeNetwork) {
+			if nn.Status.NodeIP != "203.0.113.9" {
+				t.Errorf("status.nodeIP %s, want eth1's 203.0.113.9 over the Node's InternalIP", nn.Status.NodeIP)
+			}
+		},
+	}, {
+		name:   "removeOtherCNIConfigs",
+		change: func(c *agentconfig.Config) { c.RemoveOtherCNIConfigs = true },
+		// the check below, for every case
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := baseConfig()
+			if tc.change != nil {
+				tc.change(cfg)
+			}
+			a := newAgent(t, k8s, fmt.Sprintf("cfg-%d", i), "198.51.100.41", fmt.Sprintf("10.244.%d.0/24", 40+i), cfg)
+			other := filepath.Join(a.rec.CNIConfDir, "05-other.conflist")
+			must(t, os.MkdirAll(a.rec.CNIConfDir, 0o755))
+			must(t, os.WriteFile(other, []byte(`{"name":"other"}`), 0o644))
+			if tc.setup != nil {
+				must(t, a.ns.Do(func(ns.NetNS) error { return tc.setup() }))
+			}
+			must(t, a.sync())
+			nn := a.expectReady(t)
+			if tc.check != nil {
+				tc.check(t, a, nn)
+			}
+			if _, err := os.Stat(other); (err == nil) == cfg.RemoveOtherCNIConfigs {
+				t.Errorf("removeOtherCNIConfigs %v, another CNI's conflist there: %v", cfg.RemoveOtherCNIConfigs, err == nil)
+			}
+		})
+	}
+}
+
+// baseConfig is the agent configuration of a defaulted ClusterNetwork.
+func baseConfig() *agentconfig.Config {
+	return &agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, Encapsulation: "VXLAN",
+		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true, LogLevel: "info"}
+}
+
+// addNode creates a Node with an InternalIP and its NodeNetwork with a block, both
+// removed when the test ends (the tests share the API server).
+func addNode(t *testing.T, k8s client.Client, name, ip, block string) {
+	t.Helper()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	must(t, k8s.Create(ctx, node))
+	t.Cleanup(func() { _ = k8s.Delete(ctx, node) })
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+	must(t, k8s.Status().Update(ctx, node))
+	nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.NodeNetworkSpec{PodCIDR: block}}
+	must(t, k8s.Create(ctx, nn))
+	t.Cleanup(func() { _ = k8s.Delete(ctx, nn) })
+}
+
+// addLink adds, in the current namespace, a veth (this kernel has no dummy links) with
+// addr, both ends up; the other end stays unused.
+func addLink(name, addr string) error {
+	la := netlink.NewLinkAttrs()
+	la.Name = name
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: name + "-p"}); err != nil {
+		return err
+	}
+	a, err := netlink.ParseAddr(addr)
+	if err != nil {
+		return err
+	}
+	for _, n := range []string{name, name + "-p"} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			return err
+		}
+		if n == name {
+			if err := netlink.AddrAdd(l, a); err != nil {
+				return err
+			}
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// agent is one node's agent in a namespace of its own, its underlay eth0 holding ip.
+type agent struct {
+	ns  ns.NetNS
+	dir string
+	rec *nodenet.Reconciler
+}
+
+func newAgent(t *testing.T, k8s client.Client, name, ip, block string, cfg *agentconfig.Config) *agent {
+	t.Helper()
+	a := &agent{ns: netnstest.New(t), dir: t.TempDir()}
+	must(t, a.ns.Do(func(ns.NetNS) error { return addLink("eth0", ip+"/24") }))
+	addNode(t, k8s, name, ip, block)
+	a.rec = &nodenet.Reconciler{Client: k8s, NodeName: name, Config: cfg, CNIConfDir: filepath.Join(a.dir, "net.d"),
+		ReadyFile: filepath.Join(a.dir, "run", "cni-ready"), CNIVersion: "1.0.0", Version: "test"}
+	return a
+}
+
+// sync runs one sync, in the agent's namespace.
+func (a *agent) sync() error {
+	return a.ns.Do(func(ns.NetNS) error { _, err := a.rec.Reconcile(ctx, ctrl.Request{}); return err })
+}
+
+func (a *agent) nodeNetwork(t *testing.T) *v1alpha1.NodeNetwork {
+	t.Helper()
+	nn := &v1alpha1.NodeNetwork{}
+	must(t, a.rec.Get(ctx, types.NamespacedName{Name: a.rec.NodeName}, nn))
+	return nn
+}
+
+// expectReady checks /readyz and the NodeNetwork's Ready condition say the node is programmed.
+func (a *agent) expectReady(t *testing.T) *v1alpha1.NodeNetwork {
+	t.Helper()
+	if err := a.rec.Ready(); err != nil {
+		t.Errorf("Ready() = %v after a good sync", err)
+	}
+	nn := a.nodeNetwork(t)
+	if c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue || c.Reason != nodenet.ReasonProgrammed {
+		t.Errorf("Ready condition %+v after a good sync, want True/%s", c, nodenet.ReasonProgrammed)
+	}
+	return nn
+}
+
+// masqueraded lists, sorted, the sources the nat table masquerades in the agent's namespace.
+func (a *agent) masqueraded(t *testing.T) string {
+	t.Helper()
+	var out []byte
+	must(t, a.ns.Do(func(ns.NetNS) error {
+		var err error
+		out, err = exec.Command("iptables", "-w", "-t", "nat", "-S").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables -t nat -S: %v: %s", err, out)
+		}
+		return nil
+	}))
+	var srcs []string
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f) && strings.Contains(line, "-j MASQUERADE"); i++ {
+			if f[i] == "-s" {
+				srcs = append(srcs, f[i+1])
+			}
+		}
+	}
+	return strings.Join(sorted(srcs), " ")
+}
+
+// route is the device and gateway of the agent's route to dst.
+func (a *agent) route(t *testing.T, dst string) (dev, gw string) {
+	t.Helper()
+	must(t, a.ns.Do(func(ns.NetNS) error {
+		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			if r.Dst != nil && r.Dst.String() == dst {
+				l, err := netlink.LinkByIndex(r.LinkIndex)
+				if err != nil {
+					return err
+				}
+				dev, gw = l.Attrs().Name, r.Gw.String()
+				return nil
+			}
+		}
+		return fmt.Errorf("no route to %s", dst)
+	}))
+	return dev, gw
+}
+
+// conflist is the trellis plugin's entry of the conflist the agent wrote.
+func (a *agent) conflist(t *testing.T) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(a.rec.CNIConfDir, cniinstall.ConflistName))
+	must(t, err)
+	var conf struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	must(t, json.Unmarshal(b, &conf))
+	return conf.Plugins[0]
+}
+
+func sorted(s []string) []string {
+	slices.Sort(s)
+	return s
 }

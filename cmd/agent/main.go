@@ -9,20 +9,19 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/nodenet"
+	"github.com/trellis-net/trellis/agent/options"
 	"github.com/trellis-net/trellis/agent/uninstall"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
@@ -30,46 +29,37 @@ import (
 )
 
 func main() {
-	var (
-		configPath, healthAddr, metricsAddr, binDir, confDir, readyFile, nodeIP, nodeIPInterface, cniVersion, pluginDir string
-	)
+	o := options.New()
 	fs := flag.NewFlagSet("trellis-agent", flag.ExitOnError)
-	fs.StringVar(&configPath, "config", "/etc/trellis/config.json", "agent configuration rendered by the operator")
-	fs.StringVar(&healthAddr, "health-addr", "127.0.0.1:9799", "address of /healthz and /readyz")
-	fs.StringVar(&metricsAddr, "metrics-addr", "127.0.0.1:9798", "address of /metrics; 0 disables it")
-	fs.StringVar(&binDir, "cni-bin-dir", "/host/opt/cni/bin", "the node's CNI binary directory, as mounted")
-	fs.StringVar(&confDir, "cni-conf-dir", "/host/etc/cni/net.d", "the node's CNI configuration directory, as mounted")
-	fs.StringVar(&readyFile, "ready-file", cnicontract.DefaultReadyFile, "file whose presence tells the CNI plugin the node is ready")
-	fs.StringVar(&nodeIP, "node-ip", "", "underlay address of this node (default: --node-ip-interface's, else the Node's InternalIP, else the default route interface's)")
-	fs.StringVar(&nodeIPInterface, "node-ip-interface", "", "take the node's underlay address from this interface")
-	fs.StringVar(&cniVersion, "cni-version", "1.0.0", "cniVersion of the conflist: the newest the node's runtime understands (containerd 1.6: 1.0.0)")
-	fs.StringVar(&pluginDir, "plugin-dir", "/usr/local/lib/trellis/cni", "where the image keeps the plugins install-cni copies")
-	opts := zap.Options{}
-	opts.BindFlags(fs)
+	o.AddFlags(fs)
 	args := os.Args[1:]
 	cmd := ""
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
 	_ = fs.Parse(args)
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	ctrl.SetLogger(o.Logger())
 	log := ctrl.Log.WithName("agent")
+	if err := o.Validate(); err != nil {
+		log.Error(err, "invalid command line")
+		os.Exit(2)
+	}
 
+	node := uninstall.Node{CNIBinDir: o.CNIBinDir, CNIConfDir: o.CNIConfDir, ReadyFile: o.ReadyFile, Plugins: pluginSources(o.PluginDir)}
 	var err error
 	switch cmd {
 	case "version":
 		fmt.Println(version.Version)
 	case "install-cni":
 		var replaced []string
-		replaced, err = cniinstall.Binaries(binDir, pluginSources(pluginDir)...)
-		log.Info("CNI plugins installed", "dir", binDir, "replaced", replaced)
+		replaced, err = cniinstall.Binaries(o.CNIBinDir, node.Plugins...)
+		log.Info("CNI plugins installed", "dir", o.CNIBinDir, "replaced", replaced)
 	case "cleanup":
 		var removed []string
-		removed, err = uninstall.Run(uninstall.Node{CNIBinDir: binDir, CNIConfDir: confDir, ReadyFile: readyFile, Plugins: pluginSources(pluginDir)})
+		removed, err = uninstall.Run(node)
 		log.Info("trellis removed from the node", "removed", removed)
 	case "":
-		node := uninstall.Node{CNIBinDir: binDir, CNIConfDir: confDir, ReadyFile: readyFile, Plugins: pluginSources(pluginDir)}
-		err = run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersion, node)
+		err = run(o, node)
 	default:
 		err = fmt.Errorf("unknown command %q: want install-cni, cleanup, version or none", cmd)
 	}
@@ -91,10 +81,15 @@ func pluginSources(dir string) []string {
 	return srcs
 }
 
-func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersion string, node uninstall.Node) error {
-	cfg, err := agentconfig.Load(configPath)
+func run(o *options.Options, node uninstall.Node) error {
+	cfg, err := agentconfig.Load(o.ConfigPath)
 	if err != nil {
 		return err
+	}
+	if applied, err := o.SetConfigLogLevel(cfg.LogLevel); err != nil {
+		return err
+	} else if !applied {
+		ctrl.Log.Info("--zap-log-level overrides spec.agent.logLevel", "logLevel", cfg.LogLevel)
 	}
 	nodeName := os.Getenv("NODE_NAME")
 	if nodeName == "" {
@@ -102,15 +97,7 @@ func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersio
 	}
 	r := &nodenet.Reconciler{
 		NodeName: nodeName, Config: cfg, CNIConfDir: node.CNIConfDir, ReadyFile: node.ReadyFile,
-		CNIVersion: cniVersion, Version: version.Version, NodeIPInterface: nodeIPInterface,
-	}
-	if r.NodeIPInterface == "" {
-		r.NodeIPInterface = cfg.NodeIPInterface // spec.agent.nodeIPInterface
-	}
-	if nodeIP != "" {
-		if r.NodeIP, err = netip.ParseAddr(nodeIP); err != nil {
-			return fmt.Errorf("--node-ip %q: %w", nodeIP, err)
-		}
+		CNIVersion: o.CNIVersion, Version: version.Version, NodeIP: o.NodeIP, NodeIPInterface: o.NodeIPInterface,
 	}
 	scheme, err := trellisscheme.New()
 	if err != nil {
@@ -118,8 +105,8 @@ func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersio
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress: healthAddr,
+		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
+		HealthProbeBindAddress: o.HealthAddr,
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
@@ -131,7 +118,7 @@ func run(configPath, healthAddr, metricsAddr, nodeIP, nodeIPInterface, cniVersio
 	// Addresses of pods that are gone but were never DEL'd (the plugin's store, network "trellis").
 	if err := mgr.Add(&ipamgc.Collector{
 		Reader: mgr.GetAPIReader(), NodeName: nodeName, StoreDir: cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName),
-		Grace: 5 * time.Minute, Interval: 2 * time.Minute,
+		Grace: o.IPAMGCGrace, Interval: o.IPAMGCInterval,
 	}); err != nil {
 		return err
 	}

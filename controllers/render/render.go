@@ -9,9 +9,9 @@ import (
 	"fmt"
 	"io/fs"
 	"path"
-	"time"
+	"slices"
+	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -37,8 +37,6 @@ const (
 	ConfigHashAnnotation = "network.trellis.dev/config-hash"
 	// baseImage is the image name used in config/agent, replaced by the real image.
 	baseImage = "trellis-agent"
-
-	defaultSetupTimeout = 10 * time.Second
 )
 
 // Result is the rendered agent.
@@ -53,38 +51,57 @@ type Result struct {
 	Image string
 }
 
-// AgentConfig is the agent configuration a ClusterNetwork spec asks for. Unset fields
-// (a spec not read back from the API server) get the API's defaults.
-func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) agentconfig.Config {
-	c := agentconfig.Config{
+// AgentConfig is the agent configuration a ClusterNetwork spec asks for. The spec must be
+// as read back from the API server: the CRD's defaulting (the +kubebuilder:default markers
+// in api/v1alpha1) is the one place defaults live, so an unset field is an error here, not
+// a second default.
+func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) (agentconfig.Config, error) {
+	if err := defaulted(spec); err != nil {
+		return agentconfig.Config{}, err
+	}
+	return agentconfig.Config{
 		PodCIDRs:      append([]string(nil), spec.PodCIDRs...),
-		NodeBlockSize: orDefault(spec.NodeBlockSize, 24),
 		Encapsulation: string(spec.Encapsulation),
 		VXLAN: agentconfig.VXLAN{
-			Port:            orDefault(spec.VXLAN.Port, 4789),
-			VNI:             orDefault(spec.VXLAN.VNI, 1),
+			Port:            spec.VXLAN.Port,
+			VNI:             spec.VXLAN.VNI,
 			ChecksumOffload: spec.VXLAN.ChecksumOffload,
 		},
-		MTU:         spec.MTU,
-		NATOutgoing: spec.NATOutgoing == nil || *spec.NATOutgoing,
-		NetworkPolicy: agentconfig.NetworkPolicy{
-			Enabled:      spec.NetworkPolicy.Enabled == nil || *spec.NetworkPolicy.Enabled,
-			SetupTimeout: agentconfig.Duration{Duration: defaultSetupTimeout},
-		},
+		MTU:                   spec.MTU,
+		NATOutgoing:           *spec.NATOutgoing,
 		LogLevel:              string(spec.Agent.LogLevel),
 		NodeIPInterface:       spec.Agent.NodeIPInterface,
 		RemoveOtherCNIConfigs: spec.Agent.RemoveOtherCNIConfigs,
+	}, nil
+}
+
+// defaulted fails, naming the fields, when spec lacks what the API server's defaulting
+// always sets: such a spec was built in memory rather than read from the API server.
+func defaulted(spec *v1alpha1.ClusterNetworkSpec) error {
+	var unset []string
+	for field, isUnset := range map[string]bool{
+		"spec.encapsulation":          spec.Encapsulation == "",
+		"spec.vxlan.port":             spec.VXLAN.Port == 0,
+		"spec.vxlan.vni":              spec.VXLAN.VNI == 0,
+		"spec.natOutgoing":            spec.NATOutgoing == nil,
+		"spec.agent.logLevel":         spec.Agent.LogLevel == "",
+		"spec.agent.imagePullPolicy":  spec.Agent.ImagePullPolicy == "",
+		"spec.rollout.maxUnavailable": spec.Rollout.MaxUnavailable == nil,
+	} {
+		if isUnset {
+			unset = append(unset, field)
+		}
 	}
-	if c.Encapsulation == "" {
-		c.Encapsulation = string(v1alpha1.EncapsulationVXLAN)
+	if len(unset) == 0 {
+		return nil
 	}
-	if c.LogLevel == "" {
-		c.LogLevel = "info"
+	slices.Sort(unset)
+	verb := "is"
+	if len(unset) > 1 {
+		verb = "are"
 	}
-	if t := spec.NetworkPolicy.SetupTimeout; t != nil {
-		c.NetworkPolicy.SetupTimeout.Duration = t.Duration
-	}
-	return c
+	return fmt.Errorf("%s %s unset: the ClusterNetwork was not defaulted by the API server (the agent is rendered from the spec as read back from it)",
+		strings.Join(unset, ", "), verb)
 }
 
 // Agent renders the agent's objects for spec. defaultImage is used unless
@@ -97,7 +114,10 @@ func Agent(spec *v1alpha1.ClusterNetworkSpec, defaultImage string) (*Result, err
 	if image == "" {
 		return nil, fmt.Errorf("no agent image: set spec.agent.image or the operator's RELATED_IMAGE_AGENT environment variable")
 	}
-	cfg := AgentConfig(spec)
+	cfg, err := AgentConfig(spec)
+	if err != nil {
+		return nil, err
+	}
 	encoded, err := cfg.Encode()
 	if err != nil {
 		return nil, fmt.Errorf("encoding agent configuration: %w", err)
@@ -160,13 +180,7 @@ func Agent(spec *v1alpha1.ClusterNetworkSpec, defaultImage string) (*Result, err
 
 func daemonSetPatch(spec *v1alpha1.ClusterNetworkSpec, hash string) (map[string]any, error) {
 	pullPolicy := spec.Agent.ImagePullPolicy
-	if pullPolicy == "" {
-		pullPolicy = corev1.PullIfNotPresent
-	}
-	maxUnavailable := intstr.FromInt32(1)
-	if spec.Rollout.MaxUnavailable != nil {
-		maxUnavailable = *spec.Rollout.MaxUnavailable
-	}
+	maxUnavailable := *spec.Rollout.MaxUnavailable // set: Agent checked defaulted(spec)
 	agent := map[string]any{"name": "agent", "imagePullPolicy": string(pullPolicy)}
 	if len(spec.Agent.Resources.Limits) > 0 || len(spec.Agent.Resources.Requests) > 0 {
 		r, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&spec.Agent.Resources)
@@ -237,11 +251,4 @@ func intOrString(v intstr.IntOrString) any {
 		return int64(v.IntVal)
 	}
 	return v.StrVal
-}
-
-func orDefault(v, def int32) int32 {
-	if v == 0 {
-		return def
-	}
-	return v
 }

@@ -1,18 +1,61 @@
 package render
 
 import (
+	"context"
 	"fmt"
+	"os"
+	"reflect"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/testenv"
 )
 
-func spec() *v1alpha1.ClusterNetworkSpec {
-	return &v1alpha1.ClusterNetworkSpec{PodCIDRs: []string{"10.244.0.0/16"}}
+// apiServer defaults the specs the tests render: the renderer takes a spec as read back
+// from the API server, whose CRD defaulting is the one place defaults live.
+var apiServer client.Client
+
+func TestMain(m *testing.M) {
+	env, cfg, err := testenv.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	scheme := runtime.NewScheme()
+	_ = v1alpha1.AddToScheme(scheme)
+	if apiServer, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the test control plane:", err)
+	}
+	os.Exit(code)
+}
+
+// spec is a ClusterNetwork spec with the given changes, as the API server defaults it (a
+// dry-run create: validated and defaulted, not stored).
+func spec(t *testing.T, mutate ...func(*v1alpha1.ClusterNetworkSpec)) *v1alpha1.ClusterNetworkSpec {
+	t.Helper()
+	cn := &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ClusterNetworkName}}
+	cn.Spec.PodCIDRs = []string{"10.244.0.0/16"}
+	for _, m := range mutate {
+		m(&cn.Spec)
+	}
+	if err := apiServer.Create(context.Background(), cn, client.DryRunAll); err != nil {
+		t.Fatalf("the API server refused the spec: %v", err)
+	}
+	return &cn.Spec
 }
 
 func find(t *testing.T, r *Result, kind, name string) *unstructured.Unstructured {
@@ -27,7 +70,7 @@ func find(t *testing.T, r *Result, kind, name string) *unstructured.Unstructured
 }
 
 func TestAgentObjectsAndOrder(t *testing.T) {
-	r, err := Agent(spec(), "img:1")
+	r, err := Agent(spec(t), "img:1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,25 +95,25 @@ func TestAgentObjectsAndOrder(t *testing.T) {
 	}
 	cm := find(t, r, "ConfigMap", ConfigMapName)
 	data, _, _ := unstructured.NestedString(cm.Object, "data", "config.json")
-	if !strings.Contains(data, `"encapsulation": "VXLAN"`) || !strings.Contains(data, `"setupTimeout": "10s"`) {
+	if !strings.Contains(data, `"encapsulation": "VXLAN"`) || !strings.Contains(data, `"logLevel": "info"`) {
 		t.Errorf("config.json does not carry the defaults:\n%s", data)
 	}
 }
 
 func TestConfigHash(t *testing.T) {
-	a, _ := Agent(spec(), "img:1")
-	b, _ := Agent(spec(), "img:1")
+	a, _ := Agent(spec(t), "img:1")
+	b, _ := Agent(spec(t), "img:1")
 	if a.ConfigHash != b.ConfigHash {
 		t.Fatal("the same spec rendered two hashes")
 	}
-	s := spec()
-	s.Encapsulation = v1alpha1.EncapsulationDirect
+	s := spec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Encapsulation = v1alpha1.EncapsulationDirect })
 	c, _ := Agent(s, "img:1")
 	if c.ConfigHash == a.ConfigHash {
 		t.Fatal("a changed encapsulation kept the hash")
 	}
-	s = spec()
-	s.Rollout.ProgressDeadlineSeconds = 100 // operator-only setting: must not restart agents
+	s = spec(t, func(s *v1alpha1.ClusterNetworkSpec) {
+		s.Rollout.ProgressDeadlineSeconds = 100 // operator-only setting: must not restart agents
+	})
 	d, _ := Agent(s, "img:1")
 	if d.ConfigHash != a.ConfigHash {
 		t.Fatal("an operator-only setting changed the agent config hash")
@@ -78,7 +121,7 @@ func TestConfigHash(t *testing.T) {
 }
 
 func TestNoImage(t *testing.T) {
-	_, err := Agent(spec(), "")
+	_, err := Agent(spec(t), "")
 	if err == nil || !strings.Contains(err.Error(), "spec.agent.image") || !strings.Contains(err.Error(), "RELATED_IMAGE_AGENT") {
 		t.Fatalf("want an error naming spec.agent.image and RELATED_IMAGE_AGENT, got %v", err)
 	}
@@ -86,8 +129,7 @@ func TestNoImage(t *testing.T) {
 
 func TestMaxUnavailable(t *testing.T) {
 	for _, v := range []intstr.IntOrString{intstr.FromInt32(2), intstr.FromString("25%")} {
-		s := spec()
-		s.Rollout.MaxUnavailable = &v
+		s := spec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Rollout.MaxUnavailable = &v })
 		r, err := Agent(s, "img:1")
 		if err != nil {
 			t.Fatal(err)
@@ -102,9 +144,10 @@ func TestMaxUnavailable(t *testing.T) {
 func isInt(v any) bool { _, ok := v.(int64); return ok }
 
 func TestAgentNodeSettings(t *testing.T) {
-	s := spec()
-	s.Agent.NodeIPInterface = "eth1"
-	s.Agent.RemoveOtherCNIConfigs = true
+	s := spec(t, func(s *v1alpha1.ClusterNetworkSpec) {
+		s.Agent.NodeIPInterface = "eth1"
+		s.Agent.RemoveOtherCNIConfigs = true
+	})
 	r, err := Agent(s, "img:1")
 	if err != nil {
 		t.Fatal(err)
@@ -114,5 +157,58 @@ func TestAgentNodeSettings(t *testing.T) {
 		if !strings.Contains(data, want) {
 			t.Errorf("config.json lacks %s:\n%s", want, data)
 		}
+	}
+}
+
+// The renderer adds no defaults of its own: what the agent gets for an empty spec is what
+// the CRD's defaulting put into it.
+func TestConfigIsTheDefaultedSpec(t *testing.T) {
+	cfg, err := AgentConfig(spec(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, Encapsulation: "VXLAN",
+		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true, LogLevel: "info"}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("agent configuration of the defaulted spec\n%+v\nwant\n%+v", cfg, want)
+	}
+	r, err := Agent(spec(t), "img:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := find(t, r, "DaemonSet", DaemonSetName)
+	mu, _, _ := unstructured.NestedFieldNoCopy(ds.Object, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable")
+	containers, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+	if pull := containers[0].(map[string]any)["imagePullPolicy"]; mu != int64(1) || pull != string(corev1.PullIfNotPresent) {
+		t.Errorf("maxUnavailable %#v, imagePullPolicy %v: want the CRD defaults 1 and IfNotPresent", mu, pull)
+	}
+}
+
+// A spec that did not come from the API server is refused with the fields it lacks,
+// rather than silently given defaults that could drift from the CRD's.
+func TestUndefaultedSpecIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(*v1alpha1.ClusterNetworkSpec)
+		want   string
+	}{
+		{"natOutgoing", func(s *v1alpha1.ClusterNetworkSpec) { s.NATOutgoing = nil }, "spec.natOutgoing is unset"},
+		{"logLevel", func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.LogLevel = "" }, "spec.agent.logLevel is unset"},
+		{"vxlan", func(s *v1alpha1.ClusterNetworkSpec) { s.VXLAN = v1alpha1.VXLANSpec{} }, "spec.vxlan.port, spec.vxlan.vni are unset"},
+		{"encapsulation", func(s *v1alpha1.ClusterNetworkSpec) { s.Encapsulation = "" }, "spec.encapsulation is unset"},
+		{"imagePullPolicy", func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.ImagePullPolicy = "" }, "spec.agent.imagePullPolicy is unset"},
+		{"maxUnavailable", func(s *v1alpha1.ClusterNetworkSpec) { s.Rollout.MaxUnavailable = nil }, "spec.rollout.maxUnavailable is unset"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec(t)
+			tc.mutate(s)
+			_, err := Agent(s, "img:1")
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "not defaulted by the API server") {
+				t.Errorf("error %v, want one saying %q and that the spec was not defaulted by the API server", err, tc.want)
+			}
+		})
+	}
+	if _, err := Agent(&v1alpha1.ClusterNetworkSpec{PodCIDRs: []string{"10.244.0.0/16"}}, "img:1"); err == nil {
+		t.Error("an in-memory spec with only podCIDRs was rendered")
 	}
 }

@@ -1,0 +1,144 @@
+// Package options holds the node agent's command-line options: their flags, defaults and
+// validation, and the logger they configure. cmd/agent only wires them.
+package options
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/go-logr/logr"
+	uzap "go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+// Options are the agent's command-line settings.
+type Options struct {
+	// ConfigPath is the agent configuration the operator renders.
+	ConfigPath string
+	// HealthAddr serves /healthz and /readyz; MetricsAddr /metrics ("0" disables it).
+	HealthAddr, MetricsAddr string
+	// CNIBinDir and CNIConfDir are the node's CNI directories as mounted into the pod.
+	CNIBinDir, CNIConfDir string
+	// ReadyFile's presence tells the CNI plugin the node is ready.
+	ReadyFile string
+	// NodeIP, when valid, is this node's underlay address; else NodeIPInterface's.
+	NodeIP          netip.Addr
+	NodeIPInterface string
+	// CNIVersion of the conflist: the newest the node's runtime understands.
+	CNIVersion string
+	// PluginDir is where the image keeps the plugins install-cni copies.
+	PluginDir string
+	// IPAMGCGrace is how long an address whose pod is gone is kept before it is released;
+	// IPAMGCInterval how often the collector looks.
+	IPAMGCGrace, IPAMGCInterval time.Duration
+	// Zap are the --zap-* logging flags.
+	Zap zap.Options
+
+	// level is the logger's level: --zap-log-level when given, else the configuration's.
+	level         uzap.AtomicLevel
+	levelFromFlag bool
+}
+
+// New returns the options with their defaults.
+func New() *Options {
+	o := &Options{
+		ConfigPath:     "/etc/trellis/config.json",
+		HealthAddr:     "127.0.0.1:9799",
+		MetricsAddr:    "127.0.0.1:9798",
+		CNIBinDir:      "/host/opt/cni/bin",
+		CNIConfDir:     "/host/etc/cni/net.d",
+		ReadyFile:      cnicontract.DefaultReadyFile,
+		CNIVersion:     "1.0.0",
+		PluginDir:      "/usr/local/lib/trellis/cni",
+		IPAMGCGrace:    5 * time.Minute,
+		IPAMGCInterval: 2 * time.Minute,
+		level:          uzap.NewAtomicLevelAt(zapcore.InfoLevel),
+	}
+	// The logger reads this level at every call, so the configuration's log level, known
+	// only once the configuration is read, still applies to the logger built before.
+	o.Zap.Level = o.level
+	return o
+}
+
+// AddFlags registers the options on fs, with the options' current values as defaults.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "agent configuration rendered by the operator")
+	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address of /healthz and /readyz")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "address of /metrics; 0 disables it")
+	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the node's CNI binary directory, as mounted")
+	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the node's CNI configuration directory, as mounted")
+	fs.StringVar(&o.ReadyFile, "ready-file", o.ReadyFile, "file whose presence tells the CNI plugin the node is ready")
+	fs.TextVar(&o.NodeIP, "node-ip", o.NodeIP, "underlay address of this node (default: --node-ip-interface's, else the Node's InternalIP, else the default route interface's)")
+	fs.StringVar(&o.NodeIPInterface, "node-ip-interface", o.NodeIPInterface, "take the node's underlay address from this interface (default: spec.agent.nodeIPInterface)")
+	fs.StringVar(&o.CNIVersion, "cni-version", o.CNIVersion, "cniVersion of the conflist: the newest the node's runtime understands (containerd 1.6: 1.0.0)")
+	fs.StringVar(&o.PluginDir, "plugin-dir", o.PluginDir, "where the image keeps the plugins install-cni copies")
+	fs.DurationVar(&o.IPAMGCGrace, "ipam-gc-grace", o.IPAMGCGrace, "how long an address whose pod is gone stays reserved before the agent releases it (the pod's DEL may still come)")
+	fs.DurationVar(&o.IPAMGCInterval, "ipam-gc-interval", o.IPAMGCInterval, "how often the agent looks for addresses of pods that are gone")
+	o.Zap.BindFlags(fs)
+	// Note whether --zap-log-level was given: it then wins over spec.agent.logLevel.
+	if f := fs.Lookup("zap-log-level"); f != nil {
+		f.Value = &setFlag{Value: f.Value, set: &o.levelFromFlag}
+		f.Usage += " (default: spec.agent.logLevel)"
+	}
+}
+
+// setFlag records that a flag was given.
+type setFlag struct {
+	flag.Value
+	set *bool
+}
+
+func (f *setFlag) Set(v string) error {
+	*f.set = true
+	return f.Value.Set(v)
+}
+
+// Validate checks the options after parsing.
+func (o *Options) Validate() error {
+	var errs []error
+	for _, f := range []struct{ name, value string }{
+		{"config", o.ConfigPath}, {"cni-bin-dir", o.CNIBinDir}, {"cni-conf-dir", o.CNIConfDir},
+		{"ready-file", o.ReadyFile}, {"cni-version", o.CNIVersion}, {"plugin-dir", o.PluginDir},
+	} {
+		if f.value == "" {
+			errs = append(errs, fmt.Errorf("--%s must not be empty", f.name))
+		}
+	}
+	if o.NodeIP.IsValid() && !o.NodeIP.Is4() {
+		errs = append(errs, fmt.Errorf("--node-ip %s: only IPv4 node addresses are supported", o.NodeIP))
+	}
+	if o.IPAMGCGrace <= 0 {
+		errs = append(errs, fmt.Errorf("--ipam-gc-grace %s: must be positive", o.IPAMGCGrace))
+	}
+	if o.IPAMGCInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--ipam-gc-interval %s: must be positive", o.IPAMGCInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// Logger is the agent's logger as the --zap-* flags configure it; more options (tests:
+// where it writes) apply after them.
+func (o *Options) Logger(more ...zap.Opts) logr.Logger {
+	return zap.New(append([]zap.Opts{zap.UseFlagOptions(&o.Zap)}, more...)...)
+}
+
+// SetConfigLogLevel applies the configuration's log level (spec.agent.logLevel) to the
+// logger, unless --zap-log-level was given. It reports whether it applied it.
+func (o *Options) SetConfigLogLevel(level string) (bool, error) {
+	l, err := agentconfig.ZapLevel(level)
+	if err != nil {
+		return false, err
+	}
+	if o.levelFromFlag {
+		return false, nil
+	}
+	o.level.SetLevel(l)
+	return true, nil
+}
