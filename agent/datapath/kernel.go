@@ -16,7 +16,7 @@ import (
 // larger of conf.all and conf.<dev>, so 2 is loose whatever the distribution put in "all",
 // while 0 would lose to a strict (1) "all". Strict would drop pod traffic a peer still sends
 // through trellis.vxlan while this node already routes it directly (a live mode switch);
-// pods can't spoof anyway: the raw-table rpfilter rule (iptables.go) drops that.
+// pods can't spoof anyway: the raw-table rpfilter rule (netfilter.go) drops that.
 const RPFilterLoose = "2"
 
 // Sysctl names the datapath reports (sysctl(8) notation: an interface name's dots become

@@ -37,6 +37,7 @@ import (
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/plugin"
 )
@@ -92,6 +93,9 @@ type Reconciler struct {
 	ProcSys string
 
 	ready atomic.Bool
+
+	// netfilter keeps the node's NAT and anti-spoofing chains.
+	netfilter netfilter.Syncer
 }
 
 // Ready reports whether the conflist is written and the last sync succeeded.
@@ -136,7 +140,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 	st, err := datapath.Sync(*cfg)
 	if err == nil {
-		_, err = datapath.SyncIPTables(datapath.Rules(cfg.PodCIDRs, r.Config.NATOutgoing))
+		_, err = r.netfilter.Sync(ctx, datapath.Netfilter(cfg.PodCIDRs, r.Config.NATOutgoing))
 	}
 	if err != nil {
 		syncErrors.Inc()
