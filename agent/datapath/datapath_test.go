@@ -1,6 +1,7 @@
 package datapath_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
@@ -313,9 +315,11 @@ func TestStalePeersAreRemovedAndOthersLeftAlone(t *testing.T) {
 func TestMasqueradeAndAntiSpoofing(t *testing.T) {
 	topo := newTopology(t)
 	topo.syncAll(datapath.ModeVXLAN)
-	for _, n := range topo.nodes {
+	rules := datapath.Netfilter([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true)
+	syncers := make([]netfilter.Syncer, len(topo.nodes))
+	for i, n := range topo.nodes {
 		must(t, n.ns.Do(func(ns.NetNS) error {
-			_, err := datapath.SyncIPTables(datapath.Rules([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true))
+			_, err := syncers[i].Sync(context.Background(), rules)
 			return err
 		}))
 	}
@@ -353,14 +357,17 @@ func TestMasqueradeAndAntiSpoofing(t *testing.T) {
 	if err == nil {
 		t.Error("a pod reached another pod from a spoofed source address")
 	}
-	// Idempotent: the second sync leaves the chains alone.
-	must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
-		changed, err := datapath.SyncIPTables(datapath.Rules([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true))
-		if changed {
-			t.Error("an unchanged ruleset was rewritten")
-		}
-		return err
-	}))
+	// Idempotent: the second sync leaves the chains alone, and so does the first sync of
+	// a restarted agent (a syncer that never wrote them).
+	for _, s := range []*netfilter.Syncer{&syncers[0], {}} {
+		must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
+			res, err := s.Sync(context.Background(), rules)
+			if res.Changed() {
+				t.Errorf("an unchanged ruleset was rewritten: %+v", res)
+			}
+			return err
+		}))
+	}
 }
 
 // During a live switch nodes run different modes for a while: a node already on Direct

@@ -37,6 +37,7 @@ import (
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
@@ -93,6 +94,9 @@ type Reconciler struct {
 
 	// last is the outcome of the last sync; nil until one has ended.
 	last atomic.Pointer[outcome]
+
+	// netfilter keeps the node's NAT and anti-spoofing chains.
+	netfilter netfilter.Syncer
 }
 
 // outcome of a sync for /readyz: notReady is nil when the node got programmed.
@@ -152,7 +156,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 	st, err := datapath.Sync(*cfg)
 	if err == nil {
-		_, err = datapath.SyncIPTables(datapath.Rules(cfg.PodCIDRs, r.Config.NATOutgoing))
+		_, err = r.netfilter.Sync(ctx, datapath.Netfilter(cfg.PodCIDRs, r.Config.NATOutgoing))
 	}
 	if err != nil {
 		rep := report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/ipset"
+	"github.com/trellis-net/trellis/agent/netfilter"
 )
 
 // Node is what trellis put on the node, as the agent sees it.
@@ -39,9 +41,9 @@ func Run(n Node) (removed []string, err error) {
 			removed = append(removed, f)
 		}
 	}
-	chains, err := datapath.CleanupIPTables()
+	chains, err := netfilter.Cleanup()
 	removed, errs = append(removed, chains...), append(errs, err)
-	sets, err := datapath.CleanupIPSets()
+	sets, err := ipset.Cleanup()
 	for _, s := range sets {
 		removed = append(removed, "ipset "+s)
 	}

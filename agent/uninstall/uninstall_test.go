@@ -1,6 +1,7 @@
 package uninstall_test
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/uninstall"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
@@ -93,7 +95,8 @@ func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
 		if st.RoutesAdded != 2 {
 			return fmt.Errorf("set-up: %d trellis routes, want 2", st.RoutesAdded)
 		}
-		if _, err := datapath.SyncIPTables(datapath.Rules([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true)); err != nil {
+		var nf netfilter.Syncer
+		if _, err := nf.Sync(context.Background(), datapath.Netfilter([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true)); err != nil {
 			return err
 		}
 		return run(

@@ -77,7 +77,7 @@ func TestNetworkPolicy(t *testing.T) {
 		if last := s.lastEcho(); last.After(enforced.Add(time.Second)) {
 			t.Errorf("an established connection still carried data %v after the policy denying it was enforced", last.Sub(enforced))
 		}
-		if s.echoesSince(time.Now().Add(-500 * time.Millisecond)) > 0 {
+		if s.echoesSince(time.Now().Add(-500*time.Millisecond)) > 0 {
 			t.Error("the established connection still flows")
 		}
 	})

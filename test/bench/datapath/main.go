@@ -15,8 +15,8 @@
 //
 // The Trellis side uses the real code: pods are wired by the trellis CNI plugin binary
 // through libcni (as a container runtime drives it), the nodes are programmed by the agent's
-// datapath package (datapath.Sync and datapath.SyncIPTables with natOutgoing, exactly what
-// the agent's reconcile runs). The reference side is the same topology built with plain ip
+// datapath package (datapath.Sync, and a netfilter.Syncer writing datapath.Netfilter with
+// natOutgoing: exactly what the agent's reconcile runs). The reference side is the same topology built with plain ip
 // and bridge commands: Calico-style routed veths with /32 routes, static routes via the peer
 // node (Direct), a flannel-style VXLAN device with static neighbour and FDB entries (VXLAN),
 // no iptables rules. A bare veth pair between two namespaces is measured too, as the

@@ -106,7 +106,7 @@ func (rep *report) print(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "goal trellis/reference >= %.2f: missed on %d of %d paths (%s)\n", goal, len(missed), len(rep.rows), strings.Join(missed, "; "))
 	}
-	fmt.Fprintf(w, "trellis: pods ADDed by the trellis plugin through libcni; nodes programmed by agent/datapath: Sync, and SyncIPTables with\n")
+	fmt.Fprintf(w, "trellis: pods ADDed by the trellis plugin through libcni; nodes programmed by agent/datapath: Sync, and its netfilter chains with\n")
 	fmt.Fprintf(w, "  natOutgoing (a nat and a raw chain, so conntrack follows every packet the node forwards or encapsulates)\n")
 	fmt.Fprintf(w, "reference: the same veths, routes, neighbours, FDB entries and VXLAN devices made with ip/bridge; no iptables rules\n")
 	fmt.Fprintf(w, "Hybrid: node2 on the same subnet (198.51.100.0/24, routed directly), node3 behind a router on 203.0.113.0/24 (VXLAN)\n")

@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
@@ -90,7 +91,7 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 }
 
 // syncNode runs what the agent's reconcile runs on n: datapath.Sync with every other node of
-// the cluster as a peer (with the VTEP MACs known so far), then SyncIPTables.
+// the cluster as a peer (with the VTEP MACs known so far), then its netfilter chains.
 func syncNode(c *cluster, n *node, macs map[string]net.HardwareAddr, checksumOffload bool) (*datapath.Status, error) {
 	cfg := datapath.Config{
 		Mode: c.mode, VNI: vxlanVNI, Port: vxlanPort, ChecksumOffload: checksumOffload,
@@ -108,8 +109,9 @@ func syncNode(c *cluster, n *node, macs map[string]net.HardwareAddr, checksumOff
 		if st, err = datapath.Sync(cfg); err != nil {
 			return fmt.Errorf("datapath.Sync: %w", err)
 		}
-		if _, err := datapath.SyncIPTables(datapath.Rules(cfg.PodCIDRs, natOutgoing)); err != nil {
-			return fmt.Errorf("datapath.SyncIPTables: %w", err)
+		var nf netfilter.Syncer
+		if _, err := nf.Sync(context.Background(), datapath.Netfilter(cfg.PodCIDRs, natOutgoing)); err != nil {
+			return fmt.Errorf("netfilter sync: %w", err)
 		}
 		return nil
 	})

@@ -1,0 +1,102 @@
+package datapath_test
+
+import (
+	"context"
+	"net/netip"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/test/netnstest"
+)
+
+// What the previous version's SyncIPTables wrote (iptables-restore input), and its jumps.
+const previousRestore = `*nat
+:TRELLIS-POSTROUTING - [0:0]
+-A TRELLIS-POSTROUTING -s 10.244.0.0/16 -d 10.244.0.0/16 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s 10.244.0.0/16 -d 10.96.0.0/12 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s 10.96.0.0/12 -d 10.244.0.0/16 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s 10.96.0.0/12 -d 10.96.0.0/12 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s 10.244.0.0/16 -m comment --comment "trellis: pod traffic leaving the pod network" -j MASQUERADE --random-fully
+-A TRELLIS-POSTROUTING -s 10.96.0.0/12 -m comment --comment "trellis: pod traffic leaving the pod network" -j MASQUERADE --random-fully
+COMMIT
+*raw
+:TRELLIS-PREROUTING - [0:0]
+-A TRELLIS-PREROUTING -i trl+ -m rpfilter --invert -m comment --comment "trellis: pods send only from their own address" -j DROP
+COMMIT
+`
+
+var previousJumps = [][]string{
+	{"-t", "nat", "-A", "POSTROUTING", "-m", "comment", "--comment", "trellis", "-j", "TRELLIS-POSTROUTING"},
+	{"-t", "raw", "-I", "PREROUTING", "1", "-m", "comment", "--comment", "trellis", "-j", "TRELLIS-PREROUTING"},
+}
+
+var twoCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.96.0.0/12")}
+
+func TestNetfilterIsThePreviousRules(t *testing.T) {
+	st := datapath.Netfilter(twoCIDRs, true)
+	var got strings.Builder
+	for _, table := range []netfilter.Table{netfilter.NAT, netfilter.Raw} {
+		got.Write(netfilter.Render(table, st.Tables[table]))
+	}
+	if got.String() != previousRestore {
+		t.Errorf("rendered:\n%s\nthe previous version wrote:\n%s", got.String(), previousRestore)
+	}
+	for _, tc := range []struct {
+		table netfilter.Table
+		want  netfilter.Jump
+	}{
+		{netfilter.NAT, netfilter.Jump{From: "POSTROUTING", Position: netfilter.Append, Comment: "trellis", To: datapath.ChainNAT}},
+		{netfilter.Raw, netfilter.Jump{From: "PREROUTING", Position: netfilter.First, Comment: "trellis", To: datapath.ChainRaw}},
+	} {
+		if j := st.Tables[tc.table].Jumps; len(j) != 1 || !reflect.DeepEqual(j[0], tc.want) {
+			t.Errorf("%s jumps %+v, want %+v", tc.table, j, tc.want)
+		}
+	}
+	if err := st.Validate(); err != nil {
+		t.Error(err)
+	}
+
+	off := datapath.Netfilter(twoCIDRs, false)
+	if c := off.Tables[netfilter.NAT].Chains; len(c) != 1 || c[0].Name != datapath.ChainNAT || len(c[0].Rules) != 0 {
+		t.Errorf("natOutgoing off: nat chains %+v, want %s empty", c, datapath.ChainNAT)
+	}
+	if len(off.Tables[netfilter.Raw].Chains[0].Rules) != 1 {
+		t.Error("natOutgoing off: anti-spoofing must stay")
+	}
+}
+
+// A node upgraded from the previous version: the new agent's first sync (a syncer that
+// never wrote anything) finds the chains identical and writes nothing, so the rules keep
+// their counters and conntrack its state.
+func TestNetfilterUpgradeRewritesNothing(t *testing.T) {
+	for _, b := range []netfilter.Backend{netfilter.Legacy, netfilter.NFT} {
+		t.Run(b.Mode, func(t *testing.T) {
+			netnstest.RequireCommands(t, b.IPTables, b.Restore)
+			n := netnstest.New(t)
+			must(t, n.Do(func(ns.NetNS) error {
+				cmd := exec.Command(b.Restore, "--noflush")
+				cmd.Stdin = strings.NewReader(previousRestore)
+				if out, err := cmd.CombinedOutput(); err != nil {
+					t.Fatalf("%s: %v: %s", b.Restore, err, out)
+				}
+				for _, j := range previousJumps {
+					if out, err := exec.Command(b.IPTables, j...).CombinedOutput(); err != nil {
+						t.Fatalf("%s %v: %v: %s", b.IPTables, j, err, out)
+					}
+				}
+				s := netfilter.Syncer{Backend: b}
+				res, err := s.Sync(context.Background(), datapath.Netfilter(twoCIDRs, true))
+				if res.Changed() {
+					t.Errorf("the upgraded agent rewrote: %+v", res)
+				}
+				return err
+			}))
+		})
+	}
+}

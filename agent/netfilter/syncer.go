@@ -1,0 +1,362 @@
+package netfilter
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/coreos/go-iptables/iptables"
+)
+
+// Syncer keeps trellis's chains as a State says. The zero value is ready to use: it
+// detects the backend on its first Sync. It is safe for concurrent use (syncs run one at
+// a time).
+//
+// Whether a chain differs is decided against what iptables-save prints, which is not what
+// was written (quoting, option order, "-p tcp --dport 80" printed as "-p tcp -m tcp
+// --dport 80", "--mark 1" as "--mark 0x1" ...). Rather than normalise every extension's
+// output, the syncer remembers, per chain, the hash of the desired rules together with the
+// hash of how the kernel printed them right after it wrote them: as long as both hashes
+// match, nothing is written, whatever the rules look like. Only a chain it has no memory
+// of (the first sync after a restart) is compared rule by rule with a normaliser of the
+// common differences (sameRule); a rule it doesn't recognise costs one rewrite, never a
+// rewrite per sync.
+type Syncer struct {
+	// Backend selects the iptables commands. Zero: DetectBackend on the first Sync.
+	// Set it before the first Sync; ActiveBackend tells the one in use.
+	Backend Backend
+
+	mu     sync.Mutex
+	active atomic.Pointer[Backend]
+	ipt    *iptables.IPTables
+	memo   map[Table]*tableMemo
+}
+
+// ActiveBackend is the backend the syncer writes with (for the agent to report: Mode is
+// "nft" or "legacy"); zero before the first Sync decided it.
+func (s *Syncer) ActiveBackend() Backend {
+	if b := s.active.Load(); b != nil {
+		return *b
+	}
+	return Backend{}
+}
+
+type tableMemo struct {
+	chains map[string]memo
+	jumps  memo
+}
+
+// memo ties a desired content to the kernel's printing of it.
+type memo struct{ want, have [sha256.Size]byte }
+
+// Result says what a Sync changed. Chains are "table/chain", jumps "table/FROM -> TO".
+type Result struct {
+	// Restored lists the tables written with iptables-restore (one run each).
+	Restored []Table
+	Written  []string
+	Removed  []string
+	// Kept are chains no longer desired that a chain outside the state still goes to:
+	// flushed (they return at once), not removed.
+	Kept         []string
+	JumpsAdded   []string
+	JumpsRemoved []string
+}
+
+// Changed reports whether the Sync wrote anything.
+func (r Result) Changed() bool {
+	return len(r.Restored) > 0 || len(r.JumpsAdded) > 0
+}
+
+// Sync makes the chains of st's scope in st's tables hold exactly st's content: per
+// table one iptables-save, and one iptables-restore --noflush when a chain differs, a
+// chain in scope is no longer desired or a jump into one is not; then the missing jumps
+// (go-iptables). It goes on with the other tables after a failure.
+func (s *Syncer) Sync(ctx context.Context, st State) (Result, error) {
+	if err := st.Validate(); err != nil {
+		return Result{}, fmt.Errorf("netfilter state: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.Backend.Mode == "" {
+		b, err := DetectBackend()
+		if err != nil {
+			return Result{}, err
+		}
+		s.Backend = b
+	}
+	if s.active.Load() == nil {
+		b := s.Backend
+		s.active.Store(&b)
+	}
+	if s.memo == nil {
+		s.memo = map[Table]*tableMemo{}
+	}
+	var res Result
+	var errs []error
+	for _, table := range Tables {
+		if ts, ok := st.Tables[table]; ok {
+			if err := s.syncTable(ctx, st, table, ts, &res); err != nil {
+				delete(s.memo, table) // compare afresh next time
+				errs = append(errs, fmt.Errorf("%s table: %w", table, err))
+			}
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+func (s *Syncer) syncTable(ctx context.Context, st State, table Table, ts TableState, res *Result) error {
+	out, err := s.save(ctx, table)
+	if err != nil {
+		return err
+	}
+	d := parseSave(out, st.inScope)
+	m := s.memo[table]
+	if m == nil {
+		m = &tableMemo{chains: map[string]memo{}}
+		s.memo[table] = m
+	}
+	p := plan(ts, d, m)
+	for _, c := range p.kept {
+		res.Kept = append(res.Kept, string(table)+"/"+c)
+	}
+	changed, jumpsChanged := false, len(p.unjumped) > 0
+	if !p.restore.empty() {
+		if err := s.restore(ctx, renderRestore(table, p.restore)); err != nil {
+			return err
+		}
+		changed = true
+		res.Restored = append(res.Restored, table)
+		for _, c := range p.restore.write {
+			res.Written = append(res.Written, string(table)+"/"+c.Name)
+		}
+		for _, c := range p.restore.remove {
+			res.Removed = append(res.Removed, string(table)+"/"+c)
+		}
+		for _, l := range p.unjumped {
+			res.JumpsRemoved = append(res.JumpsRemoved, fmt.Sprintf("%s/%s -> %s", table, l.from, l.to))
+		}
+	}
+	for _, j := range p.missing {
+		added, err := s.ensureJump(table, j)
+		if err != nil {
+			return err
+		}
+		if added {
+			changed, jumpsChanged = true, true
+			res.JumpsAdded = append(res.JumpsAdded, fmt.Sprintf("%s/%s -> %s", table, j.From, j.To))
+		}
+	}
+	// Every desired chain and jump now matches the kernel's copy: remember its printing,
+	// as compared (so a change by someone else since is still seen next time) or, for what
+	// was just written, as the kernel prints it now.
+	after := d
+	if changed {
+		if out, err = s.save(ctx, table); err != nil {
+			return err
+		}
+		after = parseSave(out, st.inScope)
+	}
+	written := make(map[string]bool, len(p.restore.write))
+	for _, c := range p.restore.write {
+		written[c.Name] = true
+	}
+	m.chains = make(map[string]memo, len(ts.Chains))
+	for _, c := range ts.Chains {
+		seen := d
+		if written[c.Name] {
+			seen = after
+		}
+		m.chains[c.Name] = memo{want: hashRules(c.Rules), have: hashLines(seen.rules[c.Name])}
+	}
+	seen := d
+	if jumpsChanged {
+		seen = after
+	}
+	m.jumps = memo{want: hashJumps(ts.Jumps), have: hashJumpLines(seen.jumps)}
+	return nil
+}
+
+// tablePlan is what a table needs: one restore, then the missing jumps.
+type tablePlan struct {
+	restore  restorePlan
+	unjumped []jumpLine // the jumps restore.unjump deletes
+	missing  []Jump
+	kept     []string
+}
+
+// plan compares the desired content of a table with the kernel's.
+func plan(ts TableState, d tableDump, m *tableMemo) tablePlan {
+	var p tablePlan
+	want := make(map[string]bool, len(ts.Chains))
+	for _, c := range ts.Chains {
+		want[c.Name] = true
+		if !d.chains[c.Name] || !sameChain(c, d.rules[c.Name], m.chains[c.Name]) {
+			p.restore.write = append(p.restore.write, c)
+		}
+	}
+	for _, c := range d.scoped {
+		if want[c] {
+			continue
+		}
+		if len(d.foreign[c]) == 0 {
+			p.restore.flush = append(p.restore.flush, c)
+			p.restore.remove = append(p.restore.remove, c)
+			continue
+		}
+		// Never touch others' chains: the chain stays, empty, until they stop using it.
+		p.kept = append(p.kept, c)
+		if len(d.rules[c]) > 0 {
+			p.restore.flush = append(p.restore.flush, c)
+		}
+	}
+	if m.jumps == (memo{want: hashJumps(ts.Jumps), have: hashJumpLines(d.jumps)}) {
+		return p // all there, as the kernel printed them after the last sync
+	}
+	found := make([]bool, len(ts.Jumps))
+	for _, l := range d.jumps {
+		i := -1
+		for k, j := range ts.Jumps {
+			if !found[k] && j.From == l.from && sameRule(l.text, j.rule()) {
+				i = k
+				break
+			}
+		}
+		if i >= 0 {
+			found[i] = true
+			continue
+		}
+		// Not desired (or a second copy): jumps into trellis chains are trellis's.
+		p.restore.unjump = append(p.restore.unjump, l.String())
+		p.unjumped = append(p.unjumped, l)
+	}
+	for i, j := range ts.Jumps {
+		if !found[i] {
+			p.missing = append(p.missing, j)
+		}
+	}
+	return p
+}
+
+// sameChain reports whether the kernel's rules of a chain (as printed) are c's.
+func sameChain(c Chain, printed []string, m memo) bool {
+	if m.want == hashRules(c.Rules) && m.have == hashLines(printed) {
+		return true
+	}
+	if len(printed) != len(c.Rules) {
+		return false
+	}
+	for i, r := range c.Rules {
+		if !sameRule(printed[i], r) {
+			return false
+		}
+	}
+	return true
+}
+
+func hashRules(rules []Rule) [sha256.Size]byte {
+	h := sha256.New()
+	for _, r := range rules {
+		h.Write([]byte(ruleText(r)))
+		h.Write([]byte{'\n'})
+	}
+	return [sha256.Size]byte(h.Sum(nil))
+}
+
+func hashLines(lines []string) [sha256.Size]byte {
+	h := sha256.New()
+	for _, l := range lines {
+		h.Write([]byte(l))
+		h.Write([]byte{'\n'})
+	}
+	return [sha256.Size]byte(h.Sum(nil))
+}
+
+func hashJumps(jumps []Jump) [sha256.Size]byte {
+	h := sha256.New()
+	for _, j := range jumps {
+		fmt.Fprintf(h, "%s %d %s\n", j.From, j.Position, ruleText(j.rule()))
+	}
+	return [sha256.Size]byte(h.Sum(nil))
+}
+
+func hashJumpLines(lines []jumpLine) [sha256.Size]byte {
+	h := sha256.New()
+	for _, l := range lines {
+		h.Write([]byte(l.String()))
+		h.Write([]byte{'\n'})
+	}
+	return [sha256.Size]byte(h.Sum(nil))
+}
+
+func (s *Syncer) save(ctx context.Context, table Table) ([]byte, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, s.Backend.Save, "-t", string(table))
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s -t %s: %w: %s", s.Backend.Save, table, err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.Bytes(), nil
+}
+
+var errorLine = regexp.MustCompile(`line:? (\d+)`)
+
+func (s *Syncer) restore(ctx context.Context, input []byte) error {
+	cmd := exec.CommandContext(ctx, s.Backend.Restore, "--noflush", "--wait")
+	cmd.Stdin = bytes.NewReader(input)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "Try `") {
+			lines = append(lines, l)
+		}
+	}
+	msg := strings.Join(lines, "; ")
+	// The input may be thousands of lines: quote the one iptables-restore names.
+	if m := errorLine.FindStringSubmatch(msg); m != nil {
+		if n, _ := strconv.Atoi(m[1]); n > 0 {
+			if lines := strings.Split(string(input), "\n"); n <= len(lines) {
+				msg += fmt.Sprintf(" (line %d: %s)", n, lines[n-1])
+			}
+		}
+	}
+	return fmt.Errorf("%s --noflush: %w: %s", s.Backend.Restore, err, msg)
+}
+
+// ensureJump adds j unless the kernel has it, where j.Position says.
+func (s *Syncer) ensureJump(table Table, j Jump) (added bool, err error) {
+	if s.ipt == nil {
+		ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Path(s.Backend.IPTables))
+		if err != nil {
+			return false, fmt.Errorf("%s: %w", s.Backend.IPTables, err)
+		}
+		s.ipt = ipt
+	}
+	spec := j.rule().args()
+	ok, err := s.ipt.Exists(string(table), j.From, spec...)
+	if err != nil {
+		return false, fmt.Errorf("checking the jump %s -> %s: %w", j.From, j.To, err)
+	}
+	if ok {
+		return false, nil
+	}
+	if j.Position == First {
+		err = s.ipt.Insert(string(table), j.From, 1, spec...)
+	} else {
+		err = s.ipt.Append(string(table), j.From, spec...)
+	}
+	if err != nil {
+		return false, fmt.Errorf("adding the jump %s -> %s: %w", j.From, j.To, err)
+	}
+	return true, nil
+}
