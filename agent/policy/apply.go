@@ -1,0 +1,147 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/trellis-net/trellis/agent/ipset"
+	"github.com/trellis-net/trellis/agent/netfilter"
+)
+
+// Scope is every filter-table chain the policy engine owns (names or name prefixes), so
+// its syncs leave the node's other trellis chains (NAT, anti-spoofing) alone.
+var Scope = []string{ChainForward, ChainInput, ChainFromPod, ChainToPod, ingressPrefix, egressPrefix}
+
+// applyTimeout bounds one apply (ipset and iptables restores).
+const applyTimeout = 60 * time.Second
+
+// KernelApplier writes Rulesets into the kernel with agent/ipset and agent/netfilter:
+// sets first (every set a new rule names exists), then the chains, then the sets no rule
+// uses any more are destroyed.
+type KernelApplier struct {
+	// Syncer writes the chains; its zero value detects the node's iptables backend.
+	Syncer netfilter.Syncer
+}
+
+// Apply implements Applier.
+func (a *KernelApplier) Apply(rs *Ruleset) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	sets := kernelSets(rs)
+	sr, err := ipset.Apply(ctx, sets)
+	if err != nil {
+		return sr.Restored, fmt.Errorf("ipsets: %w", err)
+	}
+	st, err := kernelState(rs)
+	if err != nil {
+		return sr.Restored, err
+	}
+	nr, err := a.Syncer.Sync(ctx, st)
+	if err != nil {
+		return true, fmt.Errorf("iptables: %w", err)
+	}
+	changed := sr.Restored || nr.Changed()
+	if len(sr.InUse) > 0 { // sets the old rules used until now
+		sr2, err := ipset.Apply(ctx, sets)
+		if err != nil {
+			return true, fmt.Errorf("removing unused ipsets: %w", err)
+		}
+		changed = changed || sr2.Restored
+	}
+	return changed, nil
+}
+
+// Remove implements Applier: no policy chain, jump or set is left.
+func (a *KernelApplier) Remove() error {
+	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	if _, err := a.Syncer.Sync(ctx, netfilter.State{Scope: Scope, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: {}}}); err != nil {
+		return fmt.Errorf("removing the policy chains: %w", err)
+	}
+	if _, err := ipset.Apply(ctx, nil); err != nil {
+		return fmt.Errorf("removing the policy ipsets: %w", err)
+	}
+	return nil
+}
+
+// Backend is the iptables backend in use ("nft" or "legacy"; "" before the first apply).
+func (a *KernelApplier) Backend() string {
+	return a.Syncer.ActiveBackend().Mode
+}
+
+// FilterCounters is iptables-save -c of the filter table, with the backend in use (for
+// the denied-packets metric).
+func (a *KernelApplier) FilterCounters() (string, error) {
+	b := a.Syncer.ActiveBackend()
+	if b.Save == "" {
+		return "", nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, b.Save, "-c", "-t", "filter").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s -c -t filter: %w", b.Save, err)
+	}
+	return string(out), nil
+}
+
+func kernelSets(rs *Ruleset) []ipset.Set {
+	out := make([]ipset.Set, 0, len(rs.Sets))
+	for _, s := range rs.Sets {
+		ks := ipset.Set{Name: s.Name, Type: string(s.Type)}
+		if n := len(s.Members); n > 65536/2 {
+			ks.MaxElem = 1 << 16
+			for ks.MaxElem < 2*n {
+				ks.MaxElem *= 2
+			}
+		}
+		for _, m := range s.Members {
+			member, nomatch := strings.CutSuffix(m, " nomatch")
+			ks.Entries = append(ks.Entries, ipset.Entry{Member: member, NoMatch: nomatch})
+		}
+		out = append(out, ks)
+	}
+	return out
+}
+
+// kernelState turns the Ruleset's chains into agent/netfilter's description.
+func kernelState(rs *Ruleset) (netfilter.State, error) {
+	ts := netfilter.TableState{}
+	for _, c := range rs.Chains {
+		chain := netfilter.Chain{Name: c.Name}
+		for _, r := range c.Rules {
+			rule, err := kernelRule(r)
+			if err != nil {
+				return netfilter.State{}, fmt.Errorf("chain %s: %w", c.Name, err)
+			}
+			chain.Rules = append(chain.Rules, rule)
+		}
+		ts.Chains = append(ts.Chains, chain)
+	}
+	for _, j := range Jumps {
+		ts.Jumps = append(ts.Jumps, netfilter.Jump{From: j.Chain, Position: netfilter.First, Comment: "trellis: network policy", To: j.Target})
+	}
+	return netfilter.State{Scope: Scope, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: ts}}, nil
+}
+
+// kernelRule splits a rule of Compile's vocabulary into matches, comment and target.
+func kernelRule(rule string) (netfilter.Rule, error) {
+	args := splitArgs(rule)
+	var r netfilter.Rule
+	for i := 0; i < len(args); i++ {
+		switch {
+		case args[i] == "-m" && i+3 < len(args) && args[i+1] == "comment" && args[i+2] == "--comment":
+			r.Comment = args[i+3]
+			i += 3
+		case args[i] == "-j":
+			r.Target = args[i:]
+			return r, nil
+		default:
+			r.Match = append(r.Match, args[i])
+		}
+	}
+	return r, fmt.Errorf("rule %q has no target", rule)
+}

@@ -1,0 +1,315 @@
+package policy_test
+
+import (
+	"bufio"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/netnstest"
+)
+
+// node is a node namespace with pods wired by the CNI plugin's own veth code, the node's
+// anti-spoofing and NAT rules in place, and a TCP echo server in every pod.
+type node struct {
+	t    *testing.T
+	ns   ns.NetNS
+	pods map[string]*kpod
+}
+
+type kpod struct {
+	name string
+	ns   ns.NetNS
+	ip   netip.Addr
+	pod  *policy.Pod
+}
+
+func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
+	t.Helper()
+	netnstest.RequireCommands(t, backend.Restore, backend.Save, "ipset")
+	n := &node{t: t, ns: netnstest.New(t), pods: map[string]*kpod{}}
+	for i, name := range names {
+		p := &kpod{name: name, ns: netnstest.New(t), ip: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})}
+		must(t, n.ns.Do(func(ns.NetNS) error {
+			_, err := veth.Setup(p.ns, veth.HostName(name, "eth0"), "eth0", p.ip, 1500)
+			return err
+		}))
+		p.pod = &policy.Pod{Namespace: "shop", Name: name, Labels: map[string]string{"app": name}, IP: p.ip, NodeName: "node1",
+			Ports: []policy.Port{{Name: "echo", Protocol: corev1.ProtocolTCP, Port: 7000}}}
+		echo(t, p.ns, 7000)
+		echo(t, p.ns, 7001)
+		n.pods[name] = p
+	}
+	must(t, n.ns.Do(func(ns.NetNS) error {
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			return err
+		}
+		// The node's own chains, as the agent keeps them beside the policy chains.
+		s := netfilter.Syncer{Backend: backend}
+		_, err := s.Sync(t.Context(), datapath.Netfilter([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true))
+		return err
+	}))
+	return n
+}
+
+// state is the Compile input for the node's pods with policies.
+func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
+	st := policy.State{Namespaces: []*policy.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies}
+	var wired map[netip.Addr]string
+	must(n.t, n.ns.Do(func(ns.NetNS) error {
+		var err error
+		wired, err = policy.WiredPods()
+		return err
+	}))
+	for _, p := range n.pods {
+		st.Pods = append(st.Pods, p.pod)
+		if iface := wired[p.ip]; iface != "" {
+			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: p.pod.Key(), IP: p.ip, Interface: iface})
+		}
+	}
+	if len(st.Endpoints) != len(n.pods) {
+		n.t.Fatalf("WiredPods found %v, want the %d pods", wired, len(n.pods))
+	}
+	return st
+}
+
+func (n *node) apply(a *policy.KernelApplier, st policy.State) bool {
+	n.t.Helper()
+	var changed bool
+	must(n.t, n.ns.Do(func(ns.NetNS) error {
+		var err error
+		changed, err = a.Apply(policy.Compile(st))
+		return err
+	}))
+	return changed
+}
+
+func (n *node) dial(from, to string, port int) error {
+	var err error
+	_ = n.pods[from].ns.Do(func(ns.NetNS) error {
+		var conn net.Conn
+		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(n.pods[to].ip, uint16(port)).String(), 500*time.Millisecond)
+		if err == nil {
+			conn.Close()
+		}
+		return nil
+	})
+	return err
+}
+
+func (n *node) save(backend netfilter.Backend) string {
+	var out []byte
+	must(n.t, n.ns.Do(func(ns.NetNS) error {
+		var err error
+		out, err = exec.Command(backend.Save, "-t", "filter").Output()
+		return err
+	}))
+	return string(out)
+}
+
+func policyFor(name string, sel map[string]string, ingress []networkingv1.NetworkPolicyIngressRule) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name},
+		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: sel},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}, Ingress: ingress},
+	}
+}
+
+// The compiled rules in a real kernel, for both iptables backends: they enforce, a second
+// apply and a restarted agent's first apply write nothing, a change that only moves a pod
+// between selectors touches sets and not chains, and Remove leaves nothing.
+func TestKernelEnforcement(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newNode(t, backend, "web", "db", "cache")
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			// db admits web on its named port only.
+			dbPolicy := policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "frontend"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntstr("echo")}},
+			}})
+			n.pods["web"].pod.Labels["role"] = "frontend"
+			if !n.apply(a, n.state(dbPolicy)) {
+				t.Fatal("the first apply wrote nothing")
+			}
+			for _, c := range []struct {
+				from, to string
+				port     int
+				ok       bool
+			}{
+				{"web", "db", 7000, true}, {"web", "db", 7001, false}, {"cache", "db", 7000, false},
+				{"db", "web", 7000, true}, {"cache", "web", 7001, true},
+			} {
+				if err := n.dial(c.from, c.to, c.port); (err == nil) != c.ok {
+					t.Errorf("%s -> %s:%d: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, n.save(backend))
+				}
+			}
+			before := n.save(backend)
+			if n.apply(a, n.state(dbPolicy)) {
+				t.Error("a second apply of the same state wrote")
+			}
+			restarted := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			if n.apply(restarted, n.state(dbPolicy)) {
+				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, n.save(backend))
+			}
+			// cache becomes a frontend: only a set changes.
+			n.pods["cache"].pod.Labels["role"] = "frontend"
+			if !n.apply(restarted, n.state(dbPolicy)) {
+				t.Error("relabelling a pod changed nothing")
+			}
+			if err := n.dial("cache", "db", 7000); err != nil {
+				t.Errorf("cache -> db after cache became a frontend: %v", err)
+			}
+			if after := n.save(backend); stripCounters(after) != stripCounters(before) {
+				t.Errorf("relabelling a pod rewrote chains:\nbefore:\n%s\nafter:\n%s", before, after)
+			}
+			// Remove: no chain, jump or set left; the node's own chains stay.
+			must(t, n.ns.Do(func(ns.NetNS) error { return restarted.Remove() }))
+			left := n.save(backend)
+			for _, c := range []string{"TRELLIS-FORWARD", "TRELLIS-INPUT", "TRELLIS-I-", "TRELLIS-E-", "TRELLIS-TO-POD", "TRELLIS-FROM-POD"} {
+				if strings.Contains(left, c) {
+					t.Errorf("%s left after Remove:\n%s", c, left)
+				}
+			}
+			var sets []byte
+			must(t, n.ns.Do(func(ns.NetNS) error {
+				var err error
+				sets, err = exec.Command("ipset", "list", "-name").Output()
+				return err
+			}))
+			if strings.Contains(string(sets), "trellis-") {
+				t.Errorf("ipsets left after Remove: %s", sets)
+			}
+			if err := n.dial("cache", "db", 7001); err != nil {
+				t.Errorf("traffic after Remove: %v", err)
+			}
+		})
+	}
+}
+
+// An established connection that a new policy denies stops once its conntrack entry is
+// deleted, and is not picked up again from the other side.
+func TestEstablishedConnectionDenied(t *testing.T) {
+	backend := netfilter.NFT
+	n := newNode(t, backend, "web", "db")
+	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+	n.apply(a, n.state())
+	var conn net.Conn
+	must(t, n.pods["web"].ns.Do(func(ns.NetNS) error {
+		var err error
+		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(n.pods["db"].ip, 7000).String(), time.Second)
+		return err
+	}))
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	roundTrip := func() error {
+		_ = conn.SetDeadline(time.Now().Add(700 * time.Millisecond))
+		if _, err := conn.Write([]byte("x\n")); err != nil {
+			return err
+		}
+		_, err := r.ReadString('\n')
+		return err
+	}
+	if err := roundTrip(); err != nil {
+		t.Fatalf("the connection doesn't work before the policy: %v", err)
+	}
+	deny := policyFor("deny", map[string]string{"app": "db"}, nil)
+	st := n.state(deny)
+	rs := policy.Compile(st)
+	must(t, n.ns.Do(func(ns.NetNS) error {
+		if _, err := a.Apply(rs); err != nil {
+			return err
+		}
+		ifaces := map[netip.Addr]string{}
+		for _, e := range st.Endpoints {
+			ifaces[e.IP] = e.Interface
+		}
+		removed, err := policy.DeleteDeniedConnections(rs, ifaces)
+		if err == nil && removed == 0 {
+			t.Error("no conntrack entry removed for the denied connection")
+		}
+		return err
+	}))
+	for i := range 3 {
+		if err := roundTrip(); err == nil {
+			t.Fatalf("round trip %d on the denied connection still works", i)
+		}
+	}
+}
+
+func echo(t *testing.T, pod ns.NetNS, port int) {
+	t.Helper()
+	var ln net.Listener
+	must(t, pod.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp", ":"+itoa(port))
+		return err
+	}))
+	t.Cleanup(func() { ln.Close() })
+	var wg sync.WaitGroup
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				wg.Wait()
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					l, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := c.Write([]byte(l)); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+func stripCounters(save string) string {
+	var out []string
+	for _, l := range strings.Split(save, "\n") {
+		if strings.HasPrefix(l, "#") {
+			continue
+		}
+		if i := strings.Index(l, " ["); strings.HasPrefix(l, ":") && i > 0 {
+			l = l[:i]
+		}
+		out = append(out, l)
+	}
+	return strings.Join(out, "\n")
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+
+func ptrIntstr(name string) *intstr.IntOrString { v := intstr.FromString(name); return &v }
