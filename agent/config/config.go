@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
 
 	"go.uber.org/zap/zapcore"
 )
@@ -29,6 +30,24 @@ type Config struct {
 	NodeIPInterface string `json:"nodeIPInterface,omitempty"`
 	// RemoveOtherCNIConfigs: delete other CNIs' configurations once trellis's is written.
 	RemoveOtherCNIConfigs bool `json:"removeOtherCNIConfigs,omitempty"`
+	// NetworkPolicy enforcement (spec.networkPolicy).
+	NetworkPolicy NetworkPolicy `json:"networkPolicy"`
+}
+
+// NetworkPolicy settings.
+type NetworkPolicy struct {
+	// Enabled: the agent enforces NetworkPolicy and the conflist makes every new pod wait
+	// for its policies; off, the agent removes every policy rule and set.
+	Enabled bool `json:"enabled"`
+	// SetupTimeout bounds how long a new pod's setup waits for its policies, a Go
+	// duration ("10s").
+	SetupTimeout string `json:"setupTimeout,omitempty"`
+}
+
+// PolicySetupTimeout is NetworkPolicy.SetupTimeout parsed (validated by Load).
+func (c *Config) PolicySetupTimeout() time.Duration {
+	d, _ := time.ParseDuration(c.NetworkPolicy.SetupTimeout)
+	return d
 }
 
 // VXLAN settings of the node's VXLAN device.
@@ -76,6 +95,11 @@ func Load(path string) (*Config, error) {
 	}
 	if _, err := ZapLevel(c.LogLevel); err != nil {
 		return nil, fmt.Errorf("agent configuration %s: %w", path, err)
+	}
+	if c.NetworkPolicy.Enabled {
+		if d, err := time.ParseDuration(c.NetworkPolicy.SetupTimeout); err != nil || d <= 0 {
+			return nil, fmt.Errorf("agent configuration %s: networkPolicy.setupTimeout %q is not a positive duration such as \"10s\"", path, c.NetworkPolicy.SetupTimeout)
+		}
 	}
 	return &c, nil
 }

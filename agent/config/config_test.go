@@ -16,16 +16,18 @@ import (
 // agent acting on it: "file (from the repository root) TestName[/subtest]". A field
 // nothing reads must not be rendered: editing it would restart every agent for nothing.
 var consumers = map[string]string{
-	"podCIDRs":              "agent/nodenet/nodenet_test.go TestConfigTakesEffect/podCIDRs and natOutgoing",
-	"encapsulation":         "agent/nodenet/nodenet_test.go TestConfigTakesEffect/encapsulation Direct",
-	"vxlan.port":            "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
-	"vxlan.vni":             "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
-	"vxlan.checksumOffload": "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
-	"mtu":                   "agent/nodenet/nodenet_test.go TestConfigTakesEffect/mtu",
-	"natOutgoing":           "agent/nodenet/nodenet_test.go TestConfigTakesEffect/natOutgoing off",
-	"logLevel":              "agent/options/options_test.go TestConfigLogLevel",
-	"nodeIPInterface":       "agent/nodenet/nodenet_test.go TestConfigTakesEffect/nodeIPInterface",
-	"removeOtherCNIConfigs": "agent/nodenet/nodenet_test.go TestConfigTakesEffect/removeOtherCNIConfigs",
+	"podCIDRs":                   "agent/nodenet/nodenet_test.go TestConfigTakesEffect/podCIDRs and natOutgoing",
+	"encapsulation":              "agent/nodenet/nodenet_test.go TestConfigTakesEffect/encapsulation Direct",
+	"vxlan.port":                 "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
+	"vxlan.vni":                  "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
+	"vxlan.checksumOffload":      "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
+	"mtu":                        "agent/nodenet/nodenet_test.go TestConfigTakesEffect/mtu",
+	"natOutgoing":                "agent/nodenet/nodenet_test.go TestConfigTakesEffect/natOutgoing off",
+	"logLevel":                   "agent/options/options_test.go TestConfigLogLevel",
+	"nodeIPInterface":            "agent/nodenet/nodenet_test.go TestConfigTakesEffect/nodeIPInterface",
+	"removeOtherCNIConfigs":      "agent/nodenet/nodenet_test.go TestConfigTakesEffect/removeOtherCNIConfigs",
+	"networkPolicy.enabled":      "agent/nodenet/conflist_test.go TestConflistRoundTrip",
+	"networkPolicy.setupTimeout": "agent/nodenet/conflist_test.go TestConflistRoundTrip",
 }
 
 func TestEveryFieldHasAnEffect(t *testing.T) {

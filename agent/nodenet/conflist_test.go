@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 
@@ -22,14 +23,17 @@ func TestConflistRoundTrip(t *testing.T) {
 		cniVersion string
 		block      string
 		mtu        int
+		policy     agentconfig.NetworkPolicy
+		// wantTimeout is the plugin's policy timeout; 0: no policy hook.
+		wantTimeout time.Duration
 	}{
-		{"1.0.0", "10.244.1.0/24", 1450}, // containerd 1.6
-		{"1.1.0", "10.0.128.0/17", 1500}, // containerd 2, CRI-O
-		{"1.0.0", "172.16.9.252/30", 8950},
+		{"1.0.0", "10.244.1.0/24", 1450, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}, 12 * time.Second}, // containerd 1.6
+		{"1.1.0", "10.0.128.0/17", 1500, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "1m"}, 62 * time.Second},  // containerd 2, CRI-O
+		{"1.0.0", "172.16.9.252/30", 8950, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0},
 	} {
 		r := &nodenet.Reconciler{
 			CNIVersion: tc.cniVersion, ReadyFile: "/var/run/trellis/cni-ready",
-			Config: &agentconfig.Config{PodCIDRs: []string{"10.0.0.0/8"}},
+			Config: &agentconfig.Config{PodCIDRs: []string{"10.0.0.0/8"}, NetworkPolicy: tc.policy},
 		}
 		block := netip.MustParsePrefix(tc.block)
 		dir := t.TempDir()
@@ -57,10 +61,21 @@ func TestConflistRoundTrip(t *testing.T) {
 			t.Fatalf("the plugin refuses the agent's conflist: %v\n%s", err, stdin.Bytes)
 		}
 		if conf.Type != cnicontract.PluginType || conf.Block() != block || conf.MTU != tc.mtu ||
-			conf.ReadyFile != cnicontract.DefaultReadyFile || conf.DataDir != cnicontract.DefaultDataDir || conf.Policy != nil {
-			t.Errorf("the plugin read type %s block %s MTU %d ready file %s data dir %s policy %v; the agent meant %s %s %d %s %s none",
-				conf.Type, conf.Block(), conf.MTU, conf.ReadyFile, conf.DataDir, conf.Policy,
+			conf.ReadyFile != cnicontract.DefaultReadyFile || conf.DataDir != cnicontract.DefaultDataDir {
+			t.Errorf("the plugin read type %s block %s MTU %d ready file %s data dir %s; the agent meant %s %s %d %s %s",
+				conf.Type, conf.Block(), conf.MTU, conf.ReadyFile, conf.DataDir,
 				cnicontract.PluginType, block, tc.mtu, cnicontract.DefaultReadyFile, cnicontract.DefaultDataDir)
+		}
+		// networkPolicy.enabled decides whether ADD waits for the agent's policy hook;
+		// networkPolicy.setupTimeout how long.
+		switch p := conf.Policy; {
+		case tc.wantTimeout == 0 && p != nil:
+			t.Errorf("policy disabled, yet the plugin waits for the policy hook: %+v", p)
+		case tc.wantTimeout != 0 && p == nil:
+			t.Errorf("policy enabled, yet the plugin doesn't wait for the policy hook")
+		case p != nil && (p.Socket != cnicontract.DefaultPolicySocket || p.FailurePolicy != cnicontract.FailurePolicyFail || conf.PolicyTimeout() != tc.wantTimeout):
+			t.Errorf("policy hook %+v with timeout %v; want socket %s, failure policy Fail, timeout %v",
+				p, conf.PolicyTimeout(), cnicontract.DefaultPolicySocket, tc.wantTimeout)
 		}
 		// The agent's IPAM garbage collector looks where the plugin keeps its store.
 		if got, want := cnicontract.StoreDir(conf.DataDir, conf.Name), cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName); got != want {

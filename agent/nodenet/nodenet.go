@@ -264,11 +264,21 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 }
 
 // Conflist is the network configuration this node's runtime gets: the trellis plugin on
-// the node's block with the datapath's pod MTU, then portmap.
+// the node's block with the datapath's pod MTU (and, with NetworkPolicy enabled, the
+// policy hook every new pod waits on), then portmap.
 func (r *Reconciler) Conflist(block netip.Prefix, mtu int) cnicontract.Conflist {
-	return cnicontract.NewConflist(r.CNIVersion, cnicontract.NetConf{
+	conf := cnicontract.NetConf{
 		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
-	})
+	}
+	if np := r.Config.NetworkPolicy; np.Enabled {
+		// The plugin waits a little longer than the agent does, so that a pod the agent
+		// can't confirm gets the agent's reason rather than a timeout.
+		conf.Policy = &cnicontract.PolicyConf{
+			Socket: cnicontract.DefaultPolicySocket, FailurePolicy: cnicontract.FailurePolicyFail,
+			Timeout: (r.Config.PolicySetupTimeout() + 2*time.Second).String(),
+		}
+	}
+	return cnicontract.NewConflist(r.CNIVersion, conf)
 }
 
 func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mtu int) error {

@@ -72,6 +72,10 @@ func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) (agentconfig.Config, error) 
 		LogLevel:              string(spec.Agent.LogLevel),
 		NodeIPInterface:       spec.Agent.NodeIPInterface,
 		RemoveOtherCNIConfigs: spec.Agent.RemoveOtherCNIConfigs,
+		NetworkPolicy: agentconfig.NetworkPolicy{
+			Enabled:      *spec.NetworkPolicy.Enabled,
+			SetupTimeout: spec.NetworkPolicy.SetupTimeout.Duration.String(),
+		},
 	}, nil
 }
 
@@ -80,13 +84,15 @@ func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) (agentconfig.Config, error) 
 func defaulted(spec *v1alpha1.ClusterNetworkSpec) error {
 	var unset []string
 	for field, isUnset := range map[string]bool{
-		"spec.encapsulation":          spec.Encapsulation == "",
-		"spec.vxlan.port":             spec.VXLAN.Port == 0,
-		"spec.vxlan.vni":              spec.VXLAN.VNI == 0,
-		"spec.natOutgoing":            spec.NATOutgoing == nil,
-		"spec.agent.logLevel":         spec.Agent.LogLevel == "",
-		"spec.agent.imagePullPolicy":  spec.Agent.ImagePullPolicy == "",
-		"spec.rollout.maxUnavailable": spec.Rollout.MaxUnavailable == nil,
+		"spec.encapsulation":              spec.Encapsulation == "",
+		"spec.vxlan.port":                 spec.VXLAN.Port == 0,
+		"spec.vxlan.vni":                  spec.VXLAN.VNI == 0,
+		"spec.natOutgoing":                spec.NATOutgoing == nil,
+		"spec.networkPolicy.enabled":      spec.NetworkPolicy.Enabled == nil,
+		"spec.networkPolicy.setupTimeout": spec.NetworkPolicy.SetupTimeout == nil,
+		"spec.agent.logLevel":             spec.Agent.LogLevel == "",
+		"spec.agent.imagePullPolicy":      spec.Agent.ImagePullPolicy == "",
+		"spec.rollout.maxUnavailable":     spec.Rollout.MaxUnavailable == nil,
 	} {
 		if isUnset {
 			unset = append(unset, field)

@@ -168,7 +168,8 @@ func TestConfigIsTheDefaultedSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, Encapsulation: "VXLAN",
-		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true, LogLevel: "info"}
+		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true, LogLevel: "info",
+		NetworkPolicy: agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("agent configuration of the defaulted spec\n%+v\nwant\n%+v", cfg, want)
 	}
