@@ -67,6 +67,7 @@ type Engine struct {
 	requested uint64 // syncs asked for
 	done      uint64 // the last sync that finished saw every request up to this
 	lastErr   error
+	synced    bool // a sync has succeeded
 	trigger   chan struct{}
 	once      sync.Once
 }
@@ -97,6 +98,21 @@ func (e *Engine) init() {
 			e.ResyncPeriod = time.Minute
 		}
 	})
+}
+
+// Ready reports whether the last sync put the policies in force (for /readyz: an agent
+// that can't enforce policy must not count as available in a rollout).
+func (e *Engine) Ready() error {
+	e.init()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.synced {
+		return errors.New("network policies not programmed yet")
+	}
+	if e.lastErr != nil {
+		return fmt.Errorf("network policy sync failed: %w", e.lastErr)
+	}
+	return nil
 }
 
 // Trigger asks for a sync (event handlers call it; it never blocks).
@@ -138,6 +154,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		err := e.sync(ctx)
 		e.mu.Lock()
 		e.done, e.lastErr = upTo, err
+		e.synced = e.synced || err == nil
 		e.cond.Broadcast()
 		e.mu.Unlock()
 		retry = nil

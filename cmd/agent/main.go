@@ -14,6 +14,7 @@ import (
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -22,6 +23,7 @@ import (
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/agent/options"
+	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/agent/uninstall"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
@@ -105,6 +107,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
+		Cache:                  cache.Options{ByObject: policy.CacheOptions()},
 		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
 		HealthProbeBindAddress: o.HealthAddr,
 	})
@@ -120,6 +123,12 @@ func run(o *options.Options, node uninstall.Node) error {
 		Reader: mgr.GetAPIReader(), NodeName: nodeName, StoreDir: cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName),
 		Grace: o.IPAMGCGrace, Interval: o.IPAMGCInterval,
 	}); err != nil {
+		return err
+	}
+	if err := policy.Setup(mgr, policy.Options{
+		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
+		Socket: cnicontract.DefaultPolicySocket,
+	}, ctrl.Log.WithName("policy")); err != nil {
 		return err
 	}
 	if err := mgr.AddHealthzCheck("ping", func(*http.Request) error { return nil }); err != nil {

@@ -1,0 +1,238 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+)
+
+// Options configure the policy engine on a node.
+type Options struct {
+	NodeName string
+	// Enabled is ClusterNetwork spec.networkPolicy.enabled: off, every policy rule and
+	// set is removed and the status says so.
+	Enabled bool
+	// SetupTimeout is spec.networkPolicy.setupTimeout.
+	SetupTimeout time.Duration
+	// Socket serves the CNI plugin's policy hook (cnicontract.DefaultPolicySocket, as the
+	// agent sees the host's run directory).
+	Socket string
+}
+
+// CacheOptions trims what the agent's cache keeps of the objects policy reads: pods,
+// namespaces and policies of the whole cluster, each cut down to what Compile needs.
+func CacheOptions() map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{
+		&corev1.Pod{}:                 {Transform: TrimPod},
+		&corev1.Namespace{}:           {Transform: TrimNamespace},
+		&networkingv1.NetworkPolicy{}: {Transform: TrimNetworkPolicy},
+	}
+}
+
+// Setup adds the policy engine, its CNI hook server, metrics and status reporting to the
+// agent's manager; with policy disabled, a runnable that removes every policy rule.
+func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
+	applier := &KernelApplier{}
+	reporter := &statusReporter{client: mgr.GetClient(), node: o.NodeName, log: log.WithName("status"), backend: applier.Backend}
+	if err := mgr.Add(reporter); err != nil {
+		return err
+	}
+	if !o.Enabled {
+		return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			removeAll(ctx, applier, reporter, log)
+			return nil
+		}))
+	}
+	m := NewMetrics(applier.FilterCounters, log.WithName("metrics"))
+	if err := m.Register(metrics.Registry); err != nil {
+		return fmt.Errorf("registering policy metrics: %w", err)
+	}
+	e := &Engine{
+		Reader: mgr.GetCache(), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
+		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
+			m.Observe(st, rs, took)
+			reporter.set(st)
+		},
+	}
+	if err := mgr.Add(e); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("network-policy", func(*http.Request) error { return e.Ready() }); err != nil {
+		return err
+	}
+	if err := mgr.Add(&HookServer{Socket: o.Socket, Handle: e.EnsurePod, Timeout: o.SetupTimeout, Log: log.WithName("hook")}); err != nil {
+		return err
+	}
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		return watch(ctx, mgr.GetCache(), e)
+	}))
+}
+
+// watch triggers a sync on every change of what policy reads. Pod updates that change
+// nothing policy looks at (the trimmed object is the same but for its resourceVersion)
+// are ignored.
+func watch(ctx context.Context, c cache.Cache, e *Engine) error {
+	handler := toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { e.Trigger() },
+		UpdateFunc: func(o, n any) {
+			if !samePolicyView(o, n) {
+				e.Trigger()
+			}
+		},
+		DeleteFunc: func(any) { e.Trigger() },
+	}
+	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.Namespace{}, &networkingv1.NetworkPolicy{}} {
+		inf, err := c.GetInformer(ctx, obj)
+		if err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return fmt.Errorf("watching %T: %w", obj, err)
+		}
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func samePolicyView(o, n any) bool {
+	oo, ok1 := o.(client.Object)
+	no, ok2 := n.(client.Object)
+	if !ok1 || !ok2 || reflect.TypeOf(o) != reflect.TypeOf(n) {
+		return false
+	}
+	oc, nc := oo.DeepCopyObject().(client.Object), no.DeepCopyObject().(client.Object)
+	oc.SetResourceVersion("")
+	nc.SetResourceVersion("")
+	oc.SetManagedFields(nil)
+	nc.SetManagedFields(nil)
+	return equality.Semantic.DeepEqual(oc, nc)
+}
+
+// removeAll takes every policy rule and set away, retrying until it succeeds.
+func removeAll(ctx context.Context, a *KernelApplier, r *statusReporter, log logr.Logger) {
+	backoff := time.Second
+	for {
+		err := a.Remove()
+		if err == nil {
+			log.Info("network policy is disabled (spec.networkPolicy.enabled: false): no policy rules or sets on this node")
+			r.set(Status{Err: errDisabled})
+			return
+		}
+		log.Error(err, "removing the policy rules")
+		r.set(Status{Err: err})
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+var errDisabled = fmt.Errorf("disabled (ClusterNetwork spec.networkPolicy.enabled: false)")
+
+// statusReporter writes the engine's state into NodeNetwork status.networkPolicy, only
+// when it changes (steady state writes nothing), from its own goroutine so that a slow API
+// server never holds up a sync.
+type statusReporter struct {
+	client  client.Client
+	node    string
+	log     logr.Logger
+	backend func() string
+
+	mu      sync.Mutex
+	latest  *v1alpha1.NodePolicyStatus
+	written *v1alpha1.NodePolicyStatus
+	wake    chan struct{}
+	once    sync.Once
+}
+
+func (r *statusReporter) init() {
+	r.once.Do(func() { r.wake = make(chan struct{}, 1) })
+}
+
+func (r *statusReporter) set(st Status) {
+	r.init()
+	ps := &v1alpha1.NodePolicyStatus{Enforced: st.Enforced, Backend: r.backend()}
+	if st.Enforced {
+		ps.IsolatedPods = v1alpha1.PolicyDirections{Ingress: int32(st.IsolatedIngress), Egress: int32(st.IsolatedEgress)}
+	}
+	switch {
+	case st.Err != nil:
+		ps.Message = st.Err.Error()
+	case len(st.Problems) > 0:
+		var msgs []string
+		for _, p := range st.Problems {
+			msgs = append(msgs, fmt.Sprintf("NetworkPolicy %s: %s", p.Policy, p.Message))
+		}
+		ps.Message = "rules that can't be read allow nothing: " + strings.Join(msgs, "; ")
+	}
+	r.mu.Lock()
+	r.latest = ps
+	r.mu.Unlock()
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start writes the latest state whenever it changed, retrying failed writes.
+func (r *statusReporter) Start(ctx context.Context) error {
+	r.init()
+	retry := time.NewTicker(10 * time.Second)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.wake:
+		case <-retry.C:
+		}
+		r.mu.Lock()
+		latest, written := r.latest, r.written
+		r.mu.Unlock()
+		if latest == nil || written != nil && equality.Semantic.DeepEqual(latest, written) {
+			continue
+		}
+		if err := r.write(ctx, latest); err != nil {
+			r.log.Error(err, "reporting network policy status")
+			continue
+		}
+		r.mu.Lock()
+		r.written = latest
+		r.mu.Unlock()
+	}
+}
+
+func (r *statusReporter) write(ctx context.Context, ps *v1alpha1.NodePolicyStatus) error {
+	nn := &v1alpha1.NodeNetwork{}
+	if err := r.client.Get(ctx, types.NamespacedName{Name: r.node}, nn); err != nil {
+		return fmt.Errorf("reading NodeNetwork %s: %w", r.node, err)
+	}
+	if equality.Semantic.DeepEqual(nn.Status.NetworkPolicy, *ps) {
+		return nil
+	}
+	orig := nn.DeepCopy()
+	nn.Status.NetworkPolicy = *ps
+	if err := r.client.Status().Patch(ctx, nn, client.MergeFrom(orig)); err != nil {
+		return fmt.Errorf("updating NodeNetwork %s status.networkPolicy: %w", r.node, err)
+	}
+	return nil
+}
