@@ -37,13 +37,17 @@ type junitCase struct {
 	Time      string        `xml:"time,attr"`
 	Failure   *junitProblem `xml:"failure,omitempty"`
 	Error     *junitProblem `xml:"error,omitempty"`
-	SystemOut string        `xml:"system-out,omitempty"`
+	SystemOut *junitText    `xml:"system-out,omitempty"`
 }
 
 type junitProblem struct {
 	Message string `xml:"message,attr"`
 	Type    string `xml:"type,attr"`
-	Text    string `xml:",chardata"`
+	Text    string `xml:",cdata"` // CDATA keeps the grids readable in the file
+}
+
+type junitText struct {
+	Text string `xml:",cdata"`
 }
 
 // WriteJUnit writes the reports as one JUnit test suite to path (atomically: a temp file
@@ -68,7 +72,7 @@ func WriteJUnit(path, suite string, started time.Time, took time.Duration, props
 			c.Failure = &junitProblem{Message: fmt.Sprintf("%d pod pairs differ from the oracle", wrong), Type: "mismatch", Text: r.Details()}
 		default:
 			if len(r.Notes) > 0 {
-				c.SystemOut = "note: " + strings.Join(r.Notes, "\nnote: ") + "\n"
+				c.SystemOut = &junitText{"note: " + strings.Join(r.Notes, "\nnote: ") + "\n"}
 			}
 		}
 		s.Cases = append(s.Cases, c)

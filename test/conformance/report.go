@@ -202,8 +202,12 @@ func (r CaseReport) Verdict() string {
 // Line is the one-line verdict.
 func (r CaseReport) Line() string {
 	right, wrong, loop, probes, _ := r.Cells()
-	return fmt.Sprintf("%-5s #%03d %s  (%d steps; cells: %d right, %d wrong, %d loopback not judged; %d probes; %v)",
-		r.Verdict(), r.Case.Index, r.Case.Key, len(r.Steps), right, wrong, loop, probes, r.Duration.Round(100*time.Millisecond))
+	steps := fmt.Sprintf("%d steps", len(r.Steps))
+	if len(r.Steps) == 1 {
+		steps = "1 step"
+	}
+	return fmt.Sprintf("%-5s #%03d %s  (%s; cells: %d right, %d wrong, %d loopback not judged; %d probes; %v)",
+		r.Verdict(), r.Case.Index, r.Case.Key, steps, right, wrong, loop, probes, r.Duration.Round(100*time.Millisecond))
 }
 
 // maxDiffs bounds the probes listed per step (the grid shows every cell).
@@ -220,8 +224,8 @@ func (r CaseReport) Details() string {
 		if s.Wrong == 0 && s.CheckFailed == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "step %d/%d (%s), probe round %d of %d: %d of %d cells differ from the oracle (X)",
-			i+1, len(r.Case.Steps), s.Probe, s.Tries, s.Tries, s.Wrong, s.Wrong+s.Right)
+		fmt.Fprintf(&b, "step %d/%d (%s), last of %d probe rounds: %d of %d cells differ from the oracle (X)",
+			i+1, len(r.Case.Steps), s.Probe, s.Tries, s.Wrong, s.Wrong+s.Right)
 		if s.CheckFailed > 0 {
 			fmt.Fprintf(&b, "; %d probes could not be run (check failed)", s.CheckFailed)
 		}
