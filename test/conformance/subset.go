@@ -45,7 +45,7 @@ var Subset = []string{
 	"Update namespace so that policy applies, then again so it no longer applies",
 	"Create/delete pod",
 	"Update pod so that policy applies, then again so it no longer applies",
-	// conflicting policies (most of them expect everything allowed)
+	// conflicting policies (three of these expect everything allowed)
 	"allow all from source, deny all to dest",
 	"deny all + allow all from same source",
 	"deny all + allow all by IP from same source",
