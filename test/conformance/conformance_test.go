@@ -25,6 +25,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/versions"
 )
 
 // cyclonusVersion is the oracle's version (go.mod), reported with the results.
@@ -131,8 +132,10 @@ func TestNetworkPolicyConformance(t *testing.T) {
 	total, failedSetups := k.Probes()
 	t.Logf("conformance (cyclonus %s, CNI %s, %s):\n%s%d probes sent, %d could not be set up", cyclonusVersion, cni, mode, summary, total, failedSetups)
 	props := map[string]string{
-		"cyclonus": cyclonusVersion, "cni": string(cni), "mode": string(mode),
-		"nodes": strconv.Itoa(len(nodes)), "kubernetes": cluster.K8sVersion,
+		"cyclonus": cyclonusVersion, "cni": string(cni), "mode": string(mode), "nodes": strconv.Itoa(len(nodes)),
+	}
+	if v, err := versions.Load(); err == nil {
+		props["kubernetes"] = v.Kubernetes
 	}
 	if err := WriteJUnit(junitPath, "cyclonus", started, took, props, reports); err != nil {
 		t.Errorf("JUnit: %v", err)

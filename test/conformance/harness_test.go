@@ -59,10 +59,17 @@ func runSubset(t *testing.T, verdict func(Probe) (bool, error)) (reports []CaseR
 	if err != nil {
 		t.Fatal(err)
 	}
+	// NewInterpreter prints the pods' table on stdout: not in unit test output.
+	stdout := os.Stdout
+	if devNull, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0); err == nil {
+		os.Stdout = devNull
+		defer devNull.Close()
+	}
 	interp := connectivity.NewInterpreter(f, res, &connectivity.InterpreterConfig{
 		ResetClusterBeforeTestCase: true, VerifyClusterStateBeforeTestCase: true,
 		IgnoreLoopback: true, JobTimeoutSeconds: 1,
 	})
+	os.Stdout = stdout
 	allAllowed = map[string]bool{}
 	for _, c := range cases {
 		r := interp.ExecuteTestCase(c.TestCase)

@@ -90,6 +90,24 @@ func TestConnect(t *testing.T) {
 		}
 	}()
 
+	// Until the veth has carrier and the neighbour is resolved, a first packet can be
+	// lost: wait for a first connection (the table below checks what a probe concludes).
+	served := netip.AddrPortFrom(serverIP, 80)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var err error
+		if derr := client.Do(func(ns.NetNS) error { err = Connect(Probe{served, "tcp", time.Second}); return nil }); derr != nil {
+			t.Fatal(derr)
+		}
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not reachable over the veth after 10s: %v", served, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
 	for _, tc := range []struct {
 		proto string
 		to    netip.AddrPort
@@ -103,7 +121,7 @@ func TestConnect(t *testing.T) {
 		{"tcp", netip.AddrPortFrom(silentIP, 80), "TIMEOUT"},
 		{"udp", netip.AddrPortFrom(silentIP, 80), "TIMEOUT"},
 	} {
-		p := Probe{Addr: tc.to, Protocol: tc.proto, Timeout: 500 * time.Millisecond}
+		p := Probe{Addr: tc.to, Protocol: tc.proto, Timeout: time.Second}
 		var err error
 		start := time.Now()
 		if derr := client.Do(func(ns.NetNS) error { err = Connect(p); return nil }); derr != nil {
