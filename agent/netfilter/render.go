@@ -91,9 +91,9 @@ func quote(a string) string {
 	return b.String()
 }
 
-// splitArgs splits a rule as iptables-save prints it (or renderRestore writes it) into
+// SplitRule splits a rule as iptables-save prints it (or renderRestore writes it) into
 // its arguments, undoing the quoting: iptables-restore's own parsing.
-func splitArgs(line string) []string {
+func SplitRule(line string) []string {
 	var args []string
 	var cur strings.Builder
 	inQuote, inArg, escaped := false, false, false

@@ -56,7 +56,7 @@ COMMIT
 func TestQuoteRoundTrip(t *testing.T) {
 	for _, a := range []string{"plain", "10.0.0.0/8", "trl+", "two words", "", `"`, `\`, `it's`, `a "b" \c\`, "tab\there"} {
 		line := quote("x") + " " + quote(a) + " " + quote("y")
-		if got := splitArgs(line); !slices.Equal(got, []string{"x", a, "y"}) {
+		if got := SplitRule(line); !slices.Equal(got, []string{"x", a, "y"}) {
 			t.Errorf("%q quoted as %s reads back as %q", a, line, got)
 		}
 	}
@@ -100,7 +100,7 @@ func TestSameRule(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := sameRule(tc.printed, tc.rule); got != tc.same {
 				t.Errorf("sameRule(%q, %q) = %v, want %v (canonical %q vs %q)", tc.printed, ruleText(tc.rule), got, tc.same,
-					canonical(splitArgs(tc.printed)), canonical(tc.rule.args()))
+					canonical(SplitRule(tc.printed)), canonical(tc.rule.args()))
 			}
 		})
 	}

@@ -52,7 +52,7 @@ func parseSave(out []byte, inScope func(string) bool) tableDump {
 			if !strings.Contains(text, ChainPrefix) { // cheap: most foreign rules
 				continue
 			}
-			to := target(lastTarget(splitArgs(text)))
+			to := target(lastTarget(SplitRule(text)))
 			if !inScope(to) {
 				continue
 			}
@@ -86,7 +86,7 @@ func lastTarget(args []string) []string {
 // loads. It is the fallback for chains the syncer hasn't seen since it wrote them (after
 // a restart); a rule it doesn't recognise is rewritten once, never left wrong.
 func sameRule(printed string, r Rule) bool {
-	return slices.Equal(canonical(splitArgs(printed)), canonical(r.args()))
+	return slices.Equal(canonical(SplitRule(printed)), canonical(r.args()))
 }
 
 // entryFlags are the options iptables-save prints first, in this order.

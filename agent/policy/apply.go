@@ -129,7 +129,7 @@ func kernelState(rs *Ruleset) (netfilter.State, error) {
 
 // kernelRule splits a rule of Compile's vocabulary into matches, comment and target.
 func kernelRule(rule string) (netfilter.Rule, error) {
-	args := splitArgs(rule)
+	args := netfilter.SplitRule(rule)
 	var r netfilter.Rule
 	for i := 0; i < len(args); i++ {
 		switch {

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/trellis-net/trellis/agent/netfilter"
 )
 
 // Packet is the first packet of a connection as the filter table sees it on this node.
@@ -82,7 +84,7 @@ func (e *evaluator) run(chain string, depth int) (string, error) {
 
 // match reads one rule of the vocabulary Compile writes and tells whether the packet matches.
 func (e *evaluator) match(rule string) (bool, string, error) {
-	args := splitArgs(rule)
+	args := netfilter.SplitRule(rule)
 	matched, target, negate := true, "", false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -224,30 +226,4 @@ func (e *evaluator) inSet(set *Set, dir string) (bool, error) {
 		return in, nil
 	}
 	return false, fmt.Errorf("set %s: unknown type %s", set.Name, set.Type)
-}
-
-// splitArgs splits a rule into arguments, honouring double quotes.
-func splitArgs(rule string) []string {
-	var args []string
-	var cur strings.Builder
-	inQuote, inArg := false, false
-	for _, r := range rule {
-		switch {
-		case r == '"':
-			inQuote, inArg = !inQuote, true
-		case r == ' ' && !inQuote:
-			if inArg {
-				args = append(args, cur.String())
-				cur.Reset()
-				inArg = false
-			}
-		default:
-			cur.WriteRune(r)
-			inArg = true
-		}
-	}
-	if inArg {
-		args = append(args, cur.String())
-	}
-	return args
 }

@@ -384,10 +384,21 @@ spec:
       periodSeconds: 1
 `, serverPort)
 	}
-	if _, err := c.KubectlInput(ctx, b.String(), "apply", "-f", "-"); err != nil {
+	nodes := map[string]string{}
+	for _, ps := range specs {
+		nodes[ps.Name] = ps.Node
+	}
+	return applyPods(ctx, t, c, b.String(), agentTestNS, batch, nodes)
+}
+
+// applyPods applies manifest, waits until the pods of batch in namespace are Ready, checks
+// each is on its node (nodes: pod name -> node) and opens its network namespace.
+func applyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, namespace, batch string, nodes map[string]string) map[string]testPod {
+	t.Helper()
+	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
 		t.Fatalf("creating the test pods: %v", err)
 	}
-	if out, err := c.Kubectl(ctx, "wait", "-n", agentTestNS, "--for=condition=Ready", "pod", "-l", "batch="+batch, "--timeout=2m"); err != nil {
+	if out, err := c.Kubectl(ctx, "wait", "-n", namespace, "--for=condition=Ready", "pod", "-l", "batch="+batch, "--timeout=2m"); err != nil {
 		t.Fatalf("test pods not Ready: %v\n%s\n%s", err, out, c.Diagnose(ctx))
 	}
 	kc, err := c.Client()
@@ -395,17 +406,17 @@ spec:
 		t.Fatalf("client: %v", err)
 	}
 	pods := map[string]testPod{}
-	for _, ps := range specs {
-		p, err := kc.CoreV1().Pods(agentTestNS).Get(ctx, ps.Name, metav1.GetOptions{})
+	for name, node := range nodes {
+		p, err := kc.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			t.Fatalf("pod %s: %v", ps.Name, err)
+			t.Fatalf("pod %s: %v", name, err)
 		}
 		ip, err := netip.ParseAddr(p.Status.PodIP)
 		if err != nil {
-			t.Fatalf("pod %s's IP %q: %v", ps.Name, p.Status.PodIP, err)
+			t.Fatalf("pod %s's IP %q: %v", name, p.Status.PodIP, err)
 		}
-		if p.Spec.NodeName != ps.Node {
-			t.Fatalf("pod %s on %s, want %s", ps.Name, p.Spec.NodeName, ps.Node)
+		if p.Spec.NodeName != node {
+			t.Fatalf("pod %s on %s, want %s", name, p.Spec.NodeName, node)
 		}
 		ns := podNetns(t, string(p.UID))
 		// Make sure it is the pod's namespace: the pod IP must be on one of its interfaces.
@@ -421,9 +432,9 @@ spec:
 			}
 			return fmt.Errorf("pod IP %s not among %v", ip, addrs)
 		}); err != nil {
-			t.Fatalf("pod %s's network namespace: %v", ps.Name, err)
+			t.Fatalf("pod %s's network namespace: %v", name, err)
 		}
-		pods[ps.Name] = testPod{Node: ps.Node, IP: ip, NetNS: ns}
+		pods[name] = testPod{Node: node, IP: ip, NetNS: ns}
 	}
 	return pods
 }
@@ -608,15 +619,7 @@ func dialFrom(ns *os.File, addr string) error {
 // reports the address of the first peer.
 func acceptOnce(t *testing.T, ns *os.File, port int) <-chan netip.Addr {
 	t.Helper()
-	var ln net.Listener
-	if err := inNetns(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
-		return err
-	}); err != nil {
-		t.Fatalf("listening on %d: %v", port, err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := listenIn(t, ns, port)
 	peer := make(chan netip.Addr, 1)
 	go func() {
 		conn, err := ln.Accept()
@@ -638,6 +641,22 @@ func waitPeer(t *testing.T, peer <-chan netip.Addr) netip.Addr {
 		t.Fatalf("no connection accepted within 10s")
 		return netip.Addr{}
 	}
+}
+
+// listenIn listens on TCP port in ns (the socket stays in ns whatever thread uses it)
+// until the test ends.
+func listenIn(t *testing.T, ns *os.File, port int) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	if err := inNetns(ns, func() error {
+		var err error
+		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
+		return err
+	}); err != nil {
+		t.Fatalf("listening on %d: %v", port, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
 }
 
 // prober connects to a TCP address every 100 ms from a pod's network namespace.

@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
@@ -284,29 +283,11 @@ spec:
       periodSeconds: 1
 `, ps.Name, policyNS, batch, ps.Labels, ps.Node, images.AgnhostImage)
 	}
-	if _, err := c.KubectlInput(ctx, b.String(), "apply", "-f", "-"); err != nil {
-		t.Fatalf("creating the test pods: %v", err)
-	}
-	if out, err := c.Kubectl(ctx, "wait", "-n", policyNS, "--for=condition=Ready", "pod", "-l", "batch="+batch, "--timeout=2m"); err != nil {
-		t.Fatalf("test pods not Ready: %v\n%s\n%s", err, out, c.Diagnose(ctx))
-	}
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	pods := map[string]testPod{}
+	nodes := map[string]string{}
 	for _, ps := range specs {
-		p, err := kc.CoreV1().Pods(policyNS).Get(ctx, ps.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("pod %s: %v", ps.Name, err)
-		}
-		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if err != nil {
-			t.Fatalf("pod %s's IP %q: %v", ps.Name, p.Status.PodIP, err)
-		}
-		pods[ps.Name] = testPod{Node: ps.Node, IP: ip, NetNS: podNetns(t, string(p.UID))}
+		nodes[ps.Name] = ps.Node
 	}
-	return pods
+	return applyPods(ctx, t, c, b.String(), policyNS, batch, nodes)
 }
 
 func deletePolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string) {
@@ -385,15 +366,7 @@ func waitAllowed(t *testing.T, ns *os.File, addr string, timeout time.Duration) 
 // tcpEcho serves a line echo on port in ns until the test ends.
 func tcpEcho(t *testing.T, ns *os.File, port int) {
 	t.Helper()
-	var ln net.Listener
-	if err := inNetns(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
-		return err
-	}); err != nil {
-		t.Fatalf("listening on %d: %v", port, err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := listenIn(t, ns, port)
 	go func() {
 		for {
 			conn, err := ln.Accept()
@@ -465,15 +438,7 @@ func udpRoundTrip(ns *os.File, addr string) error {
 // countPeers accepts TCP connections on port in ns and counts them.
 func countPeers(t *testing.T, ns *os.File, port int) func() int {
 	t.Helper()
-	var ln net.Listener
-	if err := inNetns(ns, func() error {
-		var err error
-		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
-		return err
-	}); err != nil {
-		t.Fatalf("listening on %d: %v", port, err)
-	}
-	t.Cleanup(func() { ln.Close() })
+	ln := listenIn(t, ns, port)
 	var mu sync.Mutex
 	n := 0
 	go func() {
