@@ -13,6 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
@@ -60,6 +61,9 @@ type Engine struct {
 	DeleteDenied func(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error)
 	// OnSync, when set, is told each sync's outcome (status reporting, metrics).
 	OnSync func(Status, *Ruleset, time.Duration)
+	// Recorder, when set, gets a warning event on a NetworkPolicy whose rule can't be
+	// enforced as written (once per distinct problem).
+	Recorder events.EventRecorder
 
 	mu        sync.Mutex
 	cond      *sync.Cond
@@ -68,6 +72,7 @@ type Engine struct {
 	done      uint64 // the last sync that finished saw every request up to this
 	lastErr   error
 	synced    bool // a sync has succeeded
+	reported  map[Problem]bool
 	trigger   chan struct{}
 	once      sync.Once
 }
@@ -238,6 +243,7 @@ func (e *Engine) sync(ctx context.Context) error {
 		return err
 	}
 	rs := Compile(st)
+	e.reportProblems(st, rs)
 	changed, err := e.Applier.Apply(rs)
 	if err != nil {
 		err = fmt.Errorf("applying network policy rules: %w", err)
@@ -270,6 +276,29 @@ func (e *Engine) sync(ctx context.Context) error {
 	}
 	e.report(status, rs, time.Since(start))
 	return nil
+}
+
+// reportProblems raises an event for each problem not reported before, and forgets
+// problems that are gone (a fixed policy that breaks again is reported again).
+func (e *Engine) reportProblems(st State, rs *Ruleset) {
+	seen := map[Problem]bool{}
+	for _, p := range rs.Problems {
+		seen[p] = true
+		if e.reported[p] {
+			continue
+		}
+		e.Log.Info("a NetworkPolicy rule can't be enforced as written; it allows nothing", "policy", p.Policy, "problem", p.Message)
+		if e.Recorder == nil {
+			continue
+		}
+		for _, np := range st.Policies {
+			if np.Namespace == p.Policy.Namespace && np.Name == p.Policy.Name {
+				e.Recorder.Eventf(np, nil, corev1.EventTypeWarning, "RuleNotEnforced", "Enforce",
+					"%s; the rule allows nothing until it is fixed", p.Message)
+			}
+		}
+	}
+	e.reported = seen
 }
 
 func (e *Engine) report(st Status, rs *Ruleset, took time.Duration) {

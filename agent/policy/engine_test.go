@@ -15,6 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -186,5 +187,45 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("timed out")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A rule that can't be enforced as written is reported once, by an event on its policy,
+// and fails closed.
+func TestUnenforceableRuleIsReported(t *testing.T) {
+	rec := events.NewFakeRecorder(10)
+	bad := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "bad"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"not-a-cidr"}}}}}},
+		},
+	}
+	e, appl, _ := newEngine(t, func(e *Engine) {
+		e.Recorder = rec
+		e.Wired = func() (map[netip.Addr]string, error) {
+			return map[netip.Addr]string{netip.MustParseAddr("10.244.1.9"): "trldb"}, nil
+		}
+	}, bad, pod("shop", "db", "u-db", "node1", "10.244.1.9", map[string]string{"app": "db"}))
+	waitFor(t, func() bool { return appl.ruleset() != nil })
+	select {
+	case ev := <-rec.Events:
+		if !strings.Contains(ev, "Warning RuleNotEnforced") || !strings.Contains(ev, "not-a-cidr") {
+			t.Errorf("event %q, want a RuleNotEnforced warning naming the bad except", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event for a rule that can't be enforced")
+	}
+	e.Trigger()
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case ev := <-rec.Events:
+		t.Errorf("the same problem was reported again: %q", ev)
+	default:
+	}
+	allowed, err := appl.ruleset().Allowed(Packet{Src: netip.MustParseAddr("10.1.2.3"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 80, OutInterface: "trldb"})
+	if err != nil || allowed {
+		t.Errorf("traffic the broken rule was meant to allow: allowed=%v (%v), want denied (fail closed)", allowed, err)
 	}
 }

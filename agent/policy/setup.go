@@ -66,6 +66,7 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	}
 	e := &Engine{
 		Reader: mgr.GetCache(), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
+		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
 			m.Observe(st, rs, took)
 			reporter.set(st)
