@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -330,3 +331,34 @@ COMMIT
 }
 
 func intstrName(n string) intstr.IntOrString { return intstr.FromString(n) }
+
+// The cache keeps only what policy reads of a pod, and Compile's view of the trimmed pod
+// is the view of the full one.
+func TestTrimPod(t *testing.T) {
+	full := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: "u1", Labels: map[string]string{"app": "web"},
+			Annotations: map[string]string{"big": strings.Repeat("x", 4096)}},
+		Spec: corev1.PodSpec{NodeName: "node1",
+			InitContainers: []corev1.Container{{Name: "sidecar", Image: "i", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090}}}},
+			Containers: []corev1.Container{{Name: "web", Image: "i", Env: []corev1.EnvVar{{Name: "A", Value: "b"}},
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {ContainerPort: 9999}, {Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.5", PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}},
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	obj, err := TrimPod(full.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmed := obj.(*corev1.Pod)
+	if len(trimmed.Annotations) != 0 || len(trimmed.Status.Conditions) != 0 || trimmed.Spec.Containers[0].Env != nil {
+		t.Errorf("trimmed pod keeps what policy doesn't read: %+v", trimmed)
+	}
+	got, want := PodFrom(trimmed), PodFrom(full)
+	if ports := []Port{{Name: "metrics", Protocol: corev1.ProtocolTCP, Port: 9090}, {Name: "http", Protocol: corev1.ProtocolTCP, Port: 8080},
+		{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}}; !reflect.DeepEqual(want.Ports, ports) {
+		t.Errorf("named ports of the pod (sidecars' included) %+v, want %+v", want.Ports, ports)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("policy's view of the trimmed pod\n%+v\nwant\n%+v", got, want)
+	}
+}

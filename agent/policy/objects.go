@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -28,7 +29,7 @@ func TrimPod(obj any) (any, error) {
 			Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
 		},
 	}
-	for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+	for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
 		var ports []corev1.ContainerPort
 		for _, cp := range c.Ports {
 			if cp.Name != "" { // only named ports matter: numbers come from the policy
@@ -81,8 +82,11 @@ func PodFrom(p *corev1.Pod) *Pod {
 			break
 		}
 	}
-	for _, c := range p.Spec.Containers {
+	for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {
 		for _, cp := range c.Ports {
+			if cp.Name == "" {
+				continue // numbers come from the policy; only names resolve against pods
+			}
 			proto := cp.Protocol
 			if proto == "" {
 				proto = corev1.ProtocolTCP
