@@ -16,10 +16,12 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/neighbours"
 )
 
 const (
@@ -216,7 +218,7 @@ func split(cfg Config, subnet netip.Prefix, st *Status) (direct, tunnel []Peer) 
 }
 
 func findUnderlay(nodeIP netip.Addr) (netlink.Link, netip.Prefix, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return nil, netip.Prefix{}, fmt.Errorf("listing addresses: %w", err)
 	}
@@ -283,7 +285,7 @@ func ensureVXLAN(cfg Config, underlay netlink.Link, mtu int) (netlink.Link, erro
 	}
 	vtep := VTEPAddr(cfg.Local.PodCIDR)
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: vtep.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-	addrs, err := netlink.AddrList(cur, netlink.FAMILY_V4)
+	addrs, err := netlinksafe.AddrList(cur, netlink.FAMILY_V4)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s addresses: %w", VXLANDevice, err)
 	}
@@ -340,7 +342,7 @@ func pruneVXLANPeers(vx netlink.Link, peers []Peer) error {
 			wantFDB[p.VTEPMAC.String()+"/"+p.NodeIP.String()] = true
 		}
 	}
-	neighs, err := netlink.NeighList(vx.Attrs().Index, netlink.FAMILY_V4)
+	neighs, err := neighbours.List(vx.Attrs().Index, netlink.FAMILY_V4)
 	if err != nil {
 		return fmt.Errorf("listing %s neighbours: %w", VXLANDevice, err)
 	}
@@ -349,7 +351,7 @@ func pruneVXLANPeers(vx netlink.Link, peers []Peer) error {
 			_ = netlink.NeighDel(&n)
 		}
 	}
-	fdbs, err := netlink.NeighList(vx.Attrs().Index, unix.AF_BRIDGE)
+	fdbs, err := neighbours.List(vx.Attrs().Index, unix.AF_BRIDGE)
 	if err != nil {
 		return fmt.Errorf("listing %s FDB: %w", VXLANDevice, err)
 	}
@@ -364,7 +366,7 @@ func pruneVXLANPeers(vx netlink.Link, peers []Peer) error {
 // syncRoutes makes the set of trellis peer routes equal want: replaces what differs,
 // deletes what is stale, leaves identical routes untouched.
 func syncRoutes(want map[string]*netlink.Route, st *Status) error {
-	have, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	have, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return fmt.Errorf("listing trellis routes: %w", err)
 	}

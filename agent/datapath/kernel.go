@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/cni/veth"
@@ -88,7 +89,7 @@ func setKernelSettings(procSys string) (map[string]string, error) {
 // vethRPFilters are the rp_filter settings of every pod veth on the node (the CNI plugin
 // sets it when it creates one; this covers veths of older plugins and hand edits).
 func vethRPFilters() ([]sysctl, error) {
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}

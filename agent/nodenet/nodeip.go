@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -56,7 +57,7 @@ func (r *Reconciler) nodeIPOf(n *corev1.Node) (netip.Addr, error) {
 // defaultRouteIPv4 is the first IPv4 address of the interface of the main table's IPv4
 // default route.
 func defaultRouteIPv4() (netip.Addr, error) {
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := netlinksafe.RouteList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("listing routes: %w", err)
 	}
@@ -85,7 +86,7 @@ func defaultRouteIPv4() (netip.Addr, error) {
 
 // firstIPv4 is link's first global IPv4 address.
 func firstIPv4(link netlink.Link) (netip.Addr, error) {
-	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_V4)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("listing addresses: %w", err)
 	}

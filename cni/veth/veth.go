@@ -15,11 +15,13 @@ import (
 	"os"
 	"strings"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/neighbours"
 )
 
 const (
@@ -157,7 +159,7 @@ func Teardown(hostName string) error {
 
 // HostLinks lists the host veths trellis created (by name prefix).
 func HostLinks() ([]string, error) {
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
@@ -199,7 +201,7 @@ func Check(podNS ns.NetNS, want Attachment) error {
 		if want.MTU != 0 && link.Attrs().MTU != want.MTU {
 			problems = append(problems, fmt.Sprintf("pod interface %s has MTU %d, want %d", want.PodName, link.Attrs().MTU, want.MTU))
 		}
-		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+		addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_V4)
 		if err != nil {
 			return fmt.Errorf("listing addresses of %s: %w", want.PodName, err)
 		}
@@ -211,7 +213,7 @@ func Check(podNS ns.NetNS, want Attachment) error {
 		if !found {
 			problems = append(problems, fmt.Sprintf("pod interface %s lacks address %s/32", want.PodName, want.IP))
 		}
-		routes, err := netlink.RouteList(link, netlink.FAMILY_V4)
+		routes, err := netlinksafe.RouteList(link, netlink.FAMILY_V4)
 		if err != nil {
 			return fmt.Errorf("listing routes of %s: %w", want.PodName, err)
 		}
@@ -223,7 +225,7 @@ func Check(podNS ns.NetNS, want Attachment) error {
 		if !hasDefault {
 			problems = append(problems, fmt.Sprintf("pod default route via %s dev %s is missing", GatewayIP, want.PodName))
 		}
-		neighs, err := netlink.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
+		neighs, err := neighbours.List(link.Attrs().Index, netlink.FAMILY_V4)
 		if err != nil {
 			return fmt.Errorf("listing neighbours of %s: %w", want.PodName, err)
 		}
@@ -246,7 +248,7 @@ func Check(podNS ns.NetNS, want Attachment) error {
 }
 
 func hasRoute(index int, ip netip.Addr) bool {
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4,
+	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4,
 		&netlink.Route{Dst: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}, netlink.RT_FILTER_DST)
 	if err != nil {
 		return false
