@@ -51,17 +51,13 @@ func rpFilter(dev, name string) sysctl {
 // namespace (forwarding; loose rp_filter on trellis.vxlan and the pod veths), each written
 // only when it differs, and returns the values in effect. Every failure is a *SysctlError.
 func setKernelSettings(procSys string) (map[string]string, error) {
-	want := []sysctl{
-		{name: SysctlIPForward, path: "net/ipv4/ip_forward", value: "1"},
-		rpFilter(VXLANDevice, VXLANRPFilter),
-	}
-	vethSettings, err := vethRPFilters()
+	veths, err := podVeths()
 	if err != nil {
 		return nil, err
 	}
 	effective := map[string]string{}
 	var errs []error
-	for _, s := range append(want, vethSettings...) {
+	for _, s := range desiredSysctls(veths) {
 		path := filepath.Join(procSys, s.path)
 		cur, err := readSysctl(path)
 		if err != nil || cur != s.value {
@@ -86,17 +82,31 @@ func setKernelSettings(procSys string) (map[string]string, error) {
 	return effective, errors.Join(errs...)
 }
 
-// vethRPFilters are the rp_filter settings of every pod veth on the node (the CNI plugin
-// sets it when it creates one; this covers veths of older plugins and hand edits).
-func vethRPFilters() ([]sysctl, error) {
+// desiredSysctls are the settings the routed pod network needs on a node with these pod
+// veths: forwarding, and loose rp_filter on trellis.vxlan and every pod veth (the CNI
+// plugin sets it when it creates one; this covers veths of older plugins and hand edits).
+// Pure.
+func desiredSysctls(veths []string) []sysctl {
+	want := []sysctl{
+		{name: SysctlIPForward, path: "net/ipv4/ip_forward", value: "1"},
+		rpFilter(VXLANDevice, VXLANRPFilter),
+	}
+	for _, v := range veths {
+		want = append(want, rpFilter(v, VethRPFilter))
+	}
+	return want
+}
+
+// podVeths are the names of the node's pod veths (host ends).
+func podVeths() ([]string, error) {
 	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("listing links: %w", err)
 	}
-	var out []sysctl
+	var out []string
 	for _, l := range links {
 		if _, ok := l.(*netlink.Veth); ok && strings.HasPrefix(l.Attrs().Name, veth.HostPrefix) {
-			out = append(out, rpFilter(l.Attrs().Name, VethRPFilter))
+			out = append(out, l.Attrs().Name)
 		}
 	}
 	return out, nil

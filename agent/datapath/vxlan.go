@@ -1,0 +1,164 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/internal/neighbours"
+)
+
+// DesiredDevice is the node's VXLAN device: VNI and port from cfg, bound to the underlay
+// and the node IP, no learning (peers are static entries, as flannel does), a MAC derived
+// from the node IP (stable across re-creation). It is pure.
+func DesiredDevice(cfg Config, underlayIndex, mtu int) *netlink.Vxlan {
+	return &netlink.Vxlan{
+		LinkAttrs:    netlink.LinkAttrs{Name: VXLANDevice, MTU: mtu, HardwareAddr: VTEPMACFor(cfg.Local.NodeIP)},
+		VxlanId:      cfg.VNI,
+		VtepDevIndex: underlayIndex,
+		SrcAddr:      cfg.Local.NodeIP.AsSlice(),
+		Port:         cfg.Port,
+		Learning:     false,
+	}
+}
+
+// ensureVXLAN makes the kernel's device match want (replacing it when a parameter can't
+// change in place), with the node's address of block as its only address, up.
+func ensureVXLAN(want *netlink.Vxlan, block netip.Prefix) (netlink.Link, error) {
+	cur, err := netlink.LinkByName(VXLANDevice)
+	if err == nil {
+		v, ok := cur.(*netlink.Vxlan)
+		if !ok || v.VxlanId != want.VxlanId || v.Port != want.Port || v.VtepDevIndex != want.VtepDevIndex ||
+			!v.SrcAddr.Equal(want.SrcAddr) || v.Learning {
+			if err := netlink.LinkDel(cur); err != nil {
+				return nil, fmt.Errorf("replacing %s: %w", VXLANDevice, err)
+			}
+			cur = nil
+		}
+	} else {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return nil, fmt.Errorf("reading %s: %w", VXLANDevice, err)
+		}
+		cur = nil
+	}
+	if cur == nil {
+		if err := netlink.LinkAdd(want); err != nil {
+			return nil, fmt.Errorf("creating %s (VNI %d, port %d, local %s): %w", VXLANDevice, want.VxlanId, want.Port, want.SrcAddr, err)
+		}
+		if cur, err = netlink.LinkByName(VXLANDevice); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", VXLANDevice, err)
+		}
+	}
+	if mtu := want.Attrs().MTU; cur.Attrs().MTU != mtu {
+		if err := netlink.LinkSetMTU(cur, mtu); err != nil {
+			return nil, fmt.Errorf("setting %s MTU %d: %w", VXLANDevice, mtu, err)
+		}
+	}
+	if mac := want.Attrs().HardwareAddr; cur.Attrs().HardwareAddr.String() != mac.String() {
+		if err := netlink.LinkSetHardwareAddr(cur, mac); err != nil {
+			return nil, fmt.Errorf("setting %s MAC: %w", VXLANDevice, err)
+		}
+	}
+	vtep := VTEPAddr(block)
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: vtep.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	addrs, err := netlinksafe.AddrList(cur, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("listing %s addresses: %w", VXLANDevice, err)
+	}
+	for _, a := range addrs {
+		if !a.IP.Equal(addr.IP) {
+			_ = netlink.AddrDel(cur, &a) // a block from an earlier allocation
+		}
+	}
+	if err := netlink.AddrReplace(cur, addr); err != nil {
+		return nil, fmt.Errorf("adding %s/32 to %s: %w", vtep, VXLANDevice, err)
+	}
+	if err := netlink.LinkSetUp(cur); err != nil {
+		return nil, fmt.Errorf("setting %s up: %w", VXLANDevice, err)
+	}
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+VXLANDevice+"/disable_ipv6", []byte("1"), 0o644)
+	return netlink.LinkByName(VXLANDevice)
+}
+
+func removeVXLAN() error {
+	l, err := netlink.LinkByName(VXLANDevice)
+	if err != nil {
+		return nil
+	}
+	if err := netlink.LinkDel(l); err != nil {
+		return fmt.Errorf("removing %s: %w", VXLANDevice, err)
+	}
+	return nil
+}
+
+// Entries are the VXLAN device's static entries: per peer, a permanent neighbour (its
+// VTEP address -> its VTEP MAC) and an FDB entry (its VTEP MAC -> its node IP).
+type Entries struct {
+	Neighbours, FDB []netlink.Neigh
+}
+
+// DesiredEntries are the entries for every peer whose VTEP MAC is known, Direct peers
+// included (they may still send through the tunnel during a live mode switch). Pure.
+func DesiredEntries(vxIndex int, peers Peers) Entries {
+	var e Entries
+	for _, group := range [][]Peer{peers.Direct, peers.Tunnel} {
+		for _, p := range group {
+			if p.VTEPMAC == nil {
+				continue
+			}
+			e.Neighbours = append(e.Neighbours, netlink.Neigh{
+				LinkIndex: vxIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+				IP: VTEPAddr(p.PodCIDR).AsSlice(), HardwareAddr: p.VTEPMAC,
+			})
+			e.FDB = append(e.FDB, netlink.Neigh{
+				LinkIndex: vxIndex, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
+				Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC,
+			})
+		}
+	}
+	return e
+}
+
+// syncEntries sets every wanted entry and removes the permanent entries of peers that
+// are gone.
+func syncEntries(vx netlink.Link, want Entries) error {
+	wantNeigh, wantFDB := map[string]bool{}, map[string]bool{}
+	for _, n := range want.Neighbours {
+		if err := netlink.NeighSet(&n); err != nil {
+			return fmt.Errorf("neighbour %s -> %s: %w", n.IP, n.HardwareAddr, err)
+		}
+		wantNeigh[n.IP.String()] = true
+	}
+	for _, n := range want.FDB {
+		if err := netlink.NeighSet(&n); err != nil {
+			return fmt.Errorf("FDB %s -> %s: %w", n.HardwareAddr, n.IP, err)
+		}
+		wantFDB[n.HardwareAddr.String()+"/"+n.IP.String()] = true
+	}
+	neighs, err := neighbours.List(vx.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("listing %s neighbours: %w", VXLANDevice, err)
+	}
+	for _, n := range neighs {
+		if n.State&netlink.NUD_PERMANENT != 0 && !wantNeigh[n.IP.String()] {
+			_ = netlink.NeighDel(&n)
+		}
+	}
+	fdbs, err := neighbours.List(vx.Attrs().Index, unix.AF_BRIDGE)
+	if err != nil {
+		return fmt.Errorf("listing %s FDB: %w", VXLANDevice, err)
+	}
+	for _, n := range fdbs {
+		if n.IP != nil && !wantFDB[n.HardwareAddr.String()+"/"+n.IP.String()] {
+			_ = netlink.NeighDel(&n)
+		}
+	}
+	return nil
+}
