@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -85,12 +84,8 @@ func configure(name, addr string) error {
 
 func newTopology(t *testing.T) *topology {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("the datapath tests create network namespaces and must run as root")
-	}
-	if _, err := exec.LookPath("iptables-restore"); err != nil {
-		t.Fatal("iptables-restore is missing: run hack/install-deps.sh (make test does)")
-	}
+	netnstest.RequireRoot(t)
+	netnstest.RequireCommands(t, "iptables-restore")
 	topo := &topology{t: t, router: netnstest.New(t)}
 	sw := netnstest.New(t)
 	must(t, sw.Do(func(ns.NetNS) error {

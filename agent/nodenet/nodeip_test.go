@@ -6,21 +6,17 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // The node IP comes from the flag, the configured interface, the Node's InternalIP or the
 // default route's interface, in that order; read from real links in a namespace.
 func TestNodeIP(t *testing.T) {
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("creating a namespace (run as root): %v", err)
-	}
-	t.Cleanup(func() { netns.Close(); _ = testutils.UnmountNS(netns) })
+	netns := netnstest.New(t)
 	withInternal := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
 		{Type: corev1.NodeHostName, Address: "node-a"},
 		{Type: corev1.NodeInternalIP, Address: "198.51.100.7"},
