@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -166,7 +167,7 @@ func plan(want []*desired, have map[string]*current) ([]string, Result, error) {
 	for _, d := range want {
 		wanted[d.Name] = true
 	}
-	for _, name := range sortedKeys(have) {
+	for _, name := range slices.Sorted(maps.Keys(have)) {
 		if wanted[name] {
 			continue
 		}
@@ -208,7 +209,7 @@ func plan(want []*desired, have map[string]*current) ([]string, Result, error) {
 			res.Added += len(d.order)
 		default:
 			n := len(script)
-			for _, m := range sortedKeys(h.entries) {
+			for _, m := range slices.Sorted(maps.Keys(h.entries)) {
 				if _, ok := d.entries[m]; !ok {
 					script = append(script, "del "+d.Name+" "+m)
 					res.Deleted++

@@ -20,6 +20,7 @@ package ipset
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -133,7 +134,7 @@ func (s Set) canonical() (*desired, error) {
 	}
 	d, ok := dims[s.Type]
 	if !ok {
-		errs = append(errs, fmt.Errorf("type %q is not one of %s", s.Type, strings.Join(sortedKeys(dims), ", ")))
+		errs = append(errs, fmt.Errorf("type %q is not one of %s", s.Type, strings.Join(slices.Sorted(maps.Keys(dims)), ", ")))
 	}
 	if f := s.family(); f != "inet" && f != "inet6" {
 		errs = append(errs, fmt.Errorf("family %q is not inet or inet6", s.Family))
@@ -254,13 +255,4 @@ func canonicalPort(p string) (string, error) {
 		return "", fmt.Errorf("port %q: want a number 0-65535", port)
 	}
 	return proto + ":" + strconv.FormatUint(n, 10), nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

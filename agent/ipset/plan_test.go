@@ -1,6 +1,7 @@
 package ipset
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -100,7 +101,7 @@ Members:
 func TestParseList(t *testing.T) {
 	sets := parseList([]byte(listed))
 	if len(sets) != 2 || sets["KUBE-FOREIGN"] != nil {
-		t.Fatalf("parsed %v, want trellis's two sets only", sortedKeys(sets))
+		t.Fatalf("parsed %v, want trellis's two sets only", slices.Sorted(maps.Keys(sets)))
 	}
 	n := sets["trellis-n"]
 	if n.typ != "hash:net" || n.family != "inet" || n.maxElem != 1000 || !n.comment || n.other || n.refs != 1 {

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sort"
@@ -154,7 +155,7 @@ func Compile(st State) *Ruleset {
 	c.rs.Chains = append(c.rs.Chains, ingress...)
 	c.rs.Chains = append(c.rs.Chains, egress...)
 	sort.Slice(c.rs.PodChains, func(i, j int) bool { return c.rs.PodChains[i].Chain < c.rs.PodChains[j].Chain })
-	for _, name := range sortedKeys(c.sets) {
+	for _, name := range slices.Sorted(maps.Keys(c.sets)) {
 		c.rs.Sets = append(c.rs.Sets, *c.sets[name])
 	}
 	return c.rs
@@ -390,7 +391,7 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 		}
 	} else {
 		comment = fmt.Sprintf("pods matching {%s} in namespaces matching {%s}", podSel, nsSel)
-		for _, ns := range sortedKeys(c.byNamespace) {
+		for _, ns := range slices.Sorted(maps.Keys(c.byNamespace)) {
 			n := c.namespaces[ns]
 			if n == nil || !nsSel.Matches(labels.Set(n.Labels)) {
 				continue
@@ -525,13 +526,4 @@ var b32 = base32.StdEncoding.WithPadding(base32.NoPadding)
 func hashName(key string, n int) string {
 	sum := sha256.Sum256([]byte(key))
 	return b32.EncodeToString(sum[:])[:n]
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

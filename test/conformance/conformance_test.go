@@ -5,6 +5,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -412,7 +413,7 @@ func explainIPBlocks(t *testing.T, resources *probe.Resources, zcIP string) {
 
 func fullReport(props map[string]string, reports []CaseReport, s Summary) string {
 	var b strings.Builder
-	for _, k := range sortedKeys(props) {
+	for _, k := range slices.Sorted(maps.Keys(props)) {
 		fmt.Fprintf(&b, "%s: %s\n", k, props[k])
 	}
 	b.WriteString("\n")

@@ -2,6 +2,8 @@ package conformance
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/mattfenwick/cyclonus/pkg/generator"
 	corev1 "k8s.io/api/core/v1"
@@ -150,7 +152,7 @@ func selectorDivergence(s *metav1.LabelSelector, objects []map[string]string) st
 		}
 		return false
 	}
-	for _, k := range sortedKeys(s.MatchLabels) {
+	for _, k := range slices.Sorted(maps.Keys(s.MatchLabels)) {
 		if s.MatchLabels[k] == "" && lacking(k) {
 			return fmt.Sprintf("matchLabels %s: \"\" on objects without %s (the oracle matches them, Kubernetes doesn't)", k, k)
 		}

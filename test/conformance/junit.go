@@ -3,8 +3,10 @@ package conformance
 import (
 	"encoding/xml"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -57,7 +59,7 @@ func WriteJUnit(path, suite string, started time.Time, took time.Duration, props
 		Name: suite, Tests: len(reports),
 		Time: seconds(took), Timestamp: started.UTC().Format(time.RFC3339),
 	}
-	for _, k := range sortedKeys(props) {
+	for _, k := range slices.Sorted(maps.Keys(props)) {
 		s.Properties = append(s.Properties, junitProperty{Name: k, Value: props[k]})
 	}
 	for _, r := range reports {

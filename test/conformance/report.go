@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -123,7 +124,7 @@ func evaluateStep(step *generator.TestStep, s *connectivity.StepResult) StepRepo
 		for p := range item.Kube.JobResults {
 			ports[p] = true
 		}
-		for _, p := range sortedKeys(ports) {
+		for _, p := range slices.Sorted(maps.Keys(ports)) {
 			want, got := item.Simulated.JobResults[p], item.Kube.JobResults[p]
 			d := ProbeDiff{From: k.From, To: k.To, Port: p, Want: probe.ConnectivityUnknown, Got: probe.ConnectivityUnknown}
 			if want != nil {
@@ -291,7 +292,7 @@ func (s Summary) String() string {
 	fmt.Fprintf(&b, "cells (pod pairs, last probe round of each step): %d right, %d wrong, %d loopback not judged; %d probes, %d could not be run\n",
 		s.Right, s.Wrong, s.Loopback, s.Probes, s.CheckFailed)
 	b.WriteString("cases by tag (passed/total):\n")
-	primaries := sortedKeys(generator.AllTags)
+	primaries := slices.Sorted(maps.Keys(generator.AllTags))
 	for _, p := range primaries {
 		if c, ok := s.ByTag[p]; ok {
 			fmt.Fprintf(&b, "  %-30s %3d/%d\n", p, c[0], c[0]+c[1])
@@ -303,13 +304,4 @@ func (s Summary) String() string {
 		}
 	}
 	return b.String()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

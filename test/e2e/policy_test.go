@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 )
@@ -82,14 +81,7 @@ func TestNetworkPolicy(t *testing.T) {
 	})
 
 	t.Run("NamedPortUDP", func(t *testing.T) {
-		applyPolicy(ctx, t, c, "udp-only", fmt.Sprintf(`spec:
-  podSelector: {matchLabels: {role: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - ports:
-    - port: udp-echo
-      protocol: UDP
-`))
+		applyPolicy(ctx, t, c, "udp-only", ingressPorts("role: server", "{port: udp-echo, protocol: UDP}"))
 		defer deletePolicy(ctx, t, c, "udp-only")
 		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		if err := udpRoundTrip(client.NetNS, netip.AddrPortFrom(server.IP, 9200).String()); err != nil {
@@ -102,13 +94,7 @@ func TestNetworkPolicy(t *testing.T) {
 
 	t.Run("PodRecreatedOnSameIPWithOtherLabels", func(t *testing.T) {
 		// The server admits only pods labelled role=friend.
-		applyPolicy(ctx, t, c, "friends", fmt.Sprintf(`spec:
-  podSelector: {matchLabels: {role: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - from:
-    - podSelector: {matchLabels: {role: friend}}
-`))
+		applyPolicy(ctx, t, c, "friends", ingressFrom("role: server", "role: friend"))
 		defer deletePolicy(ctx, t, c, "friends")
 		first := deployPolicyPods(ctx, t, c, "same-ip", []policyPod{{Name: "twin", Node: serverNode.Name, Labels: "role: friend"}})["twin"]
 		waitAllowed(t, first.NetNS, tcpAddr, 10*time.Second)
@@ -133,10 +119,7 @@ func TestNetworkPolicy(t *testing.T) {
 	})
 
 	t.Run("DefaultDenyEgressFromFirstPacket", func(t *testing.T) {
-		applyPolicy(ctx, t, c, "deny-early", fmt.Sprintf(`spec:
-  podSelector: {matchLabels: {role: early}}
-  policyTypes: [Egress]
-`))
+		applyPolicy(ctx, t, c, "deny-early", "spec:\n  podSelector: {matchLabels: {role: early}}\n  policyTypes: [Egress]\n")
 		defer deletePolicy(ctx, t, c, "deny-early")
 		seen := countPeers(t, server.NetNS, 9300)
 		// The pod's very first process connects to the server; it must never get through.
@@ -176,13 +159,7 @@ spec:
 	})
 
 	t.Run("AgentKilledUnderDefaultDeny", func(t *testing.T) {
-		applyPolicy(ctx, t, c, "friends-only", fmt.Sprintf(`spec:
-  podSelector: {matchLabels: {role: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - from:
-    - podSelector: {matchLabels: {role: friend}}
-`))
+		applyPolicy(ctx, t, c, "friends-only", ingressFrom("role: server", "role: friend"))
 		defer deletePolicy(ctx, t, c, "friends-only")
 		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		denied := startProber(t, client.NetNS, tcpAddr)
@@ -219,13 +196,7 @@ spec:
 	t.Run("BadInputIsReportedNotFatal", func(t *testing.T) {
 		// No SCTP sockets on this kernel: an SCTP rule still loads and opens neither TCP
 		// nor UDP; the agent stays up.
-		applyPolicy(ctx, t, c, "sctp", fmt.Sprintf(`spec:
-  podSelector: {matchLabels: {role: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - ports:
-    - {protocol: SCTP, port: 9100}
-`))
+		applyPolicy(ctx, t, c, "sctp", ingressPorts("role: server", "{protocol: SCTP, port: 9100}"))
 		defer deletePolicy(ctx, t, c, "sctp")
 		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		checkAgentsStable(ctx, t, c)
@@ -299,6 +270,16 @@ func deletePolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, bat
 
 func denyIngress(selector string) string {
 	return fmt.Sprintf("spec:\n  podSelector: {matchLabels: {%s}}\n  policyTypes: [Ingress]\n", selector)
+}
+
+// ingressFrom admits the pods matching from (labels) to the pods matching selector.
+func ingressFrom(selector, from string) string {
+	return denyIngress(selector) + fmt.Sprintf("  ingress:\n  - from:\n    - podSelector: {matchLabels: {%s}}\n", from)
+}
+
+// ingressPorts admits anyone on the port (a YAML flow mapping) to the pods matching selector.
+func ingressPorts(selector, port string) string {
+	return denyIngress(selector) + fmt.Sprintf("  ingress:\n  - ports:\n    - %s\n", port)
 }
 
 func applyPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, name, body string) {
