@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -55,6 +57,14 @@ func TestNetworkPolicy(t *testing.T) {
 		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		if err := dialEcho(nodeNS, tcpAddr); err != nil {
 			t.Errorf("node %s -> its pod %s under default-deny ingress: %v (the node's own traffic must pass)", serverNode.Name, tcpAddr, err)
+		}
+		// The denied attempts show in the agent's metrics, per pod and direction.
+		metrics := scrapeAgent(t, nodeNS)
+		if !strings.Contains(metrics, "trellis_policy_enforced 1") {
+			t.Errorf("trellis_policy_enforced is not 1 on %s", serverNode.Name)
+		}
+		if n := metricValue(metrics, `trellis_policy_denied_packets_total{direction="ingress",namespace="`+policyNS+`",pod="server"}`); n < 1 {
+			t.Errorf("trellis_policy_denied_packets_total for server ingress = %v after denied connections, want > 0", n)
 		}
 		// kubelet's readiness probe (TCP 8080) keeps passing: the pod stays Ready.
 		time.Sleep(3 * time.Second)
@@ -614,4 +624,35 @@ func checkAgentsStable(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 			t.Errorf("agent not Ready: %q", l)
 		}
 	}
+}
+
+// scrapeAgent reads the agent's /metrics from inside its node's network namespace.
+func scrapeAgent(t *testing.T, nodeNS *os.File) string {
+	t.Helper()
+	var body []byte
+	if err := inNetns(nodeNS, func() error {
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://127.0.0.1:9798/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+		return err
+	}); err != nil {
+		t.Fatalf("scraping the agent's metrics: %v", err)
+	}
+	return string(body)
+}
+
+// metricValue is the value of the sample named exactly series (name{labels}), -1 if absent.
+func metricValue(metrics, series string) float64 {
+	for _, l := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }
