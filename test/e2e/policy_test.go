@@ -626,20 +626,32 @@ func checkAgentsStable(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 	}
 }
 
-// scrapeAgent reads the agent's /metrics from inside its node's network namespace.
+// scrapeAgent reads the agent's /metrics from inside its node's network namespace. The
+// connection is made on the thread in that namespace (net/http would dial from another
+// goroutine, in the root namespace), then used for one HTTP/1.0 request.
 func scrapeAgent(t *testing.T, nodeNS *os.File) string {
 	t.Helper()
-	var body []byte
+	var conn net.Conn
 	if err := inNetns(nodeNS, func() error {
-		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://127.0.0.1:9798/metrics")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		body, err = io.ReadAll(resp.Body)
+		var err error
+		conn, err = net.DialTimeout("tcp", "127.0.0.1:9798", 5*time.Second)
 		return err
 	}); err != nil {
+		t.Fatalf("connecting to the agent's metrics: %v", err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Write([]byte("GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")); err != nil {
 		t.Fatalf("scraping the agent's metrics: %v", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("scraping the agent's metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("scraping the agent's metrics: %s %v", resp.Status, err)
 	}
 	return string(body)
 }
