@@ -164,3 +164,13 @@ bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin 
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o "$$tmp/trellis" ./cmd/cni && \
 	go build -o "$$tmp/bench-datapath" ./test/bench/datapath && \
 	"$$tmp/bench-datapath" -trellis "$$tmp/trellis" $(BENCH_DATAPATH_FLAGS)
+
+BENCH_POLICY_FLAGS ?=
+
+.PHONY: bench-policy
+bench-policy: ## NetworkPolicy at 1,000 pods and 1,000 policies: full and incremental sync, rules, RSS, throughput with vs without policy (root; real API server; own netns). Options: BENCH_POLICY_FLAGS="-pods 1000 -policies 1000 -repeat 3".
+	@hack/install-deps.sh && hack/build-k8s.sh >/dev/null && \
+	tmp="$${TMPDIR:-/tmp}/trlbp-$$$$-make" && mkdir -m 700 "$$tmp" && \
+	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
+	go build -o "$$tmp/bench-policy" ./test/bench/policy && \
+	"$$tmp/bench-policy" $(BENCH_POLICY_FLAGS)

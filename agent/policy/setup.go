@@ -81,6 +81,11 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	if err := mgr.Add(&HookServer{Socket: o.Socket, Handle: e.EnsurePod, Timeout: o.SetupTimeout, Log: log.WithName("hook")}); err != nil {
 		return err
 	}
+	return Watch(mgr, e)
+}
+
+// Watch makes every change of what policy reads (in mgr's cache) trigger a sync of e.
+func Watch(mgr manager.Manager, e *Engine) error {
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		return watch(ctx, mgr.GetCache(), e)
 	}))
