@@ -12,15 +12,19 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/cluster"
@@ -66,6 +70,8 @@ func TestNodeSecurity(t *testing.T) {
 	})
 
 	t.Run("RootOnlyFiles", func(t *testing.T) {
+		deployTestPods(ctx, t, c, "files", []podSpec{{Name: "files-a", Node: nodeA.Name}}) // for the IPAM state
+		defer deletePods(ctx, t, c, "files")
 		for _, f := range []struct {
 			path string
 			mode os.FileMode
@@ -142,14 +148,8 @@ metadata:
 		}
 		reader, nobody := saToken(ctx, t, c, "e2e-prometheus"), saToken(ctx, t, c, "e2e-nobody")
 		from := openNetns(t, nodeA.NetNSPath())
-		agents := serviceEndpoints(ctx, t, c, "trellis-agent-metrics")
-		if len(agents) != len(c.Nodes) {
-			t.Fatalf("trellis-agent-metrics has endpoints %v, want one per node (%d)", agents, len(c.Nodes))
-		}
-		operator := serviceEndpoints(ctx, t, c, "trellis-operator-metrics")
-		if len(operator) != 1 {
-			t.Fatalf("trellis-operator-metrics has endpoints %v, want 1", operator)
-		}
+		agents := serviceEndpoints(ctx, t, c, "trellis-agent-metrics", len(c.Nodes))
+		operator := serviceEndpoints(ctx, t, c, "trellis-operator-metrics", 1)
 		for _, ep := range append(append([]string{}, agents...), operator...) {
 			// As a Prometheus would: HTTPS and its service account's token.
 			if body := scrapeOK(t, from, ep, reader); !strings.Contains(body, "controller_runtime_reconcile_total") {
@@ -165,7 +165,7 @@ metadata:
 		// The series move: a pod made on node A brings a NetworkPolicy sync there.
 		agentA := nodeA.IP.String() + ":9798"
 		_, before := scrape(t, from, agentA, reader)
-		deployTestPods(ctx, t, c, "metrics", []podSpec{{Name: "metrics-a", Node: nodeA.Name}})
+		deployTestPods(ctx, t, c, "metrics", []podSpec{{Name: "metrics-b", Node: nodeA.Name}})
 		defer deletePods(ctx, t, c, "metrics")
 		var after string
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
@@ -188,6 +188,7 @@ metadata:
 // that authenticates with token only.
 func controllerClient(t *testing.T, c *cluster.Cluster, token string) client.Client {
 	t.Helper()
+	ctrllog.SetLogger(logr.Discard()) // the client's own log is of no use here
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -228,19 +229,35 @@ func saToken(ctx context.Context, t *testing.T, c *cluster.Cluster, name string)
 	return strings.TrimSpace(out)
 }
 
-// serviceEndpoints are the ready addresses:ports of Service name in trellis-system, as
-// Prometheus' endpoints discovery finds them.
-func serviceEndpoints(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) []string {
+// serviceEndpoints are the ready address:port pairs of Service name in trellis-system, as
+// Prometheus' endpoints discovery finds them. It waits up to a minute for want of them.
+func serviceEndpoints(ctx context.Context, t *testing.T, c *cluster.Cluster, name string, want int) []string {
 	t.Helper()
+	kc, err := c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var eps []string
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(time.Second) {
-		out, err := c.Kubectl(ctx, "get", "endpointslices", "-n", "trellis-system", "-l", "kubernetes.io/service-name="+name, "-o",
-			`jsonpath={range .items[*]}{range .endpoints[?(@.conditions.ready==true)]}{.addresses[0]}:{..ports[0].port}{"\n"}{end}{end}`)
+		slices, err := kc.DiscoveryV1().EndpointSlices("trellis-system").List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
 		if err != nil {
 			t.Fatal(err)
 		}
-		eps = strings.Fields(out)
-		if len(eps) > 0 || time.Now().After(deadline) {
+		eps = eps[:0]
+		for _, s := range slices.Items {
+			if len(s.Ports) == 0 || s.Ports[0].Port == nil {
+				continue
+			}
+			for _, ep := range s.Endpoints {
+				if ep.Conditions.Ready != nil && *ep.Conditions.Ready && len(ep.Addresses) > 0 {
+					eps = append(eps, net.JoinHostPort(ep.Addresses[0], strconv.Itoa(int(*s.Ports[0].Port))))
+				}
+			}
+		}
+		if len(eps) == want || time.Now().After(deadline) {
+			if len(eps) != want {
+				t.Fatalf("Service %s has ready endpoints %v, want %d", name, eps, want)
+			}
 			return eps
 		}
 	}
