@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -159,8 +160,9 @@ func TestOperator(t *testing.T) {
 		agent := pod.Containers[0]
 		for _, c := range append(slices.Clone(pod.InitContainers), agent) {
 			sc := c.SecurityContext
-			if sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
-				t.Errorf("container %s is not privileged root (the image's default user is non-root): %+v", c.Name, sc)
+			// Root (the image's default user is non-root), not privileged (README "Least privilege").
+			if sc == nil || sc.Privileged != nil && *sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+				t.Errorf("container %s is not unprivileged root: %+v", c.Name, sc)
 			}
 		}
 		if agent.LivenessProbe == nil || agent.ReadinessProbe == nil {
@@ -205,13 +207,26 @@ func TestOperator(t *testing.T) {
 				}
 			}
 			for _, v := range rule.Verbs {
-				if v == "*" || (v != "get" && v != "list" && v != "watch" && !slices.Contains(rule.Resources, "nodenetworks/status") && !slices.Contains(rule.Resources, "events")) {
+				// Writes: its NodeNetwork's status, events, and the reviews that guard /metrics.
+				writable := slices.Contains(rule.Resources, "nodenetworks/status") || slices.Contains(rule.Resources, "events") ||
+					slices.Contains(rule.Resources, "tokenreviews") || slices.Contains(rule.Resources, "subjectaccessreviews")
+				if v == "*" || (v != "get" && v != "list" && v != "watch" && !writable) {
 					t.Errorf("agent ClusterRole grants %s on %v", v, rule.Resources)
 				}
 			}
 		}
 		mustGet(t, types.NamespacedName{Name: "trellis-agent"}, &rbacv1.ClusterRoleBinding{})
 		mustGet(t, types.NamespacedName{Namespace: render.Namespace, Name: "trellis-agent"}, &corev1.ServiceAccount{})
+		// The agents' node restriction comes with them (config/agent/node_restriction_test.go
+		// shows what it refuses).
+		vap := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		mustGet(t, types.NamespacedName{Name: "trellis-agent-node-restriction"}, vap)
+		assertControlledByClusterNetwork(t, vap)
+		vapb := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}
+		mustGet(t, types.NamespacedName{Name: "trellis-agent-node-restriction"}, vapb)
+		if vapb.Spec.PolicyName != vap.Name || !slices.Equal(vapb.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) {
+			t.Errorf("binding %+v does not deny by policy %s", vapb.Spec, vap.Name)
+		}
 		ns := &corev1.Namespace{}
 		mustGet(t, types.NamespacedName{Name: render.Namespace}, ns)
 		if len(ns.OwnerReferences) != 0 {
