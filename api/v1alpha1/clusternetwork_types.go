@@ -56,6 +56,7 @@ type ClusterNetworkSpec struct {
 	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each spec.podCIDRs entry must be a CIDR such as 10.244.0.0/16"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() == 4",message="spec.podCIDRs entries must be IPv4 (IPv6 is not supported yet)"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address (host bits zero), e.g. 10.244.0.0/16 rather than 10.244.1.0/16"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '240.0.0.0/4'].all(r, !cidr(r).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(r)))",messageExpression="'spec.podCIDRs entry ' + self + ' overlaps a special-purpose range that cannot carry pod traffic (0.0.0.0/8 this network, 127.0.0.0/8 loopback, 169.254.0.0/16 link-local, where pods reach their gateway 169.254.1.1, 224.0.0.0/4 multicast, 240.0.0.0/4 reserved and broadcast): use a private range such as 10.244.0.0/16'"
 	// +kubebuilder:validation:XValidation:rule="oldSelf.all(c, c in self)",message="spec.podCIDRs: existing entries are immutable; only appending new CIDRs is allowed"
 	// +kubebuilder:validation:XValidation:rule="self.all(a, !isCIDR(a) || self.filter(b, isCIDR(b) && (cidr(a).containsCIDR(cidr(b)) || cidr(b).containsCIDR(cidr(a)))).size() == 1)",message="spec.podCIDRs entries must not overlap each other"
 	// +listType=atomic
