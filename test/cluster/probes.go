@@ -239,6 +239,13 @@ func (c *Cluster) Demo(ctx context.Context, w io.Writer) error {
 		}
 		fmt.Fprint(w, out)
 	}
+	if c.CNI == CNITrellis {
+		// The summary describes a network in service: the agent on every node, not one
+		// that is still starting its last agent.
+		if out, err := c.Kubectl(ctx, "wait", "clusternetwork/default", "--for=condition=Available", "--timeout=3m"); err != nil {
+			return fmt.Errorf("the ClusterNetwork did not become Available: %w\n%s%s", err, out, c.Diagnose(ctx))
+		}
+	}
 	show("nodes", "get", "nodes", "-o", "wide")
 	switch c.CNI {
 	case CNITrellis:

@@ -75,6 +75,14 @@ func TestClusterSmoke(t *testing.T) {
 		if got := len(strings.Fields(out)); got != 3 {
 			t.Errorf("%d NodeNetworks, want one per node: %q", got, out)
 		}
+		// `make demo` right after bring-up: its summary shows the network Available.
+		var demo strings.Builder
+		if err := c.Demo(ctx, &demo); err != nil {
+			t.Errorf("demo: %v\n%s", err, demo.String())
+		}
+		if !regexp.MustCompile(`(?m)^default\s.*\sTrue\s+\S+$`).MatchString(demo.String()) {
+			t.Errorf("the demo's ClusterNetwork line is not Available:\n%s", demo.String())
+		}
 	}
 
 	probes := checkProbeMatrix(ctx, t, c, "connectivity")
