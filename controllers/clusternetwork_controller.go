@@ -115,6 +115,10 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	})
 	if o.daemonSet, err = r.daemonSet(ctx); err != nil {
 		errs = append(errs, err)
+	} else if o.daemonSet != nil && !rolloutOf(o.daemonSet).done() {
+		if o.podTrouble, err = r.agentPodTrouble(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if o.mtu, err = r.mtu(ctx, cn); err != nil {
 		errs = append(errs, err)
@@ -282,6 +286,15 @@ func (r *ClusterNetworkReconciler) apply(ctx context.Context, cn *v1alpha1.Clust
 	return nil
 }
 
+// agentPodTrouble names the agent pods that aren't Ready and why (see rollout.go).
+func (r *ClusterNetworkReconciler) agentPodTrouble(ctx context.Context) ([]string, error) {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(render.Namespace), client.MatchingLabels(render.AgentPodLabels)); err != nil {
+		return nil, fmt.Errorf("listing the agent pods: %w", err)
+	}
+	return agentPodTrouble(pods.Items, 5), nil
+}
+
 func objectName(obj *unstructured.Unstructured) string {
 	if ns := obj.GetNamespace(); ns != "" {
 		return ns + "/" + obj.GetName()
@@ -375,11 +388,13 @@ func CacheOptions() cache.Options {
 	ours := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/part-of": "trellis"})
 	inNamespace := map[string]cache.Config{render.Namespace: {}}
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&appsv1.DaemonSet{}:                                         {Namespaces: inNamespace},
-		&corev1.ConfigMap{}:                                         {Namespaces: inNamespace},
-		&corev1.ServiceAccount{}:                                    {Namespaces: inNamespace},
-		&rbacv1.ClusterRole{}:                                       {Label: ours},
-		&rbacv1.ClusterRoleBinding{}:                                {Label: ours},
+		&appsv1.DaemonSet{}:      {Namespaces: inNamespace},
+		&corev1.ConfigMap{}:      {Namespaces: inNamespace},
+		&corev1.ServiceAccount{}: {Namespaces: inNamespace},
+		// The agent\'s pods, to say why a rollout is stuck.
+		&corev1.Pod{}:                {Namespaces: inNamespace, Label: labels.SelectorFromSet(render.AgentPodLabels)},
+		&rbacv1.ClusterRole{}:        {Label: ours},
+		&rbacv1.ClusterRoleBinding{}: {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: {Label: ours},
 	}}

@@ -342,11 +342,28 @@ func TestOperator(t *testing.T) {
 			t.Errorf("status.nodes %+v, want desired 6 updated 3 ready 3", n)
 		}
 
-		// The rollout stalls past spec.rollout.progressDeadlineSeconds.
+		// The rollout stalls past spec.rollout.progressDeadlineSeconds: one node's new agent
+		// can't pull its image (the test plays the kubelet too). Degraded names the node and why.
+		stuck := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "trellis-agent-stuck", Namespace: render.Namespace, Labels: render.AgentPodLabels},
+			Spec:       corev1.PodSpec{NodeName: "node-2", Containers: []corev1.Container{{Name: "agent", Image: "registry.example/trellis:nope"}}},
+		}
+		if err := k8s.Create(ctx, stuck); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = k8s.Delete(ctx, stuck) }()
+		stuck.Status = corev1.PodStatus{Phase: corev1.PodPending,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}},
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "agent", State: corev1.ContainerState{
+				Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull", Message: `failed to pull "registry.example/trellis:nope": not found`}}}}}
+		if err := k8s.Status().Update(ctx, stuck); err != nil {
+			t.Fatal(err)
+		}
 		clockOffset.Store(int64(11 * time.Minute))
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Rollout.ProgressDeadlineSeconds = 601 })
-		eventually(t, "Degraded/ProgressDeadlineExceeded", func() error {
-			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "ProgressDeadlineExceeded", "spec.rollout.progressDeadlineSeconds")
+		eventually(t, "Degraded/ProgressDeadlineExceeded naming the node and the reason", func() error {
+			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "ProgressDeadlineExceeded",
+				`spec.rollout.progressDeadlineSeconds (10m1s): 3 of 6 nodes updated, 3 available; node node-2: pod trellis-agent-stuck container agent ErrImagePull: failed to pull "registry.example/trellis:nope": not found`)
 		})
 		clockOffset.Store(0)
 

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -42,6 +43,8 @@ type observed struct {
 	// configHash of the agent configuration this pass applied; "" when it applied none.
 	configHash string
 	daemonSet  *appsv1.DaemonSet // nil when not (yet) there
+	// podTrouble names the agent pods that aren't Ready and why, while a rollout is on.
+	podTrouble []string
 	problems   []problem
 	mtu        int32
 	deadline   time.Duration
@@ -113,19 +116,26 @@ func computeStatus(prev v1alpha1.ClusterNetworkStatus, o observed) (v1alpha1.Clu
 		ro := rolloutOf(ds)
 		st.Nodes = v1alpha1.NodeCounts{Desired: ro.desired, Updated: ro.updated, Ready: ro.ready}
 		counts := fmt.Sprintf("%d of %d nodes updated, %d available", ro.updated, ro.desired, ro.available)
+		// What rolls out is the DaemonSet's template: the image may change with the
+		// configuration as it is (an upgrade), so name both.
+		what := fmt.Sprintf("the agent (image %s, configuration %s)", agentImage(ds), st.ConfigHash)
 		if ro.done() {
 			set(v1alpha1.ConditionProgressing, metav1.ConditionFalse, ReasonRolloutComplete,
-				"agent configuration "+st.ConfigHash+" is rolled out: "+counts)
+				what+" is rolled out: "+counts)
 		} else {
 			set(v1alpha1.ConditionProgressing, metav1.ConditionTrue, ReasonRollingOut,
-				"rolling out agent configuration "+st.ConfigHash+": "+counts)
+				"rolling out "+what+": "+counts)
 			// The rollout started when Progressing last turned True.
 			since := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionProgressing).LastTransitionTime.Time
 			if o.deadline > 0 {
 				if elapsed := o.now.Sub(since); elapsed >= o.deadline {
+					why := "check the trellis-agent pods in trellis-system"
+					if len(o.podTrouble) > 0 {
+						why = strings.Join(o.podTrouble, "; ")
+					}
 					problems = append(problems, problem{ReasonProgressDeadlineExceeded, fmt.Sprintf(
-						"the agent rollout has not completed within spec.rollout.progressDeadlineSeconds (%s): %s; check the trellis-agent pods in trellis-system",
-						o.deadline, counts)})
+						"the agent rollout has not completed within spec.rollout.progressDeadlineSeconds (%s): %s; %s. Nodes not yet updated keep the previous agent; correct spec.agent (or the cause above) to resume",
+						o.deadline, counts, why)})
 				} else {
 					requeue = o.deadline - elapsed
 				}
@@ -151,4 +161,14 @@ func computeStatus(prev v1alpha1.ClusterNetworkStatus, o observed) (v1alpha1.Clu
 		setFor(o.generation, v1alpha1.ConditionDegraded, metav1.ConditionTrue, problems[0].reason, msg)
 	}
 	return st, requeue
+}
+
+// agentImage is the image of the agent container of the DaemonSet's template.
+func agentImage(ds *appsv1.DaemonSet) string {
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name == "agent" {
+			return c.Image
+		}
+	}
+	return "unknown"
 }

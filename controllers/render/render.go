@@ -39,6 +39,9 @@ const (
 	baseImage = "trellis-agent"
 )
 
+// AgentPodLabels select the agent's pods (config/agent/daemonset.yaml).
+var AgentPodLabels = map[string]string{"app.kubernetes.io/name": "trellis-agent"}
+
 // Result is the rendered agent.
 type Result struct {
 	// Objects in apply order (namespace and RBAC before the workload).
