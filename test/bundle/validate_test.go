@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -16,28 +17,51 @@ import (
 	interfaces "github.com/operator-framework/api/pkg/validation/interfaces"
 )
 
-// k8sVersion is the Kubernetes release the project builds and tests against
-// (hack/versions.env K8S_VERSION): the deprecated-APIs and OperatorHub checks look for APIs
-// removed by then.
-const k8sVersion = "1.37"
+// k8sVersion is the Kubernetes release the project builds and tests against, MAJOR.MINOR
+// of hack/versions.env's K8S_VERSION (the environment's wins, as everywhere): the
+// deprecated-APIs and OperatorHub checks look for APIs removed by then. This module does
+// not import the repository's test/versions (that would pull the product's dependency
+// graph in here), so it reads the one line itself.
+func k8sVersion(t *testing.T) string {
+	t.Helper()
+	v := os.Getenv("K8S_VERSION")
+	if v == "" {
+		data, err := os.ReadFile(filepath.Join(repoRoot(t), "hack", "versions.env"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := regexp.MustCompile(`(?m)^K8S_VERSION=(\S+)$`).FindSubmatch(data)
+		if m == nil {
+			t.Fatal("hack/versions.env sets no K8S_VERSION")
+		}
+		v = string(m[1])
+	}
+	m := regexp.MustCompile(`^v(\d+\.\d+)\.\d+$`).FindStringSubmatch(v)
+	if m == nil {
+		t.Fatalf("K8S_VERSION %q is not vMAJOR.MINOR.PATCH", v)
+	}
+	return m[1]
+}
 
 // knownWarnings are the warnings left as they are, keyed by finding.key (type and field),
 // each with the reason. A warning not listed here fails the test: fix it, or add it with
 // its reason.
 var knownWarnings = map[string]string{}
 
-func bundleDir(t *testing.T) string {
+func repoRoot(t *testing.T) string {
 	t.Helper()
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
 		t.Fatal("cannot locate the test's source file")
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "bundle")
+	return filepath.Join(filepath.Dir(file), "..", "..")
 }
+
+func bundleDir(t *testing.T) string { return filepath.Join(repoRoot(t), "bundle") }
 
 func TestBundleValidates(t *testing.T) {
 	dir := bundleDir(t)
-	name, findings, err := validate(dir)
+	name, findings, err := validate(dir, k8sVersion(t))
 	if err != nil {
 		t.Fatalf("%v (run `make bundle`)", err)
 	}
@@ -84,7 +108,7 @@ func TestValidatorsCatchDefects(t *testing.T) {
 	if err := os.WriteFile(csvPath, []byte(broken), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, findings, err := validate(dir)
+	_, findings, err := validate(dir, k8sVersion(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +136,7 @@ type finding struct {
 // practices, deprecated APIs (for k8sVersion) and the optional objects check. Left out:
 // the multiple-architectures check (it inspects the images, which needs a registry) and
 // the community-operators one (deprecated by its authors).
-func validate(dir string) (string, []finding, error) {
+func validate(dir, k8sVersion string) (string, []finding, error) {
 	b, err := manifests.GetBundleFromDir(dir)
 	if err != nil {
 		return "", nil, fmt.Errorf("loading the bundle from %s: %w", dir, err)

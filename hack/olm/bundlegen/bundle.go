@@ -142,7 +142,7 @@ func Bundle(in Inputs, version, image string) (map[string][]byte, error) {
 
 // parts sorts config/default's objects into what OLM installs from the CSV and the bundle.
 type parts struct {
-	crds, deployments, serviceAccounts                  []object
+	crds, deployments, serviceAccounts                     []object
 	clusterRoles, clusterRoleBindings, roles, roleBindings []object
 }
 

@@ -22,40 +22,63 @@ import (
 const PackageFile = "package.yaml"
 
 // WriteCatalog publishes the bundle in bundleDir to the file-based catalog in dir: it
-// (re)writes dir/trellis/<csv name>.yaml and package.yaml. The other versions' files are
-// the releases already published and are left as they are; the channel holds every
-// version present, each replacing the one before it.
+// (re)writes dir/trellis/<csv name>.yaml and package.yaml (see Catalog).
 func WriteCatalog(bundleDir, dir string) error {
 	files, err := ReadBundle(bundleDir)
 	if err != nil {
 		return err
 	}
-	b, err := CatalogBundle(files)
-	if err != nil {
-		return fmt.Errorf("%s: %w", bundleDir, err)
-	}
 	pkgDir := filepath.Join(dir, PackageName)
 	if err := os.MkdirAll(pkgDir, 0o755); err != nil {
-		return err
-	}
-	out, err := yaml.Marshal(b)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(pkgDir, b.Name+".yaml"), out, 0o644); err != nil {
 		return err
 	}
 	published, err := ReadCatalogBundles(pkgDir)
 	if err != nil {
 		return err
 	}
+	out, err := Catalog(files, published)
+	if err != nil {
+		return fmt.Errorf("%s: %w", bundleDir, err)
+	}
+	for name, content := range out {
+		if err := os.WriteFile(filepath.Join(pkgDir, name), content, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Catalog computes the files of the package's catalog directory for the bundle whose
+// manifests are files: its olm.bundle (<csv name>.yaml) and package.yaml. published are the
+// bundles already in the directory: the releases before this one, left as they are (a
+// published release doesn't change), and maybe an older rendering of this version, which
+// this one replaces. The channel holds every version, each replacing the one before it.
+func Catalog(files []NamedObject, published []PublishedBundle) (map[string][]byte, error) {
+	b, err := CatalogBundle(files)
+	if err != nil {
+		return nil, err
+	}
+	bundleYAML, err := yaml.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	current, err := b.published()
+	if err != nil {
+		return nil, err
+	}
+	all := []PublishedBundle{current}
+	for _, p := range published {
+		if p.Name != b.Name {
+			all = append(all, p)
+		}
+	}
 	icon, err := CSVIcon(files)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	pkg, err := PackageAndChannel(published, icon)
+	pkg, err := PackageAndChannel(all, icon)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var buf bytes.Buffer
 	for i, doc := range pkg {
@@ -64,11 +87,24 @@ func WriteCatalog(bundleDir, dir string) error {
 		}
 		y, err := yaml.Marshal(doc)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		buf.Write(y)
 	}
-	return os.WriteFile(filepath.Join(pkgDir, PackageFile), buf.Bytes(), 0o644)
+	return map[string][]byte{b.Name + ".yaml": bundleYAML, PackageFile: buf.Bytes()}, nil
+}
+
+// published is what the channel needs of b.
+func (b FBCBundle) published() (PublishedBundle, error) {
+	j, err := json.Marshal(b)
+	if err != nil {
+		return PublishedBundle{}, err
+	}
+	var o object
+	if err := json.Unmarshal(j, &o); err != nil {
+		return PublishedBundle{}, err
+	}
+	return publishedFrom(o)
 }
 
 // ReadBundle returns the bundle's manifests, by file name in the order opm reads them.
@@ -148,7 +184,7 @@ func CatalogBundle(files []NamedObject) (FBCBundle, error) {
 	if _, err := semver.Parse(version); err != nil {
 		return FBCBundle{}, fmt.Errorf("CSV spec.version %q: %w", version, err)
 	}
-	props := []Property{{"olm.package", object{"PackageName": PackageName, "version": version}}}
+	props := []Property{{"olm.package", object{"packageName": PackageName, "version": version}}}
 	props = append(props, gvks...)
 	for _, f := range files {
 		data, err := json.Marshal(f.Object)
@@ -217,7 +253,7 @@ func ReadCatalogBundles(pkgDir string) ([]PublishedBundle, error) {
 			if d["schema"] != "olm.bundle" {
 				return nil, fmt.Errorf("%s: a %v; want only olm.bundle here (olm.package and olm.channel are in %s)", p, d["schema"], PackageFile)
 			}
-			pb, err := published(d)
+			pb, err := publishedFrom(d)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", p, err)
 			}
@@ -227,17 +263,25 @@ func ReadCatalogBundles(pkgDir string) ([]PublishedBundle, error) {
 	return out, nil
 }
 
-func published(d object) (PublishedBundle, error) {
+func publishedFrom(d object) (PublishedBundle, error) {
 	props, _ := d["properties"].([]any)
 	for _, p := range props {
 		p, _ := p.(object)
-		if p["type"] == "olm.package" {
-			v, err := semver.Parse(str(p["value"].(object)["version"]))
-			if err != nil {
-				return PublishedBundle{}, fmt.Errorf("bundle %v: olm.package version: %w", d["name"], err)
-			}
-			return PublishedBundle{Name: str(d["name"]), Version: v}, nil
+		if p["type"] != "olm.package" {
+			continue
 		}
+		value, _ := p["value"].(object)
+		if pkg := str(value["packageName"]); pkg != PackageName {
+			return PublishedBundle{}, fmt.Errorf("bundle %v: olm.package packageName %q, want %q", d["name"], pkg, PackageName)
+		}
+		v, err := semver.Parse(str(value["version"]))
+		if err != nil {
+			return PublishedBundle{}, fmt.Errorf("bundle %v: olm.package version: %w", d["name"], err)
+		}
+		if want := PackageName + ".v" + v.String(); d["name"] != want {
+			return PublishedBundle{}, fmt.Errorf("bundle %v of version %s: want the name %s", d["name"], v, want)
+		}
+		return PublishedBundle{Name: str(d["name"]), Version: v}, nil
 	}
 	return PublishedBundle{}, fmt.Errorf("bundle %v has no olm.package property", d["name"])
 }
