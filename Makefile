@@ -54,7 +54,7 @@ deps: ## Install what the tests need (apt packages; k8s binaries, crictl, refere
 	hack/build-olm.sh >/dev/null
 
 .PHONY: test
-test: deps manifests generate vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset.
+test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset.
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) validate-bundle
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_TIME) ./cni/plugin/
