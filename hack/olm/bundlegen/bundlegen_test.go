@@ -136,7 +136,7 @@ func TestPackageAndChannel(t *testing.T) {
 	pb := func(v string) PublishedBundle {
 		return PublishedBundle{Name: PackageName + ".v" + v, Version: semver.MustParse(v)}
 	}
-	docs, err := PackageAndChannel([]PublishedBundle{pb("0.10.0"), pb("0.0.1"), pb("0.2.0")}, object{})
+	docs, err := PackageAndChannel([]PublishedBundle{pb("0.10.0"), pb("0.0.1"), pb("0.2.0")}, object{}, "d")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestPackageAndChannel(t *testing.T) {
 	if got := docs[1]["entries"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("entries %v, want %v (semver order, each replacing the one before)", got, want)
 	}
-	if _, err := PackageAndChannel([]PublishedBundle{pb("0.1.0"), {Name: "other", Version: semver.MustParse("0.1.0")}}, nil); err == nil {
+	if _, err := PackageAndChannel([]PublishedBundle{pb("0.1.0"), {Name: "other", Version: semver.MustParse("0.1.0")}}, nil, "d"); err == nil {
 		t.Error("two bundles of one version were accepted")
 	}
 }

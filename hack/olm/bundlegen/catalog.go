@@ -72,11 +72,11 @@ func Catalog(files []NamedObject, published []PublishedBundle) (map[string][]byt
 			all = append(all, p)
 		}
 	}
-	icon, err := CSVIcon(files)
+	icon, description, err := packageMetadata(files)
 	if err != nil {
 		return nil, err
 	}
-	pkg, err := PackageAndChannel(all, icon)
+	pkg, err := PackageAndChannel(all, icon, description)
 	if err != nil {
 		return nil, err
 	}
@@ -208,17 +208,20 @@ func gvkKey(p Property) string {
 	return str(v["group"]) + "/" + str(v["kind"]) + "/" + str(v["version"])
 }
 
-// CSVIcon is the CSV's icon, for the olm.package.
-func CSVIcon(files []NamedObject) (object, error) {
+// packageMetadata is the CSV's icon and short description, for the olm.package.
+func packageMetadata(files []NamedObject) (icon object, description string, err error) {
 	for _, f := range files {
-		if f.Object["kind"] == "ClusterServiceVersion" {
-			icons, _ := nested[[]any](f.Object, "spec", "icon")
-			if len(icons) > 0 {
-				return icons[0].(object), nil
-			}
+		if f.Object["kind"] != "ClusterServiceVersion" {
+			continue
 		}
+		icons, _ := nested[[]any](f.Object, "spec", "icon")
+		description, _ = nested[string](f.Object, "metadata", "annotations", "description")
+		if len(icons) == 0 || description == "" {
+			return nil, "", errors.New("the bundle's CSV needs an icon and a description annotation")
+		}
+		return icons[0].(object), description, nil
 	}
-	return nil, errors.New("the bundle's CSV has no icon")
+	return nil, "", errors.New("the bundle has no CSV")
 }
 
 // PublishedBundle is what the package and channel need of a published olm.bundle.
@@ -288,7 +291,7 @@ func publishedFrom(d object) (PublishedBundle, error) {
 
 // PackageAndChannel are the package's olm.package and its one channel: every bundle in
 // version order, each replacing the one before (the upgrade edges OLM follows).
-func PackageAndChannel(bundles []PublishedBundle, icon object) ([]object, error) {
+func PackageAndChannel(bundles []PublishedBundle, icon object, description string) ([]object, error) {
 	bundles = slices.Clone(bundles)
 	slices.SortFunc(bundles, func(a, b PublishedBundle) int { return a.Version.Compare(b.Version) })
 	var entries []any
@@ -311,7 +314,7 @@ func PackageAndChannel(bundles []PublishedBundle, icon object) ([]object, error)
 			"name":           PackageName,
 			"defaultChannel": channel,
 			"icon":           icon,
-			"description":    "Trellis: an operator-managed CNI for Kubernetes (VXLAN, direct or hybrid routing, NetworkPolicy).",
+			"description":    description,
 		},
 		{
 			"schema":  "olm.channel",
