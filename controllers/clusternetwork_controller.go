@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -51,18 +52,24 @@ type ClusterNetworkReconciler struct {
 	UninstallTimeout time.Duration
 }
 
+// The operator's RBAC is what it calls, plus what it grants the agent: Kubernetes lets a
+// subject create a ClusterRole only with permissions it holds itself. README "RBAC" says
+// why each is needed.
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,verbs=get;list;watch;patch
-// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/status,verbs=patch
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/finalizers,verbs=update
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=nodes;pods;namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=create;patch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",namespace=trellis-system,resources=configmaps;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=apps,namespace=trellis-system,resources=daemonsets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",namespace=trellis-system,resources=configmaps;serviceaccounts,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=apps,namespace=trellis-system,resources=daemonsets,verbs=get;list;watch;create;patch;delete
 
 // Reconcile converges the cluster to the ClusterNetwork and reports what it finds.
 func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -354,6 +361,8 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.ClusterRole{}).
 		Owns(&rbacv1.ClusterRoleBinding{}).
+		Owns(&admissionregistrationv1.ValidatingAdmissionPolicy{}).
+		Owns(&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}).
 		Watches(&corev1.Node{}, toDefault, builder.WithPredicates(nodeMembership)).
 		Watches(&v1alpha1.NodeNetwork{}, toDefault).
 		Named("clusternetwork").
@@ -361,15 +370,17 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // CacheOptions keeps the operator's watches, and so its RBAC, to its own objects: namespaced
-// ones in trellis-system only, cluster-wide RBAC objects by the trellis label.
+// ones in trellis-system only, cluster-wide RBAC and admission objects by the trellis label.
 func CacheOptions() cache.Options {
 	ours := labels.SelectorFromSet(labels.Set{"app.kubernetes.io/part-of": "trellis"})
 	inNamespace := map[string]cache.Config{render.Namespace: {}}
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&appsv1.DaemonSet{}:          {Namespaces: inNamespace},
-		&corev1.ConfigMap{}:          {Namespaces: inNamespace},
-		&corev1.ServiceAccount{}:     {Namespaces: inNamespace},
-		&rbacv1.ClusterRole{}:        {Label: ours},
-		&rbacv1.ClusterRoleBinding{}: {Label: ours},
+		&appsv1.DaemonSet{}:                                         {Namespaces: inNamespace},
+		&corev1.ConfigMap{}:                                         {Namespaces: inNamespace},
+		&corev1.ServiceAccount{}:                                    {Namespaces: inNamespace},
+		&rbacv1.ClusterRole{}:                                       {Label: ours},
+		&rbacv1.ClusterRoleBinding{}:                                {Label: ours},
+		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: ours},
+		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: {Label: ours},
 	}}
 }

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -295,10 +294,10 @@ func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mt
 			return fmt.Errorf("removing other CNI configurations from %s: %w", r.CNIConfDir, err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Dir(r.ReadyFile), 0o755); err != nil {
-		return fmt.Errorf("creating %s: %w", filepath.Dir(r.ReadyFile), err)
+	if err := cnicontract.PrivateDir(filepath.Dir(r.ReadyFile)); err != nil {
+		return err
 	}
-	return cniinstall.WriteAtomic(r.ReadyFile, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644)
+	return cniinstall.WriteAtomic(r.ReadyFile, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o600)
 }
 
 // hostReadyFile is the ready file's path on the host, where the plugin runs (the agent

@@ -16,14 +16,18 @@ import (
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/metricsserving"
 )
 
 // Options are the agent's command-line settings.
 type Options struct {
 	// ConfigPath is the agent configuration the operator renders.
 	ConfigPath string
-	// HealthAddr serves /healthz and /readyz; MetricsAddr /metrics ("0" disables it).
-	HealthAddr, MetricsAddr string
+	// HealthAddr serves /healthz and /readyz (the kubelet's probes: loopback).
+	HealthAddr string
+	// Metrics is where and how /metrics is served: HTTPS with authentication on every
+	// address by default, so a cluster's Prometheus can scrape it.
+	Metrics metricsserving.Options
 	// CNIBinDir and CNIConfDir are the node's CNI directories as mounted into the pod.
 	CNIBinDir, CNIConfDir string
 	// ReadyFile's presence tells the CNI plugin the node is ready.
@@ -35,6 +39,9 @@ type Options struct {
 	CNIVersion string
 	// PluginDir is where the image keeps the plugins install-cni copies.
 	PluginDir string
+	// ProcSysDir is where the node's sysctls are written. An unprivileged container's
+	// /proc/sys is read-only, so the DaemonSet mounts the host's /proc/sys/net elsewhere.
+	ProcSysDir string
 	// IPAMGCGrace is how long an address whose pod is gone is kept before it is released;
 	// IPAMGCInterval how often the collector looks.
 	IPAMGCGrace, IPAMGCInterval time.Duration
@@ -51,12 +58,13 @@ func New() *Options {
 	o := &Options{
 		ConfigPath:     "/etc/trellis/config.json",
 		HealthAddr:     "127.0.0.1:9799",
-		MetricsAddr:    "127.0.0.1:9798",
+		Metrics:        metricsserving.Options{Addr: ":9798", Secure: true},
 		CNIBinDir:      "/host/opt/cni/bin",
 		CNIConfDir:     "/host/etc/cni/net.d",
 		ReadyFile:      cnicontract.DefaultReadyFile,
 		CNIVersion:     "1.0.0",
 		PluginDir:      "/usr/local/lib/trellis/cni",
+		ProcSysDir:     "/proc/sys",
 		IPAMGCGrace:    5 * time.Minute,
 		IPAMGCInterval: 2 * time.Minute,
 		level:          uzap.NewAtomicLevelAt(zapcore.InfoLevel),
@@ -71,7 +79,7 @@ func New() *Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "agent configuration rendered by the operator")
 	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address of /healthz and /readyz")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "address of /metrics; 0 disables it")
+	o.Metrics.AddFlags(fs, "metrics-addr")
 	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the node's CNI binary directory, as mounted")
 	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the node's CNI configuration directory, as mounted")
 	fs.StringVar(&o.ReadyFile, "ready-file", o.ReadyFile, "file whose presence tells the CNI plugin the node is ready")
@@ -79,6 +87,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.NodeIPInterface, "node-ip-interface", o.NodeIPInterface, "take the node's underlay address from this interface (default: spec.agent.nodeIPInterface)")
 	fs.StringVar(&o.CNIVersion, "cni-version", o.CNIVersion, "cniVersion of the conflist: the newest the node's runtime understands (containerd 1.6: 1.0.0)")
 	fs.StringVar(&o.PluginDir, "plugin-dir", o.PluginDir, "where the image keeps the plugins install-cni copies")
+	fs.StringVar(&o.ProcSysDir, "proc-sys-dir", o.ProcSysDir, "where the node's sysctls are written: /proc/sys, or a writable mount of the host's /proc/sys/net under <dir>/net")
 	fs.DurationVar(&o.IPAMGCGrace, "ipam-gc-grace", o.IPAMGCGrace, "how long an address whose pod is gone stays reserved before the agent releases it (the pod's DEL may still come)")
 	fs.DurationVar(&o.IPAMGCInterval, "ipam-gc-interval", o.IPAMGCInterval, "how often the agent looks for addresses of pods that are gone")
 	o.Zap.BindFlags(fs)
@@ -105,7 +114,7 @@ func (o *Options) Validate() error {
 	var errs []error
 	for _, f := range []struct{ name, value string }{
 		{"config", o.ConfigPath}, {"cni-bin-dir", o.CNIBinDir}, {"cni-conf-dir", o.CNIConfDir},
-		{"ready-file", o.ReadyFile}, {"cni-version", o.CNIVersion}, {"plugin-dir", o.PluginDir},
+		{"ready-file", o.ReadyFile}, {"cni-version", o.CNIVersion}, {"plugin-dir", o.PluginDir}, {"proc-sys-dir", o.ProcSysDir},
 	} {
 		if f.value == "" {
 			errs = append(errs, fmt.Errorf("--%s must not be empty", f.name))

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/trellis-net/trellis/internal/metricsserving"
 )
 
 func parse(t *testing.T, args ...string) (*Options, error) {
@@ -34,9 +36,10 @@ func TestDefaults(t *testing.T) {
 	got := *o
 	got.Zap, got.level = zap.Options{}, New().level // not comparable
 	want := Options{
-		ConfigPath: "/etc/trellis/config.json", HealthAddr: "127.0.0.1:9799", MetricsAddr: "127.0.0.1:9798",
+		ConfigPath: "/etc/trellis/config.json", HealthAddr: "127.0.0.1:9799",
+		Metrics:   metricsserving.Options{Addr: ":9798", Secure: true},
 		CNIBinDir: "/host/opt/cni/bin", CNIConfDir: "/host/etc/cni/net.d", ReadyFile: "/var/run/trellis/cni-ready",
-		CNIVersion: "1.0.0", PluginDir: "/usr/local/lib/trellis/cni",
+		CNIVersion: "1.0.0", PluginDir: "/usr/local/lib/trellis/cni", ProcSysDir: "/proc/sys",
 		IPAMGCGrace: 5 * time.Minute, IPAMGCInterval: 2 * time.Minute, level: got.level,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -53,13 +56,13 @@ func TestFlags(t *testing.T) {
 		check func(*Options) bool
 	}{
 		{name: "every flag", args: []string{
-			"--config=/c.json", "--health-addr=:1", "--metrics-addr=0", "--cni-bin-dir=/b", "--cni-conf-dir=/n",
+			"--config=/c.json", "--health-addr=:1", "--metrics-addr=0", "--metrics-secure=false", "--metrics-cert-dir=/certs", "--cni-bin-dir=/b", "--cni-conf-dir=/n",
 			"--ready-file=/r", "--node-ip=198.51.100.4", "--node-ip-interface=eth1", "--cni-version=0.4.0",
-			"--plugin-dir=/p", "--ipam-gc-grace=30s", "--ipam-gc-interval=10s"},
+			"--plugin-dir=/p", "--proc-sys-dir=/host/proc/sys", "--ipam-gc-grace=30s", "--ipam-gc-interval=10s"},
 			check: func(o *Options) bool {
-				return o.ConfigPath == "/c.json" && o.HealthAddr == ":1" && o.MetricsAddr == "0" && o.CNIBinDir == "/b" &&
+				return o.ConfigPath == "/c.json" && o.HealthAddr == ":1" && o.Metrics == metricsserving.Options{Addr: "0", CertDir: "/certs"} && o.CNIBinDir == "/b" &&
 					o.CNIConfDir == "/n" && o.ReadyFile == "/r" && o.NodeIP == netip.MustParseAddr("198.51.100.4") &&
-					o.NodeIPInterface == "eth1" && o.CNIVersion == "0.4.0" && o.PluginDir == "/p" &&
+					o.NodeIPInterface == "eth1" && o.CNIVersion == "0.4.0" && o.PluginDir == "/p" && o.ProcSysDir == "/host/proc/sys" &&
 					o.IPAMGCGrace == 30*time.Second && o.IPAMGCInterval == 10*time.Second
 			}},
 		{name: "node IP not an address", args: []string{"--node-ip=node-a"}, err: "node-ip"},

@@ -36,8 +36,8 @@ const maxRequest = 64 << 10
 
 // Start listens until ctx ends.
 func (s *HookServer) Start(ctx context.Context) error {
-	if err := os.MkdirAll(filepath.Dir(s.Socket), 0o755); err != nil {
-		return fmt.Errorf("policy hook: creating %s: %w", filepath.Dir(s.Socket), err)
+	if err := cnicontract.PrivateDir(filepath.Dir(s.Socket)); err != nil {
+		return fmt.Errorf("policy hook: %w", err)
 	}
 	if err := os.Remove(s.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("policy hook: removing stale socket %s: %w", s.Socket, err)

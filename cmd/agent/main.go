@@ -16,7 +16,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
@@ -100,6 +99,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	r := &nodenet.Reconciler{
 		NodeName: nodeName, Config: cfg, CNIConfDir: node.CNIConfDir, ReadyFile: node.ReadyFile,
 		CNIVersion: o.CNIVersion, Version: version.Version, NodeIP: o.NodeIP, NodeIPInterface: o.NodeIPInterface,
+		ProcSys: o.ProcSysDir,
 	}
 	scheme, err := trellisscheme.New()
 	if err != nil {
@@ -108,7 +108,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
 		Cache:                  cache.Options{ByObject: policy.CacheOptions()},
-		Metrics:                metricsserver.Options{BindAddress: o.MetricsAddr},
+		Metrics:                o.Metrics.Server(),
 		HealthProbeBindAddress: o.HealthAddr,
 	})
 	if err != nil {

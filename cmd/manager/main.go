@@ -10,17 +10,18 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/controllers"
+	"github.com/trellis-net/trellis/internal/metricsserving"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/version"
 )
 
 func main() {
-	var metricsAddr, probeAddr string
+	var probeAddr string
 	var leaderElect bool
-	flag.StringVar(&metricsAddr, "metrics-bind-address", ":8080", "address the metrics endpoint binds to; 0 disables it")
+	metrics := metricsserving.Options{Addr: ":9797", Secure: true}
+	metrics.AddFlags(flag.CommandLine, "metrics-bind-address")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "elect a leader so only one operator replica acts")
 	opts := zap.Options{}
@@ -29,20 +30,20 @@ func main() {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 
-	if err := run(metricsAddr, probeAddr, leaderElect); err != nil {
+	if err := run(metrics, probeAddr, leaderElect); err != nil {
 		log.Error(err, "operator failed")
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, probeAddr string, leaderElect bool) error {
+func run(metrics metricsserving.Options, probeAddr string, leaderElect bool) error {
 	scheme, err := trellisscheme.New()
 	if err != nil {
 		return err
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		Metrics:                metrics.Server(),
 		HealthProbeBindAddress: probeAddr,
 		LeaderElection:         leaderElect,
 		LeaderElectionID:       "trellis-operator.network.trellis.dev",

@@ -3,11 +3,14 @@ package bundle
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	operatorsv1alpha1 "github.com/operator-framework/api/pkg/operators/v1alpha1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 )
 
@@ -15,6 +18,12 @@ import (
 // dropped without a word. Decoding strictly into OLM's and Kubernetes's own types catches
 // it.
 func TestManifestsDecodeStrictly(t *testing.T) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, operatorsv1alpha1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
 	dir := filepath.Join(bundleDir(t), "manifests")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -25,12 +34,14 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var into any
-		switch {
-		case strings.HasSuffix(e.Name(), ".clusterserviceversion.yaml"):
-			into = &operatorsv1alpha1.ClusterServiceVersion{}
-		default:
-			into = &apiextensionsv1.CustomResourceDefinition{}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(data, &tm); err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		into, err := scheme.New(schema.FromAPIVersionAndKind(tm.APIVersion, tm.Kind))
+		if err != nil {
+			t.Errorf("%s: %v", e.Name(), err)
+			continue
 		}
 		if err := yaml.UnmarshalStrict(data, into); err != nil {
 			t.Errorf("%s: %v", e.Name(), err)

@@ -7,9 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -59,7 +57,7 @@ func TestNetworkPolicy(t *testing.T) {
 			t.Errorf("node %s -> its pod %s under default-deny ingress: %v (the node's own traffic must pass)", serverNode.Name, tcpAddr, err)
 		}
 		// The denied attempts show in the agent's metrics, per pod and direction.
-		metrics := scrapeAgent(t, nodeNS)
+		metrics := scrapeAgent(ctx, t, c, nodeNS)
 		if !strings.Contains(metrics, "trellis_policy_enforced 1") {
 			t.Errorf("trellis_policy_enforced is not 1 on %s", serverNode.Name)
 		}
@@ -624,36 +622,6 @@ func checkAgentsStable(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 			t.Errorf("agent not Ready: %q", l)
 		}
 	}
-}
-
-// scrapeAgent reads the agent's /metrics from inside its node's network namespace. The
-// connection is made on the thread in that namespace (net/http would dial from another
-// goroutine, in the root namespace), then used for one HTTP/1.0 request.
-func scrapeAgent(t *testing.T, nodeNS *os.File) string {
-	t.Helper()
-	var conn net.Conn
-	if err := inNetns(nodeNS, func() error {
-		var err error
-		conn, err = net.DialTimeout("tcp", "127.0.0.1:9798", 5*time.Second)
-		return err
-	}); err != nil {
-		t.Fatalf("connecting to the agent's metrics: %v", err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := conn.Write([]byte("GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")); err != nil {
-		t.Fatalf("scraping the agent's metrics: %v", err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatalf("scraping the agent's metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("scraping the agent's metrics: %s %v", resp.Status, err)
-	}
-	return string(body)
 }
 
 // metricValue is the value of the sample named exactly series (name{labels}), -1 if absent.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -99,5 +100,88 @@ func TestDefaultInstall(t *testing.T) {
 	}
 	if build(t, "config/samples")["ClusterNetwork/default"] == nil {
 		t.Error("config/samples has no ClusterNetwork named default")
+	}
+}
+
+// The optional ServiceMonitors find the Services config/default installs, by label and port
+// name, and the Services' target ports are container ports of the operator and the agent.
+func TestPrometheusScrapeConfig(t *testing.T) {
+	def, agent, monitor := build(t, "config/default"), build(t, "config/agent"), build(t, "config/prometheus/monitor")
+	if def["ClusterRole/trellis-metrics-reader"] == nil {
+		t.Error("config/default lacks ClusterRole trellis-metrics-reader")
+	}
+	containerPorts := map[string][]corev1.ContainerPort{
+		"trellis-operator": convert[appsv1.Deployment](t, def["Deployment/trellis-operator"]).Spec.Template.Spec.Containers[0].Ports,
+		"trellis-agent":    convert[appsv1.DaemonSet](t, agent["DaemonSet/trellis-agent"]).Spec.Template.Spec.Containers[0].Ports,
+	}
+	var monitors int
+	for key, m := range monitor {
+		if filepath.Dir(key) != "ServiceMonitor" {
+			continue
+		}
+		monitors++
+		spec := m["spec"].(map[string]any)
+		selector := spec["selector"].(map[string]any)["matchLabels"].(map[string]any)
+		port := spec["endpoints"].([]any)[0].(map[string]any)["port"].(string)
+		var found bool
+		for skey, sm := range def {
+			if filepath.Dir(skey) != "Service" {
+				continue
+			}
+			svc := convert[corev1.Service](t, sm)
+			if !labelsMatch(selector, svc.Labels) {
+				continue
+			}
+			found = true
+			if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != port {
+				t.Errorf("%s scrapes port %q; %s has %v", key, port, skey, svc.Spec.Ports)
+				continue
+			}
+			target := svc.Spec.Ports[0].TargetPort.String()
+			app := svc.Spec.Selector["app.kubernetes.io/name"]
+			if !slices.ContainsFunc(containerPorts[app], func(p corev1.ContainerPort) bool {
+				return p.Name == target && p.ContainerPort == svc.Spec.Ports[0].Port
+			}) {
+				t.Errorf("%s targets port %s (%d) of %s, which has %v", skey, target, svc.Spec.Ports[0].Port, app, containerPorts[app])
+			}
+		}
+		if !found {
+			t.Errorf("%s selects %v: no Service of config/default has those labels", key, selector)
+		}
+	}
+	if monitors != 2 {
+		t.Errorf("config/prometheus/monitor has %d ServiceMonitors, want 2 (operator, agent)", monitors)
+	}
+}
+
+func labelsMatch(selector map[string]any, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// The agent gets the capabilities it uses and nothing else; install-cni none.
+func TestAgentLeastPrivilege(t *testing.T) {
+	ds := convert[appsv1.DaemonSet](t, build(t, "config/agent")["DaemonSet/trellis-agent"])
+	spec := ds.Spec.Template.Spec
+	want := map[string][]corev1.Capability{"install-cni": nil, "agent": {"NET_ADMIN", "NET_RAW"}}
+	for _, c := range append(spec.InitContainers, spec.Containers...) {
+		sc := c.SecurityContext
+		switch {
+		case sc == nil:
+			t.Errorf("container %s has no securityContext", c.Name)
+			continue
+		case sc.Privileged != nil && *sc.Privileged:
+			t.Errorf("container %s is privileged", c.Name)
+		case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+			t.Errorf("container %s allows privilege escalation", c.Name)
+		case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+			t.Errorf("container %s has a writable root file system", c.Name)
+		case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, want[c.Name]):
+			t.Errorf("container %s: capabilities %+v, want all dropped and %v added", c.Name, sc.Capabilities, want[c.Name])
+		}
 	}
 }

@@ -130,6 +130,17 @@ func Bundle(in Inputs, version, image string) (map[string][]byte, error) {
 			return nil, err
 		}
 	}
+	for _, o := range parts.objects {
+		o, err := deepCopy(o)
+		if err != nil {
+			return nil, err
+		}
+		// OLM creates namespaced objects in the namespace it installs the operator into.
+		delete(o["metadata"].(object), "namespace")
+		if err := add("manifests/"+objectFile(o), o); err != nil {
+			return nil, err
+		}
+	}
 	if err := add("metadata/annotations.yaml", object{"annotations": annotations()}); err != nil {
 		return nil, err
 	}
@@ -144,9 +155,17 @@ func Bundle(in Inputs, version, image string) (map[string][]byte, error) {
 type parts struct {
 	crds, deployments, serviceAccounts                     []object
 	clusterRoles, clusterRoleBindings, roles, roleBindings []object
+	// objects go into the bundle as they are (OLM creates namespaced ones in the namespace
+	// it installs the operator into).
+	objects []object
 }
 
-// split places every rendered object. OLM v0 bundles carry CRDs and a few namespaced kinds
+// bundleKinds are the other kinds OLM v0 accepts as objects of a registry+v1 bundle that
+// config/default renders today (OLM supports a few more: Secret, ConfigMap,
+// PodDisruptionBudget, PriorityClass, PrometheusRule, ServiceMonitor...).
+var bundleKinds = map[string]bool{"Service": true}
+
+// split places every rendered object. OLM v0 bundles carry CRDs and a few other kinds
 // beside the CSV, but no Namespace: the operator runs in the namespace it is installed into,
 // which the user creates (the CSV suggests trellis-system). Any other kind is an error, so
 // an object added to config/default is not silently left out of the bundle.
@@ -171,14 +190,41 @@ func split(objs []object) (parts, error) {
 			p.roleBindings = append(p.roleBindings, o)
 		case "Namespace":
 		default:
+			if bundleKinds[kind] {
+				p.objects = append(p.objects, o)
+				continue
+			}
 			return p, fmt.Errorf("config/default renders a %s (%s) that hack/olm does not place in the bundle: teach split() where it goes", kind, name(o))
 		}
+	}
+	// A role no binding of config/default refers to is for others to bind (the metrics
+	// reader): the bundle carries it as it is.
+	bound := map[string]bool{}
+	for _, b := range append(slices.Clone(p.clusterRoleBindings), p.roleBindings...) {
+		ref, _ := nested[object](b, "roleRef")
+		bound[str(ref["kind"])+"/"+str(ref["name"])] = true
+	}
+	for _, roles := range []*[]object{&p.clusterRoles, &p.roles} {
+		*roles = slices.DeleteFunc(*roles, func(r object) bool {
+			if bound[str(r["kind"])+"/"+name(r)] {
+				return false
+			}
+			p.objects = append(p.objects, r)
+			return true
+		})
 	}
 	if len(p.deployments) == 0 || len(p.crds) == 0 {
 		return p, fmt.Errorf("config/default renders %d Deployments and %d CRDs: want the operator's and its CRDs", len(p.deployments), len(p.crds))
 	}
 	sort.SliceStable(p.crds, func(i, j int) bool { return name(p.crds[i]) < name(p.crds[j]) })
 	return p, nil
+}
+
+// objectFile names a bundle object's file as operator-sdk does:
+// trellis-metrics-reader_rbac.authorization.k8s.io_v1_clusterrole.yaml.
+func objectFile(o object) string {
+	gv := strings.ReplaceAll(str(o["apiVersion"]), "/", "_")
+	return name(o) + "_" + gv + "_" + strings.ToLower(str(o["kind"])) + ".yaml"
 }
 
 // setImage points the operator at image: its containers' image and the RELATED_IMAGE_*
@@ -315,15 +361,14 @@ func installStrategy(p parts) (object, []any, error) {
 
 // permissions turns bindings of roles to service accounts into the CSV's permissions: one
 // entry per service account with the rules of every role bound to it, in binding order.
-// A role bound to nothing, or a binding to anything but a defined service account, is an
-// error: OLM could not reproduce it.
+// A binding to anything but a service account of config/default, or of a role it does not
+// define, is an error: OLM could not reproduce it.
 func permissions(bindings, roles []object, roleKind string, sas map[string]bool) ([]any, error) {
 	rules := map[string][]any{}
 	for _, r := range roles {
 		rs, _ := r["rules"].([]any)
 		rules[name(r)] = rs
 	}
-	bound := map[string]bool{}
 	bySA := map[string][]any{}
 	var order []string
 	for _, b := range bindings {
@@ -336,7 +381,6 @@ func permissions(bindings, roles []object, roleKind string, sas map[string]bool)
 		if !ok {
 			return nil, fmt.Errorf("%sBinding %s binds %s %q, which config/default does not define", roleKind, name(b), roleKind, roleName)
 		}
-		bound[roleName] = true
 		subjects, _ := b["subjects"].([]any)
 		for _, s := range subjects {
 			s := s.(object)
@@ -348,11 +392,6 @@ func permissions(bindings, roles []object, roleKind string, sas map[string]bool)
 				order = append(order, sa)
 			}
 			bySA[sa] = append(bySA[sa], rs...)
-		}
-	}
-	for _, r := range roles {
-		if !bound[name(r)] {
-			return nil, fmt.Errorf("%s %s is bound to no service account: OLM would not grant it", roleKind, name(r))
 		}
 	}
 	var out []any

@@ -62,12 +62,7 @@ func TestPermissions(t *testing.T) {
 			roles:    roles,
 			want:     []any{object{"serviceAccountName": "op", "rules": []any{rule("list"), rule("get")}}},
 		},
-		{
-			name:     "a role bound to nothing would not be granted",
-			bindings: []object{binding("RoleBinding", "x", "a", "ServiceAccount", "op")},
-			roles:    roles,
-			err:      "Role b is bound to no service account",
-		},
+
 		{
 			name:     "binding to a user",
 			bindings: []object{binding("RoleBinding", "x", "a", "User", "op"), binding("RoleBinding", "y", "b", "ServiceAccount", "op")},
@@ -105,10 +100,32 @@ func TestPermissions(t *testing.T) {
 	}
 }
 
+func TestSplitShipsUnboundRolesAsObjects(t *testing.T) {
+	objs := []object{
+		obj("CustomResourceDefinition", "c", nil),
+		obj("Deployment", "d", nil),
+		obj("ClusterRole", "bound", nil),
+		obj("ClusterRole", "reader", nil),
+		binding("ClusterRoleBinding", "b", "bound", "ServiceAccount", "op"),
+		obj("Service", "metrics", nil),
+	}
+	p, err := split(objs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, o := range p.objects {
+		got = append(got, name(o))
+	}
+	if len(p.clusterRoles) != 1 || name(p.clusterRoles[0]) != "bound" || !reflect.DeepEqual(got, []string{"metrics", "reader"}) {
+		t.Errorf("cluster roles %v, objects %v; want [bound] and [metrics reader]", p.clusterRoles, got)
+	}
+}
+
 func TestSplitRefusesUnknownKinds(t *testing.T) {
-	_, err := split([]object{obj("Service", "metrics", nil)})
-	if err == nil || !strings.Contains(err.Error(), "Service (metrics)") {
-		t.Fatalf("error %v, want one naming the Service", err)
+	_, err := split([]object{obj("Ingress", "metrics", nil)})
+	if err == nil || !strings.Contains(err.Error(), "Ingress (metrics)") {
+		t.Fatalf("error %v, want one naming the Ingress", err)
 	}
 }
 
