@@ -47,22 +47,39 @@ vet: ## go vet.
 	go vet ./...
 
 .PHONY: deps
-deps: ## Install what the tests need (apt packages; k8s binaries, crictl and reference CNI plugins into $(TRELLIS_CACHE)).
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM and opm into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
 	hack/build-k8s.sh >/dev/null
 	hack/build-runtime-tools.sh >/dev/null
+	hack/build-olm.sh >/dev/null
 
 .PHONY: test
-test: deps manifests generate vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset.
+test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset.
 	go test $(GO_TEST_FLAGS) ./...
+	$(MAKE) validate-bundle
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_TIME) ./cni/plugin/
 	hack/build-agnhost.sh >/dev/null
 	go test -tags e2e $(GO_TEST_FLAGS) ./test/e2e/...
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
 
 .PHONY: verify
-verify: manifests generate ## Fail if generated files are out of date.
-	@git diff --exit-code -- api config || { echo "generated files changed: run 'make manifests generate' and commit"; exit 1; }
+verify: manifests generate bundle catalog ## Fail if generated files (CRDs, RBAC, deep copies, OLM bundle and catalog) are out of date.
+	@git diff --exit-code -- api config bundle catalog || { echo "generated files changed: run 'make manifests generate bundle catalog' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- bundle catalog)" || { git status --porcelain -- bundle catalog; echo "make bundle catalog made new files: commit them"; exit 1; }
+
+##@ OLM
+
+.PHONY: bundle
+bundle: manifests ## Generate the OLM bundle in bundle/ from config/ (CSV, CRDs, metadata, bundle.Dockerfile, scorecard config).
+	go run ./hack/olm bundle -version $(VERSION) -image $(IMG)
+
+.PHONY: catalog
+catalog: bundle ## Publish bundle/ as version $(VERSION) in the file-based catalog catalog/ (earlier versions' files stay as released).
+	go run ./hack/olm catalog -bundle bundle -out catalog
+
+.PHONY: validate-bundle
+validate-bundle: ## Validate bundle/ with operator-framework/api (its own module, test/bundle: kept out of the product's dependencies).
+	cd test/bundle && go test $(GO_TEST_FLAGS) ./...
 
 ##@ Build
 

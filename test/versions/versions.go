@@ -1,5 +1,5 @@
 // Package versions reads hack/versions.env, the one place that names the versions of what
-// the tests build and run against (Kubernetes, etcd, crictl, the reference CNI plugins), so
+// the tests build and run against (Kubernetes, etcd, crictl, the reference CNI plugins, OLM, opm), so
 // that Go test code finds the same cached binaries the hack/ scripts build. As in the
 // scripts and the Makefile, a variable set in the environment wins over the file.
 package versions
@@ -30,6 +30,10 @@ type Set struct {
 	// CNIPlugins is the github.com/containernetworking/plugins release of the reference
 	// plugins (CNI_PLUGINS_VERSION).
 	CNIPlugins string
+	// OLM is the operator-lifecycle-manager (OLM v0) release (OLM_VERSION).
+	OLM string
+	// OPM is the operator-registry release opm is built from (OPM_VERSION).
+	OPM string
 }
 
 // The directories the hack/ scripts fill under the cache directory (testenv.CacheDir) for
@@ -48,6 +52,16 @@ func (s Set) AgnhostDir(cache string) string {
 // RuntimeToolsDir holds crictl and the reference CNI plugins (hack/build-runtime-tools.sh).
 func (s Set) RuntimeToolsDir(cache string) string {
 	return filepath.Join(cache, "tools", "cri-tools-"+s.CRITools+"_cni-plugins-"+s.CNIPlugins)
+}
+
+// OLMDir holds OLM's olm, catalog, package-server, copy-content and cpb (hack/build-olm.sh).
+func (s Set) OLMDir(cache string) string {
+	return filepath.Join(cache, "tools", "olm-"+s.OLM)
+}
+
+// OPMDir holds opm (hack/build-olm.sh).
+func (s Set) OPMDir(cache string) string {
+	return filepath.Join(cache, "tools", "opm-"+s.OPM)
 }
 
 // Load reads the repository's hack/versions.env, with the environment's values winning.
@@ -80,6 +94,8 @@ func fromVars(vars map[string]string, getenv func(string) string) (Set, error) {
 		"ETCD_VERSION":        &s.Etcd,
 		"CRI_TOOLS_VERSION":   &s.CRITools,
 		"CNI_PLUGINS_VERSION": &s.CNIPlugins,
+		"OLM_VERSION":         &s.OLM,
+		"OPM_VERSION":         &s.OPM,
 	} {
 		v := getenv(key)
 		if v == "" {
