@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -62,7 +63,7 @@ type ClusterNetworkReconciler struct {
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=nodes;pods;namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=create;patch
-// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies;servicecidrs,verbs=get;list;watch
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
@@ -92,27 +93,42 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	o := observed{generation: cn.Generation, now: r.now(),
 		deadline: time.Duration(cn.Spec.Rollout.ProgressDeadlineSeconds) * time.Second}
 	var errs []error
-	problems, blocksErr := r.reconcileBlocks(ctx, cn)
-	o.problems = append(o.problems, problems...)
-	errs = append(errs, blocksErr)
-
-	rendered, err := render.Agent(&cn.Spec, r.AgentImage)
+	// A change the running network can't take is refused whole: nothing of it is applied.
+	state, err := r.clusterState(ctx)
 	if err != nil {
-		o.problems = append(o.problems, problem{ReasonRenderFailed, err.Error()})
-	} else if err := r.apply(ctx, cn, rendered); err != nil {
-		o.problems = append(o.problems, problem{ReasonApplyFailed, err.Error()})
-		errs = append(errs, err)
-	} else {
-		o.configHash = rendered.ConfigHash
-		if cn.Status.ConfigHash != rendered.ConfigHash {
-			r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "ConfigApplied", "Apply",
-				"agent configuration %s applied (image %s)", rendered.ConfigHash, rendered.Image)
-		}
+		return ctrl.Result{}, err
 	}
-	// The generation is processed once its blocks are allocated and its agent applied.
-	o.processed = blocksErr == nil && o.configHash != "" && !slices.ContainsFunc(o.problems, func(p problem) bool {
-		return p.reason == ReasonAllocationFailed
-	})
+	refused, inUse := refusedChanges(cn, state)
+	o.problems = append(o.problems, inUse...)
+	if len(refused) > 0 {
+		o.problems = append(o.problems, refused...)
+		if d := meta.FindStatusCondition(cn.Status.Conditions, v1alpha1.ConditionDegraded); d == nil || d.Reason != refused[0].reason {
+			r.Recorder.Eventf(cn, nil, corev1.EventTypeWarning, refused[0].reason, "Refuse", "%s", refused[0].message)
+		}
+	} else {
+		problems, blocksErr := r.reconcileBlocks(ctx, cn)
+		o.problems = append(o.problems, problems...)
+		errs = append(errs, blocksErr)
+
+		rendered, err := render.Agent(&cn.Spec, r.AgentImage)
+		if err != nil {
+			o.problems = append(o.problems, problem{ReasonRenderFailed, err.Error()})
+		} else if err := r.apply(ctx, cn, rendered); err != nil {
+			o.problems = append(o.problems, problem{ReasonApplyFailed, err.Error()})
+			errs = append(errs, err)
+		} else {
+			o.configHash = rendered.ConfigHash
+			if cn.Status.ConfigHash != rendered.ConfigHash {
+				r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "ConfigApplied", "Apply",
+					"agent configuration %s applied (image %s)", rendered.ConfigHash, rendered.Image)
+			}
+		}
+		o.podCIDRs = slices.Clone(cn.Spec.PodCIDRs)
+		// The generation is processed once its blocks are allocated and its agent applied.
+		o.processed = blocksErr == nil && o.configHash != "" && !slices.ContainsFunc(o.problems, func(p problem) bool {
+			return p.reason == ReasonAllocationFailed
+		})
+	}
 	if o.daemonSet, err = r.daemonSet(ctx); err != nil {
 		errs = append(errs, err)
 	} else if o.daemonSet != nil && !rolloutOf(o.daemonSet).done() {

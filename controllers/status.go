@@ -40,6 +40,8 @@ type observed struct {
 	generation int64
 	// processed: the generation's blocks were allocated and its agent rendered and applied.
 	processed bool
+	// podCIDRs of the spec this pass applied (status.podCIDRs once processed).
+	podCIDRs []string
 	// configHash of the agent configuration this pass applied; "" when it applied none.
 	configHash string
 	daemonSet  *appsv1.DaemonSet // nil when not (yet) there
@@ -86,6 +88,7 @@ func computeStatus(prev v1alpha1.ClusterNetworkStatus, o observed) (v1alpha1.Clu
 	st := *prev.DeepCopy()
 	if o.processed {
 		st.ObservedGeneration = o.generation
+		st.PodCIDRs = o.podCIDRs
 	}
 	if o.configHash != "" {
 		st.ConfigHash = o.configHash

@@ -48,8 +48,9 @@ const (
 // +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).prefixLength() < self.nodeBlockSize)",message="spec.nodeBlockSize must be longer than the prefix of every entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSize"
 type ClusterNetworkSpec struct {
 	// PodCIDRs are the address ranges pods get their IPs from. Only IPv4 is supported today;
-	// the list leaves room for dual-stack and for growing the pod network. Existing entries
-	// are immutable: append a CIDR to add room.
+	// the list leaves room for dual-stack and for growing the pod network. Entries in effect
+	// (status.podCIDRs) are immutable: append a CIDR to add room. An entry not yet in effect
+	// (one the operator refused) may be removed.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
 	// +kubebuilder:validation:items:MaxLength=18
@@ -57,7 +58,6 @@ type ClusterNetworkSpec struct {
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() == 4",message="spec.podCIDRs entries must be IPv4 (IPv6 is not supported yet)"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address (host bits zero), e.g. 10.244.0.0/16 rather than 10.244.1.0/16"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '240.0.0.0/4'].all(r, !cidr(r).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(r)))",messageExpression="'spec.podCIDRs entry ' + self + ' overlaps a special-purpose range that cannot carry pod traffic (0.0.0.0/8 this network, 127.0.0.0/8 loopback, 169.254.0.0/16 link-local, where pods reach their gateway 169.254.1.1, 224.0.0.0/4 multicast, 240.0.0.0/4 reserved and broadcast): use a private range such as 10.244.0.0/16'"
-	// +kubebuilder:validation:XValidation:rule="oldSelf.all(c, c in self)",message="spec.podCIDRs: existing entries are immutable; only appending new CIDRs is allowed"
 	// +kubebuilder:validation:XValidation:rule="self.all(a, !isCIDR(a) || self.filter(b, isCIDR(b) && (cidr(a).containsCIDR(cidr(b)) || cidr(b).containsCIDR(cidr(a)))).size() == 1)",message="spec.podCIDRs entries must not overlap each other"
 	// +listType=atomic
 	PodCIDRs []string `json:"podCIDRs"`
@@ -246,9 +246,20 @@ type ClusterNetworkStatus struct {
 	// ConfigHash identifies the agent configuration last applied.
 	// +optional
 	ConfigHash string `json:"configHash,omitempty"`
+
+	// PodCIDRs are the pod ranges in effect: the spec.podCIDRs the agents were last given.
+	// They can't be removed from or changed in spec.podCIDRs.
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=18
+	// +listType=atomic
+	// +optional
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
 }
 
 // ClusterNetwork is the cluster's pod network. Only the one named "default" is acted on.
+// Pods hold addresses from the ranges in effect, so those can't leave spec.podCIDRs; before
+// the operator has recorded them (status.podCIDRs), every existing entry is kept.
+// +kubebuilder:validation:XValidation:rule="has(oldSelf.status) && has(oldSelf.status.podCIDRs) ? oldSelf.status.podCIDRs.all(c, c in self.spec.podCIDRs) : oldSelf.spec.podCIDRs.all(c, c in self.spec.podCIDRs)",message="spec.podCIDRs: existing entries are immutable once in effect (status.podCIDRs): pods hold addresses from them; append a CIDR to add room",fieldPath=".spec.podCIDRs"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=cn

@@ -216,6 +216,32 @@ func TestPodCIDRsAreAppendOnly(t *testing.T) {
 	}
 }
 
+// Once the operator records the ranges in effect (status.podCIDRs), an entry it never put
+// in effect (one it refused) can be removed; the ones in effect still can't.
+func TestPodCIDRsNotInEffectCanBeRemoved(t *testing.T) {
+	ctx := context.Background()
+	cn := &v1alpha1.ClusterNetwork{}
+	cn.Name = "in-effect"
+	cn.Spec.PodCIDRs = []string{"10.244.0.0/16", "10.96.0.0/16"}
+	if err := k8s.Create(ctx, cn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, cn) })
+	cn.Status.PodCIDRs = []string{"10.244.0.0/16"}
+	if err := k8s.Status().Update(ctx, cn); err != nil {
+		t.Fatal(err)
+	}
+	in := cn.DeepCopy()
+	in.Spec.PodCIDRs = []string{"10.96.0.0/16"}
+	if err := k8s.Update(ctx, in); err == nil || !strings.Contains(err.Error(), "spec.podCIDRs: existing entries are immutable once in effect") {
+		t.Fatalf("removing the entry in effect: want refusal naming spec.podCIDRs, got %v", err)
+	}
+	cn.Spec.PodCIDRs = []string{"10.244.0.0/16"}
+	if err := k8s.Update(ctx, cn); err != nil {
+		t.Fatalf("removing an entry not in effect was refused: %v", err)
+	}
+}
+
 func durationString(d *metav1.Duration) string {
 	if d == nil {
 		return "<nil>"
