@@ -69,6 +69,9 @@ type NetConf struct {
 	LogFile string `json:"logFile,omitempty"`
 	// Policy, when set, makes ADD wait for the node agent to put the pod under its policies.
 	Policy *PolicyConf `json:"policy,omitempty"`
+	// ReportSocket, when set, is the node agent's socket for CNI reports (see CNIReport):
+	// each ADD, DEL and CHECK tells it its outcome and duration, without waiting.
+	ReportSocket string `json:"reportSocket,omitempty"`
 }
 
 // PolicyConf configures the policy hook.
