@@ -45,7 +45,6 @@ type CNIReport struct {
 // resultClasses name the CNI spec's well-known error codes; the set is closed, so the
 // result label's values stay bounded.
 var resultClasses = map[uint]string{
-	0:   ResultSuccess,
 	1:   "incompatible_version",
 	2:   "unsupported_field",
 	3:   "unknown_container",
@@ -53,16 +52,18 @@ var resultClasses = map[uint]string{
 	5:   "io_failure",
 	6:   "decoding_failure",
 	7:   "invalid_config",
+	8:   "invalid_netns",
 	11:  "try_again_later",
 	50:  "plugin_not_available",
 	51:  "limited_connectivity",
 	999: "internal",
 }
 
-// ResultOther is the class of error codes the spec does not name (plugin-specific ones).
+// ResultOther is the class of error codes the spec does not name (plugin-specific ones,
+// and 0, "unknown").
 const ResultOther = "other"
 
-// ResultClass is the result label of a CNI error code (0: success).
+// ResultClass is the result label of a failed command's CNI error code.
 func ResultClass(code uint) string {
 	if c, ok := resultClasses[code]; ok {
 		return c
@@ -72,7 +73,7 @@ func ResultClass(code uint) string {
 
 // knownResult reports whether result is a value ResultClass can return.
 func knownResult(result string) bool {
-	if result == ResultOther {
+	if result == ResultSuccess || result == ResultOther {
 		return true
 	}
 	for _, c := range resultClasses {

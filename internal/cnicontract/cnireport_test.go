@@ -51,7 +51,7 @@ func TestDecodeCNIReport(t *testing.T) {
 }
 
 func TestResultClass(t *testing.T) {
-	for code, want := range map[uint]string{0: "success", 5: "io_failure", 11: "try_again_later", 999: "internal", 100: "other", 8: "other"} {
+	for code, want := range map[uint]string{0: "other", 5: "io_failure", 8: "invalid_netns", 11: "try_again_later", 999: "internal", 100: "other", 9: "other"} {
 		if got := cnicontract.ResultClass(code); got != want {
 			t.Errorf("ResultClass(%d) = %q, want %q", code, got, want)
 		}
