@@ -115,6 +115,8 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	})
 	if o.daemonSet, err = r.daemonSet(ctx); err != nil {
 		errs = append(errs, err)
+	} else {
+		recordRollout(o.daemonSet)
 	}
 	if o.mtu, err = r.mtu(ctx, cn); err != nil {
 		errs = append(errs, err)
@@ -208,12 +210,15 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		}
 	}
 	slices.Sort(allocated)
+	held := len(plan.Keep)
+	defer func() { recordBlocks(blocks.Capacity(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize)), held) }()
 	for _, name := range allocated {
 		block := plan.Allocate[name].String()
 		if err := r.createNodeNetwork(ctx, name, nodeUID[name], block); err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		held++
 		log.Info("allocated node block", "node", name, "podCIDR", block)
 		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "node %s got pod block %s", name, block)
 	}
