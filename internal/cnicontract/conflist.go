@@ -1,7 +1,7 @@
 // Package cnicontract is the contract between the node agent and the CNI plugin: the
 // conflist the agent writes and the plugin reads, the paths and values both sides assume,
-// the addresses of a node's block the plugin never hands to a pod, and the policy hook's
-// wire protocol. Both sides import it; neither repeats what is here.
+// the addresses of a node's block the plugin never hands to a pod, and the wire formats of
+// the policy hook and of the CNI reports. Both sides import it; neither repeats what is here.
 package cnicontract
 
 import (
