@@ -56,8 +56,8 @@ type Listener struct {
 // Start listens until ctx ends. The socket is replaced if a previous agent left it.
 func (l *Listener) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("cnimetrics")
-	if err := os.MkdirAll(filepath.Dir(l.Socket), 0o700); err != nil {
-		return fmt.Errorf("CNI reports: creating %s: %w", filepath.Dir(l.Socket), err)
+	if err := cnicontract.PrivateDir(filepath.Dir(l.Socket)); err != nil {
+		return fmt.Errorf("CNI reports: %w", err)
 	}
 	if err := os.Remove(l.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("CNI reports: removing stale socket %s: %w", l.Socket, err)
