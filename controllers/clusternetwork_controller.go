@@ -115,8 +115,6 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	})
 	if o.daemonSet, err = r.daemonSet(ctx); err != nil {
 		errs = append(errs, err)
-	} else {
-		recordRollout(o.daemonSet)
 	}
 	if o.mtu, err = r.mtu(ctx, cn); err != nil {
 		errs = append(errs, err)
@@ -298,11 +296,13 @@ func (r *ClusterNetworkReconciler) daemonSet(ctx context.Context) (*appsv1.Daemo
 	ds := &appsv1.DaemonSet{}
 	err := r.Get(ctx, types.NamespacedName{Namespace: render.Namespace, Name: render.DaemonSetName}, ds)
 	if apierrors.IsNotFound(err) {
+		recordRollout(nil)
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading DaemonSet %s/%s: %w", render.Namespace, render.DaemonSetName, err)
 	}
+	recordRollout(ds) // the status's node counts come from the same read
 	return ds, nil
 }
 
