@@ -228,12 +228,15 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		}
 	}
 	slices.Sort(allocated)
+	held := len(plan.Keep)
+	defer func() { recordBlocks(blocks.Capacity(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize)), held) }()
 	for _, name := range allocated {
 		block := plan.Allocate[name].String()
 		if err := r.createNodeNetwork(ctx, name, nodeUID[name], block); err != nil {
 			errs = append(errs, err)
 			continue
 		}
+		held++
 		log.Info("allocated node block", "node", name, "podCIDR", block)
 		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "node %s got pod block %s", name, block)
 	}
@@ -322,11 +325,13 @@ func (r *ClusterNetworkReconciler) daemonSet(ctx context.Context) (*appsv1.Daemo
 	ds := &appsv1.DaemonSet{}
 	err := r.Get(ctx, types.NamespacedName{Namespace: render.Namespace, Name: render.DaemonSetName}, ds)
 	if apierrors.IsNotFound(err) {
+		recordRollout(nil)
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading DaemonSet %s/%s: %w", render.Namespace, render.DaemonSetName, err)
 	}
+	recordRollout(ds) // the status's node counts come from the same read
 	return ds, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
@@ -55,6 +56,9 @@ func TestOperator(t *testing.T) {
 		if got := len(blocksByNode(t)); got != 4 {
 			t.Fatalf("%d nodes got a block from a /22 of /24 blocks, want 4", got)
 		}
+		eventually(t, "trellis_operator_pod_blocks with the /22 full", func() error {
+			return expectGauges("trellis_operator_pod_blocks", map[string]float64{"allocated": 4, "free": 0})
+		})
 
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) {
 			s.PodCIDRs = append(s.PodCIDRs, "10.245.0.0/22")
@@ -66,6 +70,9 @@ func TestOperator(t *testing.T) {
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, "AsExpected", "")
 		})
 		assertBlocksValid(t, blocksByNode(t), []string{"10.244.0.0/22", "10.245.0.0/22"})
+		eventually(t, "trellis_operator_pod_blocks with a second /22", func() error {
+			return expectGauges("trellis_operator_pod_blocks", map[string]float64{"allocated": 5, "free": 3})
+		})
 		if got := blocksByNode(t)["node-5"]; got != "10.245.0.0/24" {
 			t.Errorf("node-5 got %s, want the first block of the appended CIDR 10.245.0.0/24", got)
 		}
@@ -341,6 +348,9 @@ func TestOperator(t *testing.T) {
 		if n := cur.Status.Nodes; n.Desired != 6 || n.Updated != 3 || n.Ready != 3 {
 			t.Errorf("status.nodes %+v, want desired 6 updated 3 ready 3", n)
 		}
+		if err := expectGauges("trellis_operator_nodes", map[string]float64{"desired": 6, "updated": 3, "ready": 3, "available": 3}); err != nil {
+			t.Error(err)
+		}
 
 		// The rollout stalls past spec.rollout.progressDeadlineSeconds: one node's new agent
 		// can't pull its image (the test plays the kubelet too). Degraded names the node and why.
@@ -376,6 +386,9 @@ func TestOperator(t *testing.T) {
 				return err
 			}
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, "AsExpected", "")
+		})
+		eventually(t, "trellis_operator_nodes after the rollout", func() error {
+			return expectGauges("trellis_operator_nodes", map[string]float64{"desired": 6, "updated": 6, "ready": 6, "available": 6})
 		})
 	})
 
@@ -538,6 +551,34 @@ func assertControlledByClusterNetwork(t *testing.T, obj client.Object) {
 		}
 	}
 	t.Errorf("%T %s was not server-side applied by trellis-operator", obj, obj.GetName())
+}
+
+// expectGauges compares the operator's gauges name{state} with want, as its /metrics
+// would serve them (the manager registers them on controller-runtime's registry).
+func expectGauges(name string, want map[string]float64) error {
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		return err
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "state" {
+					got[l.GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	for state, v := range want {
+		if g, ok := got[state]; !ok || g != v {
+			return fmt.Errorf("%s: got %v, want %v", name, got, want)
+		}
+	}
+	return nil
 }
 
 func setDaemonSetStatus(t *testing.T, desired, updated, available int32) {

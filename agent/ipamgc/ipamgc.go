@@ -19,17 +19,13 @@ import (
 	"github.com/trellis-net/trellis/cni/veth"
 )
 
-var (
-	allocated = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "trellis_agent_ipam_allocated", Help: "Pod addresses allocated on this node.",
-	})
-	released = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "trellis_agent_ipam_leaks_released_total", Help: "Allocations of pods that no longer exist, released by the agent.",
-	})
-)
+// The addresses in use and free are the ipamstatus package's gauges (Recount).
+var released = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "trellis_agent_ipam_leaks_released_total", Help: "Allocations of pods that no longer exist, released by the agent.",
+})
 
 func init() {
-	metrics.Registry.MustRegister(allocated, released)
+	metrics.Registry.MustRegister(released)
 }
 
 // Collector finds and releases leaked allocations. It is a manager.Runnable.
@@ -42,6 +38,9 @@ type Collector struct {
 	Grace    time.Duration
 	Interval time.Duration
 	Now      func() time.Time
+	// Recount, when set, runs after each pass (the node's IPAM figures are recounted); it
+	// must not block.
+	Recount func()
 }
 
 // Start runs Collect every Interval until ctx ends.
@@ -54,7 +53,11 @@ func (c *Collector) Start(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if freed, err := c.Collect(ctx); err != nil {
+			freed, err := c.Collect(ctx)
+			if c.Recount != nil {
+				c.Recount()
+			}
+			if err != nil {
 				log.Error(err, "IPAM leak collection failed")
 			} else if len(freed) > 0 {
 				log.Info("released leaked pod addresses", "allocations", fmt.Sprint(freed))
@@ -82,7 +85,6 @@ func (c *Collector) Collect(ctx context.Context) ([]ipam.Allocation, error) {
 	if err != nil {
 		return nil, err
 	}
-	allocated.Set(float64(len(all)))
 	now := time.Now()
 	if c.Now != nil {
 		now = c.Now()

@@ -81,5 +81,9 @@ func TestConflistRoundTrip(t *testing.T) {
 		if got, want := cnicontract.StoreDir(conf.DataDir, conf.Name), cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName); got != want {
 			t.Errorf("plugin store %s, agent GC looks at %s", got, want)
 		}
+		// The agent's CNI metrics listen where the plugin reports.
+		if conf.ReportSocket != cnicontract.DefaultReportSocket {
+			t.Errorf("plugin reports to %q, the agent listens on %s", conf.ReportSocket, cnicontract.DefaultReportSocket)
+		}
 	}
 }

@@ -263,11 +263,13 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 }
 
 // Conflist is the network configuration this node's runtime gets: the trellis plugin on
-// the node's block with the datapath's pod MTU (and, with NetworkPolicy enabled, the
-// policy hook every new pod waits on), then portmap.
+// the node's block with the datapath's pod MTU, reporting each command to the agent (and,
+// with NetworkPolicy enabled, the policy hook every new pod waits on), then portmap.
 func (r *Reconciler) Conflist(block netip.Prefix, mtu int) cnicontract.Conflist {
 	conf := cnicontract.NetConf{
 		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
+		// Each command's outcome, for the agent's CNI metrics (agent/cnimetrics).
+		ReportSocket: cnicontract.DefaultReportSocket,
 	}
 	if np := r.Config.NetworkPolicy; np.Enabled {
 		// The plugin waits a little longer than the agent does, so that a pod the agent

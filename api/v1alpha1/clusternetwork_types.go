@@ -268,6 +268,11 @@ type ClusterNetworkStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=integer,JSONPath=`.status.nodes.ready`
 // +kubebuilder:printcolumn:name="Nodes",type=integer,JSONPath=`.status.nodes.desired`
 // +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.conditions[?(@.type=="Available")].status`
+// +kubebuilder:printcolumn:name="Updated",type=integer,JSONPath=`.status.nodes.updated`,priority=1,description="Nodes running the agent of the current configuration"
+// +kubebuilder:printcolumn:name="MTU",type=integer,JSONPath=`.status.mtu`,priority=1
+// +kubebuilder:printcolumn:name="Policy",type=boolean,JSONPath=`.spec.networkPolicy.enabled`,priority=1,description="NetworkPolicy enforcement enabled"
+// +kubebuilder:printcolumn:name="Progressing",type=string,JSONPath=`.status.conditions[?(@.type=="Progressing")].status`,priority=1
+// +kubebuilder:printcolumn:name="Degraded",type=string,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ClusterNetwork struct {
 	metav1.TypeMeta   `json:",inline"`

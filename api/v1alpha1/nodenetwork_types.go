@@ -37,6 +37,10 @@ type NodeNetworkStatus struct {
 	// NetworkPolicy is the state of NetworkPolicy enforcement on the node.
 	// +optional
 	NetworkPolicy NodePolicyStatus `json:"networkPolicy,omitzero"`
+	// IPAM is the use of the node's pod block, as the agent last counted it (it writes a
+	// change at most every 10 seconds).
+	// +optional
+	IPAM NodeIPAMStatus `json:"ipam,omitzero"`
 	// Conditions: Ready.
 	// +listType=map
 	// +listMapKey=type
@@ -77,6 +81,15 @@ type NodePolicyStatus struct {
 	Message string `json:"message,omitempty"`
 }
 
+// NodeIPAMStatus is the use of a node's pod block.
+type NodeIPAMStatus struct {
+	// InUse is the number of pod addresses allocated on the node.
+	InUse int32 `json:"inUse"`
+	// Capacity is the number of addresses of spec.podCIDR pods can get: the block minus
+	// its network, broadcast and node addresses.
+	Capacity int32 `json:"capacity"`
+}
+
 // PolicyDirections counts by direction.
 type PolicyDirections struct {
 	Ingress int32 `json:"ingress"`
@@ -92,7 +105,10 @@ type PolicyDirections struct {
 // +kubebuilder:printcolumn:name="NodeIP",type=string,JSONPath=`.status.nodeIP`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.encapsulation`
 // +kubebuilder:printcolumn:name="MTU",type=integer,JSONPath=`.status.mtu`
+// +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.ipam.inUse`,description="Pod addresses in use"
+// +kubebuilder:printcolumn:name="Capacity",type=integer,JSONPath=`.status.ipam.capacity`,priority=1,description="Pod addresses the block holds"
 // +kubebuilder:printcolumn:name="Policy",type=boolean,JSONPath=`.status.networkPolicy.enforced`
+// +kubebuilder:printcolumn:name="Agent",type=string,JSONPath=`.status.agentVersion`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeNetwork struct {

@@ -17,10 +17,13 @@ import (
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
-var k8s client.Client
+var (
+	k8s client.Client
+	cfg *rest.Config
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(testenv.Run(m, func(_ *rest.Config, c client.Client) { k8s = c }))
+	os.Exit(testenv.Run(m, func(rc *rest.Config, c client.Client) { cfg, k8s = rc, c }))
 }
 
 // clusterNetwork is a valid ClusterNetwork as a user writes it, as unstructured so tests can

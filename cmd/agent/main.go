@@ -18,8 +18,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
+	"github.com/trellis-net/trellis/agent/cnimetrics"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/ipamgc"
+	"github.com/trellis-net/trellis/agent/ipamstatus"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/agent/options"
 	"github.com/trellis-net/trellis/agent/policy"
@@ -118,11 +120,17 @@ func run(o *options.Options, node uninstall.Node) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	// The node's IPAM figures (gauges, NodeNetwork status.ipam), recounted after each CNI
+	// report and each leak collection.
+	ipamStatus := ipamstatus.New(mgr.GetClient(), nodeName, cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName))
 	// Addresses of pods that are gone but were never DEL'd (the plugin's store, network "trellis").
 	if err := mgr.Add(&ipamgc.Collector{
 		Reader: mgr.GetAPIReader(), NodeName: nodeName, StoreDir: cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName),
-		Grace: o.IPAMGCGrace, Interval: o.IPAMGCInterval,
+		Grace: o.IPAMGCGrace, Interval: o.IPAMGCInterval, Recount: ipamStatus.Trigger,
 	}); err != nil {
+		return err
+	}
+	if err := errors.Join(mgr.Add(ipamStatus), mgr.Add(&cnimetrics.Listener{Socket: cnicontract.DefaultReportSocket, OnReport: ipamStatus.Trigger})); err != nil {
 		return err
 	}
 	if err := policy.Setup(mgr, policy.Options{

@@ -293,3 +293,23 @@ func (s *Store) writeFile(name, content string, durable bool) error {
 	}
 	return nil
 }
+
+// InUse lists the allocated addresses in dir without taking the lock: an address file
+// appears and disappears by rename and unlink, so each name read is either allocated or
+// not, and a count racing with an ADD is off by that ADD only. A missing dir holds none.
+func InUse(dir string) ([]netip.Addr, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading IPAM directory %s: %w", dir, err)
+	}
+	var out []netip.Addr
+	for _, e := range entries {
+		if ip, err := netip.ParseAddr(e.Name()); err == nil {
+			out = append(out, ip)
+		}
+	}
+	return out, nil
+}

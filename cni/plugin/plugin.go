@@ -28,9 +28,15 @@ import (
 // SIGKILL, as a crash or an OOM kill would. Tests use it to prove ADD/DEL are crash-safe.
 const FaultEnv = "TRELLIS_CNI_FAULT"
 
-// Funcs are the plugin's commands for skel.
+// Funcs are the plugin's commands for skel. ADD, DEL and CHECK report their outcome to
+// the node agent (reported).
 func Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, Status: cmdStatus, GC: cmdGC}
+	return skel.CNIFuncs{
+		Add:    reported(cnicontract.CommandAdd, cmdAdd),
+		Del:    reported(cnicontract.CommandDel, cmdDel),
+		Check:  reported(cnicontract.CommandCheck, cmdCheck),
+		Status: cmdStatus, GC: cmdGC,
+	}
 }
 
 func fault(point string) {

@@ -39,3 +39,12 @@ func PodRange(block netip.Prefix) (first, last netip.Addr) {
 func u32(v uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
+
+// PodCapacity is how many addresses of block PodRange holds: what the node's pods can get.
+func PodCapacity(block netip.Prefix) int {
+	first, last := PodRange(block)
+	a, b := first.As4(), last.As4()
+	f := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	l := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	return int(l-f) + 1
+}

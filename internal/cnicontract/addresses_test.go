@@ -11,10 +11,11 @@ func TestAddresses(t *testing.T) {
 	for _, tc := range []struct {
 		block             string
 		node, first, last string
+		capacity          int
 	}{
-		{"10.244.1.0/24", "10.244.1.1", "10.244.1.2", "10.244.1.254"},
-		{"10.0.0.0/16", "10.0.0.1", "10.0.0.2", "10.0.255.254"},
-		{"192.168.7.4/30", "192.168.7.5", "192.168.7.6", "192.168.7.6"},
+		{"10.244.1.0/24", "10.244.1.1", "10.244.1.2", "10.244.1.254", 253},
+		{"10.0.0.0/16", "10.0.0.1", "10.0.0.2", "10.0.255.254", 65533},
+		{"192.168.7.4/30", "192.168.7.5", "192.168.7.6", "192.168.7.6", 1},
 	} {
 		b := netip.MustParsePrefix(tc.block)
 		if got := cnicontract.NodeAddr(b).String(); got != tc.node {
@@ -23,6 +24,9 @@ func TestAddresses(t *testing.T) {
 		first, last := cnicontract.PodRange(b)
 		if first.String() != tc.first || last.String() != tc.last {
 			t.Errorf("PodRange(%s) = %s..%s, want %s..%s", b, first, last, tc.first, tc.last)
+		}
+		if got := cnicontract.PodCapacity(b); got != tc.capacity {
+			t.Errorf("PodCapacity(%s) = %d, want %d", b, got, tc.capacity)
 		}
 		if first == cnicontract.NodeAddr(b) || !b.Contains(last) {
 			t.Errorf("%s: the pod range %s..%s must exclude the node address and stay in the block", b, first, last)

@@ -1,7 +1,7 @@
 // Package cnicontract is the contract between the node agent and the CNI plugin: the
 // conflist the agent writes and the plugin reads, the paths and values both sides assume,
-// the addresses of a node's block the plugin never hands to a pod, and the policy hook's
-// wire protocol. Both sides import it; neither repeats what is here.
+// the addresses of a node's block the plugin never hands to a pod, and the wire formats of
+// the policy hook and of the CNI reports. Both sides import it; neither repeats what is here.
 package cnicontract
 
 import (
@@ -69,6 +69,9 @@ type NetConf struct {
 	LogFile string `json:"logFile,omitempty"`
 	// Policy, when set, makes ADD wait for the node agent to put the pod under its policies.
 	Policy *PolicyConf `json:"policy,omitempty"`
+	// ReportSocket, when set, is the node agent's socket for CNI reports (see CNIReport):
+	// each ADD, DEL and CHECK tells it its outcome and duration, without waiting.
+	ReportSocket string `json:"reportSocket,omitempty"`
 }
 
 // PolicyConf configures the policy hook.

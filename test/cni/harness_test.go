@@ -70,6 +70,8 @@ type nodeOpts struct {
 	version string
 	block   string
 	policy  map[string]any
+	// reportSocket is the conflist's reportSocket (empty: the plugin reports nothing).
+	reportSocket string
 }
 
 func newNode(t *testing.T, o nodeOpts) *node {
@@ -111,6 +113,9 @@ func newNode(t *testing.T, o nodeOpts) *node {
 	}
 	if o.policy != nil {
 		plugin["policy"] = o.policy
+	}
+	if o.reportSocket != "" {
+		plugin["reportSocket"] = o.reportSocket
 	}
 	conflist := map[string]any{"cniVersion": o.version, "name": "trellis", "plugins": []any{plugin}}
 	b, _ := json.MarshalIndent(conflist, "", "  ")

@@ -1,0 +1,220 @@
+package ipamstatus_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/trellis-net/trellis/agent/ipamstatus"
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/test/testenv"
+)
+
+func TestCount(t *testing.T) {
+	block := netip.MustParsePrefix("10.244.3.0/24")
+	addrs := func(s ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range s {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name      string
+		allocated []netip.Addr
+		block     netip.Prefix
+		want      ipamstatus.Usage
+	}{
+		{"empty block", nil, block, ipamstatus.Usage{InUse: 0, Capacity: 253, Free: 253}},
+		{"two pods", addrs("10.244.3.2", "10.244.3.3"), block, ipamstatus.Usage{InUse: 2, Capacity: 253, Free: 251}},
+		{"an address of an earlier block", addrs("10.244.3.2", "10.244.9.2"), block, ipamstatus.Usage{InUse: 2, Capacity: 253, Free: 252}},
+		{"a full /30", addrs("10.244.3.6"), netip.MustParsePrefix("10.244.3.4/30"), ipamstatus.Usage{InUse: 1, Capacity: 1, Free: 0}},
+		{"no block yet", addrs("10.244.3.2"), netip.Prefix{}, ipamstatus.Usage{InUse: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ipamstatus.Count(tc.allocated, tc.block); got != tc.want {
+				t.Errorf("Count = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Against a real API server: the status follows the store, bursts of pod churn are
+// coalesced into writes at least MinWriteInterval apart, and a node whose figures don't
+// change (including after an agent restart) makes no API writes.
+func TestStatusWrittenAndCoalesced(t *testing.T) {
+	k8s := testenv.StartForTest(t)
+	ctx := context.Background()
+	const interval = time.Second
+	nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.3.0/24"}}
+	if err := k8s.Create(ctx, nn); err != nil {
+		t.Fatal(err)
+	}
+	// Every status write the reporter makes, with its time.
+	var mu sync.Mutex
+	var writes []time.Time
+	counted := countingClient{Client: k8s, onPatch: func() {
+		mu.Lock()
+		writes = append(writes, time.Now())
+		mu.Unlock()
+	}}
+	nwrites := func() int { mu.Lock(); defer mu.Unlock(); return len(writes) }
+
+	dir := filepath.Join(t.TempDir(), "trellis")
+	block := netip.MustParsePrefix(nn.Spec.PodCIDR)
+	allocate := func(id string) {
+		t.Helper()
+		s, err := ipam.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if _, err := s.Allocate(block, id, "eth0", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	release := func(id string) {
+		t.Helper()
+		s, err := ipam.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if _, err := s.Release(id, "eth0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func() (*ipamstatus.Reporter, func()) {
+		r := ipamstatus.New(counted, "node-1", dir)
+		r.MinWriteInterval = interval
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Start(rctx) }()
+		return r, func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("reporter: %v", err)
+			}
+		}
+	}
+	expect := func(inUse int32) {
+		t.Helper()
+		want := v1alpha1.NodeIPAMStatus{InUse: inUse, Capacity: 253}
+		var got v1alpha1.NodeNetwork
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if err := k8s.Get(ctx, types.NamespacedName{Name: "node-1"}, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.IPAM == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("status.ipam %+v, want %+v", got.Status.IPAM, want)
+			}
+		}
+		if g := gauges(t); g["in_use"] != float64(inUse) || g["free"] != float64(253-inUse) {
+			t.Errorf("gauges %v, want in_use %d and free %d", g, inUse, 253-inUse)
+		}
+	}
+
+	allocate("c0")
+	allocate("c1")
+	r, stop := start()
+	expect(2)
+	if n := nwrites(); n != 1 {
+		t.Errorf("%d writes for the first figures, want 1", n)
+	}
+
+	// Pod churn: each ADD triggers a recount.
+	for i := range 5 {
+		allocate(fmt.Sprintf("burst-%d", i))
+		r.Trigger()
+		time.Sleep(20 * time.Millisecond)
+	}
+	expect(7)
+	mu.Lock()
+	if len(writes) > 3 {
+		t.Errorf("%d writes for a burst of 5 ADDs, want at most 3 in all", len(writes))
+	}
+	for i := 1; i < len(writes); i++ {
+		if gap := writes[i].Sub(writes[i-1]); gap < interval-50*time.Millisecond {
+			t.Errorf("writes %d and %d only %v apart, want at least %v", i-1, i, gap, interval)
+		}
+	}
+	mu.Unlock()
+
+	// Steady state: recounts that find nothing new write nothing, nor does a restarted agent.
+	steady := func() {
+		t.Helper()
+		before := nwrites()
+		for range 10 {
+			r.Trigger()
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(interval + 200*time.Millisecond)
+		if n := nwrites() - before; n != 0 {
+			t.Errorf("%d writes while nothing changed, want 0", n)
+		}
+	}
+	steady()
+	stop()
+	r, stop = start()
+	defer func() { stop() }()
+	steady()
+
+	// Every pod gone: a zero is written too.
+	for _, id := range []string{"c0", "c1", "burst-0", "burst-1", "burst-2", "burst-3", "burst-4"} {
+		release(id)
+	}
+	r.Trigger()
+	expect(0)
+}
+
+// gauges reads the IPAM gauges from the registry the agent's /metrics serves.
+func gauges(t *testing.T) map[string]float64 {
+	t.Helper()
+	mfs, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "trellis_agent_ipam_addresses_in_use":
+			out["in_use"] = mf.GetMetric()[0].GetGauge().GetValue()
+		case "trellis_agent_ipam_addresses_free":
+			out["free"] = mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+// countingClient is the real client, calling onPatch on each status patch.
+type countingClient struct {
+	client.Client
+	onPatch func()
+}
+
+func (c countingClient) Status() client.SubResourceWriter {
+	return countingWriter{c.Client.Status(), c.onPatch}
+}
+
+type countingWriter struct {
+	client.SubResourceWriter
+	onPatch func()
+}
+
+func (w countingWriter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+	w.onPatch()
+	return w.SubResourceWriter.Patch(ctx, obj, patch, opts...)
+}
