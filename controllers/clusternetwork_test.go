@@ -129,6 +129,51 @@ func TestOperator(t *testing.T) {
 		assertBlocksValid(t, blocksByNode(t), []string{"10.244.0.0/22", "10.245.0.0/22"})
 	})
 
+	t.Run("changes the running network can't take are refused whole", func(t *testing.T) {
+		before := agentConfig(t)
+		// The VXLAN port while nodes on the old and the new port would have to talk.
+		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.VXLAN.Port = 8472 })
+		eventually(t, "Degraded/DisruptiveChangeRefused", func() error {
+			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "DisruptiveChangeRefused",
+				"spec.vxlan.port 4789 -> 8472 refused")
+		})
+		if got := agentConfig(t); got.VXLAN.Port != before.VXLAN.Port {
+			t.Errorf("the refused port reached the agents: %d", got.VXLAN.Port)
+		}
+		cur := &v1alpha1.ClusterNetwork{}
+		mustGet(t, client.ObjectKeyFromObject(cn), cur)
+		if cur.Status.ObservedGeneration == cur.Generation {
+			t.Errorf("status.observedGeneration %d: a refused generation counts as processed", cur.Status.ObservedGeneration)
+		}
+		// A pod range the cluster's Services use (the API server's default ServiceCIDR).
+		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) {
+			s.VXLAN.Port = before.VXLAN.Port
+			s.PodCIDRs = append(s.PodCIDRs, "10.0.0.0/22")
+		})
+		eventually(t, "Degraded/PodCIDRConflict", func() error {
+			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "PodCIDRConflict",
+				"spec.podCIDRs entry 10.0.0.0/22 overlaps Service range 10.0.0.0/24 (ServiceCIDR kubernetes)")
+		})
+		if got := agentConfig(t); len(got.PodCIDRs) != len(before.PodCIDRs) {
+			t.Errorf("the refused range reached the agents: %v", got.PodCIDRs)
+		}
+		for n, b := range blocksByNode(t) {
+			if strings.HasPrefix(b, "10.0.0.") {
+				t.Errorf("node %s got block %s from the refused range", n, b)
+			}
+		}
+		// Not in effect, so it can be taken back; and the port change, once the outage is accepted.
+		mustGet(t, client.ObjectKeyFromObject(cn), cur)
+		cur.Spec.PodCIDRs = before.PodCIDRs
+		cur.Annotations = map[string]string{"network.trellis.dev/allow-disruptive-change": "vxlan.port,vxlan.vni"}
+		if err := k8s.Update(ctx, cur); err != nil {
+			t.Fatalf("removing the refused range: %v", err)
+		}
+		eventually(t, "not Degraded", func() error {
+			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, "AsExpected", "")
+		})
+	})
+
 	t.Run("rendered agent matches the spec", func(t *testing.T) {
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) {
 			s.Agent.Image = "registry.example/trellis:custom"
