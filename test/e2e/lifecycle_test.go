@@ -127,7 +127,7 @@ func TestRolloutsThatGoWrong(t *testing.T) {
 		if err := json.Unmarshal([]byte(cidrs), &orig); err != nil {
 			t.Fatalf("spec.podCIDRs %q: %v", cidrs, err)
 		}
-		underlay := netip.PrefixFrom(c.Nodes[0].IP, 24).Masked().String()
+		underlay := netip.PrefixFrom(c.Nodes[0].IP, 16).Masked().String() // holds every node; blocks are /24
 		with, _ := json.Marshal(append(append([]string{}, orig...), underlay))
 		patch(t, `{"spec":{"podCIDRs":`+string(with)+`}}`)
 		cond = waitClusterCondition(ctx, t, c, "Degraded", "True", time.Minute)
