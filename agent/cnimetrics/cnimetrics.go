@@ -5,11 +5,9 @@ package cnimetrics
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 	logf "sigs.k8s.io/controller-runtime/pkg/log"
@@ -56,11 +54,8 @@ type Listener struct {
 // Start listens until ctx ends. The socket is replaced if a previous agent left it.
 func (l *Listener) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("cnimetrics")
-	if err := cnicontract.PrivateDir(filepath.Dir(l.Socket)); err != nil {
+	if err := cnicontract.PrepareSocket(l.Socket); err != nil {
 		return fmt.Errorf("CNI reports: %w", err)
-	}
-	if err := os.Remove(l.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("CNI reports: removing stale socket %s: %w", l.Socket, err)
 	}
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: l.Socket, Net: "unixgram"})
 	if err != nil {

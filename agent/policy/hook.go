@@ -4,12 +4,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -36,11 +34,8 @@ const maxRequest = 64 << 10
 
 // Start listens until ctx ends.
 func (s *HookServer) Start(ctx context.Context) error {
-	if err := cnicontract.PrivateDir(filepath.Dir(s.Socket)); err != nil {
+	if err := cnicontract.PrepareSocket(s.Socket); err != nil {
 		return fmt.Errorf("policy hook: %w", err)
-	}
-	if err := os.Remove(s.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("policy hook: removing stale socket %s: %w", s.Socket, err)
 	}
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: s.Socket, Net: "unix"})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/test/cluster"
@@ -179,18 +180,15 @@ func waitClusterCondition(ctx context.Context, t *testing.T, c *cluster.Cluster,
 
 func agentsUnavailable(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
 	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ds, err := kc.AppsV1().DaemonSets("trellis-system").Get(ctx, "trellis-agent", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int(ds.Status.NumberUnavailable)
+	return int(agentDaemonSet(ctx, t, c).Status.NumberUnavailable)
 }
 
 func daemonSetGeneration(ctx context.Context, t *testing.T, c *cluster.Cluster) int64 {
+	t.Helper()
+	return agentDaemonSet(ctx, t, c).Generation
+}
+
+func agentDaemonSet(ctx context.Context, t *testing.T, c *cluster.Cluster) *appsv1.DaemonSet {
 	t.Helper()
 	kc, err := c.Client()
 	if err != nil {
@@ -200,5 +198,5 @@ func daemonSetGeneration(ctx context.Context, t *testing.T, c *cluster.Cluster) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ds.Generation
+	return ds
 }
