@@ -37,7 +37,7 @@ type NodeNetworkStatus struct {
 	// NetworkPolicy is the state of NetworkPolicy enforcement on the node.
 	// +optional
 	NetworkPolicy NodePolicyStatus `json:"networkPolicy,omitzero"`
-	// Conditions: Ready.
+	// Conditions: Ready, TXChecksumOffload.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -54,7 +54,7 @@ type NodeKernelStatus struct {
 	// +optional
 	Sysctls map[string]string `json:"sysctls,omitempty"`
 	// VXLANTXChecksumOffload is whether TX checksum offload is on on trellis.vxlan
-	// (ClusterNetwork spec.vxlan.checksumOffload; off by default).
+	// (ClusterNetwork spec.vxlan.txChecksumOffload; the TXChecksumOffload condition says why).
 	// +optional
 	VXLANTXChecksumOffload *bool `json:"vxlanTXChecksumOffload,omitempty"`
 }
