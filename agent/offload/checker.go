@@ -2,6 +2,7 @@ package offload
 
 import (
 	"context"
+	"math/rand/v2"
 	"net/netip"
 	"slices"
 	"sync"
@@ -66,8 +67,14 @@ func (c *Checker) init() {
 	c.once.Do(func() {
 		c.wake = make(chan struct{}, 1)
 		c.probed = map[string]bool{}
+		// Every node sorts its peers alike: a random start spreads the probes over the
+		// cluster instead of sending every node's first round to the same few peers.
+		c.next = rand.IntN(1 << 30)
 	})
 }
+
+// NeedLeaderElection: every agent runs its own self-test.
+func (c *Checker) NeedLeaderElection() bool { return false }
 
 func (c *Checker) interval() time.Duration {
 	if c.Interval > 0 {

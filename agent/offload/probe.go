@@ -23,7 +23,7 @@ import (
 // ProbePort is the UDP and TCP port each agent answers probes on, on its VTEP address
 // only (the first address of its pod block, on trellis.vxlan): probes between VTEP
 // addresses are routed through the tunnel.
-const ProbePort = 9796
+const ProbePort = 9795
 
 // probeMagic starts every probe; the rest is a random nonce the answer echoes.
 const probeMagic = "TRELLIS-PROBE1 "
