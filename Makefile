@@ -174,7 +174,7 @@ bench-cni: ## CNI ADD/DEL latency, trellis vs ptp + host-local (root; own netns)
 BENCH_DATAPATH_FLAGS ?=
 
 .PHONY: bench-datapath
-bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin + agent datapath) vs hand-built paths (root; own netns). Options: BENCH_DATAPATH_FLAGS="-duration 3s -repeat 5 -checksum-offload".
+bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin + agent datapath) vs hand-built paths (root; own netns). Options: BENCH_DATAPATH_FLAGS="-duration 3s -repeat 5 -tx-checksum-offload Disabled".
 	@hack/install-deps.sh && \
 	tmp="$${TMPDIR:-/tmp}/trlb-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \

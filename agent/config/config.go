@@ -52,10 +52,19 @@ func (c *Config) PolicySetupTimeout() time.Duration {
 
 // VXLAN settings of the node's VXLAN device.
 type VXLAN struct {
-	Port            int32 `json:"port"`
-	VNI             int32 `json:"vni"`
-	ChecksumOffload bool  `json:"checksumOffload"`
+	Port int32 `json:"port"`
+	VNI  int32 `json:"vni"`
+	// TXChecksumOffload is Auto, Enabled or Disabled: the ClusterNetwork's
+	// spec.vxlan.txChecksumOffload with the deprecated checksumOffload folded in.
+	TXChecksumOffload string `json:"txChecksumOffload"`
 }
+
+// TX checksum offload modes (api/v1alpha1 TXChecksumOffloadMode).
+const (
+	TXChecksumOffloadAuto     = "Auto"
+	TXChecksumOffloadEnabled  = "Enabled"
+	TXChecksumOffloadDisabled = "Disabled"
+)
 
 // logLevels maps the API's log levels (api/v1alpha1 LogLevel) to zap's.
 var logLevels = map[string]zapcore.Level{
@@ -95,6 +104,15 @@ func Load(path string) (*Config, error) {
 	}
 	if _, err := ZapLevel(c.LogLevel); err != nil {
 		return nil, fmt.Errorf("agent configuration %s: %w", path, err)
+	}
+	switch c.VXLAN.TXChecksumOffload {
+	case "":
+		// Rendered by an operator that predates the field (it had checksumOffload, false
+		// unless opted in): Auto, the default.
+		c.VXLAN.TXChecksumOffload = TXChecksumOffloadAuto
+	case TXChecksumOffloadAuto, TXChecksumOffloadEnabled, TXChecksumOffloadDisabled:
+	default:
+		return nil, fmt.Errorf("agent configuration %s: vxlan.txChecksumOffload %q: want Auto, Enabled or Disabled (the operator renders it from spec.vxlan.txChecksumOffload)", path, c.VXLAN.TXChecksumOffload)
 	}
 	if c.NetworkPolicy.Enabled {
 		if d, err := time.ParseDuration(c.NetworkPolicy.SetupTimeout); err != nil || d <= 0 {

@@ -18,9 +18,9 @@ import (
 var consumers = map[string]string{
 	"podCIDRs":                   "agent/nodenet/nodenet_test.go TestConfigTakesEffect/podCIDRs and natOutgoing",
 	"encapsulation":              "agent/nodenet/nodenet_test.go TestConfigTakesEffect/encapsulation Direct",
-	"vxlan.port":                 "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
-	"vxlan.vni":                  "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
-	"vxlan.checksumOffload":      "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and checksumOffload",
+	"vxlan.port":                 "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and txChecksumOffload",
+	"vxlan.vni":                  "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and txChecksumOffload",
+	"vxlan.txChecksumOffload":    "agent/nodenet/offload_test.go TestChecksumOffloadSelfTest",
 	"mtu":                        "agent/nodenet/nodenet_test.go TestConfigTakesEffect/mtu",
 	"natOutgoing":                "agent/nodenet/nodenet_test.go TestConfigTakesEffect/natOutgoing off",
 	"logLevel":                   "agent/options/options_test.go TestConfigLogLevel",

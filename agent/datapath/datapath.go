@@ -63,7 +63,8 @@ type Config struct {
 	Local    Local
 	Peers    []Peer
 	PodCIDRs []netip.Prefix
-	// ChecksumOffload keeps TX checksum offload on the VXLAN device (off by default).
+	// ChecksumOffload: TX checksum offload on the VXLAN device, as the agent decided it
+	// (agent/offload: spec.vxlan.txChecksumOffload, the kernel, the tunnel self-test).
 	ChecksumOffload bool
 	// ProcSys is where sysctls are written; empty is /proc/sys (of the calling thread's
 	// network namespace). Tests point it elsewhere to make a setting fail.

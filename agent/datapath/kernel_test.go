@@ -112,7 +112,7 @@ func TestKernelSettingRefused(t *testing.T) {
 	}
 }
 
-// TX checksum offload on trellis.vxlan is off unless configured, and follows the setting
+// TX checksum offload on trellis.vxlan follows what the agent decided (agent/offload),
 // both ways.
 func TestChecksumOffload(t *testing.T) {
 	topo := newTopology(t)
@@ -131,9 +131,9 @@ func TestChecksumOffload(t *testing.T) {
 		offload bool
 		want    bool
 	}{
-		{false, false}, // the default: a fresh device has it on, the agent turns it off
+		{false, false}, // a fresh device has it on: turned off (Disabled, or Auto after a failed self-test)
 		{false, false}, // idempotent
-		{true, true},   // spec.vxlan.checksumOffload: true
+		{true, true},   // Enabled, or Auto
 		{false, false}, // and back
 	} {
 		topo.tweak = func(c *datapath.Config) { c.ChecksumOffload = step.offload }

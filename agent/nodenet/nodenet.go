@@ -11,17 +11,20 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -32,11 +35,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/offload"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
@@ -90,6 +95,15 @@ type Reconciler struct {
 	Version         string
 	// ProcSys is where sysctls are written (empty: /proc/sys); tests make settings fail with it.
 	ProcSys string
+	// KernelRelease is the node's kernel release (empty: uname's), which TX checksum
+	// offload in Auto depends on.
+	KernelRelease string
+	// Offload runs the tunnel self-test TX checksum offload in Auto depends on (nil: none;
+	// SetupWithManager makes one).
+	Offload *offload.Checker
+	// Recorder gets an Event when the self-test turns offload off (nil: none;
+	// SetupWithManager sets the manager's).
+	Recorder record.EventRecorder
 
 	// last is the outcome of the last sync; nil until one has ended.
 	last atomic.Pointer[outcome]
@@ -153,6 +167,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	if err != nil {
 		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, reason: ReasonSyncFailed}, err)
 	}
+	verdict, detail := r.Offload.Verdict()
+	off := offload.Decide(r.Config.VXLAN.TXChecksumOffload, r.kernelRelease(), verdict, detail)
+	cfg.ChecksumOffload = off.On
 	st, err := datapath.Sync(*cfg)
 	if err == nil {
 		_, err = r.netfilter.Sync(ctx, datapath.Netfilter(cfg.PodCIDRs, r.Config.NATOutgoing))
@@ -168,6 +185,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 	peersProgrammed.WithLabelValues("direct").Set(float64(len(st.PeersDirect)))
 	peersProgrammed.WithLabelValues("vxlan").Set(float64(len(st.PeersVXLAN)))
+	if err := r.Offload.Update(offloadTarget(cfg, st, off)); err != nil {
+		// The node works without it; its peers' self-tests stay inconclusive.
+		log.Error(err, "serving tunnel self-test probes")
+	}
 
 	// Only now that routes work does the runtime get to use trellis.
 	if err := r.installConflist(ctx, block, st.PodMTU); err != nil {
@@ -176,7 +197,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 	r.last.Store(&outcome{})
 
-	rep := report{nodeIP: nodeIP, datapath: st, status: metav1.ConditionTrue, reason: ReasonProgrammed}
+	rep := report{nodeIP: nodeIP, datapath: st, offload: &off, status: metav1.ConditionTrue, reason: ReasonProgrammed}
 	msg := fmt.Sprintf("%d peer(s) direct, %d via VXLAN", len(st.PeersDirect), len(st.PeersVXLAN))
 	if len(st.PeersPending) > 0 {
 		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
@@ -233,7 +254,7 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 	cfg := &datapath.Config{
 		Mode: datapath.Mode(r.Config.Encapsulation), VNI: int(r.Config.VXLAN.VNI), Port: int(r.Config.VXLAN.Port),
 		MTU: int(r.Config.MTU), Local: datapath.Local{NodeIP: nodeIP, PodCIDR: block},
-		ChecksumOffload: r.Config.VXLAN.ChecksumOffload, ProcSys: r.ProcSys,
+		ProcSys: r.ProcSys,
 	}
 	for _, c := range r.Config.PodCIDRs {
 		p, err := netip.ParsePrefix(c)
@@ -260,6 +281,29 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, VTEPMAC: mac})
 	}
 	return cfg, nil
+}
+
+// kernelRelease is the node's kernel release, as uname reports it unless set.
+func (r *Reconciler) kernelRelease() string {
+	if r.KernelRelease == "" {
+		var u unix.Utsname
+		if err := unix.Uname(&u); err == nil {
+			r.KernelRelease = unix.ByteSliceToString(u.Release[:])
+		}
+	}
+	return r.KernelRelease
+}
+
+// offloadTarget is what the self-test probes from after a sync: this node's VTEP address
+// and the peers routed through the tunnel. Pure.
+func offloadTarget(cfg *datapath.Config, st *datapath.Status, d offload.Decision) offload.Target {
+	t := offload.Target{Local: datapath.VTEPAddr(cfg.Local.PodCIDR), OffloadOn: st.TXChecksumOffload, Probe: d.Probe}
+	for _, p := range cfg.Peers {
+		if slices.Contains(st.PeersVXLAN, p.Name) {
+			t.Peers = append(t.Peers, offload.Peer{Name: p.Name, VTEP: datapath.VTEPAddr(p.PodCIDR)})
+		}
+	}
+	return t
 }
 
 // Conflist is the network configuration this node's runtime gets: the trellis plugin on
@@ -318,8 +362,9 @@ func sysctlReason(name string) string {
 
 // report is what one sync tells the NodeNetwork status.
 type report struct {
-	nodeIP   netip.Addr       // invalid when the sync failed before it knew it
-	datapath *datapath.Status // nil when the sync got nowhere
+	nodeIP   netip.Addr        // invalid when the sync failed before it knew it
+	datapath *datapath.Status  // nil when the sync got nowhere
+	offload  *offload.Decision // nil when the sync failed
 	status   metav1.ConditionStatus
 	reason   string
 	message  string
@@ -343,6 +388,19 @@ func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, 
 			nn.Status.Kernel.VXLANTXChecksumOffload = ptr.To(st.TXChecksumOffload)
 		}
 	}
+	if d := rep.offload; d != nil {
+		status := metav1.ConditionFalse
+		if d.On {
+			status = metav1.ConditionTrue
+		}
+		prev := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionTXChecksumOffload)
+		if d.Reason == offload.ReasonChecksumOffloadBroken && (prev == nil || prev.Reason != d.Reason) && r.Recorder != nil {
+			r.Recorder.Event(nn, corev1.EventTypeWarning, v1alpha1.ReasonChecksumOffloadBroken, d.Message)
+		}
+		meta.SetStatusCondition(&nn.Status.Conditions, metav1.Condition{
+			Type: v1alpha1.ConditionTXChecksumOffload, Status: status, Reason: d.Reason, Message: d.Message, ObservedGeneration: nn.Generation,
+		})
+	}
 	nn.Status.Encapsulation = v1alpha1.Encapsulation(r.Config.Encapsulation)
 	nn.Status.AgentVersion = r.Version
 	meta.SetStatusCondition(&nn.Status.Conditions, metav1.Condition{
@@ -362,8 +420,13 @@ func equalStatus(a, b v1alpha1.NodeNetworkStatus) bool {
 		!equality.Semantic.DeepEqual(a.Kernel, b.Kernel) {
 		return false
 	}
-	ca, cb := meta.FindStatusCondition(a.Conditions, v1alpha1.ConditionReady), meta.FindStatusCondition(b.Conditions, v1alpha1.ConditionReady)
-	return ca != nil && cb != nil && ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message
+	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionTXChecksumOffload} {
+		ca, cb := meta.FindStatusCondition(a.Conditions, typ), meta.FindStatusCondition(b.Conditions, typ)
+		if (ca == nil) != (cb == nil) || ca != nil && (ca.Status != cb.Status || ca.Reason != cb.Reason || ca.Message != cb.Message) {
+			return false
+		}
+	}
+	return meta.FindStatusCondition(a.Conditions, v1alpha1.ConditionReady) != nil
 }
 
 // SetupWithManager: every NodeNetwork or Node change leads to one full sync of this node.
@@ -371,7 +434,25 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	self := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.NodeName}}}
 	})
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorderFor("trellis-agent")
+	}
+	// The tunnel self-test's verdict changes lead to a sync, which acts on them.
+	verdicts := make(chan event.GenericEvent, 1)
+	if r.Offload == nil {
+		r.Offload = &offload.Checker{Log: mgr.GetLogger().WithName("offload")}
+	}
+	r.Offload.OnChange = func() {
+		select {
+		case verdicts <- event.GenericEvent{Object: &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: r.NodeName}}}:
+		default: // a sync is pending already
+		}
+	}
+	if err := mgr.Add(r.Offload); err != nil {
+		return fmt.Errorf("adding the tunnel self-test: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
+		WatchesRawSource(source.Channel(verdicts, self)).
 		Named("nodenet").
 		Watches(&v1alpha1.NodeNetwork{}, self).
 		// Nodes matter for their addresses (and coming and going), not their heartbeats.

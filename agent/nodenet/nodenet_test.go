@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -42,6 +43,7 @@ var ctx = context.Background()
 var (
 	envOnce sync.Once
 	env     *envtest.Environment
+	envCfg  *rest.Config
 	envK8s  client.Client
 	envErr  error
 )
@@ -64,7 +66,7 @@ func apiServer(t *testing.T) client.Client {
 			envErr = err
 			return
 		}
-		env = e
+		env, envCfg = e, rc
 		scheme, err := trellisscheme.New()
 		if err != nil {
 			envErr = err
@@ -170,8 +172,8 @@ func TestTwoAgents(t *testing.T) {
 		if _, ok := nn.Status.Kernel.Sysctls["net.ipv4.conf.all.rp_filter"]; !ok {
 			t.Errorf("%s: status.kernel.sysctls lacks net.ipv4.conf.all.rp_filter: %v", n.name, nn.Status.Kernel.Sysctls)
 		}
-		if off := nn.Status.Kernel.VXLANTXChecksumOffload; off == nil || *off {
-			t.Errorf("%s: status.kernel.vxlanTXChecksumOffload %v, want false (the default)", n.name, off)
+		if off := nn.Status.Kernel.VXLANTXChecksumOffload; off == nil || !*off {
+			t.Errorf("%s: status.kernel.vxlanTXChecksumOffload %v, want true (Auto, the default, on this kernel)", n.name, off)
 		}
 	}
 	// Pods on the two nodes reach each other through the routes the agents programmed.
@@ -367,9 +369,9 @@ func TestConfigTakesEffect(t *testing.T) {
 			}
 		},
 	}, {
-		name: "vxlan port, VNI and checksumOffload",
+		name: "vxlan port, VNI and txChecksumOffload",
 		change: func(c *agentconfig.Config) {
-			c.VXLAN = agentconfig.VXLAN{Port: 8472, VNI: 42, ChecksumOffload: true}
+			c.VXLAN = agentconfig.VXLAN{Port: 8472, VNI: 42, TXChecksumOffload: agentconfig.TXChecksumOffloadDisabled}
 		},
 		check: func(t *testing.T, a *agent, nn *v1alpha1.NodeNetwork) {
 			var vx *netlink.Vxlan
@@ -381,8 +383,8 @@ func TestConfigTakesEffect(t *testing.T) {
 			if vx == nil || vx.Port != 8472 || vx.VxlanId != 42 {
 				t.Errorf("VXLAN device %+v, want port 8472 VNI 42", vx)
 			}
-			if off := nn.Status.Kernel.VXLANTXChecksumOffload; off == nil || !*off {
-				t.Errorf("status.kernel.vxlanTXChecksumOffload %v, want true", off)
+			if off := nn.Status.Kernel.VXLANTXChecksumOffload; off == nil || *off {
+				t.Errorf("status.kernel.vxlanTXChecksumOffload %v, want false (Disabled; the default Auto is on)", off)
 			}
 		},
 	}, {
@@ -434,7 +436,7 @@ func TestConfigTakesEffect(t *testing.T) {
 // baseConfig is the agent configuration of a defaulted ClusterNetwork.
 func baseConfig() *agentconfig.Config {
 	return &agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, Encapsulation: "VXLAN",
-		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true, LogLevel: "info"}
+		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1, TXChecksumOffload: agentconfig.TXChecksumOffloadAuto}, NATOutgoing: true, LogLevel: "info"}
 }
 
 // addNode creates a Node with an InternalIP and its NodeNetwork with a block, both

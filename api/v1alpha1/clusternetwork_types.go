@@ -33,6 +33,13 @@ const (
 	ConditionDegraded    = "Degraded"
 	// ConditionReady is reported by each agent on its NodeNetwork.
 	ConditionReady = "Ready"
+	// ConditionTXChecksumOffload is reported by each agent on its NodeNetwork: True while TX
+	// checksum offload is on on its VXLAN device, with the reason (ReasonChecksumOffloadBroken
+	// when its tunnel self-test failed).
+	ConditionTXChecksumOffload = "TXChecksumOffload"
+	// ReasonChecksumOffloadBroken: UDP/TCP through the node's tunnel failed with TX checksum
+	// offload on while a probe without a checksum to offload got through.
+	ReasonChecksumOffloadBroken = "ChecksumOffloadBroken"
 )
 
 // Uninstall: the operator's finalizer on the ClusterNetwork holds its deletion until every
@@ -124,11 +131,49 @@ type VXLANSpec struct {
 	// +optional
 	VNI int32 `json:"vni,omitempty"`
 
-	// ChecksumOffload keeps TX checksum offload on the VXLAN device. Off by default: a
-	// long-standing class of kernel/NIC bugs corrupts offloaded VXLAN checksums.
-	// +kubebuilder:default=false
+	// TXChecksumOffload is TX checksum offload on the VXLAN device (with it the device also
+	// segments in hardware/GSO: off costs most of VXLAN's throughput). Auto: on, except on
+	// kernels known to corrupt offloaded VXLAN checksums (< 5.7), and each agent self-tests
+	// the tunnel (UDP and TCP to its VXLAN peers) and turns it off on its node, reporting
+	// ChecksumOffloadBroken, where the NIC or driver breaks it. Enabled: on. Disabled: off.
+	// While this is Auto, the deprecated checksumOffload: true means Enabled.
+	// +kubebuilder:default=Auto
+	// +optional
+	TXChecksumOffload TXChecksumOffloadMode `json:"txChecksumOffload,omitempty"`
+
+	// Deprecated: use txChecksumOffload. ChecksumOffload true means txChecksumOffload
+	// Enabled while txChecksumOffload is Auto; false (what earlier versions stored by
+	// default) means nothing. Kept so stored ClusterNetworks read as before.
 	// +optional
 	ChecksumOffload bool `json:"checksumOffload,omitempty"`
+}
+
+// TXChecksumOffloadMode is TX checksum offload on the VXLAN device.
+// +kubebuilder:validation:Enum=Auto;Enabled;Disabled
+type TXChecksumOffloadMode string
+
+const (
+	// TXChecksumOffloadAuto: on unless the kernel is known to break it or the agent's
+	// tunnel self-test shows the node's NIC/driver does.
+	TXChecksumOffloadAuto TXChecksumOffloadMode = "Auto"
+	// TXChecksumOffloadEnabled: on.
+	TXChecksumOffloadEnabled TXChecksumOffloadMode = "Enabled"
+	// TXChecksumOffloadDisabled: off (the kernel checksums and segments in software).
+	TXChecksumOffloadDisabled TXChecksumOffloadMode = "Disabled"
+)
+
+// EffectiveTXChecksumOffload is the mode a VXLANSpec asks for, the deprecated field
+// included: checksumOffload true with txChecksumOffload Auto is Enabled (the user opted in
+// before Auto existed); checksumOffload false is what earlier versions stored by default,
+// so it means nothing (Auto). An explicit Enabled or Disabled wins. It is pure.
+func (v VXLANSpec) EffectiveTXChecksumOffload() TXChecksumOffloadMode {
+	switch {
+	case v.TXChecksumOffload == TXChecksumOffloadEnabled || v.TXChecksumOffload == TXChecksumOffloadDisabled:
+		return v.TXChecksumOffload
+	case v.ChecksumOffload:
+		return TXChecksumOffloadEnabled
+	}
+	return TXChecksumOffloadAuto
 }
 
 // NetworkPolicySpec configures NetworkPolicy enforcement.

@@ -41,7 +41,7 @@ type NodeNetworkStatus struct {
 	// change at most every 10 seconds).
 	// +optional
 	IPAM NodeIPAMStatus `json:"ipam,omitzero"`
-	// Conditions: Ready.
+	// Conditions: Ready, TXChecksumOffload.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -58,7 +58,7 @@ type NodeKernelStatus struct {
 	// +optional
 	Sysctls map[string]string `json:"sysctls,omitempty"`
 	// VXLANTXChecksumOffload is whether TX checksum offload is on on trellis.vxlan
-	// (ClusterNetwork spec.vxlan.checksumOffload; off by default).
+	// (ClusterNetwork spec.vxlan.txChecksumOffload; the TXChecksumOffload condition says why).
 	// +optional
 	VXLANTXChecksumOffload *bool `json:"vxlanTXChecksumOffload,omitempty"`
 }

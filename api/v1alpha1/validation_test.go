@@ -85,6 +85,10 @@ func TestInvalidClusterNetworksAreRefused(t *testing.T) {
 			[]string{"spec.vxlan.vni", "less than or equal to 16777215"}},
 		{"VNI 0", func(s map[string]any) { s["vxlan"] = map[string]any{"vni": 0} },
 			[]string{"spec.vxlan.vni", "greater than or equal to 1"}},
+		{"unknown TX checksum offload mode", func(s map[string]any) { s["vxlan"] = map[string]any{"txChecksumOffload": "On"} },
+			[]string{"spec.vxlan.txChecksumOffload", `"Auto", "Enabled", "Disabled"`}},
+		{"TX checksum offload mode as a bool", func(s map[string]any) { s["vxlan"] = map[string]any{"txChecksumOffload": true} },
+			[]string{"spec.vxlan.txChecksumOffload", "string"}},
 		{"MTU too small", func(s map[string]any) { s["mtu"] = 500 },
 			[]string{"spec.mtu", "between 576 and 9000"}},
 		{"MTU too large", func(s map[string]any) { s["mtu"] = 9001 },
@@ -155,7 +159,8 @@ func TestValidClusterNetworkGetsDefaults(t *testing.T) {
 		{"encapsulation", s.Encapsulation, v1alpha1.EncapsulationVXLAN},
 		{"vxlan.port", s.VXLAN.Port, int32(4789)},
 		{"vxlan.vni", s.VXLAN.VNI, int32(1)},
-		{"vxlan.checksumOffload", s.VXLAN.ChecksumOffload, false},
+		{"vxlan.txChecksumOffload", s.VXLAN.TXChecksumOffload, v1alpha1.TXChecksumOffloadAuto},
+		{"vxlan.checksumOffload (deprecated, no default)", s.VXLAN.ChecksumOffload, false},
 		{"mtu", s.MTU, int32(0)},
 		{"natOutgoing", s.NATOutgoing != nil && *s.NATOutgoing, true},
 		{"networkPolicy.enabled", s.NetworkPolicy.Enabled != nil && *s.NetworkPolicy.Enabled, true},
@@ -250,4 +255,49 @@ func durationString(d *metav1.Duration) string {
 		return "<nil>"
 	}
 	return d.Duration.String()
+}
+
+// A ClusterNetwork as the released version stored it (its default checksumOffload: false
+// written out, no txChecksumOffload) still reads, and means Auto; one that opted in with
+// checksumOffload: true means Enabled.
+func TestStoredChecksumOffloadReads(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		legacy bool
+		want   v1alpha1.TXChecksumOffloadMode
+	}{{false, v1alpha1.TXChecksumOffloadAuto}, {true, v1alpha1.TXChecksumOffloadEnabled}} {
+		spec := validSpec()
+		spec["vxlan"] = map[string]any{"port": int64(4789), "vni": int64(1), "checksumOffload": tc.legacy}
+		obj := clusterNetwork(fmt.Sprintf("stored-%v", tc.legacy), spec)
+		if err := k8s.Create(ctx, obj); err != nil {
+			t.Fatalf("checksumOffload %v as stored by the released version: %v", tc.legacy, err)
+		}
+		t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
+		got := &v1alpha1.ClusterNetwork{}
+		if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), got); err != nil {
+			t.Fatal(err)
+		}
+		v := got.Spec.VXLAN
+		if v.ChecksumOffload != tc.legacy || v.TXChecksumOffload != v1alpha1.TXChecksumOffloadAuto || v.EffectiveTXChecksumOffload() != tc.want {
+			t.Errorf("checksumOffload %v: read back %v / txChecksumOffload %q, effective %q; want %v / Auto, %q",
+				tc.legacy, v.ChecksumOffload, v.TXChecksumOffload, v.EffectiveTXChecksumOffload(), tc.legacy, tc.want)
+		}
+	}
+}
+
+func TestEffectiveTXChecksumOffload(t *testing.T) {
+	const auto, on, off = v1alpha1.TXChecksumOffloadAuto, v1alpha1.TXChecksumOffloadEnabled, v1alpha1.TXChecksumOffloadDisabled
+	for _, tc := range []struct {
+		legacy bool
+		mode   v1alpha1.TXChecksumOffloadMode
+		want   v1alpha1.TXChecksumOffloadMode
+	}{
+		{false, "", auto}, {false, auto, auto}, {false, on, on}, {false, off, off},
+		{true, "", on}, {true, auto, on}, {true, on, on}, {true, off, off},
+	} {
+		v := v1alpha1.VXLANSpec{ChecksumOffload: tc.legacy, TXChecksumOffload: tc.mode}
+		if got := v.EffectiveTXChecksumOffload(); got != tc.want {
+			t.Errorf("checksumOffload %v, txChecksumOffload %q: %q, want %q", tc.legacy, tc.mode, got, tc.want)
+		}
+	}
 }

@@ -168,7 +168,7 @@ func TestConfigIsTheDefaultedSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, Encapsulation: "VXLAN",
-		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1}, NATOutgoing: true, LogLevel: "info",
+		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1, TXChecksumOffload: "Auto"}, NATOutgoing: true, LogLevel: "info",
 		NetworkPolicy: agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("agent configuration of the defaulted spec\n%+v\nwant\n%+v", cfg, want)
@@ -195,7 +195,7 @@ func TestUndefaultedSpecIsRefused(t *testing.T) {
 	}{
 		{"natOutgoing", func(s *v1alpha1.ClusterNetworkSpec) { s.NATOutgoing = nil }, "spec.natOutgoing is unset"},
 		{"logLevel", func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.LogLevel = "" }, "spec.agent.logLevel is unset"},
-		{"vxlan", func(s *v1alpha1.ClusterNetworkSpec) { s.VXLAN = v1alpha1.VXLANSpec{} }, "spec.vxlan.port, spec.vxlan.vni are unset"},
+		{"vxlan", func(s *v1alpha1.ClusterNetworkSpec) { s.VXLAN = v1alpha1.VXLANSpec{} }, "spec.vxlan.port, spec.vxlan.txChecksumOffload, spec.vxlan.vni are unset"},
 		{"encapsulation", func(s *v1alpha1.ClusterNetworkSpec) { s.Encapsulation = "" }, "spec.encapsulation is unset"},
 		{"imagePullPolicy", func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.ImagePullPolicy = "" }, "spec.agent.imagePullPolicy is unset"},
 		{"maxUnavailable", func(s *v1alpha1.ClusterNetworkSpec) { s.Rollout.MaxUnavailable = nil }, "spec.rollout.maxUnavailable is unset"},
@@ -211,5 +211,37 @@ func TestUndefaultedSpecIsRefused(t *testing.T) {
 	}
 	if _, err := Agent(&v1alpha1.ClusterNetworkSpec{PodCIDRs: []string{"10.244.0.0/16"}}, "img:1"); err == nil {
 		t.Error("an in-memory spec with only podCIDRs was rendered")
+	}
+}
+
+// What the agent is told about TX checksum offload for what a user writes, through the API
+// server's defaulting: the deprecated checksumOffload false (stored by earlier versions as
+// their default) means nothing, true means Enabled unless txChecksumOffload says otherwise.
+func TestTXChecksumOffloadMode(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		legacy bool
+		mode   v1alpha1.TXChecksumOffloadMode
+		want   string
+	}{
+		{"nothing set", false, "", "Auto"},
+		{"checksumOffload false (the old default, as stored)", false, "", "Auto"},
+		{"checksumOffload true", true, "", "Enabled"},
+		{"checksumOffload true, txChecksumOffload Auto", true, v1alpha1.TXChecksumOffloadAuto, "Enabled"},
+		{"checksumOffload true, txChecksumOffload Disabled", true, v1alpha1.TXChecksumOffloadDisabled, "Disabled"},
+		{"txChecksumOffload Enabled", false, v1alpha1.TXChecksumOffloadEnabled, "Enabled"},
+		{"txChecksumOffload Disabled", false, v1alpha1.TXChecksumOffloadDisabled, "Disabled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := AgentConfig(spec(t, func(s *v1alpha1.ClusterNetworkSpec) {
+				s.VXLAN.ChecksumOffload, s.VXLAN.TXChecksumOffload = tc.legacy, tc.mode
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.VXLAN.TXChecksumOffload != tc.want {
+				t.Errorf("agent vxlan.txChecksumOffload %q, want %q", cfg.VXLAN.TXChecksumOffload, tc.want)
+			}
+		})
 	}
 }

@@ -85,7 +85,7 @@ func run(o options) (code int) {
 	if err := setup(ctx, l, o, runDir); err != nil {
 		return failed(ctx, "setting up", err)
 	}
-	notes, err := differences(ctx, l)
+	notes, err := differences(ctx, l, o.txChecksumOffload)
 	if err != nil {
 		return failed(ctx, "comparing the sides' setups", err)
 	}

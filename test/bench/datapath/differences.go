@@ -14,7 +14,7 @@ import (
 // differences says how the trellis nodes differ from the hand-built ones besides the
 // iptables rules, as read from the kernel and the agent's status, for the report: the
 // ratios include what these cost, and a reader needs to know which knob to turn.
-func differences(ctx context.Context, l *layout) ([]string, error) {
+func differences(ctx context.Context, l *layout, txMode string) ([]string, error) {
 	var notes []string
 	for _, m := range []datapath.Mode{datapath.ModeVXLAN, datapath.ModeHybrid} {
 		t, err := vxlanSettings(ctx, l.cluster(sideTrellis, m).nodes[0].netns, vxlanDevice(sideTrellis))
@@ -39,7 +39,7 @@ func differences(ctx context.Context, l *layout) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	notes = append(notes, fmt.Sprintf("VXLAN TX checksum offload: trellis %s, reference %s (the kernel's default, flannel's too)", checksumNote(tOn), onOff(rOn)))
+	notes = append(notes, fmt.Sprintf("VXLAN TX checksum offload: trellis %s, reference %s (the kernel's default, flannel's too)", checksumNote(tOn, txMode), onOff(rOn)))
 
 	if trl.agent != nil && len(trl.agent.Sysctls) > 0 {
 		var set []string
@@ -88,12 +88,12 @@ func referenceSysctls(ctx context.Context, netns string) ([]string, error) {
 }
 
 // checksumNote says what the trellis side's setting means for the numbers.
-func checksumNote(on bool) string {
+func checksumNote(on bool, mode string) string {
 	if on {
-		return "on (-checksum-offload: ClusterNetwork vxlan.checksumOffload true)"
+		return fmt.Sprintf("on (ClusterNetwork vxlan.txChecksumOffload %s; Auto is the default)", mode)
 	}
-	return "off (ClusterNetwork vxlan.checksumOffload false, its default; with it the device does no TSO either, so VXLAN " +
-		"traffic is segmented and checksummed in software; -checksum-offload measures trellis with it on)"
+	return fmt.Sprintf("off (ClusterNetwork vxlan.txChecksumOffload %s; without it the device does no TSO either, so VXLAN "+
+		"traffic is segmented and checksummed in software)", mode)
 }
 
 func onOff(on bool) string {

@@ -43,7 +43,7 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 	for pass := range 2 {
 		statuses = statuses[:0]
 		for _, n := range c.nodes {
-			st, err := syncNode(c, n, macs, o.checksumOffload)
+			st, err := syncNode(c, n, macs, o.txChecksum().On)
 			if err != nil {
 				return fmt.Errorf("trellis %s %s, sync pass %d: %w", c.mode, n.name, pass+1, err)
 			}
@@ -79,7 +79,7 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 	// The agent's next periodic sync, with the pods in place: the node as it runs from then
 	// on (the sync also covers the pod veths' settings).
 	for i, n := range c.nodes {
-		st, err := syncNode(c, n, macs, o.checksumOffload)
+		st, err := syncNode(c, n, macs, o.txChecksum().On)
 		if err != nil {
 			return fmt.Errorf("trellis %s %s, sync with the pods in place: %w", c.mode, n.name, err)
 		}
