@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -14,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -155,7 +158,10 @@ func (r *ClusterNetworkReconciler) refuseNotDefault(ctx context.Context, cn *v1a
 // clusters where it lags or a Node was re-created under the same name).
 func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1alpha1.ClusterNetwork) ([]problem, error) {
 	log := logf.FromContext(ctx)
-	var nodes corev1.NodeList
+	// Metadata only: the allocator needs names, UIDs and deletion, and the cache then holds
+	// no Node status (a good part of each Node, and what changes on every heartbeat).
+	var nodes metav1.PartialObjectMetadataList
+	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	if err := r.List(ctx, &nodes); err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
@@ -208,14 +214,17 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		}
 	}
 	slices.Sort(allocated)
-	for _, name := range allocated {
-		block := plan.Allocate[name].String()
-		if err := r.createNodeNetwork(ctx, name, nodeUID[name], block); err != nil {
-			errs = append(errs, err)
-			continue
+	created, err := r.createNodeNetworks(ctx, allocated, plan.Allocate, nodeUID)
+	errs = append(errs, err)
+	if len(created) > 0 {
+		// One event per pass, not per node: thousands of nodes joining at once would
+		// otherwise mean thousands of Event writes competing with the allocations.
+		log.Info("allocated node blocks", "nodes", len(created), "first", firstN(created, 5))
+		msg := fmt.Sprintf("node %s got pod block %s", created[0], plan.Allocate[created[0]])
+		if len(created) > 1 {
+			msg = fmt.Sprintf("%d nodes got a pod block (%s)", len(created), strings.Join(firstN(created, 5), ", "))
 		}
-		log.Info("allocated node block", "node", name, "podCIDR", block)
-		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "node %s got pod block %s", name, block)
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "%s", msg)
 	}
 
 	var problems []problem
@@ -236,6 +245,46 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 
 // staleSuffix marks, for the allocator, a NodeNetwork left by an earlier Node of the same name.
 const staleSuffix = "\x00stale"
+
+// allocationWorkers bounds the NodeNetwork creations in flight: one at a time, 5,000 nodes
+// joining at once take the sum of 5,000 round trips; a few dozen at once keep the API
+// server busy without flooding it (it has its own fairness, client rate limits are off).
+const allocationWorkers = 32
+
+// createNodeNetworks creates the NodeNetwork of each node in names with its block, several at
+// once, and returns (sorted) the nodes whose NodeNetwork it created.
+func (r *ClusterNetworkReconciler) createNodeNetworks(ctx context.Context, names []string, block map[string]netip.Prefix, uid map[string]types.UID) ([]string, error) {
+	var (
+		mu      sync.Mutex
+		created []string
+		errs    []error
+		wg      sync.WaitGroup
+	)
+	work := make(chan string)
+	for range min(allocationWorkers, len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				err := r.createNodeNetwork(ctx, name, uid[name], block[name].String())
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					created = append(created, name)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, n := range names {
+		work <- n
+	}
+	close(work)
+	wg.Wait()
+	slices.Sort(created)
+	return created, errors.Join(errs...)
+}
 
 func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name string, uid types.UID, block string) error {
 	nn := &v1alpha1.NodeNetwork{
@@ -354,6 +403,16 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		},
 		GenericFunc: func(event.GenericEvent) bool { return true },
 	}
+	// Of a NodeNetwork's updates only what the status aggregates or the allocator and the
+	// uninstall read: each agent rewriting its conditions must not cost a pass (rendering
+	// and applying every object) per node.
+	nodeNetworkChange := predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
+			return o.Spec != n.Spec || o.Status.MTU != n.Status.MTU ||
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() || readyReason(o) != readyReason(n)
+		},
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.ClusterNetwork{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, lifecycle))).
 		Owns(&appsv1.DaemonSet{}).
@@ -363,8 +422,8 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&rbacv1.ClusterRoleBinding{}).
 		Owns(&admissionregistrationv1.ValidatingAdmissionPolicy{}).
 		Owns(&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}).
-		Watches(&corev1.Node{}, toDefault, builder.WithPredicates(nodeMembership)).
-		Watches(&v1alpha1.NodeNetwork{}, toDefault).
+		Watches(&corev1.Node{}, toDefault, builder.WithPredicates(nodeMembership), builder.OnlyMetadata).
+		Watches(&v1alpha1.NodeNetwork{}, toDefault, builder.WithPredicates(nodeNetworkChange)).
 		Named("clusternetwork").
 		Complete(r)
 }
@@ -382,5 +441,14 @@ func CacheOptions() cache.Options {
 		&rbacv1.ClusterRoleBinding{}:                                {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: {Label: ours},
+		// Managed fields are bookkeeping the operator never reads, a good part of each object.
+		&v1alpha1.NodeNetwork{}: {Transform: cache.TransformStripManagedFields()},
 	}}
+}
+
+func readyReason(nn *v1alpha1.NodeNetwork) string {
+	if c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
 }

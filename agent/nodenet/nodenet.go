@@ -1,5 +1,5 @@
 // Package nodenet is the node agent's reconciler: from this node's NodeNetwork (its pod
-// block), its peers' NodeNetworks and the Nodes, it programs the datapath, installs the
+// block), its peers' NodeNetworks and its own Node, it programs the datapath, installs the
 // conflist once the datapath works, marks the node ready for the CNI plugin's STATUS, and
 // reports on its NodeNetwork status. Every event leads to the same full, idempotent sync.
 package nodenet
@@ -21,10 +21,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -220,16 +222,6 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 	if err := r.List(ctx, &nns); err != nil {
 		return nil, fmt.Errorf("listing NodeNetworks: %w", err)
 	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes); err != nil {
-		return nil, fmt.Errorf("listing Nodes: %w", err)
-	}
-	internal := map[string]netip.Addr{}
-	for _, n := range nodes.Items {
-		if ip, err := r.nodeIPOf(&n); err == nil {
-			internal[n.Name] = ip
-		}
-	}
 	cfg := &datapath.Config{
 		Mode: datapath.Mode(r.Config.Encapsulation), VNI: int(r.Config.VXLAN.VNI), Port: int(r.Config.VXLAN.Port),
 		MTU: int(r.Config.MTU), Local: datapath.Local{NodeIP: nodeIP, PodCIDR: block},
@@ -250,11 +242,11 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 		if err != nil {
 			continue
 		}
+		// A peer is programmed once its agent published its node IP: the agent watches no
+		// Node but its own (at 5,000 nodes every heartbeat would reach every agent).
 		ip, err := netip.ParseAddr(nn.Status.NodeIP)
 		if err != nil {
-			if ip = internal[nn.Name]; !ip.IsValid() {
-				continue
-			}
+			continue
 		}
 		mac, _ := net.ParseMAC(nn.Status.VTEPMAC)
 		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, VTEPMAC: mac})
@@ -364,7 +356,8 @@ func equalStatus(a, b v1alpha1.NodeNetworkStatus) bool {
 	return ca != nil && cb != nil && ca.Status == cb.Status && ca.Reason == cb.Reason && ca.Message == cb.Message
 }
 
-// SetupWithManager: every NodeNetwork or Node change leads to one full sync of this node.
+// SetupWithManager: every NodeNetwork change, and a change of this node's addresses, leads
+// to one full sync of this node. The cache holds this node's Node only (CacheOptions).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	self := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.NodeName}}}
@@ -372,7 +365,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nodenet").
 		Watches(&v1alpha1.NodeNetwork{}, self).
-		// Nodes matter for their addresses (and coming and going), not their heartbeats.
+		// The Node matters for its addresses, not its heartbeats.
 		Watches(&corev1.Node{}, self, builder.WithPredicates(predicate.Funcs{
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
@@ -380,4 +373,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			},
 		})).
 		Complete(r)
+}
+
+// CacheOptions are the agent cache's settings for what the reconciler watches: of the
+// Nodes only this node's (a field selector, so other Nodes' heartbeats never reach the
+// agent), and NodeNetworks without their managed fields (bookkeeping the agent never
+// reads, a good part of each object).
+func CacheOptions(nodeName string) map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{
+		&corev1.Node{}:          {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
+		&v1alpha1.NodeNetwork{}: {Transform: cache.TransformStripManagedFields()},
+	}
 }
