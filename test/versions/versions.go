@@ -30,6 +30,8 @@ type Set struct {
 	// CNIPlugins is the github.com/containernetworking/plugins release of the reference
 	// plugins (CNI_PLUGINS_VERSION).
 	CNIPlugins string
+	// Kwok is the sigs.k8s.io/kwok release whose controller simulates nodes (KWOK_VERSION).
+	Kwok string
 }
 
 // The directories the hack/ scripts fill under the cache directory (testenv.CacheDir) for
@@ -48,6 +50,11 @@ func (s Set) AgnhostDir(cache string) string {
 // RuntimeToolsDir holds crictl and the reference CNI plugins (hack/build-runtime-tools.sh).
 func (s Set) RuntimeToolsDir(cache string) string {
 	return filepath.Join(cache, "tools", "cri-tools-"+s.CRITools+"_cni-plugins-"+s.CNIPlugins)
+}
+
+// KwokDir holds kwok's controller (hack/build-kwok.sh).
+func (s Set) KwokDir(cache string) string {
+	return filepath.Join(cache, "tools", "kwok-"+s.Kwok)
 }
 
 // Load reads the repository's hack/versions.env, with the environment's values winning.
@@ -80,6 +87,7 @@ func fromVars(vars map[string]string, getenv func(string) string) (Set, error) {
 		"ETCD_VERSION":        &s.Etcd,
 		"CRI_TOOLS_VERSION":   &s.CRITools,
 		"CNI_PLUGINS_VERSION": &s.CNIPlugins,
+		"KWOK_VERSION":        &s.Kwok,
 	} {
 		v := getenv(key)
 		if v == "" {
