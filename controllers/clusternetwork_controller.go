@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -162,11 +161,12 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	// no Node status (a good part of each Node, and what changes on every heartbeat).
 	var nodes metav1.PartialObjectMetadataList
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
-	if err := r.List(ctx, &nodes); err != nil {
+	// The lists are only read: no copy of thousands of objects on every pass.
+	if err := r.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := r.List(ctx, &nns); err != nil {
+	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodenetworks: %w", err)
 	}
 	nodeUID := make(map[string]types.UID, len(nodes.Items))
@@ -197,15 +197,25 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	}
 
 	var errs []error
+	release := make([]string, 0, len(plan.Release))
 	for _, name := range plan.Release {
-		name = strings.TrimSuffix(name, staleSuffix)
+		release = append(release, strings.TrimSuffix(name, staleSuffix))
+	}
+	released, err := concurrently(release, func(name string) error {
 		nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		if err := r.Delete(ctx, nn); client.IgnoreNotFound(err) != nil {
-			errs = append(errs, fmt.Errorf("releasing the block of deleted node %s: %w", name, err))
-			continue
+			return fmt.Errorf("releasing the block of deleted node %s: %w", name, err)
 		}
-		log.Info("released node block", "node", name)
-		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockReleased", "Release", "released the pod block of deleted node %s", name)
+		return nil
+	})
+	errs = append(errs, err)
+	if len(released) > 0 {
+		log.Info("released node blocks", "nodes", len(released), "first", firstN(released, 5))
+		msg := "released the pod block of deleted node " + released[0]
+		if len(released) > 1 {
+			msg = fmt.Sprintf("released the pod blocks of %d deleted nodes (%s)", len(released), strings.Join(firstN(released, 5), ", "))
+		}
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockReleased", "Release", "%s", msg)
 	}
 	allocated := make([]string, 0, len(plan.Allocate))
 	for name := range plan.Allocate {
@@ -214,7 +224,9 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		}
 	}
 	slices.Sort(allocated)
-	created, err := r.createNodeNetworks(ctx, allocated, plan.Allocate, nodeUID)
+	created, err := concurrently(allocated, func(name string) error {
+		return r.createNodeNetwork(ctx, name, nodeUID[name], plan.Allocate[name].String())
+	})
 	errs = append(errs, err)
 	if len(created) > 0 {
 		// One event per pass, not per node: thousands of nodes joining at once would
@@ -246,32 +258,33 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 // staleSuffix marks, for the allocator, a NodeNetwork left by an earlier Node of the same name.
 const staleSuffix = "\x00stale"
 
-// allocationWorkers bounds the NodeNetwork creations in flight: one at a time, 5,000 nodes
-// joining at once take the sum of 5,000 round trips; a few dozen at once keep the API
-// server busy without flooding it (it has its own fairness, client rate limits are off).
-const allocationWorkers = 32
+// apiWorkers bounds the NodeNetwork creations and deletions in flight: one at a time,
+// 5,000 nodes joining at once take the sum of 5,000 round trips; a few dozen at once keep
+// the API server busy without flooding it (it has its own fairness; client rate limits are
+// off).
+const apiWorkers = 32
 
-// createNodeNetworks creates the NodeNetwork of each node in names with its block, several at
-// once, and returns (sorted) the nodes whose NodeNetwork it created.
-func (r *ClusterNetworkReconciler) createNodeNetworks(ctx context.Context, names []string, block map[string]netip.Prefix, uid map[string]types.UID) ([]string, error) {
+// concurrently calls f for each name, apiWorkers at a time, and returns (sorted) the names
+// it succeeded for, and every error.
+func concurrently(names []string, f func(string) error) ([]string, error) {
 	var (
-		mu      sync.Mutex
-		created []string
-		errs    []error
-		wg      sync.WaitGroup
+		mu   sync.Mutex
+		done []string
+		errs []error
+		wg   sync.WaitGroup
 	)
 	work := make(chan string)
-	for range min(allocationWorkers, len(names)) {
+	for range min(apiWorkers, len(names)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for name := range work {
-				err := r.createNodeNetwork(ctx, name, uid[name], block[name].String())
+				err := f(name)
 				mu.Lock()
 				if err != nil {
 					errs = append(errs, err)
 				} else {
-					created = append(created, name)
+					done = append(done, name)
 				}
 				mu.Unlock()
 			}
@@ -282,8 +295,8 @@ func (r *ClusterNetworkReconciler) createNodeNetworks(ctx context.Context, names
 	}
 	close(work)
 	wg.Wait()
-	slices.Sort(created)
-	return created, errors.Join(errs...)
+	slices.Sort(done)
+	return done, errors.Join(errs...)
 }
 
 func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name string, uid types.UID, block string) error {
@@ -356,7 +369,7 @@ func (r *ClusterNetworkReconciler) mtu(ctx context.Context, cn *v1alpha1.Cluster
 		return cn.Spec.MTU, nil
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := r.List(ctx, &nns); err != nil {
+	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, fmt.Errorf("listing nodenetworks: %w", err)
 	}
 	var low int32

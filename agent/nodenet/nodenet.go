@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -219,7 +220,8 @@ func (r *Reconciler) failed(ctx context.Context, nn *v1alpha1.NodeNetwork, rep r
 
 func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip.Prefix) (*datapath.Config, error) {
 	var nns v1alpha1.NodeNetworkList
-	if err := r.List(ctx, &nns); err != nil {
+	// Read only: no copy of thousands of objects on every sync.
+	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing NodeNetworks: %w", err)
 	}
 	cfg := &datapath.Config{
@@ -364,7 +366,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("nodenet").
-		Watches(&v1alpha1.NodeNetwork{}, self).
+		// Of a NodeNetwork only what the datapath is made of (CacheOptions keeps no more of
+		// the peers'): peers rewriting their conditions must not cost every agent a sync.
+		Watches(&v1alpha1.NodeNetwork{}, self, builder.WithPredicates(predicate.Funcs{
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
+				return o.Spec != n.Spec || o.Status.NodeIP != n.Status.NodeIP || o.Status.VTEPMAC != n.Status.VTEPMAC ||
+					o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+			},
+		})).
 		// The Node matters for its addresses, not its heartbeats.
 		Watches(&corev1.Node{}, self, builder.WithPredicates(predicate.Funcs{
 			UpdateFunc: func(e event.UpdateEvent) bool {
@@ -377,11 +387,36 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // CacheOptions are the agent cache's settings for what the reconciler watches: of the
 // Nodes only this node's (a field selector, so other Nodes' heartbeats never reach the
-// agent), and NodeNetworks without their managed fields (bookkeeping the agent never
-// reads, a good part of each object).
+// agent), and of the peers' NodeNetworks only what the datapath is made of (TrimPeers).
 func CacheOptions(nodeName string) map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
 		&corev1.Node{}:          {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
-		&v1alpha1.NodeNetwork{}: {Transform: cache.TransformStripManagedFields()},
+		&v1alpha1.NodeNetwork{}: {Transform: TrimPeers(nodeName)},
+	}
+}
+
+// TrimPeers is the cache transform of NodeNetworks: this node's keeps everything but its
+// managed fields (its status is compared before each write); a peer's keeps its name,
+// block, node IP and VTEP MAC. With thousands of peers, their conditions, kernel
+// settings and labels would be most of the agent's memory.
+func TrimPeers(nodeName string) toolscache.TransformFunc {
+	return func(obj any) (any, error) {
+		nn, ok := obj.(*v1alpha1.NodeNetwork)
+		if !ok {
+			return obj, nil
+		}
+		if nn.Name == nodeName {
+			nn.ManagedFields = nil
+			return nn, nil
+		}
+		return &v1alpha1.NodeNetwork{
+			TypeMeta: nn.TypeMeta,
+			ObjectMeta: metav1.ObjectMeta{
+				Name: nn.Name, UID: nn.UID, ResourceVersion: nn.ResourceVersion, Generation: nn.Generation,
+				DeletionTimestamp: nn.DeletionTimestamp,
+			},
+			Spec:   nn.Spec,
+			Status: v1alpha1.NodeNetworkStatus{NodeIP: nn.Status.NodeIP, VTEPMAC: nn.Status.VTEPMAC},
+		}, nil
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
@@ -52,6 +54,10 @@ type Counts struct {
 	WritesBy    map[string]int64 `json:"writesBy"`
 	WatchEvents int64            `json:"watchEvents"`
 	EventsBy    map[string]int64 `json:"eventsBy"`
+	// Syncs and SyncSeconds: the agent's full syncs and their total time
+	// (trellis_agent_sync_duration_seconds).
+	Syncs       uint64  `json:"syncs"`
+	SyncSeconds float64 `json:"syncSeconds"`
 }
 
 const reportInterval = 100 * time.Millisecond
@@ -83,6 +89,17 @@ func RunChild() (bool, error) {
 	case "operator":
 		return true, runOperator(ctx, cfg)
 	case "agent":
+		if p := os.Getenv("TRELLIS_SCALE_AGENT_CPUPROFILE"); p != "" {
+			f, err := os.Create(p)
+			if err != nil {
+				return true, err
+			}
+			defer f.Close()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				return true, err
+			}
+			defer pprof.StopCPUProfile()
+		}
 		return true, runAgent(ctx, cfg, counter)
 	}
 	return true, fmt.Errorf("%s=%q: want operator or agent", envRole, role)
@@ -197,6 +214,13 @@ func (c *counter) snapshot() Counts {
 	for k, v := range c.eventsBy {
 		out.EventsBy[k] = v
 		out.WatchEvents += v
+	}
+	if mfs, err := metrics.Registry.Gather(); err == nil {
+		for _, mf := range mfs {
+			if mf.GetName() == "trellis_agent_sync_duration_seconds" && len(mf.Metric) > 0 {
+				out.Syncs, out.SyncSeconds = mf.Metric[0].GetHistogram().GetSampleCount(), mf.Metric[0].GetHistogram().GetSampleSum()
+			}
+		}
 	}
 	return out
 }

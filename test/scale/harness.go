@@ -32,6 +32,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -74,12 +75,18 @@ func KwokBinary() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(v.KwokDir(cache), "kwok")
-	if _, err := os.Stat(bin); err != nil {
-		return "", fmt.Errorf("kwok's controller is missing (%w): run hack/build-kwok.sh (make deps does)", err)
+	dir := v.KwokDir(cache)
+	for _, f := range append([]string{"kwok"}, kwokStages...) {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return "", fmt.Errorf("kwok's controller or its stages are missing (%w): run hack/build-kwok.sh (make deps does)", err)
+		}
 	}
-	return bin, nil
+	return filepath.Join(dir, "kwok"), nil
 }
+
+// kwokStages are the node stages hack/build-kwok.sh puts beside kwok: Nodes turn Ready, and
+// their leases are renewed as the kubelet does.
+var kwokStages = []string{"node-initialize.yaml", "node-heartbeat-with-lease.yaml"}
 
 // Options of a harness.
 type Options struct {
@@ -94,14 +101,15 @@ type Options struct {
 
 // Harness is one control plane with kwok and, once started, the operator.
 type Harness struct {
-	opts   Options
-	env    *envtest.Environment
-	cfg    *rest.Config
-	C      client.Client
-	access string // the API access file of the children
-	cancel context.CancelFunc
-	kwok   *exec.Cmd
-	kwokLg string
+	opts     Options
+	env      *envtest.Environment
+	cfg      *rest.Config
+	C        client.Client
+	access   string // the API access file of the children
+	cancel   context.CancelFunc
+	kwok     *exec.Cmd
+	kwokLg   string
+	kwokDone chan struct{}
 
 	Operator *Child
 
@@ -174,10 +182,17 @@ func (h *Harness) startKwok(bin string) error {
 	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
 		return fmt.Errorf("writing kwok's kubeconfig: %w", err)
 	}
-	// An empty configuration: kwok's built-in node stages (initialise as Ready, renew the
-	// lease) and nothing from ~/.kwok.
+	// Its configuration is its node stages, and nothing from ~/.kwok.
+	var stages [][]byte
+	for _, st := range kwokStages {
+		b, err := os.ReadFile(filepath.Join(filepath.Dir(bin), st))
+		if err != nil {
+			return fmt.Errorf("kwok's stages: %w", err)
+		}
+		stages = append(stages, b)
+	}
 	conf := filepath.Join(h.opts.Dir, "kwok.yaml")
-	if err := os.WriteFile(conf, nil, 0o600); err != nil {
+	if err := os.WriteFile(conf, bytes.Join(stages, []byte("\n---\n")), 0o600); err != nil {
 		return err
 	}
 	h.kwokLg = filepath.Join(h.opts.Dir, "kwok.log")
@@ -194,6 +209,8 @@ func (h *Harness) startKwok(bin string) error {
 		return fmt.Errorf("starting kwok: %w", err)
 	}
 	lg.Close()
+	h.kwokDone = make(chan struct{})
+	go func() { _ = h.kwok.Wait(); close(h.kwokDone) }()
 	return nil
 }
 
@@ -207,13 +224,11 @@ func (h *Harness) Stop() {
 	}
 	if h.kwok != nil && h.kwok.Process != nil {
 		_ = h.kwok.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = h.kwok.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-h.kwokDone:
 		case <-time.After(5 * time.Second):
 			_ = h.kwok.Process.Kill()
-			<-done
+			<-h.kwokDone
 		}
 	}
 	if h.cancel != nil {
@@ -255,6 +270,51 @@ func (h *Harness) FakeNodes(ctx context.Context, n int) ([]string, error) {
 		}
 		return nil
 	})
+}
+
+// WaitKwok waits until kwok reports the named Nodes Ready and holds a lease for each (it
+// renews them: the nodes' heartbeats).
+func (h *Harness) WaitKwok(ctx context.Context, names []string, timeout time.Duration) error {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var last string
+	err := poll(ctx, timeout, 200*time.Millisecond, func() (bool, error) {
+		select {
+		case <-h.kwokDone:
+			return false, fmt.Errorf("kwok exited: %s", h.kwok.ProcessState)
+		default:
+		}
+		var nodes corev1.NodeList
+		if err := h.C.List(ctx, &nodes); err != nil {
+			return false, err
+		}
+		ready := 0
+		for _, n := range nodes.Items {
+			for _, c := range n.Status.Conditions {
+				if want[n.Name] && c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		var leases coordinationv1.LeaseList
+		if err := h.C.List(ctx, &leases, client.InNamespace(corev1.NamespaceNodeLease)); err != nil {
+			return false, err
+		}
+		held := 0
+		for _, l := range leases.Items {
+			if want[l.Name] {
+				held++
+			}
+		}
+		last = fmt.Sprintf("%d of %d Nodes Ready, %d leases", ready, len(want), held)
+		return ready == len(want) && held == len(want), nil
+	})
+	if err != nil {
+		return fmt.Errorf("kwok: %s: %w; kwok's log: %s", last, err, h.KwokLog())
+	}
+	return nil
 }
 
 // DeleteNodes deletes Nodes (the operator releases their blocks).
@@ -564,7 +624,7 @@ func keys(m map[string]string) map[string]bool {
 func (rn *RealNode) WaitKernel(ctx context.Context, t0 time.Time, timeout time.Duration, done func(Kernel) (bool, string)) (time.Duration, error) {
 	var last string
 	var took time.Duration
-	err := poll(ctx, timeout, 10*time.Millisecond, func() (bool, error) {
+	err := poll(ctx, timeout, 25*time.Millisecond, func() (bool, error) {
 		k, err := rn.Kernel()
 		if err != nil {
 			return false, err

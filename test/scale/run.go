@@ -24,6 +24,8 @@ type Figures struct {
 	Nodes int
 	// CreateNodes: the harness creating the kwok Nodes (not a goal, for context).
 	CreateNodes time.Duration
+	// KwokReady: from the start of CreateNodes until kwok had them all Ready with a lease.
+	KwokReady time.Duration
 	// Allocation: from the operator's start, with the Nodes all there, to a block for each.
 	Allocation time.Duration
 	// AllocationWrites: the operator's API writes during Allocation, by resource.
@@ -98,7 +100,11 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 		return f, err
 	}
 	f.CreateNodes = time.Since(t0)
-	logf("%d kwok Nodes created in %v", o.Nodes, f.CreateNodes.Round(time.Millisecond))
+	if err := h.WaitKwok(ctx, fakes, 2*time.Minute); err != nil {
+		return f, err
+	}
+	f.KwokReady = time.Since(t0)
+	logf("%d kwok Nodes created in %v, Ready with leases in %v", o.Nodes, f.CreateNodes.Round(time.Millisecond), f.KwokReady.Round(time.Millisecond))
 
 	t0 = time.Now()
 	if err := h.StartOperator(); err != nil {
@@ -180,6 +186,9 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 		f.PeerRemove = append(f.PeerRemove, d)
 	}
 	logf("peer added -> programmed %v, removed -> gone %v", durations(f.PeerAdd), durations(f.PeerRemove))
+	if c := rn.Agent.Counts(); c.Syncs > 0 {
+		logf("agent: %d syncs, %v on average", c.Syncs, time.Duration(c.SyncSeconds/float64(c.Syncs)*float64(time.Second)).Round(time.Millisecond))
+	}
 
 	// Steady state: nothing changes but kwok's heartbeats.
 	a0 := rn.Agent.Settled(ctx, time.Second, 30*time.Second)
