@@ -741,6 +741,33 @@ func (c *Child) RSS() (now, peak int, err error) {
 	return now, peak, nil
 }
 
+// CPU is the processor time the child used so far (/proc/PID/stat utime + stime).
+func (c *Child) CPU() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (in parentheses, which may hold spaces): utime and
+	// stime are the 12th and 13th, in clock ticks (100 a second on Linux).
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.Atoi(f[11])
+	st, _ := strconv.Atoi(f[12])
+	return time.Duration(u+st) * 10 * time.Millisecond
+}
+
+// LoadAvg is the machine's one-minute load average (/proc/loadavg): the benchmark shares
+// the machine, and its times mean little without it.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
 // Stop ends the child: SIGTERM, SIGKILL after 10 s.
 func (c *Child) Stop() {
 	_ = c.cmd.Process.Signal(syscall.SIGTERM)

@@ -22,12 +22,17 @@ const (
 // Figures are what one run measured.
 type Figures struct {
 	Nodes int
+	// Load: the machine's one-minute load average at the start and at the end (2 CPUs
+	// shared with other work: times stretch with it).
+	LoadStart, LoadEnd string
 	// CreateNodes: the harness creating the kwok Nodes (not a goal, for context).
 	CreateNodes time.Duration
 	// KwokReady: from the start of CreateNodes until kwok had them all Ready with a lease.
 	KwokReady time.Duration
 	// Allocation: from the operator's start, with the Nodes all there, to a block for each.
 	Allocation time.Duration
+	// AllocationCPU: the operator's processor time during Allocation.
+	AllocationCPU time.Duration
 	// AllocationWrites: the operator's API writes during Allocation, by resource.
 	AllocationWrites map[string]int64
 	// Publish: the simulated agents writing their status; PublishWrites: the operator's
@@ -71,7 +76,7 @@ type RunOptions struct {
 
 // Run measures one size: see Figures.
 func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
-	f.Nodes = o.Nodes
+	f.Nodes, f.LoadStart = o.Nodes, LoadAvg()
 	logf := func(format string, args ...any) { fmt.Fprintf(o.Log, "  "+format+"\n", args...) }
 	h, err := Start(ctx, o.Options)
 	if err != nil {
@@ -114,7 +119,7 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 	if err := h.WaitBlocks(ctx, all, 2*time.Minute); err != nil {
 		return f, err
 	}
-	f.Allocation = time.Since(t0)
+	f.Allocation, f.AllocationCPU = time.Since(t0), h.Operator.CPU()
 	c := h.Operator.Settled(ctx, time.Second, 30*time.Second)
 	f.AllocationWrites = c.WritesBy
 	logf("blocks allocated in %v", f.Allocation.Round(time.Millisecond))
@@ -228,6 +233,7 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 		return f, err
 	}
 	_, f.Left = k.Diff(nil)
+	f.LoadEnd = LoadAvg()
 	if cerr := rn.Agent.Err(); cerr != nil {
 		return f, fmt.Errorf("agent %w", cerr)
 	}
