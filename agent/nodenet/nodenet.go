@@ -369,6 +369,12 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// Of a NodeNetwork only what the datapath is made of (CacheOptions keeps no more of
 		// the peers'): peers rewriting their conditions must not cost every agent a sync.
 		Watches(&v1alpha1.NodeNetwork{}, self, builder.WithPredicates(predicate.Funcs{
+			// A joining peer's NodeNetwork comes without a node IP: nothing to program
+			// until its agent publishes one (an update).
+			CreateFunc: func(e event.CreateEvent) bool {
+				nn := e.Object.(*v1alpha1.NodeNetwork)
+				return nn.Name == r.NodeName || nn.Status.NodeIP != ""
+			},
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
 				return o.Spec != n.Spec || o.Status.NodeIP != n.Status.NodeIP || o.Status.VTEPMAC != n.Status.VTEPMAC ||

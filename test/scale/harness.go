@@ -401,6 +401,20 @@ type Peer struct {
 	VTEPMAC string
 }
 
+// expectedPeer is what Publish writes for the named fake node, and the block the operator
+// gave it (read from the API).
+func (h *Harness) expectedPeer(name string) Peer {
+	h.mu.Lock()
+	ip := h.nodeIPs[name]
+	h.mu.Unlock()
+	p := Peer{Name: name, NodeIP: ip, VTEPMAC: datapath.VTEPMACFor(ip).String()}
+	nn := &v1alpha1.NodeNetwork{}
+	if err := h.C.Get(context.Background(), types.NamespacedName{Name: name}, nn); err == nil {
+		p.Block, _ = netip.ParsePrefix(nn.Spec.PodCIDR)
+	}
+	return p
+}
+
 // Peers are the nodes that published their status, except skip.
 func (h *Harness) Peers(ctx context.Context, skip string) ([]Peer, error) {
 	var nns v1alpha1.NodeNetworkList
@@ -637,6 +651,71 @@ func (rn *RealNode) WaitKernel(ctx context.Context, t0 time.Time, timeout time.D
 		return took, fmt.Errorf("node %s: %s: %w", rn.Name, last, err)
 	}
 	return took, nil
+}
+
+// WatchPeer follows the node's route and neighbour notifications (rtnetlink multicast, in
+// its namespace) for p's route, neighbour and FDB entry; wait returns when all three are
+// in place (present) or all gone, and when the last of them changed. Unlike polling the
+// tables, it costs the node's CPU nothing and times each change to the notification.
+func (rn *RealNode) WatchPeer(p Peer, present bool) (wait func(context.Context, time.Duration) (time.Time, error), err error) {
+	routes, neighs := make(chan netlink.RouteUpdate, 1024), make(chan netlink.NeighUpdate, 1024)
+	done := make(chan struct{})
+	if err := rn.do(func() error {
+		if err := netlink.RouteSubscribe(routes, done); err != nil {
+			return fmt.Errorf("subscribing to routes: %w", err)
+		}
+		if err := netlink.NeighSubscribe(neighs, done); err != nil {
+			return fmt.Errorf("subscribing to neighbours: %w", err)
+		}
+		return nil
+	}); err != nil {
+		close(done)
+		return nil, err
+	}
+	block, vtep, mac := p.Block.String(), datapath.VTEPAddr(p.Block).String(), p.VTEPMAC
+	return func(ctx context.Context, timeout time.Duration) (time.Time, error) {
+		defer close(done)
+		state := map[string]bool{} // "route", "neigh", "fdb" -> as wanted
+		var last time.Time
+		if k, err := rn.Kernel(); err == nil && k.Has(p, present) {
+			return time.Now(), nil // already so
+		}
+		deadline := time.After(timeout)
+		for {
+			select {
+			case u, ok := <-routes:
+				if !ok {
+					return last, errors.New("route notifications ended")
+				}
+				if u.Dst != nil && u.Dst.String() == block {
+					state["route"] = (u.Type == unix.RTM_NEWROUTE && u.Gw.String() == vtep) == present
+					last = time.Now()
+				}
+			case u, ok := <-neighs:
+				if !ok {
+					return last, errors.New("neighbour notifications ended")
+				}
+				kind := ""
+				switch {
+				case u.Family == netlink.FAMILY_V4 && u.IP.String() == vtep:
+					kind = "neigh"
+				case u.Family == unix.AF_BRIDGE && u.IP != nil && u.IP.String() == p.NodeIP.String() && u.HardwareAddr.String() == mac:
+					kind = "fdb"
+				}
+				if kind != "" {
+					state[kind] = (u.Type == unix.RTM_NEWNEIGH && u.HardwareAddr.String() == mac) == present
+					last = time.Now()
+				}
+			case <-deadline:
+				return last, fmt.Errorf("peer %s not %s within %v (route, neighbour, FDB as wanted: %v)", p.Name, map[bool]string{true: "programmed", false: "removed"}[present], timeout, state)
+			case <-ctx.Done():
+				return last, ctx.Err()
+			}
+			if state["route"] && state["neigh"] && state["fdb"] {
+				return last, nil
+			}
+		}
+	}, nil
 }
 
 // Child is a process the harness started: the operator or an agent.

@@ -55,9 +55,12 @@ type Figures struct {
 	Missing, Extra int
 	// Steady: the window with nothing changing; per agent: its API writes and the watch
 	// events its cache received (by kind), and the operator's API writes.
-	Steady               time.Duration
-	AgentWrites          int64
-	AgentEvents          map[string]int64
+	Steady      time.Duration
+	AgentWrites int64
+	AgentEvents map[string]int64
+	// AgentEventsTotal: the watch events the agent's cache received from its start to the
+	// end of the steady window, by kind (the initial lists included).
+	AgentEventsTotal     map[string]int64
 	OperatorSteadyWrites int64
 	// RemoveAll: every fake Node deleted -> the agent's kernel holds no peer entry; Left:
 	// entries still there after it.
@@ -166,29 +169,48 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 		if err := h.WaitBlocks(ctx, all, 30*time.Second); err != nil {
 			return f, err
 		}
+		p := h.expectedPeer(added[0])
+		wait, err := rn.WatchPeer(p, true)
+		if err != nil {
+			return f, err
+		}
+		before := rn.Agent.Counts()
 		t0 = time.Now()
 		if err := h.Publish(ctx, added); err != nil {
 			return f, err
 		}
-		p, err := h.peer(ctx, added[0])
-		if err != nil {
-			return f, err
-		}
-		d, err := rn.WaitKernel(ctx, t0, 30*time.Second, func(k Kernel) (bool, string) { return k.Has(p, true), "peer " + p.Name + " not programmed" })
+		published := time.Since(t0)
+		at, err := wait(ctx, 30*time.Second)
 		if err != nil {
 			return f, agentErr(rn, err)
 		}
+		if p, err = h.peer(ctx, added[0]); err != nil { // as the API holds it
+			return f, err
+		}
+		if k, err := rn.Kernel(); err != nil || !k.Has(p, true) {
+			return f, fmt.Errorf("peer %s: notified, but not in the kernel (%v)", p.Name, err)
+		}
+		d := at.Sub(t0)
 		f.PeerAdd = append(f.PeerAdd, d)
+		after := rn.Agent.Settled(ctx, 300*time.Millisecond, 10*time.Second)
+		logf("peer %s: status written in %v, programmed after %v; the agent meanwhile: %d sync(s) taking %v", p.Name,
+			published.Round(time.Millisecond), d.Round(time.Millisecond), after.Syncs-before.Syncs,
+			time.Duration((after.SyncSeconds-before.SyncSeconds)*float64(time.Second)).Round(time.Millisecond))
+		if wait, err = rn.WatchPeer(p, false); err != nil {
+			return f, err
+		}
 		t0 = time.Now()
 		if err := h.DeleteNodes(ctx, added); err != nil {
 			return f, err
 		}
 		all = all[:len(all)-1]
-		d, err = rn.WaitKernel(ctx, t0, 30*time.Second, func(k Kernel) (bool, string) { return k.Has(p, false), "peer " + p.Name + " still programmed" })
-		if err != nil {
+		if at, err = wait(ctx, 30*time.Second); err != nil {
 			return f, agentErr(rn, err)
 		}
-		f.PeerRemove = append(f.PeerRemove, d)
+		if k, err := rn.Kernel(); err != nil || !k.Has(p, false) {
+			return f, fmt.Errorf("peer %s: notified, but still in the kernel (%v)", p.Name, err)
+		}
+		f.PeerRemove = append(f.PeerRemove, at.Sub(t0))
 	}
 	logf("peer added -> programmed %v, removed -> gone %v", durations(f.PeerAdd), durations(f.PeerRemove))
 	if c := rn.Agent.Counts(); c.Syncs > 0 {
@@ -203,7 +225,7 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 	f.Steady = o.Steady
 	a1, o1 := rn.Agent.Counts(), h.Operator.Counts()
 	f.AgentWrites, f.OperatorSteadyWrites = a1.Writes-a0.Writes, o1.Writes-o0.Writes
-	f.AgentEvents = delta(a1.EventsBy, a0.EventsBy)
+	f.AgentEvents, f.AgentEventsTotal = delta(a1.EventsBy, a0.EventsBy), a1.EventsBy
 
 	if f.AgentRSS, f.AgentPeak, err = rn.Agent.RSS(); err != nil {
 		return f, err

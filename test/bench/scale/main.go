@@ -126,6 +126,9 @@ func report(w io.Writer, all []scale.Figures) {
 		{"  steady: watch events / min", func(f scale.Figures) string {
 			return perMin(scale.Total(f.AgentEvents), f.Steady) + fmt.Sprintf(" (Node %s)", perMin(f.AgentEvents["Node"], f.Steady))
 		}, "", nil},
+		{"  watch events since its start", func(f scale.Figures) string {
+			return fmt.Sprintf("Node %d, NodeNetwork %d", f.AgentEventsTotal["Node"], f.AgentEventsTotal["NodeNetwork"])
+		}, "", nil},
 		{"  peers missing / entries of non-peers", func(f scale.Figures) string { return fmt.Sprintf("%d / %d", f.Missing, f.Extra) }, "0 / 0", func(f scale.Figures) bool { return f.Missing == 0 && f.Extra == 0 }},
 		{"  every peer deleted -> none left", func(f scale.Figures) string { return ms(f.RemoveAll) + fmt.Sprintf(" (%d left)", f.Left) }, "0 left", func(f scale.Figures) bool { return f.Left == 0 }},
 		{"operator steady: API writes / min", func(f scale.Figures) string { return perMin(f.OperatorSteadyWrites, f.Steady) }, "", nil},
