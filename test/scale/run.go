@@ -1,11 +1,14 @@
 package scale
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -31,8 +34,9 @@ type Figures struct {
 	KwokReady time.Duration
 	// Allocation: from the operator's start, with the Nodes all there, to a block for each.
 	Allocation time.Duration
-	// AllocationCPU: the operator's processor time during Allocation.
-	AllocationCPU time.Duration
+	// AllocationCPU: the operator's processor time during Allocation; ControlPlaneCPU:
+	// kube-apiserver's and etcd's.
+	AllocationCPU, ControlPlaneCPU time.Duration
 	// AllocationWrites: the operator's API writes during Allocation, by resource.
 	AllocationWrites map[string]int64
 	// Publish: the simulated agents writing their status; PublishWrites: the operator's
@@ -114,6 +118,7 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 	f.KwokReady = time.Since(t0)
 	logf("%d kwok Nodes created in %v, Ready with leases in %v", o.Nodes, f.CreateNodes.Round(time.Millisecond), f.KwokReady.Round(time.Millisecond))
 
+	cp0 := controlPlaneCPU()
 	t0 = time.Now()
 	if err := h.StartOperator(); err != nil {
 		return f, err
@@ -125,7 +130,9 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 	f.Allocation, f.AllocationCPU = time.Since(t0), h.Operator.CPU()
 	c := h.Operator.Settled(ctx, time.Second, 30*time.Second)
 	f.AllocationWrites = c.WritesBy
-	logf("blocks allocated in %v", f.Allocation.Round(time.Millisecond))
+	f.ControlPlaneCPU = controlPlaneCPU() - cp0
+	logf("blocks allocated in %v (operator CPU %v, kube-apiserver + etcd CPU %v)", f.Allocation.Round(time.Millisecond),
+		f.AllocationCPU, f.ControlPlaneCPU)
 
 	t0 = time.Now()
 	if err := h.Publish(ctx, fakes); err != nil {
@@ -340,4 +347,31 @@ func Total(m map[string]int64) int64 {
 		t += v
 	}
 	return t
+}
+
+// controlPlaneCPU is the processor time kube-apiserver and etcd (this process's children)
+// used so far.
+func controlPlaneCPU() time.Duration {
+	var total time.Duration
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		name := string(b[bytes.IndexByte(b, '(')+1 : i])
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 13 || (name != "kube-apiserver" && name != "etcd") || f[1] != strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		u, _ := strconv.Atoi(f[11])
+		st, _ := strconv.Atoi(f[12])
+		total += time.Duration(u+st) * 10 * time.Millisecond
+	}
+	return total
 }
