@@ -1,16 +1,21 @@
 package scale
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -264,4 +269,155 @@ func resourceOf(path string) string {
 		return parts[0] + "/" + parts[2]
 	}
 	return parts[0]
+}
+
+// Child is a process the harness started: the operator or an agent.
+type Child struct {
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	last   Counts
+	stderr bytes.Buffer
+	done   chan struct{}
+	err    error
+}
+
+func (h *Harness) startChild(wrapper, env []string) (*Child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := append(append([]string{}, wrapper...), exe)
+	c := &Child{done: make(chan struct{})}
+	c.cmd = exec.Command(args[0], args[1:]...)
+	c.cmd.Env = append(append(os.Environ(), envAccess+"="+h.access), env...)
+	c.cmd.Stderr = &lockedWriter{w: &c.stderr, mu: &c.mu}
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var counts Counts
+			if json.Unmarshal(sc.Bytes(), &counts) == nil {
+				c.mu.Lock()
+				c.last = counts
+				c.mu.Unlock()
+			}
+		}
+		_, _ = io.Copy(io.Discard, out)
+		c.err = c.cmd.Wait()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// Counts are the child's latest report (at most reportInterval old).
+func (c *Child) Counts() Counts {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last
+}
+
+// Settled waits until the child's counts stay the same for quiet (it reports every
+// reportInterval), and returns them.
+func (c *Child) Settled(ctx context.Context, quiet, timeout time.Duration) Counts {
+	deadline := time.Now().Add(timeout)
+	last, since := c.Counts(), time.Now()
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(reportInterval)
+		cur := c.Counts()
+		if cur.Writes != last.Writes || cur.WatchEvents != last.WatchEvents {
+			last, since = cur, time.Now()
+		} else if time.Since(since) >= quiet {
+			break
+		}
+	}
+	return last
+}
+
+// Err is why the child ended, with its stderr, or nil while it runs.
+func (c *Child) Err() error {
+	select {
+	case <-c.done:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return fmt.Errorf("exited (%v): %s", c.err, benchrun.FirstLines(c.stderr.Bytes(), 10))
+	default:
+		return nil
+	}
+}
+
+// RSS is the child's resident set now and its peak, in KiB (/proc/PID/status).
+func (c *Child) RSS() (now, peak int, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 {
+			switch f[0] {
+			case "VmRSS:":
+				now, _ = strconv.Atoi(f[1])
+			case "VmHWM:":
+				peak, _ = strconv.Atoi(f[1])
+			}
+		}
+	}
+	return now, peak, nil
+}
+
+// CPU is the processor time the child used so far (/proc/PID/stat utime + stime).
+func (c *Child) CPU() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (in parentheses, which may hold spaces): utime and
+	// stime are the 12th and 13th, in clock ticks (100 a second on Linux).
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.Atoi(f[11])
+	st, _ := strconv.Atoi(f[12])
+	return time.Duration(u+st) * 10 * time.Millisecond
+}
+
+// LoadAvg is the machine's one-minute load average (/proc/loadavg): the benchmark shares
+// the machine, and its times mean little without it.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
+}
+
+// Stop ends the child: SIGTERM, SIGKILL after 10 s.
+func (c *Child) Stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
