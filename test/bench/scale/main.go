@@ -110,7 +110,7 @@ func report(w io.Writer, all []scale.Figures) {
 		{"machine load (1 min) at start / end", func(f scale.Figures) string { return f.LoadStart + " / " + f.LoadEnd }, "", nil},
 		{"kwok Nodes created / Ready with lease", func(f scale.Figures) string { return ms(f.CreateNodes) + " / " + ms(f.KwokReady) }, "", nil},
 		{"operator: start -> every block", func(f scale.Figures) string { return ms(f.Allocation) }, "< 10s", func(f scale.Figures) bool { return f.Allocation < scale.GoalAllocation }},
-		{"  CPU meanwhile: operator / API server+etcd", func(f scale.Figures) string { return ms(f.AllocationCPU) + " / " + ms(f.ControlPlaneCPU) }, "", nil},
+		{"  CPU: operator / apiserver+etcd", func(f scale.Figures) string { return ms(f.AllocationCPU) + " / " + ms(f.ControlPlaneCPU) }, "", nil},
 		{"  API writes meanwhile", func(f scale.Figures) string { return strconv.FormatInt(scale.Total(f.AllocationWrites), 10) }, "", nil},
 		{"  writes while every agent publishes", func(f scale.Figures) string { return strconv.FormatInt(scale.Total(f.PublishWrites), 10) }, "", nil},
 		{"  of which ClusterNetwork status", func(f scale.Figures) string { return strconv.FormatInt(f.PublishWrites["clusternetworks/status"], 10) }, "", nil},
