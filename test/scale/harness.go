@@ -108,6 +108,8 @@ type Harness struct {
 	kwokDone chan struct{}
 
 	Operator *Child
+	// firstBlock is when WaitBlocks first saw a block.
+	firstBlock time.Time
 
 	mu      sync.Mutex
 	nodeIPs map[string]netip.Addr // every node's underlay address, by name
@@ -340,6 +342,9 @@ func (h *Harness) WaitBlocks(ctx context.Context, names []string, timeout time.D
 			if want[nn.Name] && nn.Spec.PodCIDR != "" && nn.DeletionTimestamp == nil {
 				have++
 			}
+		}
+		if have > 0 && h.firstBlock.IsZero() {
+			h.firstBlock = time.Now()
 		}
 		last = fmt.Sprintf("%d of %d nodes have a block, %d NodeNetworks", have, len(want), len(nns.Items))
 		return have == len(want) && len(nns.Items) == len(want), nil

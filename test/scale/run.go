@@ -37,6 +37,8 @@ type Figures struct {
 	// AllocationCPU: the operator's processor time during Allocation; ControlPlaneCPU:
 	// kube-apiserver's and etcd's.
 	AllocationCPU, ControlPlaneCPU time.Duration
+	// FirstBlock: from the operator's start to the first block seen (its start-up).
+	FirstBlock time.Duration
 	// AllocationWrites: the operator's API writes during Allocation, by resource.
 	AllocationWrites map[string]int64
 	// Publish: the simulated agents writing their status; PublishWrites: the operator's
@@ -131,8 +133,9 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 	c := h.Operator.Settled(ctx, time.Second, 30*time.Second)
 	f.AllocationWrites = c.WritesBy
 	f.ControlPlaneCPU = controlPlaneCPU() - cp0
-	logf("blocks allocated in %v (operator CPU %v, kube-apiserver + etcd CPU %v)", f.Allocation.Round(time.Millisecond),
-		f.AllocationCPU, f.ControlPlaneCPU)
+	f.FirstBlock = h.firstBlock.Sub(t0)
+	logf("blocks allocated in %v, the first after %v (operator CPU %v, kube-apiserver + etcd CPU %v)", f.Allocation.Round(time.Millisecond),
+		f.FirstBlock.Round(time.Millisecond), f.AllocationCPU, f.ControlPlaneCPU)
 
 	t0 = time.Now()
 	if err := h.Publish(ctx, fakes); err != nil {
