@@ -47,11 +47,12 @@ vet: ## go vet.
 	go vet ./...
 
 .PHONY: deps
-deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM and opm into $(TRELLIS_CACHE)).
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm and kwok into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
 	hack/build-k8s.sh >/dev/null
 	hack/build-runtime-tools.sh >/dev/null
 	hack/build-olm.sh >/dev/null
+	hack/build-kwok.sh >/dev/null
 
 .PHONY: test
 test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset.
@@ -191,3 +192,14 @@ bench-policy: ## NetworkPolicy at 1,000 pods and 1,000 policies: full and increm
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
 	go build -o "$$tmp/bench-policy" ./test/bench/policy && \
 	"$$tmp/bench-policy" $(BENCH_POLICY_FLAGS)
+
+NODES ?= 500,2000,5000
+BENCH_SCALE_FLAGS ?=
+
+.PHONY: bench-scale
+bench-scale: ## Operator and agent at NODES kwok nodes (default 500,2000,5000) on a real API server: allocation, convergence, per-peer latency, RSS, API writes and watch events (root; own netns). Options: BENCH_SCALE_FLAGS="-steady 1m -changes 3".
+	@hack/install-deps.sh && hack/build-k8s.sh >/dev/null && hack/build-kwok.sh >/dev/null && \
+	tmp="$${TMPDIR:-/tmp}/trlbs-$$$$-make" && mkdir -m 700 "$$tmp" && \
+	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
+	go build -o "$$tmp/bench-scale" ./test/bench/scale && \
+	"$$tmp/bench-scale" -nodes "$(NODES)" $(BENCH_SCALE_FLAGS)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -175,12 +176,16 @@ func (r *ClusterNetworkReconciler) refuseNotDefault(ctx context.Context, cn *v1a
 // clusters where it lags or a Node was re-created under the same name).
 func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1alpha1.ClusterNetwork) ([]problem, error) {
 	log := logf.FromContext(ctx)
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes); err != nil {
+	// Metadata only: the allocator needs names, UIDs and deletion, and the cache then holds
+	// no Node status (a good part of each Node, and what changes on every heartbeat).
+	var nodes metav1.PartialObjectMetadataList
+	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
+	// The lists are only read: no copy of thousands of objects on every pass.
+	if err := r.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := r.List(ctx, &nns); err != nil {
+	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodenetworks: %w", err)
 	}
 	nodeUID := make(map[string]types.UID, len(nodes.Items))
@@ -211,15 +216,25 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	}
 
 	var errs []error
+	release := make([]string, 0, len(plan.Release))
 	for _, name := range plan.Release {
-		name = strings.TrimSuffix(name, staleSuffix)
+		release = append(release, strings.TrimSuffix(name, staleSuffix))
+	}
+	released, err := concurrently(release, func(name string) error {
 		nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		if err := r.Delete(ctx, nn); client.IgnoreNotFound(err) != nil {
-			errs = append(errs, fmt.Errorf("releasing the block of deleted node %s: %w", name, err))
-			continue
+			return fmt.Errorf("releasing the block of deleted node %s: %w", name, err)
 		}
-		log.Info("released node block", "node", name)
-		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockReleased", "Release", "released the pod block of deleted node %s", name)
+		return nil
+	})
+	errs = append(errs, err)
+	if len(released) > 0 {
+		log.Info("released node blocks", "nodes", len(released), "first", firstN(released, 5))
+		msg := "released the pod block of deleted node " + released[0]
+		if len(released) > 1 {
+			msg = fmt.Sprintf("released the pod blocks of %d deleted nodes (%s)", len(released), strings.Join(firstN(released, 5), ", "))
+		}
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockReleased", "Release", "%s", msg)
 	}
 	allocated := make([]string, 0, len(plan.Allocate))
 	for name := range plan.Allocate {
@@ -228,17 +243,20 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		}
 	}
 	slices.Sort(allocated)
-	held := len(plan.Keep)
-	defer func() { recordBlocks(blocks.Capacity(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize)), held) }()
-	for _, name := range allocated {
-		block := plan.Allocate[name].String()
-		if err := r.createNodeNetwork(ctx, name, nodeUID[name], block); err != nil {
-			errs = append(errs, err)
-			continue
+	created, err := concurrently(allocated, func(name string) error {
+		return r.createNodeNetwork(ctx, name, nodeUID[name], plan.Allocate[name].String())
+	})
+	errs = append(errs, err)
+	recordBlocks(blocks.Capacity(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize)), len(plan.Keep)+len(created))
+	if len(created) > 0 {
+		// One event per pass, not per node: thousands of nodes joining at once would
+		// otherwise mean thousands of Event writes competing with the allocations.
+		log.Info("allocated node blocks", "nodes", len(created), "first", firstN(created, 5))
+		msg := fmt.Sprintf("node %s got pod block %s", created[0], plan.Allocate[created[0]])
+		if len(created) > 1 {
+			msg = fmt.Sprintf("%d nodes got a pod block (%s)", len(created), strings.Join(firstN(created, 5), ", "))
 		}
-		held++
-		log.Info("allocated node block", "node", name, "podCIDR", block)
-		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "node %s got pod block %s", name, block)
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "%s", msg)
 	}
 
 	var problems []problem
@@ -259,6 +277,47 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 
 // staleSuffix marks, for the allocator, a NodeNetwork left by an earlier Node of the same name.
 const staleSuffix = "\x00stale"
+
+// apiWorkers bounds the NodeNetwork creations and deletions in flight: one at a time,
+// 5,000 nodes joining at once take the sum of 5,000 round trips; a few dozen at once keep
+// the API server busy without flooding it (it has its own fairness; client rate limits are
+// off).
+const apiWorkers = 32
+
+// concurrently calls f for each name, apiWorkers at a time, and returns (sorted) the names
+// it succeeded for, and every error.
+func concurrently(names []string, f func(string) error) ([]string, error) {
+	var (
+		mu   sync.Mutex
+		done []string
+		errs []error
+		wg   sync.WaitGroup
+	)
+	work := make(chan string)
+	for range min(apiWorkers, len(names)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for name := range work {
+				err := f(name)
+				mu.Lock()
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					done = append(done, name)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, n := range names {
+		work <- n
+	}
+	close(work)
+	wg.Wait()
+	slices.Sort(done)
+	return done, errors.Join(errs...)
+}
 
 func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name string, uid types.UID, block string) error {
 	nn := &v1alpha1.NodeNetwork{
@@ -341,7 +400,7 @@ func (r *ClusterNetworkReconciler) mtu(ctx context.Context, cn *v1alpha1.Cluster
 		return cn.Spec.MTU, nil
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := r.List(ctx, &nns); err != nil {
+	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
 		return 0, fmt.Errorf("listing nodenetworks: %w", err)
 	}
 	var low int32
@@ -388,6 +447,16 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		},
 		GenericFunc: func(event.GenericEvent) bool { return true },
 	}
+	// Of a NodeNetwork's updates only what the status aggregates or the allocator and the
+	// uninstall read: each agent rewriting its conditions must not cost a pass (rendering
+	// and applying every object) per node.
+	nodeNetworkChange := predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
+			return o.Spec != n.Spec || o.Status.MTU != n.Status.MTU ||
+				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() || readyReason(o) != readyReason(n)
+		},
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1alpha1.ClusterNetwork{}, builder.WithPredicates(predicate.Or(predicate.GenerationChangedPredicate{}, lifecycle))).
 		Owns(&appsv1.DaemonSet{}).
@@ -397,8 +466,8 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&rbacv1.ClusterRoleBinding{}).
 		Owns(&admissionregistrationv1.ValidatingAdmissionPolicy{}).
 		Owns(&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}).
-		Watches(&corev1.Node{}, toDefault, builder.WithPredicates(nodeMembership)).
-		Watches(&v1alpha1.NodeNetwork{}, toDefault).
+		Watches(&corev1.Node{}, toDefault, builder.WithPredicates(nodeMembership), builder.OnlyMetadata).
+		Watches(&v1alpha1.NodeNetwork{}, toDefault, builder.WithPredicates(nodeNetworkChange)).
 		Named("clusternetwork").
 		Complete(r)
 }
@@ -418,5 +487,14 @@ func CacheOptions() cache.Options {
 		&rbacv1.ClusterRoleBinding{}: {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: {Label: ours},
+		// Managed fields are bookkeeping the operator never reads, a good part of each object.
+		&v1alpha1.NodeNetwork{}: {Transform: cache.TransformStripManagedFields()},
 	}}
+}
+
+func readyReason(nn *v1alpha1.NodeNetwork) string {
+	if c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady); c != nil {
+		return c.Reason
+	}
+	return ""
 }

@@ -126,34 +126,57 @@ func DesiredEntries(vxIndex int, peers Peers) Entries {
 	return e
 }
 
-// syncEntries sets every wanted entry and removes the permanent entries of peers that
-// are gone.
+// syncEntries makes the device's permanent neighbours and FDB entries equal want: it lists
+// what the kernel holds first and writes only entries that are missing or differ, and
+// removes those of peers that are gone. With thousands of peers a sync where nothing
+// changed is two dumps and no writes, and a peer coming or going costs two writes, not two
+// per peer.
 func syncEntries(vx netlink.Link, want Entries) error {
-	wantNeigh, wantFDB := map[string]bool{}, map[string]bool{}
-	for _, n := range want.Neighbours {
-		if err := netlink.NeighSet(&n); err != nil {
-			return fmt.Errorf("neighbour %s -> %s: %w", n.IP, n.HardwareAddr, err)
-		}
-		wantNeigh[n.IP.String()] = true
-	}
-	for _, n := range want.FDB {
-		if err := netlink.NeighSet(&n); err != nil {
-			return fmt.Errorf("FDB %s -> %s: %w", n.HardwareAddr, n.IP, err)
-		}
-		wantFDB[n.HardwareAddr.String()+"/"+n.IP.String()] = true
-	}
 	neighs, err := neighbours.List(vx.Attrs().Index, netlink.FAMILY_V4)
 	if err != nil {
 		return fmt.Errorf("listing %s neighbours: %w", VXLANDevice, err)
 	}
+	haveNeigh := map[string]string{} // VTEP address -> MAC
 	for _, n := range neighs {
-		if n.State&netlink.NUD_PERMANENT != 0 && !wantNeigh[n.IP.String()] {
-			_ = netlink.NeighDel(&n)
+		if n.State&netlink.NUD_PERMANENT != 0 {
+			haveNeigh[n.IP.String()] = n.HardwareAddr.String()
 		}
 	}
 	fdbs, err := neighbours.List(vx.Attrs().Index, unix.AF_BRIDGE)
 	if err != nil {
 		return fmt.Errorf("listing %s FDB: %w", VXLANDevice, err)
+	}
+	haveFDB := map[string]bool{} // MAC/node IP
+	for _, n := range fdbs {
+		if n.IP != nil && n.State&netlink.NUD_PERMANENT != 0 {
+			haveFDB[n.HardwareAddr.String()+"/"+n.IP.String()] = true
+		}
+	}
+
+	wantNeigh, wantFDB := map[string]bool{}, map[string]bool{}
+	for _, n := range want.Neighbours {
+		wantNeigh[n.IP.String()] = true
+		if haveNeigh[n.IP.String()] == n.HardwareAddr.String() {
+			continue
+		}
+		if err := netlink.NeighSet(&n); err != nil {
+			return fmt.Errorf("neighbour %s -> %s: %w", n.IP, n.HardwareAddr, err)
+		}
+	}
+	for _, n := range want.FDB {
+		key := n.HardwareAddr.String() + "/" + n.IP.String()
+		wantFDB[key] = true
+		if haveFDB[key] {
+			continue
+		}
+		if err := netlink.NeighSet(&n); err != nil {
+			return fmt.Errorf("FDB %s -> %s: %w", n.HardwareAddr, n.IP, err)
+		}
+	}
+	for _, n := range neighs {
+		if n.State&netlink.NUD_PERMANENT != 0 && !wantNeigh[n.IP.String()] {
+			_ = netlink.NeighDel(&n)
+		}
 	}
 	for _, n := range fdbs {
 		if n.IP != nil && !wantFDB[n.HardwareAddr.String()+"/"+n.IP.String()] {

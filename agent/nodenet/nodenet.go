@@ -1,5 +1,5 @@
 // Package nodenet is the node agent's reconciler: from this node's NodeNetwork (its pod
-// block), its peers' NodeNetworks and the Nodes, it programs the datapath, installs the
+// block), its peers' NodeNetworks and its own Node, it programs the datapath, installs the
 // conflist once the datapath works, marks the node ready for the CNI plugin's STATUS, and
 // reports on its NodeNetwork status. Every event leads to the same full, idempotent sync.
 package nodenet
@@ -23,11 +23,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -238,18 +241,9 @@ func (r *Reconciler) failed(ctx context.Context, nn *v1alpha1.NodeNetwork, rep r
 
 func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip.Prefix) (*datapath.Config, error) {
 	var nns v1alpha1.NodeNetworkList
-	if err := r.List(ctx, &nns); err != nil {
+	// Read only: no copy of thousands of objects on every sync.
+	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing NodeNetworks: %w", err)
-	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes); err != nil {
-		return nil, fmt.Errorf("listing Nodes: %w", err)
-	}
-	internal := map[string]netip.Addr{}
-	for _, n := range nodes.Items {
-		if ip, err := r.nodeIPOf(&n); err == nil {
-			internal[n.Name] = ip
-		}
 	}
 	cfg := &datapath.Config{
 		Mode: datapath.Mode(r.Config.Encapsulation), VNI: int(r.Config.VXLAN.VNI), Port: int(r.Config.VXLAN.Port),
@@ -271,11 +265,11 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 		if err != nil {
 			continue
 		}
+		// A peer is programmed once its agent published its node IP: the agent watches no
+		// Node but its own (at 5,000 nodes every heartbeat would reach every agent).
 		ip, err := netip.ParseAddr(nn.Status.NodeIP)
 		if err != nil {
-			if ip = internal[nn.Name]; !ip.IsValid() {
-				continue
-			}
+			continue
 		}
 		mac, _ := net.ParseMAC(nn.Status.VTEPMAC)
 		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, VTEPMAC: mac})
@@ -429,7 +423,8 @@ func equalStatus(a, b v1alpha1.NodeNetworkStatus) bool {
 	return meta.FindStatusCondition(a.Conditions, v1alpha1.ConditionReady) != nil
 }
 
-// SetupWithManager: every NodeNetwork or Node change leads to one full sync of this node.
+// SetupWithManager: every NodeNetwork change, and a change of this node's addresses, leads
+// to one full sync of this node. The cache holds this node's Node only (CacheOptions).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	self := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.NodeName}}}
@@ -454,8 +449,22 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		WatchesRawSource(source.Channel(verdicts, self)).
 		Named("nodenet").
-		Watches(&v1alpha1.NodeNetwork{}, self).
-		// Nodes matter for their addresses (and coming and going), not their heartbeats.
+		// Of a NodeNetwork only what the datapath is made of (CacheOptions keeps no more of
+		// the peers'): peers rewriting their conditions must not cost every agent a sync.
+		Watches(&v1alpha1.NodeNetwork{}, self, builder.WithPredicates(predicate.Funcs{
+			// A joining peer's NodeNetwork comes without a node IP: nothing to program
+			// until its agent publishes one (an update).
+			CreateFunc: func(e event.CreateEvent) bool {
+				nn := e.Object.(*v1alpha1.NodeNetwork)
+				return nn.Name == r.NodeName || nn.Status.NodeIP != ""
+			},
+			UpdateFunc: func(e event.UpdateEvent) bool {
+				o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
+				return o.Spec != n.Spec || o.Status.NodeIP != n.Status.NodeIP || o.Status.VTEPMAC != n.Status.VTEPMAC ||
+					o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+			},
+		})).
+		// The Node matters for its addresses, not its heartbeats.
 		Watches(&corev1.Node{}, self, builder.WithPredicates(predicate.Funcs{
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, n := e.ObjectOld.(*corev1.Node), e.ObjectNew.(*corev1.Node)
@@ -463,4 +472,40 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			},
 		})).
 		Complete(r)
+}
+
+// CacheOptions are the agent cache's settings for what the reconciler watches: of the
+// Nodes only this node's (a field selector, so other Nodes' heartbeats never reach the
+// agent), and of the peers' NodeNetworks only what the datapath is made of (TrimPeers).
+func CacheOptions(nodeName string) map[client.Object]cache.ByObject {
+	return map[client.Object]cache.ByObject{
+		&corev1.Node{}:          {Field: fields.OneTermEqualSelector("metadata.name", nodeName)},
+		&v1alpha1.NodeNetwork{}: {Transform: TrimPeers(nodeName)},
+	}
+}
+
+// TrimPeers is the cache transform of NodeNetworks: this node's keeps everything but its
+// managed fields (its status is compared before each write); a peer's keeps its name,
+// block, node IP and VTEP MAC. With thousands of peers, their conditions, kernel
+// settings and labels would be most of the agent's memory.
+func TrimPeers(nodeName string) toolscache.TransformFunc {
+	return func(obj any) (any, error) {
+		nn, ok := obj.(*v1alpha1.NodeNetwork)
+		if !ok {
+			return obj, nil
+		}
+		if nn.Name == nodeName {
+			nn.ManagedFields = nil
+			return nn, nil
+		}
+		return &v1alpha1.NodeNetwork{
+			TypeMeta: nn.TypeMeta,
+			ObjectMeta: metav1.ObjectMeta{
+				Name: nn.Name, UID: nn.UID, ResourceVersion: nn.ResourceVersion, Generation: nn.Generation,
+				DeletionTimestamp: nn.DeletionTimestamp,
+			},
+			Spec:   nn.Spec,
+			Status: v1alpha1.NodeNetworkStatus{NodeIP: nn.Status.NodeIP, VTEPMAC: nn.Status.VTEPMAC},
+		}, nil
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -586,4 +587,61 @@ func (a *agent) conflist(t *testing.T) map[string]any {
 func sorted(s []string) []string {
 	slices.Sort(s)
 	return s
+}
+
+// The agent reads peers' addresses from their NodeNetwork status only (it watches no Node
+// but its own): a peer whose Node has an InternalIP but whose agent has not published
+// status.nodeIP yet gets no route, neighbour or FDB entry until it does.
+func TestPeerProgrammedOncePublished(t *testing.T) {
+	netnstest.RequireRoot(t)
+	k8s := apiServer(t)
+	// Direct: with the InternalIP fallback the agent had, the on-link peer would get a route at once.
+	cfg := baseConfig()
+	cfg.Encapsulation = "Direct"
+	a := newAgent(t, k8s, "pub-a", "198.51.100.61", "10.244.61.0/24", cfg)
+	addNode(t, k8s, "pub-b", "198.51.100.62", "10.244.62.0/24") // a Node with an InternalIP, no status yet
+	must(t, a.sync())
+	if got := a.peerRoutes(t); len(got) != 0 {
+		t.Fatalf("routes %v before the peer published its node IP, want none (no fallback to the Node's InternalIP)", got)
+	}
+
+	nn := &v1alpha1.NodeNetwork{}
+	must(t, k8s.Get(ctx, types.NamespacedName{Name: "pub-b"}, nn))
+	orig := nn.DeepCopy()
+	mac := datapath.VTEPMACFor(netip.MustParseAddr("198.51.100.62"))
+	nn.Status.NodeIP, nn.Status.VTEPMAC = "198.51.100.62", mac.String()
+	must(t, k8s.Status().Patch(ctx, nn, client.MergeFrom(orig)))
+	must(t, a.sync())
+	if dev, gw := a.route(t, "10.244.62.0/24"); dev != "eth0" || gw != "198.51.100.62" {
+		t.Errorf("route to the published peer via %s %s, want eth0 198.51.100.62", dev, gw)
+	}
+	var fdb bool
+	must(t, a.ns.Do(func(ns.NetNS) error {
+		vx, err := netlink.LinkByName(datapath.VXLANDevice)
+		if err != nil {
+			return err
+		}
+		entries, err := netlink.NeighList(vx.Attrs().Index, syscall.AF_BRIDGE)
+		for _, e := range entries {
+			fdb = fdb || e.HardwareAddr.String() == mac.String() && e.IP.String() == "198.51.100.62"
+		}
+		return err
+	}))
+	if !fdb {
+		t.Errorf("no FDB entry %s -> 198.51.100.62 for the published peer", mac)
+	}
+}
+
+// peerRoutes are the destinations of the trellis peer routes in the agent's namespace.
+func (a *agent) peerRoutes(t *testing.T) []string {
+	t.Helper()
+	var dsts []string
+	must(t, a.ns.Do(func(ns.NetNS) error {
+		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: datapath.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		for _, r := range routes {
+			dsts = append(dsts, r.Dst.String())
+		}
+		return err
+	}))
+	return dsts
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -109,7 +110,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                 scheme,
-		Cache:                  cache.Options{ByObject: policy.CacheOptions()},
+		Cache:                  cache.Options{ByObject: byObject(policy.CacheOptions(), nodenet.CacheOptions(nodeName))},
 		Metrics:                o.Metrics.Server(),
 		HealthProbeBindAddress: o.HealthAddr,
 	})
@@ -183,4 +184,13 @@ func shutdown(watch *uninstall.Watch, c client.Client, r client.Reader, nodeName
 		log.Error(cerr, "uninstall: could not confirm on the NodeNetwork (the operator names this node when it gives up waiting)")
 	}
 	return err
+}
+
+// byObject merges the cache settings of the agent's parts (each names its own types).
+func byObject(parts ...map[client.Object]cache.ByObject) map[client.Object]cache.ByObject {
+	all := map[client.Object]cache.ByObject{}
+	for _, p := range parts {
+		maps.Copy(all, p)
+	}
+	return all
 }

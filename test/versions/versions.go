@@ -34,6 +34,8 @@ type Set struct {
 	OLM string
 	// OPM is the operator-registry release opm is built from (OPM_VERSION).
 	OPM string
+	// Kwok is the sigs.k8s.io/kwok release whose controller simulates nodes (KWOK_VERSION).
+	Kwok string
 }
 
 // The directories the hack/ scripts fill under the cache directory (testenv.CacheDir) for
@@ -62,6 +64,11 @@ func (s Set) OLMDir(cache string) string {
 // OPMDir holds opm (hack/build-olm.sh).
 func (s Set) OPMDir(cache string) string {
 	return filepath.Join(cache, "tools", "opm-"+s.OPM)
+}
+
+// KwokDir holds kwok's controller (hack/build-kwok.sh).
+func (s Set) KwokDir(cache string) string {
+	return filepath.Join(cache, "tools", "kwok-"+s.Kwok)
 }
 
 // Load reads the repository's hack/versions.env, with the environment's values winning.
@@ -96,6 +103,7 @@ func fromVars(vars map[string]string, getenv func(string) string) (Set, error) {
 		"CNI_PLUGINS_VERSION": &s.CNIPlugins,
 		"OLM_VERSION":         &s.OLM,
 		"OPM_VERSION":         &s.OPM,
+		"KWOK_VERSION":        &s.Kwok,
 	} {
 		v := getenv(key)
 		if v == "" {

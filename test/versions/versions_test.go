@@ -50,7 +50,7 @@ func TestFromVarsEnvironmentWins(t *testing.T) {
 	file := map[string]string{
 		"K8S_VERSION": "v1.37.2", "ETCD_VERSION": "v3.6.16",
 		"CRI_TOOLS_VERSION": "v1.37.0", "CNI_PLUGINS_VERSION": "v1.10.0",
-		"OLM_VERSION": "v0.46.0", "OPM_VERSION": "v1.74.0",
+		"OLM_VERSION": "v0.46.0", "OPM_VERSION": "v1.74.0", "KWOK_VERSION": "v0.8.0",
 	}
 	for _, tc := range []struct {
 		name string
@@ -60,17 +60,17 @@ func TestFromVarsEnvironmentWins(t *testing.T) {
 	}{
 		{
 			name: "file only",
-			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0"},
+			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"},
 		},
 		{
 			name: "environment overrides one",
 			env:  map[string]string{"K8S_VERSION": "v1.36.0"},
-			want: Set{Kubernetes: "v1.36.0", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0"},
+			want: Set{Kubernetes: "v1.36.0", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"},
 		},
 		{
 			name: "empty environment value does not",
 			env:  map[string]string{"K8S_VERSION": ""},
-			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0"},
+			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,7 +99,7 @@ func repoRoot(t *testing.T) string {
 }
 
 // keys are the variables of hack/versions.env this package reads.
-var keys = []string{"K8S_VERSION", "ETCD_VERSION", "CRI_TOOLS_VERSION", "CNI_PLUGINS_VERSION", "OLM_VERSION", "OPM_VERSION"}
+var keys = []string{"K8S_VERSION", "ETCD_VERSION", "CRI_TOOLS_VERSION", "CNI_PLUGINS_VERSION", "OLM_VERSION", "OPM_VERSION", "KWOK_VERSION"}
 
 // loadFile loads the file's versions, without the caller's environment overrides.
 func loadFile(t *testing.T) Set {
@@ -119,7 +119,7 @@ func loadFile(t *testing.T) Set {
 // never fill.
 func TestScriptsAndMakefileAgree(t *testing.T) {
 	s := loadFile(t)
-	want := strings.Join([]string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM}, " ")
+	want := strings.Join([]string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Kwok}, " ")
 	var shellVars, makeVars []string
 	for _, k := range keys {
 		shellVars = append(shellVars, "${"+k+"}")
@@ -184,7 +184,7 @@ func TestNoCopiesInGoCode(t *testing.T) {
 // The directories must stay where the scripts put them: a machine's cache (25 minutes of
 // Kubernetes build) is found again only at the same path.
 func TestDirs(t *testing.T) {
-	s := Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0"}
+	s := Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"}
 	for _, tc := range []struct{ got, want string }{
 		{s.KubernetesDir("/c"), "/c/k8s/v1.37.2"},
 		{s.AgnhostDir("/c"), "/c/agnhost/v1.37.2"},

@@ -3,9 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -13,66 +10,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
-
-// apiAccess is how the agent process, inside the node's network namespace, reaches the
-// API server on the root namespace's loopback: through a unix socket the benchmark
-// forwards (a unix socket is a file, reachable from any network namespace).
-type apiAccess struct {
-	Host, Socket              string
-	CAData, CertData, KeyData []byte
-}
-
-func (a apiAccess) restConfig() *rest.Config {
-	return &rest.Config{
-		Host:            a.Host,
-		TLSClientConfig: rest.TLSClientConfig{CAData: a.CAData, CertData: a.CertData, KeyData: a.KeyData},
-		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", a.Socket)
-		},
-		QPS: 200, Burst: 400,
-	}
-}
-
-// forwardAPI serves socket by connecting each client to the API server at hostPort.
-func forwardAPI(ctx context.Context, socket, hostPort string) error {
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", socket, err)
-	}
-	go func() { <-ctx.Done(); ln.Close() }()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", hostPort)
-				if err != nil {
-					fmt.Fprintf(os.Stderr, "bench-policy: forwarding to the API server: %v\n", err)
-					return
-				}
-				defer up.Close()
-				var wg sync.WaitGroup
-				wg.Add(2)
-				go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
-				go func() { defer wg.Done(); _, _ = io.Copy(c, up) }()
-				wg.Wait()
-			}()
-		}
-	}()
-	return nil
-}
 
 // event is one line the agent process prints on stdout.
 type event struct {
@@ -102,7 +47,7 @@ func runAgent(accessFile, node string, remove bool) error {
 	if err != nil {
 		return err
 	}
-	var access apiAccess
+	var access benchrun.APIAccess
 	if err := json.Unmarshal(b, &access); err != nil {
 		return err
 	}
@@ -111,7 +56,7 @@ func runAgent(accessFile, node string, remove bool) error {
 		return err
 	}
 	ctrl.SetLogger(logr.Discard())
-	mgr, err := ctrl.NewManager(access.restConfig(), ctrl.Options{
+	mgr, err := ctrl.NewManager(access.RestConfig(), ctrl.Options{
 		Scheme: s, Metrics: metricsserver.Options{BindAddress: "0"},
 		Cache: cache.Options{ByObject: policy.CacheOptions()},
 	})

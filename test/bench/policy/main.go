@@ -108,11 +108,11 @@ func run(nPods, nPolicies int, duration time.Duration, repeat int) error {
 	if err != nil {
 		return fmt.Errorf("the API server's address %q: %w", cfg.Host, err)
 	}
-	if err := forwardAPI(ctx, socket, apiURL.Host); err != nil {
+	if err := benchrun.ForwardAPI(ctx, socket, apiURL.Host); err != nil {
 		return err
 	}
 	accessFile := filepath.Join(dir, "access.json")
-	b, _ := json.Marshal(apiAccess{Host: cfg.Host, Socket: socket, CAData: cfg.CAData, CertData: cfg.CertData, KeyData: cfg.KeyData})
+	b, _ := json.Marshal(benchrun.AccessFor(cfg, socket))
 	if err := os.WriteFile(accessFile, b, 0o600); err != nil {
 		return err
 	}
