@@ -21,7 +21,8 @@
 //     forward), a detached process of the binary that ran Up; the kubeconfig Up writes
 //     points at it.
 //   - images (package images), imported into every node: pause, agnhost, and with the
-//     Trellis CNI the Trellis image, all without a registry.
+//     Trellis CNI (or none) the Trellis image, all without a registry. A test adds more
+//     with ImportImages (OLM's, an earlier release's: see olm.go, images.ReleaseImage).
 //
 // Processes are detached (they outlive `localcluster up`); Down finds them by network
 // namespace, cgroup and command line, so it also cleans up after a killed Up.
