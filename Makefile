@@ -141,6 +141,11 @@ e2e: deps ## End-to-end tests on a fresh local cluster (TRELLIS_E2E_CNI=trellis|
 	hack/build-agnhost.sh >/dev/null
 	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...
 
+.PHONY: e2e-olm
+e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a local cluster "olm", then upgrade it to this tree under traffic (TestOLM).
+	hack/build-agnhost.sh >/dev/null
+	go test -tags e2e -count=1 -timeout 30m -v -run '^TestOLM$$' ./test/e2e/
+
 ##@ NetworkPolicy conformance
 
 # Judged by cyclonus v0.5.6 (test/conformance): its runner on a local 3-node cluster "conf".

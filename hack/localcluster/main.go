@@ -80,7 +80,7 @@ func up(ctx context.Context, args []string) error {
 	opts := cluster.Options{BuildMissing: true, Progress: os.Stdout}
 	fs := clusterFlags("up", &opts)
 	fs.IntVar(&opts.Nodes, "nodes", 3, "number of nodes")
-	cni := fs.String("cni", string(cluster.CNITrellis), "pod network: trellis (installed from config/) or reference (ptp + host-local stand-in)")
+	cni := fs.String("cni", string(cluster.CNITrellis), "pod network: trellis (installed from config/), reference (ptp + host-local stand-in) or none (a test installs one)")
 	fs.BoolVar(&opts.RemoteNode, "remote-node", false, "put the last node behind a router, on 203.0.113.0/24")
 	fs.DurationVar(&opts.WaitReady, "wait", 5*time.Minute, "how long to wait for every node to be Ready (0: do not wait)")
 	_ = fs.Parse(args)

@@ -108,6 +108,37 @@ func (c *Cluster) waitNodesReady(ctx context.Context, timeout time.Duration, run
 	}
 }
 
+// waitNodesRegistered waits until every node has registered its Node object (with
+// CNINone they are not Ready until the test installs a pod network).
+func (c *Cluster) waitNodesRegistered(ctx context.Context, timeout time.Duration, running []*node.Node, p *progress) error {
+	client, err := c.Client()
+	if err != nil {
+		return err
+	}
+	p.step("waiting up to %v for %d nodes to register", timeout, len(c.Nodes))
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, n := range running {
+			if err := n.CheckRunning(); err != nil {
+				return err
+			}
+		}
+		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err == nil && len(nodes.Items) >= len(c.Nodes) {
+			p.detail("%d nodes registered", len(nodes.Items))
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("nodes not registered after %v (%v)\n%s", timeout, err, c.Diagnose(ctx))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
 // readiness summarizes the nodes' Ready conditions (and, with Trellis, the operator and
 // the agent DaemonSet) in one line; ready is true when every node is Ready.
 func (c *Cluster) readiness(ctx context.Context, client kubernetes.Interface) (summary string, ready bool) {

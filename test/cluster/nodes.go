@@ -87,7 +87,7 @@ func (c *Cluster) AddNode(ctx context.Context, w io.Writer) (Node, error) {
 			return n, err
 		}
 	}
-	archive := buildImages(ctx, t, c.CNI == CNITrellis, p)
+	archive := buildImages(ctx, t, c.CNI != CNIReference, p)
 	running, err := startNode(ctx, cfg, archive, p)
 	last.recordPids(running)
 	if serr := c.save(); err == nil {

@@ -21,7 +21,8 @@
 //     forward), a detached process of the binary that ran Up; the kubeconfig Up writes
 //     points at it.
 //   - images (package images), imported into every node: pause, agnhost, and with the
-//     Trellis CNI the Trellis image, all without a registry.
+//     Trellis CNI (or none) the Trellis image, all without a registry. A test adds more
+//     with ImportImages (OLM's, an earlier release's: see olm.go, images.ReleaseImage).
 //
 // Processes are detached (they outlive `localcluster up`); Down finds them by network
 // namespace, cgroup and command line, so it also cleans up after a killed Up.
@@ -51,6 +52,10 @@ const (
 	// per node (block 10.244.I.0/24 for nodeI) and static routes between the node
 	// namespaces, written by Up itself.
 	CNIReference CNI = "reference"
+	// CNINone installs no pod network: the test installs one itself (e.g. Trellis through
+	// OLM). The Trellis image is still imported into every node, and Up does not wait for
+	// the nodes to be Ready (they are not until a CNI is installed), only registered.
+	CNINone CNI = "none"
 )
 
 var (
@@ -111,8 +116,8 @@ func (o Options) withDefaults() (Options, error) {
 	if o.CNI == "" {
 		o.CNI = CNITrellis
 	}
-	if o.CNI != CNITrellis && o.CNI != CNIReference {
-		return o, fmt.Errorf("--cni %q: %q or %q", o.CNI, CNITrellis, CNIReference)
+	if o.CNI != CNITrellis && o.CNI != CNIReference && o.CNI != CNINone {
+		return o, fmt.Errorf("--cni %q: %q, %q or %q", o.CNI, CNITrellis, CNIReference, CNINone)
 	}
 	if o.RemoteNode && o.Nodes < 2 {
 		return o, fmt.Errorf("a remote node needs --nodes 2 or more")

@@ -15,6 +15,9 @@ func TestOptionsDefaults(t *testing.T) {
 	if o.Name != "trellis" || o.Nodes != 3 || o.CNI != CNITrellis || o.StateDir != "/cache/clusters/trellis" || o.WaitReady != 5*time.Minute {
 		t.Errorf("defaults %+v", o)
 	}
+	if o, err := (Options{CNI: CNINone}).withDefaults(); err != nil || o.CNI != CNINone {
+		t.Errorf("--cni none: %+v %v", o, err)
+	}
 	for _, bad := range []Options{
 		{Name: "Trellis"}, {Name: "a-b"}, {Name: "abcdefghijklm"},
 		{Nodes: -1}, {Nodes: 51}, {CNI: "calico"}, {Nodes: 1, RemoteNode: true},

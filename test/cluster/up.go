@@ -69,7 +69,7 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 
 	// Images are built while the network and the control plane come up.
-	archive := buildImages(ctx, t, c.CNI == CNITrellis, p)
+	archive := buildImages(ctx, t, c.CNI != CNIReference, p)
 
 	p.step("network: namespaces %s*, underlay 198.51.100.0/24", prefix(c.Name))
 	if err := c.Network.Create(ctx); err != nil {
@@ -114,7 +114,12 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 		}
 	}
 	if opts.WaitReady > 0 {
-		if err := c.waitNodesReady(ctx, opts.WaitReady, running, p); err != nil {
+		wait := c.waitNodesReady
+		if c.CNI == CNINone {
+			p.step("CNI: none (nodes stay NotReady until the test installs one)")
+			wait = c.waitNodesRegistered
+		}
+		if err := wait(ctx, opts.WaitReady, running, p); err != nil {
 			return failed(err)
 		}
 	}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -103,5 +105,50 @@ func TestLayerEntriesParentsFirst(t *testing.T) {
 	want := []string{"usr/", "usr/local/", "usr/local/bin/", "usr/local/bin/g", "usr/local/lib/", "usr/local/lib/x/", "usr/local/lib/x/f"}
 	if !slices.Equal(names, want) {
 		t.Errorf("entries %v, want %v", names, want)
+	}
+}
+
+func TestParseRelease(t *testing.T) {
+	const commit = "4bcd906737fdc0a18a603411fd506ecb92b3cb52"
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"ok", "# c\nVERSION=v0.0.1\n\nCOMMIT=" + commit + "\n", ""},
+		{"short commit", "VERSION=v0.0.1\nCOMMIT=4bcd906\n", "COMMIT=\"4bcd906\": want the full 40-hex commit hash"},
+		{"bad version", "VERSION=0.0.1\nCOMMIT=" + commit + "\n", "VERSION=\"0.0.1\": want vX.Y.Z"},
+		{"unknown key", "VERSION=v0.0.1\nTAG=x\n", "unknown key \"TAG\""},
+		{"no equals", "VERSION v0.0.1\n", "want KEY=value"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := parseRelease("f", []byte(tc.in))
+			if tc.want == "" {
+				if err != nil || r != (Release{"v0.0.1", commit}) {
+					t.Fatalf("got %+v, %v", r, err)
+				}
+				if r.Image() != "ghcr.io/trellis-net/trellis:v0.0.1" {
+					t.Errorf("image %s", r.Image())
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestPreviousReleaseFile: the repository's hack/previous-release parses and names a
+// commit in this clone's history.
+func TestPreviousReleaseFile(t *testing.T) {
+	root, err := filepath.Abs("../../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := PreviousRelease(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("git", "-C", root, "cat-file", "-e", r.Commit+"^{commit}").CombinedOutput(); err != nil {
+		t.Fatalf("%s names commit %s, not in this clone: %v %s", PreviousReleaseFile, r.Commit, err, out)
 	}
 }

@@ -98,30 +98,42 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 		if err != nil {
 			return "", false, fmt.Errorf("the Trellis image's Debian userspace: %w", err)
 		}
-		specs = append(specs, Spec{
-			Name: TrellisImage,
-			Layers: []Layer{
-				{Dir: rootfs},
-				{Files: []File{
-					{Path: "/usr/local/bin/trellis-operator", Source: filepath.Join(binDir, "manager")},
-					{Path: "/usr/local/bin/trellis-agent", Source: filepath.Join(binDir, "agent")},
-					{Path: "/usr/local/bin/trellis", Source: filepath.Join(binDir, "cni")},
-					{Path: "/usr/local/lib/trellis/cni/portmap", Source: filepath.Join(src.CNIPluginsDir, "portmap")},
-					{Path: "/usr/local/lib/trellis/cni/loopback", Source: filepath.Join(src.CNIPluginsDir, "loopback")},
-				}},
-			},
-			Entrypoint: []string{"/usr/local/bin/trellis-operator"},
-			// As the Dockerfile: the operator runs unprivileged, the agent's DaemonSet runs
-			// privileged as root.
-			User: "65532:65532",
-		})
+		specs = append(specs, trellisSpec(TrellisImage, rootfs, binDir, src.CNIPluginsDir))
 	}
 	return Archive(src.CacheDir, specs)
+}
+
+// trellisSpec is the Trellis image name: the Debian userspace rootfs, the binaries
+// manager, agent and cni of binDir and the reference plugins of cniPluginsDir, laid out
+// as the Dockerfile's final stage lays them out.
+func trellisSpec(name, rootfs, binDir, cniPluginsDir string) Spec {
+	return Spec{
+		Name: name,
+		Layers: []Layer{
+			{Dir: rootfs},
+			{Files: []File{
+				{Path: "/usr/local/bin/trellis-operator", Source: filepath.Join(binDir, "manager")},
+				{Path: "/usr/local/bin/trellis-agent", Source: filepath.Join(binDir, "agent")},
+				{Path: "/usr/local/bin/trellis", Source: filepath.Join(binDir, "cni")},
+				{Path: "/usr/local/lib/trellis/cni/portmap", Source: filepath.Join(cniPluginsDir, "portmap")},
+				{Path: "/usr/local/lib/trellis/cni/loopback", Source: filepath.Join(cniPluginsDir, "loopback")},
+			}},
+		},
+		Entrypoint: []string{"/usr/local/bin/trellis-operator"},
+		// As the Dockerfile: the operator runs unprivileged, the agent's DaemonSet runs
+		// privileged as root.
+		User: "65532:65532",
+	}
 }
 
 // GoBuild builds pkgs of the module at root as static linux binaries into dir (named
 // after each package's last path element), with the version the Makefile stamps.
 func GoBuild(ctx context.Context, root, dir string, pkgs []string) error {
+	return goBuild(ctx, root, dir, TrellisVersion, pkgs)
+}
+
+// goBuild is GoBuild stamping version.
+func goBuild(ctx context.Context, root, dir, version string, pkgs []string) error {
 	goBin, err := goCommand()
 	if err != nil {
 		return err
@@ -130,7 +142,7 @@ func GoBuild(ctx context.Context, root, dir string, pkgs []string) error {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
 	args := append([]string{"build", "-trimpath",
-		"-ldflags=-s -w -X github.com/trellis-net/trellis/internal/version.Version=" + TrellisVersion,
+		"-ldflags=-s -w -X github.com/trellis-net/trellis/internal/version.Version=" + version,
 		"-o", dir + "/"}, pkgs...)
 	var out []byte
 	// Twice: a build cache trimmed by a concurrent go command fails a build once with
