@@ -107,7 +107,11 @@ func Sync(cfg Config) (*Status, error) {
 	// live mode switch the nodes restart one by one, and a node already on Direct must
 	// still take (and peers still reach it with) traffic from nodes not yet switched.
 	// Only the routes say which path a node sends on.
-	vx, err := ensureVXLAN(DesiredDevice(cfg, underlay.Attrs().Index, st.UnderlayMTU-VXLANOverhead), cfg.Local.PodCIDR)
+	procSys := cfg.ProcSys
+	if procSys == "" {
+		procSys = "/proc/sys"
+	}
+	vx, err := ensureVXLAN(DesiredDevice(cfg, underlay.Attrs().Index, st.UnderlayMTU-VXLANOverhead), cfg.Local.PodCIDR, procSys)
 	if err != nil {
 		return nil, err
 	}
@@ -124,10 +128,6 @@ func Sync(cfg Config) (*Status, error) {
 	}
 	// Last, so the routes are in place even when a setting is refused (reported as a
 	// *SysctlError; the caller keeps the node not ready until it is fixed).
-	procSys := cfg.ProcSys
-	if procSys == "" {
-		procSys = "/proc/sys"
-	}
 	st.Sysctls, err = setKernelSettings(procSys)
 	return st, err
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -30,7 +31,7 @@ func DesiredDevice(cfg Config, underlayIndex, mtu int) *netlink.Vxlan {
 
 // ensureVXLAN makes the kernel's device match want (replacing it when a parameter can't
 // change in place), with the node's address of block as its only address, up.
-func ensureVXLAN(want *netlink.Vxlan, block netip.Prefix) (netlink.Link, error) {
+func ensureVXLAN(want *netlink.Vxlan, block netip.Prefix, procSys string) (netlink.Link, error) {
 	cur, err := netlink.LinkByName(VXLANDevice)
 	if err == nil {
 		v, ok := cur.(*netlink.Vxlan)
@@ -83,7 +84,9 @@ func ensureVXLAN(want *netlink.Vxlan, block netip.Prefix) (netlink.Link, error) 
 	if err := netlink.LinkSetUp(cur); err != nil {
 		return nil, fmt.Errorf("setting %s up: %w", VXLANDevice, err)
 	}
-	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+VXLANDevice+"/disable_ipv6", []byte("1"), 0o644)
+	// Best effort: the device needs no IPv6 link-local address (through procSys: an
+	// unprivileged container's /proc/sys is read-only).
+	_ = os.WriteFile(filepath.Join(procSys, "net/ipv6/conf", VXLANDevice, "disable_ipv6"), []byte("1"), 0o644)
 	return netlink.LinkByName(VXLANDevice)
 }
 
