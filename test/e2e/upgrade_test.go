@@ -27,7 +27,7 @@ import (
 // both versions run side by side, the ClusterNetwork goes Progressing -> Available, no
 // established connection breaks, no pod loses its IP, the traffic gap per node pair is
 // reported, and the ClusterNetwork N stored (checksumOffload: false, defaulted) reads as
-// txChecksumOffload Auto and works.
+// txChecksumOffload Auto and works. Then N's manifests are applied again: the rollback.
 func TestKustomizeUpgrade(t *testing.T) {
 	t0 := time.Now()
 	c := cluster.ForTest(t, cluster.Options{Name: "upgrade", Nodes: 3, CNI: cluster.CNINone})
@@ -196,6 +196,31 @@ func TestKustomizeUpgrade(t *testing.T) {
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		if f := strings.Fields(l); len(f) != 3 || f[1] != "true" || f[2] != images.TrellisVersion {
 			t.Errorf("NodeNetwork %q: want TX checksum offload on (Auto) and agent %s", l, images.TrellisVersion)
+		}
+	}
+
+	// Rollback, as README "Upgrade and rollback" says: N's manifests applied again.
+	back := time.Now()
+	if _, err := c.KubectlInput(ctx, manifests, "apply", "-f", "-"); err != nil {
+		t.Fatalf("rolling back to %s: %v", rel.Version, err)
+	}
+	waitAgents(ctx, t, c, rel.Image(), 6*time.Minute)
+	waitClusterCondition(ctx, t, c, "Available", "True", 2*time.Minute)
+	step("rolled back to %s in %v", rel.Version, time.Since(back).Round(100*time.Millisecond))
+	time.Sleep(2 * time.Second)
+	for i, p := range probers {
+		gap, fails, total := p.gapSince(back)
+		step("rollback %s -> %s: longest gap in new connections %v, %d of %d failed", ring[i][0], ring[i][1], gap.Round(time.Millisecond), fails, total)
+		if gap >= 2*time.Second {
+			t.Errorf("new connections %s -> %s stopped for %v during the rollback", ring[i][0], ring[i][1], gap.Round(time.Millisecond))
+		}
+		if gap := streams[i].longestGap(back); streams[i].echoesSince(time.Now().Add(-time.Second)) == 0 || gap >= 2*time.Second {
+			t.Errorf("the established connection %s -> %s broke during the rollback (longest gap %v)", ring[i][0], ring[i][1], gap.Round(time.Millisecond))
+		}
+	}
+	for name, pod := range pods {
+		if ip := podIP(ctx, t, c, name); ip != pod.IP {
+			t.Errorf("pod %s's IP changed during the rollback: %s -> %s", name, pod.IP, ip)
 		}
 	}
 }
