@@ -51,8 +51,9 @@ import (
 )
 
 const (
-	// PodCIDR and BlockSize of the ClusterNetwork: 16,384 /24 blocks.
-	PodCIDR   = "10.0.0.0/10"
+	// PodCIDR and BlockSize of the ClusterNetwork: 16,384 /24 blocks, clear of the test API
+	// server's Service range (10.0.0.0/24), which the operator refuses to overlap.
+	PodCIDR   = "10.64.0.0/10"
 	BlockSize = 24
 	// workers bounds the harness's own concurrent API calls (creating Nodes, publishing status).
 	workers = 32
@@ -350,6 +351,13 @@ func (h *Harness) WaitBlocks(ctx context.Context, names []string, timeout time.D
 		return have == len(want) && len(nns.Items) == len(want), nil
 	})
 	if err != nil {
+		// The operator says why it allocates nothing (e.g. a refused pod range).
+		cn := &v1alpha1.ClusterNetwork{}
+		if gerr := h.C.Get(ctx, client.ObjectKey{Name: v1alpha1.ClusterNetworkName}, cn); gerr == nil {
+			if d := meta.FindStatusCondition(cn.Status.Conditions, v1alpha1.ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
+				last += fmt.Sprintf("; ClusterNetwork Degraded %s: %s", d.Reason, d.Message)
+			}
+		}
 		return fmt.Errorf("waiting for blocks: %s: %w", last, err)
 	}
 	return nil
