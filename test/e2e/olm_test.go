@@ -42,33 +42,9 @@ func TestOLM(t *testing.T) {
 		t.Logf("[%v] %s", time.Since(t0).Round(100*time.Millisecond), fmt.Sprintf(format, args...))
 	}
 	step("%v up", c)
-	if c.Shared {
-		// A reused cluster has OLM and Trellis from the last run: the install would be a no-op.
-		if out, err := c.Kubectl(ctx, "get", "namespace", "trellis-system", "--ignore-not-found", "-o", "name"); err != nil || strings.TrimSpace(out) != "" {
-			t.Fatalf("TestOLM installs Trellis into a cluster without it, but the reused cluster %q has namespace trellis-system (%v): "+
-				"run `go run ./hack/localcluster down --name %s` or unset %s", c.Name, err, c.Name, cluster.ReuseEnv)
-		}
-	}
-
-	rel, err := images.PreviousRelease(c.ModuleRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := versions.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive, cached, err := images.ReleaseImage(ctx, images.Sources{
-		ModuleRoot: c.ModuleRoot, CacheDir: filepath.Join(cluster.CacheDir(), "localcluster"),
-		CNIPluginsDir: v.RuntimeToolsDir(cluster.CacheDir()),
-	}, rel)
-	if err != nil {
-		t.Fatalf("the image of release %s: %v", rel.Version, err)
-	}
-	if err := c.ImportImages(ctx, archive); err != nil {
-		t.Fatal(err)
-	}
-	step("release %s (commit %.7s): image %s imported (cached: %v)", rel.Version, rel.Commit, rel.Image(), cached)
+	requireNoTrellis(ctx, t, c, "TestOLM")
+	rel, v := importPreviousRelease(ctx, t, c)
+	step("release %s (commit %.7s): image %s imported", rel.Version, rel.Commit, rel.Image())
 
 	if err := c.InstallOLM(ctx); err != nil {
 		t.Fatalf("installing OLM: %v", err)
@@ -335,4 +311,42 @@ func waitAgents(ctx context.Context, t *testing.T, c *cluster.Cluster, image str
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// requireNoTrellis fails test when a reused cluster (TRELLIS_CLUSTER_REUSE) already has
+// Trellis: the test installs the previous release into a cluster without it.
+func requireNoTrellis(ctx context.Context, t *testing.T, c *cluster.Cluster, test string) {
+	t.Helper()
+	if !c.Shared {
+		return
+	}
+	if out, err := c.Kubectl(ctx, "get", "namespace", "trellis-system", "--ignore-not-found", "-o", "name"); err != nil || strings.TrimSpace(out) != "" {
+		t.Fatalf("%s installs Trellis into a cluster without it, but the reused cluster %q has namespace trellis-system (%v): "+
+			"run `go run ./hack/localcluster down --name %s` or unset %s", test, c.Name, err, c.Name, cluster.ReuseEnv)
+	}
+}
+
+// importPreviousRelease builds (or takes from the cache) the image of the release named in
+// hack/previous-release from git history and imports it into every node.
+func importPreviousRelease(ctx context.Context, t *testing.T, c *cluster.Cluster) (images.Release, versions.Set) {
+	t.Helper()
+	rel, err := images.PreviousRelease(c.ModuleRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := versions.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive, _, err := images.ReleaseImage(ctx, images.Sources{
+		ModuleRoot: c.ModuleRoot, CacheDir: filepath.Join(cluster.CacheDir(), "localcluster"),
+		CNIPluginsDir: v.RuntimeToolsDir(cluster.CacheDir()),
+	}, rel)
+	if err != nil {
+		t.Fatalf("the image of release %s: %v", rel.Version, err)
+	}
+	if err := c.ImportImages(ctx, archive); err != nil {
+		t.Fatal(err)
+	}
+	return rel, v
 }

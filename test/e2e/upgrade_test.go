@@ -16,7 +16,6 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // The kustomize upgrade path, N -> N+1, under traffic: release N (hack/previous-release,
@@ -36,28 +35,9 @@ func TestKustomizeUpgrade(t *testing.T) {
 	step := func(format string, args ...any) {
 		t.Logf("[%v] %s", time.Since(t0).Round(100*time.Millisecond), fmt.Sprintf(format, args...))
 	}
-	if c.Shared {
-		if out, err := c.Kubectl(ctx, "get", "namespace", "trellis-system", "--ignore-not-found", "-o", "name"); err != nil || strings.TrimSpace(out) != "" {
-			t.Fatalf("TestKustomizeUpgrade installs release N into a cluster without Trellis, but the reused cluster %q has trellis-system (%v): "+
-				"run `go run ./hack/localcluster down --name %s` or unset %s", c.Name, err, c.Name, cluster.ReuseEnv)
-		}
-	}
-	rel, err := images.PreviousRelease(c.ModuleRoot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := versions.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
+	requireNoTrellis(ctx, t, c, "TestKustomizeUpgrade")
+	rel, _ := importPreviousRelease(ctx, t, c)
 	cache := filepath.Join(cluster.CacheDir(), "localcluster")
-	archive, _, err := images.ReleaseImage(ctx, images.Sources{ModuleRoot: c.ModuleRoot, CacheDir: cache, CNIPluginsDir: v.RuntimeToolsDir(cluster.CacheDir())}, rel)
-	if err != nil {
-		t.Fatalf("the image of release %s: %v", rel.Version, err)
-	}
-	if err := c.ImportImages(ctx, archive); err != nil {
-		t.Fatal(err)
-	}
 
 	// Install N as it was released: its config/default (its image pinned to the release's
 	// tag) and its sample.
