@@ -52,18 +52,15 @@ func TestNodeSecurity(t *testing.T) {
 			t.Errorf("an agent container is privileged:\n%s", out)
 		}
 		for _, n := range c.Nodes {
-			pids := agentPids(t, n)
-			if len(pids) != 1 {
-				t.Fatalf("%d trellis-agent processes on %s, want 1", len(pids), n.Name)
-			}
-			status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pids[0]))
+			pid := theAgentPid(t, n)
+			status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 			if err != nil {
 				t.Fatal(err)
 			}
 			// CAP_NET_ADMIN (12) and CAP_NET_RAW (13): 0x3000, and no way to gain more.
 			for _, want := range []string{"CapEff:\t0000000000003000", "CapBnd:\t0000000000003000", "NoNewPrivs:\t1"} {
 				if !strings.Contains(string(status), want+"\n") {
-					t.Errorf("agent on %s: want %q in /proc/%d/status:\n%s", n.Name, want, pids[0], status)
+					t.Errorf("agent on %s: want %q in /proc/%d/status:\n%s", n.Name, want, pid, status)
 				}
 			}
 		}
@@ -235,11 +232,7 @@ func controllerClient(t *testing.T, c *cluster.Cluster, token string) client.Cli
 // reads it (through the process's root: the pod's own mount of it).
 func agentToken(t *testing.T, n cluster.Node) string {
 	t.Helper()
-	pids := agentPids(t, n)
-	if len(pids) != 1 {
-		t.Fatalf("%d trellis-agent processes on %s, want 1", len(pids), n.Name)
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/var/run/secrets/kubernetes.io/serviceaccount/token", pids[0]))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/var/run/secrets/kubernetes.io/serviceaccount/token", theAgentPid(t, n)))
 	if err != nil {
 		t.Fatalf("the agent's token on %s: %v", n.Name, err)
 	}
@@ -373,3 +366,19 @@ subjects:
   name: e2e-prometheus
   namespace: default
 `
+
+// theAgentPid is the one trellis-agent process on n. A container being replaced (the
+// kubelet restarting it) briefly leaves two: wait up to 30 s for one, saying so.
+func theAgentPid(t *testing.T, n cluster.Node) int {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		pids := agentPids(t, n)
+		if len(pids) == 1 {
+			return pids[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d trellis-agent processes on %s for 30 s, want 1", len(pids), n.Name)
+		}
+		t.Logf("%d trellis-agent processes on %s (%v): waiting for one", len(pids), n.Name, pids)
+	}
+}
