@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
@@ -134,7 +135,8 @@ func (r *ClusterNetworkReconciler) clusterState(ctx context.Context) (clusterSta
 		st.applied = &cfg
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := r.List(ctx, &nns); err != nil {
+	// Read-only: no copy of every NodeNetwork on each pass, as reconcileBlocks.
+	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
 		return st, fmt.Errorf("listing nodenetworks: %w", err)
 	}
 	st.nodes = len(nns.Items)

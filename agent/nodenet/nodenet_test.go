@@ -101,17 +101,7 @@ func TestTwoAgents(t *testing.T) {
 	var recs []*nodenet.Reconciler
 	dirs := map[string]string{}
 	for _, n := range nodes {
-		must(t, n.ns.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			a, _ := netlink.ParseAddr(n.ip + "/24")
-			if err := netlink.AddrAdd(l, a); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(l)
-		}))
+		upUnderlay(t, n.ns, n.ip)
 		addNode(t, k8s, n.name, n.ip, n.block)
 		dir := t.TempDir()
 		dirs[n.name] = dir
@@ -644,4 +634,20 @@ func (a *agent) peerRoutes(t *testing.T) []string {
 		return err
 	}))
 	return dsts
+}
+
+// upUnderlay gives the node namespace's eth0 its underlay address (/24) and brings it up.
+func upUnderlay(t *testing.T, node ns.NetNS, ip string) {
+	t.Helper()
+	must(t, node.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		a, _ := netlink.ParseAddr(ip + "/24")
+		if err := netlink.AddrAdd(l, a); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	}))
 }

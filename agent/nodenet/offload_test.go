@@ -157,17 +157,7 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 		return c
 	}
 	for _, n := range nodes {
-		must(t, n.ns.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			a, _ := netlink.ParseAddr(n.ip + "/24")
-			if err := netlink.AddrAdd(l, a); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(l)
-		}))
+		upUnderlay(t, n.ns, n.ip)
 		addNode(t, k8s, n.name, n.ip, n.block)
 		dir := t.TempDir()
 		n.rec = &nodenet.Reconciler{Client: k8s, NodeName: n.name, Config: baseConfig(), Recorder: recorder,

@@ -130,3 +130,16 @@ func FirstLines(b []byte, n int) string {
 	}
 	return strings.Join(lines, "; ")
 }
+
+// Workdir starts a benchmark run: it removes what killed runs of base left (saying so) and
+// makes the run's temporary directory, named with Prefix(base); the caller removes it.
+func Workdir(base string) (string, error) {
+	removed, err := Sweep(base)
+	if err != nil {
+		return "", err
+	}
+	if len(removed) > 0 {
+		fmt.Printf("removed leftovers of killed runs: %v\n", removed)
+	}
+	return os.MkdirTemp("", Prefix(base))
+}

@@ -69,13 +69,7 @@ func run(nPods, nPolicies int, duration time.Duration, repeat int) error {
 	if err := benchrun.Preflight(map[string]string{"ip": "iproute2", "iptables-restore": "iptables", "ipset": "ipset", "iperf3": "iperf3"}); err != nil {
 		return err
 	}
-	if removed, err := benchrun.Sweep(base); err != nil {
-		return err
-	} else if len(removed) > 0 {
-		fmt.Printf("removed leftovers of killed runs: %v\n", removed)
-	}
-	prefix := benchrun.Prefix(base)
-	dir, err := os.MkdirTemp("", prefix)
+	dir, err := benchrun.Workdir(base)
 	if err != nil {
 		return err
 	}
@@ -97,7 +91,7 @@ func run(nPods, nPolicies int, duration time.Duration, repeat int) error {
 		return err
 	}
 
-	n := &node{name: prefix + "node"}
+	n := &node{name: benchrun.Prefix(base) + "node"}
 	defer n.cleanup()
 	if err := n.setup(ctx); err != nil {
 		return err

@@ -61,13 +61,7 @@ func run(nodeList string, steady time.Duration, changes, lease int) error {
 	if _, err := scale.KwokBinary(); err != nil {
 		return err
 	}
-	if removed, err := benchrun.Sweep(base); err != nil {
-		return err
-	} else if len(removed) > 0 {
-		fmt.Printf("removed leftovers of killed runs: %v\n", removed)
-	}
-	prefix := benchrun.Prefix(base)
-	dir, err := os.MkdirTemp("", prefix)
+	dir, err := benchrun.Workdir(base)
 	if err != nil {
 		return err
 	}
@@ -82,7 +76,7 @@ func run(nodeList string, steady time.Duration, changes, lease int) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		f, err := scale.Run(ctx, scale.RunOptions{
-			Options: scale.Options{Prefix: prefix, Dir: runDir, LeaseSeconds: lease},
+			Options: scale.Options{Prefix: benchrun.Prefix(base), Dir: runDir, LeaseSeconds: lease},
 			Nodes:   n, Steady: steady, Changes: changes, Log: os.Stdout,
 		})
 		cancel()
