@@ -13,25 +13,27 @@ import (
 
 // Scope is every filter-table chain the policy engine owns (names or name prefixes), so
 // its syncs leave the node's other trellis chains (NAT, anti-spoofing) alone.
-var Scope = []string{ChainForward, ChainInput, ChainFromPod, ChainToPod, ingressPrefix, egressPrefix}
+var Scope = []string{ChainForward, ChainInput, ChainFromPod, ChainToPod, ChainPodToHost, ingressPrefix, egressPrefix}
 
 // applyTimeout bounds one apply (ipset and iptables restores).
 const applyTimeout = 60 * time.Second
 
 // KernelApplier writes Rulesets into the kernel with agent/ipset and agent/netfilter:
 // sets first (every set a new rule names exists), then the chains, then the sets no rule
-// uses any more are destroyed.
+// uses any more are destroyed. Between verifying applies it writes only what differs from
+// what it wrote last, without reading the kernel back.
 type KernelApplier struct {
 	// Syncer writes the chains; its zero value detects the node's iptables backend.
 	Syncer netfilter.Syncer
+	sets   ipset.Cache
 }
 
 // Apply implements Applier.
-func (a *KernelApplier) Apply(rs *Ruleset) (bool, error) {
+func (a *KernelApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
 	sets := kernelSets(rs)
-	sr, err := ipset.Apply(ctx, sets)
+	sr, err := a.sets.Apply(ctx, sets, verify)
 	if err != nil {
 		return sr.Restored, fmt.Errorf("ipsets: %w", err)
 	}
@@ -45,7 +47,7 @@ func (a *KernelApplier) Apply(rs *Ruleset) (bool, error) {
 	}
 	changed := sr.Restored || nr.Changed()
 	if len(sr.InUse) > 0 { // sets the old rules used until now
-		sr2, err := ipset.Apply(ctx, sets)
+		sr2, err := a.sets.Apply(ctx, sets, verify)
 		if err != nil {
 			return true, fmt.Errorf("removing unused ipsets: %w", err)
 		}
@@ -136,7 +138,7 @@ func kernelRule(rule string) (netfilter.Rule, error) {
 		case args[i] == "-m" && i+3 < len(args) && args[i+1] == "comment" && args[i+2] == "--comment":
 			r.Comment = args[i+3]
 			i += 3
-		case args[i] == "-j":
+		case args[i] == "-j" || args[i] == "-g":
 			r.Target = args[i:]
 			return r, nil
 		default:

@@ -26,6 +26,8 @@ const (
 	ChainInput   = "TRELLIS-INPUT"
 	ChainFromPod = "TRELLIS-FROM-POD"
 	ChainToPod   = "TRELLIS-TO-POD"
+	// ChainPodToHost lets this node's known pods reach the node itself.
+	ChainPodToHost = "TRELLIS-POD-TO-HOST"
 
 	ingressPrefix = "TRELLIS-I-" // + hash: a pod's ingress chain
 	egressPrefix  = "TRELLIS-E-" // + hash: a pod's egress chain
@@ -75,6 +77,8 @@ type PodChain struct {
 	Pod       types.NamespacedName
 	Direction Direction
 	Chain     string
+	// Policies are the NetworkPolicies that select the pod for this direction.
+	Policies []types.NamespacedName
 }
 
 // Problem is an input Compile could not fully honour (an invalid selector, say), with the
@@ -92,6 +96,9 @@ type Ruleset struct {
 	Sets []Set
 	// PodChains are the per-pod chains, sorted by chain name.
 	PodChains []PodChain
+	// Endpoints are the endpoints the chains know (every other trellis veth is dropped),
+	// sorted by interface.
+	Endpoints []Endpoint
 	Problems  []Problem
 }
 
@@ -104,34 +111,59 @@ var Jumps = []struct{ Chain, Target string }{
 // Compile computes the filter-table chains and ipsets that enforce st's policies on st's
 // endpoints. It is pure and deterministic: the same state gives the same Ruleset.
 func Compile(st State) *Ruleset {
-	c := newCompiler(st)
+	return newCompiler(st, nil).compile(st)
+}
+
+func (c *compiler) compile(st State) *Ruleset {
 	var ingress, egress []Chain
 	eps := slices.Clone(st.Endpoints)
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Interface < eps[j].Interface })
-	var toPod, fromPod []string
+	var toPod, fromPod, toHost, isolated []string
 	for _, ep := range eps {
 		pod := c.pods[ep.Pod]
-		if pod == nil || !ep.IP.IsValid() || ep.Interface == "" {
-			continue // not in the cache yet: the agent waits for it before confirming the pod
+		if pod == nil || !ep.IP.IsValid() || ep.Interface == "" || pod.HostNetwork || pod.Finished {
+			continue // not a known pod of this node: its veth is an unknown interface
 		}
 		in, out := c.selecting(pod)
+		// The pod's own node always reaches it and is always reachable from it (as the
+		// NetworkPolicy documentation states: kubelet probes, node-local DNS caches and
+		// host-network agents); policy governs the pod's traffic with everything else.
+		toHost = append(toHost, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
 		if len(in) > 0 {
 			ch := Chain{Name: podChainName(ingressPrefix, ep.Pod)}
 			ch.Rules = c.podRules(pod, ep, in, Ingress)
 			ingress = append(ingress, ch)
-			toPod = append(toPod, fmt.Sprintf("-o %s -j %s", ep.Interface, ch.Name))
-			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Ingress, Chain: ch.Name})
+			toPod = append(toPod, fmt.Sprintf("-o %s -g %s", ep.Interface, ch.Name))
+			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Ingress, Chain: ch.Name, Policies: policyNames(in)})
+		} else {
+			toPod = append(toPod, fmt.Sprintf("-o %s -j RETURN", ep.Interface))
 		}
 		if len(out) > 0 {
 			ch := Chain{Name: podChainName(egressPrefix, ep.Pod)}
 			ch.Rules = c.podRules(pod, ep, out, Egress)
 			egress = append(egress, ch)
-			fromPod = append(fromPod, fmt.Sprintf("-i %s -j %s", ep.Interface, ch.Name))
-			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Egress, Chain: ch.Name})
+			fromPod = append(fromPod, fmt.Sprintf("-i %s -g %s", ep.Interface, ch.Name))
+			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Egress, Chain: ch.Name, Policies: policyNames(out)})
+		} else {
+			fromPod = append(fromPod, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
 		}
+		if len(in) > 0 || len(out) > 0 {
+			isolated = append(isolated, ep.IP.String())
+		}
+		c.rs.Endpoints = append(c.rs.Endpoints, ep)
 	}
+	// Every trellis veth is a known endpoint with its rules, or it is dropped: a veth the
+	// agent can't attribute to a pod of this node (one being wired whose pod the agent
+	// hasn't confirmed yet, one whose pod object is gone) never falls through to "allowed".
+	unknown := func(what string) string {
+		return fmt.Sprintf("-m comment --comment \"trellis: %s an unknown pod interface\" -j DROP", what)
+	}
+	fromPod = append(fromPod, unknown("from"))
+	toPod = append(toPod, unknown("to"))
+	toHost = append(toHost, unknown("from"))
 	veths := cnicontract.HostVethPrefix + "+"
 	established := "-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"trellis: replies of allowed connections\" -j RETURN"
+	isolatedSet := c.set("isolated", SetIP, isolated, "pods of this node a policy isolates")
 	c.rs.Chains = append(c.rs.Chains,
 		Chain{Name: ChainForward, Rules: []string{
 			established,
@@ -139,18 +171,21 @@ func Compile(st State) *Ruleset {
 			// denying an established connection its conntrack entry is deleted; without
 			// this, the peer's next segment would be picked up mid-stream as a NEW
 			// connection in the other direction, judged by other policies, and its
-			// tracking would let the denied direction through as replies.
-			fmt.Sprintf("-i %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths),
-			fmt.Sprintf("-o %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths),
+			// tracking would let the denied direction through as replies. Only pods a
+			// policy isolates need it: elsewhere an idle connection whose entry expired
+			// must go on.
+			fmt.Sprintf("-i %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m set --match-set %s src -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths, isolatedSet),
+			fmt.Sprintf("-o %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m set --match-set %s dst -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths, isolatedSet),
 			fmt.Sprintf("-i %s -j %s", veths, ChainFromPod),
 			fmt.Sprintf("-o %s -j %s", veths, ChainToPod),
 		}},
 		Chain{Name: ChainInput, Rules: []string{
 			established,
-			fmt.Sprintf("-i %s -j %s", veths, ChainFromPod),
+			fmt.Sprintf("-i %s -j %s", veths, ChainPodToHost),
 		}},
 		Chain{Name: ChainFromPod, Rules: fromPod},
 		Chain{Name: ChainToPod, Rules: toPod},
+		Chain{Name: ChainPodToHost, Rules: toHost},
 	)
 	c.rs.Chains = append(c.rs.Chains, ingress...)
 	c.rs.Chains = append(c.rs.Chains, egress...)
@@ -161,31 +196,43 @@ func Compile(st State) *Ruleset {
 	return c.rs
 }
 
+func policyNames(nps []*networkingv1.NetworkPolicy) []types.NamespacedName {
+	out := make([]types.NamespacedName, 0, len(nps))
+	for _, np := range nps {
+		out = append(out, types.NamespacedName{Namespace: np.Namespace, Name: np.Name})
+	}
+	return out
+}
+
 type compiler struct {
-	rs          *Ruleset
-	pods        map[types.NamespacedName]*Pod
-	addressed   []*Pod            // addressable pods, sorted by key
-	byNamespace map[string][]*Pod // addressable pods by namespace, sorted by name
+	rs   *Ruleset
+	pods map[types.NamespacedName]*Pod
+	// addressed: the pods that are peers (Addressable, and not shadowed by another pod
+	// claiming the same IP), sorted by key; byNamespace the same by namespace.
+	addressed   []*Pod
+	byNamespace map[string][]*Pod
 	setNames    map[string]string // set content key -> name
 	// podSelectors: each policy's spec.podSelector, parsed once (nil when invalid).
 	podSelectors map[*networkingv1.NetworkPolicy]labels.Selector
 	namespaces   map[string]*Namespace
-	policies     []*networkingv1.NetworkPolicy
-	sets         map[string]*Set
+	// policies by namespace, sorted by name.
+	policies map[string][]*networkingv1.NetworkPolicy
+	sets     map[string]*Set
+	// memo, when set, holds pod-derived set members from earlier syncs (incremental).
+	memo *setMemo
 }
 
-func newCompiler(st State) *compiler {
+func newCompiler(st State, memo *setMemo) *compiler {
 	c := &compiler{
-		rs: &Ruleset{}, pods: map[types.NamespacedName]*Pod{}, namespaces: map[string]*Namespace{},
+		rs: &Ruleset{}, pods: make(map[types.NamespacedName]*Pod, len(st.Pods)), namespaces: map[string]*Namespace{},
 		sets: map[string]*Set{}, byNamespace: map[string][]*Pod{}, setNames: map[string]string{},
-		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{},
+		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{}, policies: map[string][]*networkingv1.NetworkPolicy{},
+		memo: memo,
 	}
 	for _, p := range st.Pods {
 		c.pods[p.Key()] = p
-		if p.Addressable() {
-			c.addressed = append(c.addressed, p)
-		}
 	}
+	c.addressed = Peers(st.Pods)
 	sort.Slice(c.addressed, func(i, j int) bool {
 		a, b := c.addressed[i], c.addressed[j]
 		return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
@@ -196,12 +243,52 @@ func newCompiler(st State) *compiler {
 	for _, n := range st.Namespaces {
 		c.namespaces[n.Name] = n
 	}
-	c.policies = slices.Clone(st.Policies)
-	sort.Slice(c.policies, func(i, j int) bool {
-		a, b := c.policies[i], c.policies[j]
-		return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
-	})
+	for _, np := range st.Policies {
+		c.policies[np.Namespace] = append(c.policies[np.Namespace], np)
+	}
+	for _, nps := range c.policies {
+		sort.Slice(nps, func(i, j int) bool { return nps[i].Name < nps[j].Name })
+	}
 	return c
+}
+
+// Peers are the pods that take part in selector sets: Addressable pods, where an IP that
+// several pods claim goes to one of them or to none. A pod being deleted may still show
+// the IP its sandbox released (and another pod now has): the pod that isn't being deleted
+// wins; when that doesn't decide (two live pods, stale status), the IP is in no set, since
+// every set allows and an address of uncertain identity must not be allowed by another's
+// labels. The result keeps the input's order.
+func Peers(pods []*Pod) []*Pod {
+	byIP := make(map[netip.Addr][]*Pod, len(pods))
+	for _, p := range pods {
+		if p.Addressable() {
+			byIP[p.IP] = append(byIP[p.IP], p)
+		}
+	}
+	out := make([]*Pod, 0, len(byIP))
+	for _, p := range pods {
+		if !p.Addressable() {
+			continue
+		}
+		claims := byIP[p.IP]
+		if len(claims) == 1 {
+			out = append(out, p)
+			continue
+		}
+		if p.Deleting {
+			continue
+		}
+		live := 0
+		for _, o := range claims {
+			if !o.Deleting {
+				live++
+			}
+		}
+		if live == 1 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // selecting returns the policies that select pod and isolate it for ingress and egress.
@@ -209,10 +296,7 @@ func (c *compiler) selecting(pod *Pod) (ingress, egress []*networkingv1.NetworkP
 	if pod.HostNetwork {
 		return nil, nil
 	}
-	for _, np := range c.policies {
-		if np.Namespace != pod.Namespace {
-			continue
-		}
+	for _, np := range c.policies[pod.Namespace] {
 		sel, ok := c.podSelectors[np]
 		if !ok {
 			var err error
@@ -380,30 +464,27 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 	if name, ok := c.setNames[key]; ok { // the same selector in another rule or policy
 		return fmt.Sprintf("-m set --match-set %s %s", name, dir), true
 	}
-	var comment string
-	var members []string
+	var def podSetDef
 	if nsSel == nil { // pods of the policy's own namespace
-		comment = fmt.Sprintf("pods of namespace %s matching {%s}", np.Namespace, podSel)
-		for _, p := range c.byNamespace[np.Namespace] {
-			if podSel.Matches(labels.Set(p.Labels)) {
-				members = append(members, p.IP.String())
-			}
-		}
-	} else {
-		comment = fmt.Sprintf("pods matching {%s} in namespaces matching {%s}", podSel, nsSel)
-		for _, ns := range slices.Sorted(maps.Keys(c.byNamespace)) {
-			n := c.namespaces[ns]
-			if n == nil || !nsSel.Matches(labels.Set(n.Labels)) {
-				continue
-			}
-			for _, p := range c.byNamespace[ns] {
-				if podSel.Matches(labels.Set(p.Labels)) {
-					members = append(members, p.IP.String())
+		ns := np.Namespace
+		def = podSetDef{namespace: ns, comment: fmt.Sprintf("pods of namespace %s matching {%s}", ns, podSel),
+			entries: func(p *Pod, _ map[string]*Namespace) []string {
+				if p.Namespace == ns && podSel.Matches(labels.Set(p.Labels)) {
+					return []string{p.IP.String()}
 				}
-			}
-		}
+				return nil
+			}}
+	} else {
+		def = podSetDef{namespaced: true, comment: fmt.Sprintf("pods matching {%s} in namespaces matching {%s}", podSel, nsSel),
+			entries: func(p *Pod, nss map[string]*Namespace) []string {
+				n := nss[p.Namespace]
+				if n != nil && nsSel.Matches(labels.Set(n.Labels)) && podSel.Matches(labels.Set(p.Labels)) {
+					return []string{p.IP.String()}
+				}
+				return nil
+			}}
 	}
-	return fmt.Sprintf("-m set --match-set %s %s", c.set(key, SetIP, members, comment), dir), true
+	return fmt.Sprintf("-m set --match-set %s %s", c.podSet(key, SetIP, def), dir), true
 }
 
 // ipBlockSet is the hash:net set of an ipBlock: its CIDR, and the excepts as nomatch
@@ -485,16 +566,39 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 	if set, ok := c.setNames[key]; ok {
 		return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
 	}
-	var members []string
-	for _, peer := range c.addressed {
-		for _, cp := range peer.Ports {
-			if cp.Name == name && cp.Protocol == proto {
-				members = append(members, fmt.Sprintf("%s,%s:%d", peer.IP, p, cp.Port))
+	set := c.podSet(key, SetIPPort, podSetDef{comment: fmt.Sprintf("pods with a %s port named %s", proto, name),
+		entries: func(peer *Pod, _ map[string]*Namespace) []string {
+			var out []string
+			for _, cp := range peer.Ports {
+				if cp.Name == name && cp.Protocol == proto {
+					out = append(out, fmt.Sprintf("%s,%s:%d", peer.IP, p, cp.Port))
+				}
 			}
-		}
-	}
-	set := c.set(key, SetIPPort, members, fmt.Sprintf("pods with a %s port named %s", proto, name))
+			return out
+		}})
 	return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
+}
+
+// podSet registers a set whose members come from the peers (pods), through the memo of
+// earlier syncs when there is one, and returns its name.
+func (c *compiler) podSet(key string, typ SetType, def podSetDef) string {
+	name := setPrefix + hashName(key, 20)
+	c.setNames[key] = name
+	if _, ok := c.sets[name]; ok {
+		return name
+	}
+	peers := c.addressed
+	if def.namespace != "" {
+		peers = c.byNamespace[def.namespace]
+	}
+	var members []string
+	if c.memo != nil {
+		members = c.memo.members(key, def, peers, c.namespaces)
+	} else {
+		members = computeMembers(def, peers, c.namespaces)
+	}
+	c.sets[name] = &Set{Name: name, Type: typ, Members: members, Comment: def.comment}
+	return name
 }
 
 // set registers a set by its content key and returns its name.

@@ -41,7 +41,7 @@ func world() State {
 		&Pod{Namespace: "y", Name: "remote", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("10.244.2.5"), NodeName: "node2",
 			Ports: []Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 9090}}},
 		&Pod{Namespace: "y", Name: "host", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("198.51.100.11"), NodeName: "node1", HostNetwork: true},
-		&Pod{Namespace: "y", Name: "gone", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("10.244.1.99"), NodeName: "node1", Terminating: true},
+		&Pod{Namespace: "y", Name: "gone", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("10.244.1.99"), NodeName: "node1", Deleting: true, Finished: true},
 	)
 	return st
 }

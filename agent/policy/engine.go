@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,16 +24,19 @@ import (
 
 // Applier writes a Ruleset into the kernel by difference.
 type Applier interface {
-	// Apply makes the kernel hold rs: its sets, chains and the jumps into them. changed
-	// reports whether anything was written.
-	Apply(rs *Ruleset) (changed bool, err error)
+	// Apply makes the kernel hold rs: its sets, chains and the jumps into them. With
+	// verify it reads the kernel and repairs whatever differs (drift, others' rules moved
+	// in front of trellis's jumps); without, it may trust its memory of what it wrote last
+	// and write only the difference. changed reports whether anything was written.
+	Apply(rs *Ruleset, verify bool) (changed bool, err error)
 	// Remove takes every policy chain, jump and set away (policy disabled).
 	Remove() error
 }
 
 // Status is what the engine reports about itself.
 type Status struct {
-	// Enforced: the last sync succeeded and the kernel holds the policies.
+	// Enforced: the last sync succeeded and the kernel holds the policies (pods whose own
+	// rules failed are cut off; see Problems).
 	Enforced bool
 	// Synced is when the kernel last matched the desired state.
 	Synced time.Time
@@ -43,8 +49,11 @@ type Status struct {
 }
 
 // Engine keeps this node's policy rules equal to what the cluster's NetworkPolicies say.
-// Every change of a pod, namespace or policy leads to a full Compile (cheap, pure) and an
-// apply by difference (cheap when little changed). It is a controller-runtime Runnable.
+// Each change of a pod, namespace or policy leads to a sync: the pods that changed since
+// the last one update the selector sets they are in (setMemo), the chains of this node's
+// pods are compiled, and the applier writes the difference without reading the kernel;
+// every ResyncPeriod (and after a failure) the applier reads the kernel and repairs what
+// others changed. It is a controller-runtime Runnable.
 type Engine struct {
 	// Reader is the agent's cache (trimmed pods, namespaces, policies).
 	Reader   client.Reader
@@ -53,11 +62,16 @@ type Engine struct {
 	Log      logr.Logger
 	// SetupTimeout bounds how long a new pod waits to appear in the cache.
 	SetupTimeout time.Duration
-	// ResyncPeriod bounds how long drift in the kernel lasts.
+	// ResyncPeriod bounds how long drift in the kernel lasts (others' rules in front of
+	// trellis's jumps, a chain changed by hand).
 	ResyncPeriod time.Duration
+	// StateDir, when set, keeps the plugin's announcements (which pod a veth and address
+	// belong to) across agent restarts: a file per host veth.
+	StateDir string
 	// Wired lists this node's pods from the kernel (WiredPods; tests replace it).
 	Wired func() (map[netip.Addr]string, error)
-	// DeleteDenied removes the connections a Ruleset denies (DeleteDeniedConnections).
+	// DeleteDenied removes the connections a Ruleset denies (DeleteDeniedConnections). It
+	// runs beside the sync loop, never on the path a pod's ADD waits for.
 	DeleteDenied func(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error)
 	// OnSync, when set, is told each sync's outcome (status reporting, metrics).
 	OnSync func(Status, *Ruleset, time.Duration)
@@ -67,29 +81,44 @@ type Engine struct {
 
 	mu        sync.Mutex
 	cond      *sync.Cond
-	hooked    map[types.NamespacedName]hooked
-	requested uint64 // syncs asked for
-	done      uint64 // the last sync that finished saw every request up to this
+	announced map[string]announcement // by host veth
+	requested uint64                  // syncs asked for
+	done      uint64                  // the last sync that finished saw every request up to this
 	lastErr   error
 	synced    bool // a sync has succeeded
-	reported  map[Problem]bool
-	trigger   chan struct{}
-	once      sync.Once
+	// programmed: the endpoints whose rules the kernel holds since the last sync, and
+	// cutOff the pods whose own rules could not be programmed (they are dropped).
+	programmed map[types.NamespacedName]netip.Addr
+	cutOff     map[types.NamespacedName]error
+	trigger    chan struct{}
+	once       sync.Once
+
+	// Owned by the sync loop.
+	view     podView
+	memo     *setMemo
+	reported map[Problem]bool
+	verify   bool // the next sync reads the kernel
+	cleaner  *conntrackCleaner
 }
 
-// hooked is a pod the CNI plugin announced, known before the API server has its IP.
-type hooked struct {
-	uid   types.UID
-	ip    netip.Addr
-	iface string
-	at    time.Time
+// announcement is what the CNI plugin said of a pod it wired: authoritative for the pod's
+// address and veth on this node, whatever the API server's copy says (a re-created sandbox
+// has a new address before the status shows it).
+type announcement struct {
+	Pod   types.NamespacedName `json:"pod"`
+	UID   types.UID            `json:"uid,omitempty"`
+	IP    netip.Addr           `json:"ip"`
+	Iface string               `json:"hostInterface"`
+	At    time.Time            `json:"at"`
 }
 
 func (e *Engine) init() {
 	e.once.Do(func() {
 		e.cond = sync.NewCond(&e.mu)
-		e.hooked = map[types.NamespacedName]hooked{}
+		e.announced = map[string]announcement{}
 		e.trigger = make(chan struct{}, 1)
+		e.memo = newSetMemo()
+		e.verify = true
 		if e.Wired == nil {
 			e.Wired = WiredPods
 		}
@@ -100,10 +129,17 @@ func (e *Engine) init() {
 			e.SetupTimeout = cnicontract.DefaultPolicyTimeout
 		}
 		if e.ResyncPeriod <= 0 {
-			e.ResyncPeriod = time.Minute
+			e.ResyncPeriod = DefaultResyncPeriod
+		}
+		e.cleaner = &conntrackCleaner{delete: e.DeleteDenied, log: e.Log, wake: make(chan struct{}, 1)}
+		for _, a := range loadAnnouncements(e.StateDir, e.Log) {
+			e.announced[a.Iface] = a
 		}
 	})
 }
+
+// DefaultResyncPeriod: how often the kernel is read back and repaired.
+const DefaultResyncPeriod = 10 * time.Second
 
 // Ready reports whether the last sync put the policies in force (for /readyz: an agent
 // that can't enforce policy must not count as available in a rollout).
@@ -135,6 +171,7 @@ func (e *Engine) Trigger() {
 // Start runs the sync loop until ctx ends.
 func (e *Engine) Start(ctx context.Context) error {
 	e.init()
+	go e.cleaner.run(ctx)
 	e.Trigger()
 	resync := time.NewTicker(e.ResyncPeriod)
 	defer resync.Stop()
@@ -151,6 +188,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			return nil
 		case <-e.trigger:
 		case <-resync.C:
+			e.verify = true
 		case <-retry:
 		}
 		e.mu.Lock()
@@ -164,6 +202,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.mu.Unlock()
 		retry = nil
 		if err != nil {
+			e.verify = true
 			e.Log.Error(err, "network policy sync failed; retrying", "in", backoff)
 			retry = time.After(backoff)
 			backoff = min(backoff*2, 30*time.Second)
@@ -183,8 +222,14 @@ func (e *Engine) EnsurePod(ctx context.Context, req cnicontract.PolicyRequest) e
 		return fmt.Errorf("ip %q is not an IPv4 address", req.IP)
 	}
 	key := types.NamespacedName{Namespace: req.Namespace, Name: req.Pod}
+	a := announcement{Pod: key, UID: types.UID(req.PodUID), IP: ip, Iface: req.HostInterface, At: time.Now()}
+	if err := saveAnnouncement(e.StateDir, a); err != nil {
+		// Without the record a restarted agent would judge this veth by the API server's
+		// copy alone; refuse rather than start a pod that may lose its rules.
+		return fmt.Errorf("recording pod %s: %w", key, err)
+	}
 	e.mu.Lock()
-	e.hooked[key] = hooked{uid: types.UID(req.PodUID), ip: ip, iface: req.HostInterface, at: time.Now()}
+	e.announced[a.Iface] = a
 	e.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(ctx, e.SetupTimeout)
@@ -213,6 +258,13 @@ func (e *Engine) EnsurePod(ctx context.Context, req cnicontract.PolicyRequest) e
 	if e.lastErr != nil {
 		return fmt.Errorf("programming the policies of pod %s: %w", key, e.lastErr)
 	}
+	if err := e.cutOff[key]; err != nil {
+		return fmt.Errorf("programming the policies of pod %s: %w", key, err)
+	}
+	if got, ok := e.programmed[key]; !ok || got != ip {
+		// Never answer OK for a pod the kernel holds no rules for.
+		return fmt.Errorf("pod %s with %s on %s is not an endpoint of this node's rules (the agent's cache says otherwise); the runtime will retry", key, ip, req.HostInterface)
+	}
 	return nil
 }
 
@@ -220,7 +272,7 @@ func (e *Engine) waitForPod(ctx context.Context, key types.NamespacedName, uid t
 	for {
 		pod := &corev1.Pod{}
 		err := e.Reader.Get(ctx, key, pod)
-		if err == nil && (uid == "" || pod.UID == uid) {
+		if err == nil && (uid == "" || PodFrom(pod).RuntimeUID() == uid) {
 			return nil
 		}
 		if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
@@ -234,48 +286,109 @@ func (e *Engine) waitForPod(ctx context.Context, key types.NamespacedName, uid t
 	}
 }
 
-// sync computes the desired rules from the cache and the kernel's endpoints and applies them.
+// sync computes the desired rules from the cache and the kernel's endpoints and applies
+// them. A failure confined to some pods' rules cuts those pods off and programs the rest.
 func (e *Engine) sync(ctx context.Context) error {
 	start := time.Now()
-	st, ifaces, err := e.state(ctx)
+	st, ifaces, changes, nsChanged, err := e.state(ctx)
 	if err != nil {
 		e.report(Status{Err: err}, nil, time.Since(start))
 		return err
 	}
-	rs := Compile(st)
+	e.memo.update(changes, nsChanged, st.namespaceMap())
+	rs := newCompiler(st, e.memo).compile(st)
+	e.memo.sweep()
 	e.reportProblems(st, rs)
-	changed, err := e.Applier.Apply(rs)
+	applied, cutOff, changed, err := e.apply(rs)
 	if err != nil {
 		err = fmt.Errorf("applying network policy rules: %w", err)
 		e.report(Status{Err: err, Problems: rs.Problems}, rs, time.Since(start))
 		return err
 	}
-	if changed {
-		// Connections established before a policy started denying them stop now.
-		n, err := e.DeleteDenied(rs, ifaces)
-		if err != nil {
-			e.Log.Error(err, "removing connections that policies now deny")
-		} else if n > 0 {
-			e.Log.Info("removed connections that policies now deny", "conntrackEntries", n)
-		}
+	e.verify = false
+	programmed := make(map[types.NamespacedName]netip.Addr, len(applied.Endpoints))
+	for _, ep := range applied.Endpoints {
+		programmed[ep.Pod] = ep.IP
 	}
-	status := Status{Enforced: true, Synced: time.Now(), Problems: rs.Problems}
-	for _, pc := range rs.PodChains {
+	e.mu.Lock()
+	e.programmed, e.cutOff = programmed, cutOff
+	e.mu.Unlock()
+	if changed {
+		// Connections established before a policy started denying them stop now; beside
+		// the loop, so that a pod's ADD doesn't wait for a walk over the conntrack table.
+		e.cleaner.submit(applied, ifaces)
+	}
+	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems}
+	for _, pc := range applied.PodChains {
 		if pc.Direction == Ingress {
 			status.IsolatedIngress++
 		} else {
 			status.IsolatedEgress++
 		}
 	}
-	for _, c := range rs.Chains {
+	for _, c := range applied.Chains {
 		status.Rules += len(c.Rules)
 	}
-	status.Sets = len(rs.Sets)
-	for _, s := range rs.Sets {
+	status.Sets = len(applied.Sets)
+	for _, s := range applied.Sets {
 		status.SetMembers += len(s.Members)
 	}
-	e.report(status, rs, time.Since(start))
+	e.report(status, applied, time.Since(start))
 	return nil
+}
+
+// apply writes rs. When that fails, it finds the pods whose own rules the kernel refuses:
+// every isolated pod is first cut off (its chains drop everything), which must apply, then
+// each pod's real rules are added back one at a time; those that fail stay cut off and
+// their policies get a problem. Only a failure of the node's own rules is an error.
+func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, bool, error) {
+	changed, err := e.Applier.Apply(rs, e.verify)
+	if err == nil {
+		return rs, nil, changed, nil
+	}
+	pods := rs.isolatedPods()
+	if len(pods) == 0 {
+		return nil, nil, changed, err
+	}
+	e.Log.Error(err, "applying the node's policy rules failed; finding the pods whose rules the kernel refuses")
+	if _, lerr := e.Applier.Apply(rs.cutOff(pods), true); lerr != nil {
+		return nil, nil, true, errors.Join(err, lerr)
+	}
+	good := map[types.NamespacedName]bool{}
+	cutOff := map[types.NamespacedName]error{}
+	for _, p := range slices.SortedFunc(maps.Keys(pods), func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) }) {
+		try := map[types.NamespacedName]bool{}
+		for q := range pods {
+			if !good[q] && q != p {
+				try[q] = true
+			}
+		}
+		if _, perr := e.Applier.Apply(rs.cutOff(try), true); perr != nil {
+			cutOff[p] = perr
+			continue
+		}
+		good[p] = true
+	}
+	bad := map[types.NamespacedName]bool{}
+	for p := range cutOff {
+		bad[p] = true
+	}
+	final := rs.cutOff(bad)
+	if _, ferr := e.Applier.Apply(final, true); ferr != nil {
+		return nil, nil, true, errors.Join(err, ferr)
+	}
+	for p, perr := range cutOff {
+		for _, pc := range rs.PodChains {
+			if pc.Pod != p {
+				continue
+			}
+			for _, np := range pc.Policies {
+				final.Problems = append(final.Problems, Problem{Policy: np,
+					Message: fmt.Sprintf("the rules it gives pod %s could not be programmed, so the pod's %s traffic is dropped: %v", p, pc.Direction, perr)})
+			}
+		}
+	}
+	return final, cutOff, true, nil
 }
 
 // reportProblems raises an event for each problem not reported before, and forgets
@@ -307,65 +420,60 @@ func (e *Engine) report(st Status, rs *Ruleset, took time.Duration) {
 	}
 }
 
-// state gathers Compile's input: every pod, namespace and policy in the cache, and this
-// node's endpoints from the kernel plus pods the plugin announced but the API server has
-// no IP for yet.
-func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, error) {
+// state gathers Compile's input: every pod, namespace and policy in the cache (read
+// without copies; only pods that changed since the last sync are converted), and this
+// node's endpoints: each pod veth the kernel has, attributed to a pod by the plugin's
+// announcement or, without one, by the API server's copy of the pod's IP. It returns the
+// peers that changed since the last sync.
+func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []PeerChange, bool, error) {
 	var st State
 	var pods corev1.PodList
-	if err := e.Reader.List(ctx, &pods); err != nil {
-		return st, nil, fmt.Errorf("listing pods: %w", err)
+	if err := e.Reader.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
+		return st, nil, nil, false, fmt.Errorf("listing pods: %w", err)
 	}
 	var nss corev1.NamespaceList
-	if err := e.Reader.List(ctx, &nss); err != nil {
-		return st, nil, fmt.Errorf("listing namespaces: %w", err)
+	if err := e.Reader.List(ctx, &nss, client.UnsafeDisableDeepCopy); err != nil {
+		return st, nil, nil, false, fmt.Errorf("listing namespaces: %w", err)
 	}
 	var nps networkingv1.NetworkPolicyList
-	if err := e.Reader.List(ctx, &nps); err != nil {
-		return st, nil, fmt.Errorf("listing network policies: %w", err)
+	if err := e.Reader.List(ctx, &nps, client.UnsafeDisableDeepCopy); err != nil {
+		return st, nil, nil, false, fmt.Errorf("listing network policies: %w", err)
 	}
 	wired, err := e.Wired()
 	if err != nil {
-		return st, nil, err
+		return st, nil, nil, false, err
 	}
+	st.Namespaces = make([]*Namespace, 0, len(nss.Items))
 	for i := range nss.Items {
 		st.Namespaces = append(st.Namespaces, NamespaceFrom(&nss.Items[i]))
 	}
+	st.Policies = make([]*networkingv1.NetworkPolicy, 0, len(nps.Items))
 	for i := range nps.Items {
 		st.Policies = append(st.Policies, &nps.Items[i])
 	}
+	st.Pods = e.view.pods(pods.Items)
+
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	caughtUp := map[types.NamespacedName]bool{}
-	ifaces := map[netip.Addr]string{}
-	for i := range pods.Items {
-		p := PodFrom(&pods.Items[i])
-		st.Pods = append(st.Pods, p)
-		if p.NodeName != e.NodeName || p.HostNetwork || p.Terminating {
+	now := time.Now()
+	for iface, a := range e.announced {
+		if _, ok := wired[a.IP]; ok && wired[a.IP] == iface {
 			continue
 		}
-		key := p.Key()
-		iface := wired[p.IP]
-		if h, ok := e.hooked[key]; ok && (h.uid == "" || h.uid == p.UID) {
-			caughtUp[key] = p.IP == h.ip
-			if !p.IP.IsValid() { // the API server doesn't know the IP yet
-				p.IP = h.ip
-			}
-			if p.IP == h.ip && iface == "" {
-				iface = h.iface
-			}
-		}
-		if p.IP.IsValid() && iface != "" {
-			st.Endpoints = append(st.Endpoints, Endpoint{Pod: key, IP: p.IP, Interface: iface})
-			ifaces[p.IP] = iface
+		// The veth is gone (CNI DEL, or the sandbox was replaced): forget it, but give a
+		// pod being wired the time the plugin waits.
+		if now.Sub(a.At) > 2*e.SetupTimeout {
+			delete(e.announced, iface)
+			removeAnnouncement(e.StateDir, iface, e.Log)
 		}
 	}
-	for key, h := range e.hooked {
-		// Forget an announcement once the API server has the pod's IP, or when its pod
-		// never showed up (or was replaced) long after the plugin gave up waiting.
-		if up, ok := caughtUp[key]; ok && up || !ok && time.Since(h.at) > 2*e.SetupTimeout {
-			delete(e.hooked, key)
-		}
+	st.Endpoints, st.Pods = endpoints(e.NodeName, st.Pods, wired, e.announced, now, 2*e.SetupTimeout)
+	e.mu.Unlock()
+
+	ifaces := make(map[netip.Addr]string, len(st.Endpoints))
+	for _, ep := range st.Endpoints {
+		ifaces[ep.IP] = ep.Interface
 	}
-	return st, ifaces, nil
+	changes := e.view.peerChanges(Peers(st.Pods))
+	nsChanged := e.view.namespacesChanged(st.Namespaces)
+	return st, ifaces, changes, nsChanged, nil
 }

@@ -31,7 +31,7 @@ type recorder struct {
 	n    int
 }
 
-func (r *recorder) Apply(rs *Ruleset) (bool, error) {
+func (r *recorder) Apply(rs *Ruleset, _ bool) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last, r.n = rs, r.n+1

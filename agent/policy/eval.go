@@ -25,17 +25,58 @@ type Packet struct {
 // Allowed evaluates the Ruleset for the first packet of a connection, as the kernel would:
 // from TRELLIS-FORWARD (or TRELLIS-INPUT), RETURN meaning "not denied here". The agent uses
 // it to find established connections a policy change now denies (their conntrack entries
-// are deleted); the tests use it to check semantics without a kernel.
+// are deleted); the tests use it to check semantics without a kernel. To judge many
+// packets, build an Evaluator once.
 func (rs *Ruleset) Allowed(p Packet) (bool, error) {
-	chains := make(map[string][]string, len(rs.Chains))
+	return rs.Evaluator().Allowed(p)
+}
+
+// Evaluator judges packets against one Ruleset, with its sets indexed for lookups.
+type Evaluator struct {
+	chains map[string][]string
+	sets   map[string]*indexedSet
+}
+
+type indexedSet struct {
+	typ     SetType
+	members map[string]bool
+	nets    []netEntry
+}
+
+type netEntry struct {
+	prefix  netip.Prefix
+	nomatch bool
+}
+
+// Evaluator indexes the Ruleset for Allowed.
+func (rs *Ruleset) Evaluator() *Evaluator {
+	ev := &Evaluator{chains: make(map[string][]string, len(rs.Chains)), sets: make(map[string]*indexedSet, len(rs.Sets))}
 	for _, c := range rs.Chains {
-		chains[c.Name] = c.Rules
+		ev.chains[c.Name] = c.Rules
 	}
-	sets := make(map[string]*Set, len(rs.Sets))
-	for i := range rs.Sets {
-		sets[rs.Sets[i].Name] = &rs.Sets[i]
+	for _, s := range rs.Sets {
+		is := &indexedSet{typ: s.Type}
+		if s.Type == SetNet {
+			for _, m := range s.Members {
+				cidr, nomatch := strings.CutSuffix(m, " nomatch")
+				if p, err := netip.ParsePrefix(cidr); err == nil {
+					is.nets = append(is.nets, netEntry{p, nomatch})
+				}
+			}
+		} else {
+			is.members = make(map[string]bool, len(s.Members))
+			for _, m := range s.Members {
+				is.members[m] = true
+			}
+		}
+		ev.sets[s.Name] = is
 	}
-	e := &evaluator{chains: chains, sets: sets, p: p}
+	return ev
+}
+
+// Allowed is Ruleset.Allowed.
+func (ev *Evaluator) Allowed(p Packet) (bool, error) {
+	e := &evaluator{chains: ev.chains, sets: ev.sets, p: p}
 	entry := ChainForward
 	if p.ToHost {
 		entry = ChainInput
@@ -46,7 +87,7 @@ func (rs *Ruleset) Allowed(p Packet) (bool, error) {
 
 type evaluator struct {
 	chains map[string][]string
-	sets   map[string]*Set
+	sets   map[string]*indexedSet
 	p      Packet
 }
 
@@ -60,7 +101,7 @@ func (e *evaluator) run(chain string, depth int) (string, error) {
 		return "", fmt.Errorf("jump to missing chain %s", chain)
 	}
 	for _, r := range rules {
-		match, target, err := e.match(r)
+		match, target, gotoChain, err := e.match(r)
 		if err != nil {
 			return "", fmt.Errorf("chain %s rule %q: %w", chain, r, err)
 		}
@@ -72,9 +113,11 @@ func (e *evaluator) run(chain string, depth int) (string, error) {
 			return "", nil
 		case "DROP":
 			return "DROP", nil
+		case "":
 		default:
 			v, err := e.run(target, depth+1)
-			if err != nil || v == "DROP" {
+			if err != nil || v == "DROP" || gotoChain {
+				// A goto's chain returns to this chain's caller.
 				return v, err
 			}
 		}
@@ -83,9 +126,9 @@ func (e *evaluator) run(chain string, depth int) (string, error) {
 }
 
 // match reads one rule of the vocabulary Compile writes and tells whether the packet matches.
-func (e *evaluator) match(rule string) (bool, string, error) {
+func (e *evaluator) match(rule string) (matched bool, target string, gotoChain bool, err error) {
 	args := netfilter.SplitRule(rule)
-	matched, target, negate := true, "", false
+	matched, negate := true, false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "!" {
@@ -93,7 +136,7 @@ func (e *evaluator) match(rule string) (bool, string, error) {
 			continue
 		}
 		if negate && a != "--tcp-flags" {
-			return false, "", fmt.Errorf("negation of %s is not understood", a)
+			return false, "", false, fmt.Errorf("negation of %s is not understood", a)
 		}
 		next := func() string {
 			i++
@@ -105,11 +148,13 @@ func (e *evaluator) match(rule string) (bool, string, error) {
 		switch a {
 		case "-j":
 			target = next()
+		case "-g":
+			target, gotoChain = next(), true
 		case "-m":
 			if m := next(); m == "tcp" || m == "udp" || m == "sctp" || m == "comment" || m == "set" || m == "conntrack" {
 				continue
 			} else {
-				return false, "", fmt.Errorf("unknown match %s", m)
+				return false, "", false, fmt.Errorf("unknown match %s", m)
 			}
 		case "--comment":
 			next()
@@ -132,7 +177,7 @@ func (e *evaluator) match(rule string) (bool, string, error) {
 		case "-s", "-d":
 			pfx, err := netip.ParsePrefix(next())
 			if err != nil {
-				return false, "", err
+				return false, "", false, err
 			}
 			addr := e.p.Src
 			if a == "-d" {
@@ -145,25 +190,21 @@ func (e *evaluator) match(rule string) (bool, string, error) {
 		case "--dport":
 			lo, hi, err := portRange(next())
 			if err != nil {
-				return false, "", err
+				return false, "", false, err
 			}
 			matched = matched && e.p.DstPort >= lo && e.p.DstPort <= hi
 		case "--match-set":
 			name, dir := next(), next()
 			set, ok := e.sets[name]
 			if !ok {
-				return false, "", fmt.Errorf("missing set %s", name)
+				return false, "", false, fmt.Errorf("missing set %s", name)
 			}
-			in, err := e.inSet(set, dir)
-			if err != nil {
-				return false, "", err
-			}
-			matched = matched && in
+			matched = matched && e.inSet(set, dir)
 		default:
-			return false, "", fmt.Errorf("unknown argument %s", a)
+			return false, "", false, fmt.Errorf("unknown argument %s", a)
 		}
 	}
-	return matched, target, nil
+	return matched, target, gotoChain, nil
 }
 
 func ifaceMatch(pattern, iface string) bool {
@@ -189,41 +230,24 @@ func portRange(s string) (int, int, error) {
 	return l, h, err
 }
 
-func (e *evaluator) inSet(set *Set, dir string) (bool, error) {
+func (e *evaluator) inSet(set *indexedSet, dir string) bool {
 	addr := e.p.Src
 	if strings.HasPrefix(dir, "dst") {
 		addr = e.p.Dst
 	}
-	switch set.Type {
+	switch set.typ {
 	case SetIP:
-		for _, m := range set.Members {
-			if m == addr.String() {
-				return true, nil
-			}
-		}
-		return false, nil
+		return set.members[addr.String()]
 	case SetIPPort:
-		want := fmt.Sprintf("%s,%s:%d", addr, e.p.Protocol, e.p.DstPort)
-		for _, m := range set.Members {
-			if m == want {
-				return true, nil
-			}
-		}
-		return false, nil
-	case SetNet:
+		return set.members[fmt.Sprintf("%s,%s:%d", addr, e.p.Protocol, e.p.DstPort)]
+	default:
 		// The most specific entry containing the address decides; nomatch entries say no.
 		best, in := -1, false
-		for _, m := range set.Members {
-			cidr, nomatch := strings.CutSuffix(m, " nomatch")
-			p, err := netip.ParsePrefix(cidr)
-			if err != nil {
-				return false, err
-			}
-			if p.Contains(addr) && p.Bits() > best {
-				best, in = p.Bits(), !nomatch
+		for _, n := range set.nets {
+			if n.prefix.Contains(addr) && n.prefix.Bits() > best {
+				best, in = n.prefix.Bits(), !n.nomatch
 			}
 		}
-		return in, nil
+		return in
 	}
-	return false, fmt.Errorf("set %s: unknown type %s", set.Name, set.Type)
 }

@@ -94,7 +94,7 @@ func (n *node) apply(a *policy.KernelApplier, st policy.State) bool {
 	var changed bool
 	must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
-		changed, err = a.Apply(policy.Compile(st))
+		changed, err = a.Apply(policy.Compile(st), true)
 		return err
 	}))
 	return changed
@@ -233,7 +233,7 @@ func TestEstablishedConnectionDenied(t *testing.T) {
 	st := n.state(deny)
 	rs := policy.Compile(st)
 	must(t, n.ns.Do(func(ns.NetNS) error {
-		if _, err := a.Apply(rs); err != nil {
+		if _, err := a.Apply(rs, true); err != nil {
 			return err
 		}
 		ifaces := map[netip.Addr]string{}

@@ -41,10 +41,26 @@ type Pod struct {
 	IP          netip.Addr
 	NodeName    string
 	HostNetwork bool
-	// Terminating: deleted (deletionTimestamp) or finished (Succeeded/Failed); its IP may
-	// already belong to another pod.
-	Terminating bool
-	Ports       []Port
+	// Deleting: the pod has a deletionTimestamp. Its containers keep running through the
+	// grace period (preStop, draining), so it keeps its chains and set memberships until
+	// its sandbox is gone; only when another pod claims the same IP does the other win.
+	Deleting bool
+	// Finished: Succeeded or Failed. Its containers are gone and its IP may already
+	// belong to another pod: it is no peer and has no chains.
+	Finished bool
+	// MirrorOf is the kubernetes.io/config.mirror annotation of a static pod's mirror: the
+	// UID the kubelet gives the runtime (K8S_POD_UID) for the static pod.
+	MirrorOf types.UID
+	Ports    []Port
+}
+
+// RuntimeUID is the UID the container runtime knows the pod by (K8S_POD_UID): the
+// static pod's UID for a mirror pod, the pod's own UID otherwise.
+func (p *Pod) RuntimeUID() types.UID {
+	if p.MirrorOf != "" {
+		return p.MirrorOf
+	}
+	return p.UID
 }
 
 // Key is namespace/name.
@@ -53,9 +69,10 @@ func (p *Pod) Key() types.NamespacedName {
 }
 
 // Addressable: the pod can be a peer (a member of selector sets): it has an IP of its own,
-// is not on the host network and is not going away.
+// is not on the host network and has not finished. A pod being deleted stays a peer: it
+// runs until its grace period ends and keeps the access it is draining connections with.
 func (p *Pod) Addressable() bool {
-	return p.IP.IsValid() && !p.HostNetwork && !p.Terminating
+	return p.IP.IsValid() && !p.HostNetwork && !p.Finished
 }
 
 // Namespace is what policy needs of a namespace.

@@ -8,21 +8,32 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
+// MirrorAnnotation marks a static pod's mirror in the API server; its value is the UID the
+// kubelet gives the runtime for the static pod (k8s.io/kubernetes pkg/kubelet/types
+// ConfigMirrorAnnotationKey).
+const MirrorAnnotation = "kubernetes.io/config.mirror"
+
 // TrimPod is the agent's cache transform for pods: it keeps only what policy reads (name,
-// labels, node, host networking, container ports, phase, IPs, deletion), so the agent's
-// memory in a large cluster is a small fraction of the full objects'.
+// labels, node, host networking, container ports, phase, IPs, deletion, the mirror
+// annotation), so the agent's memory in a large cluster is a small fraction of the full
+// objects'.
 func TrimPod(obj any) (any, error) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil // a tombstone (cache.DeletedFinalStateUnknown) passes as is
 	}
+	var annotations map[string]string
+	if m, ok := p.Annotations[MirrorAnnotation]; ok {
+		annotations = map[string]string{MirrorAnnotation: m}
+	}
 	out := &corev1.Pod{
 		TypeMeta: p.TypeMeta,
 		ObjectMeta: metav1.ObjectMeta{
 			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp,
+			Labels: p.Labels, DeletionTimestamp: p.DeletionTimestamp, Annotations: annotations,
 		},
 		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
 		Status: corev1.PodStatus{
@@ -70,7 +81,9 @@ func PodFrom(p *corev1.Pod) *Pod {
 	out := &Pod{
 		Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels, NodeName: p.Spec.NodeName,
 		HostNetwork: p.Spec.HostNetwork,
-		Terminating: p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
+		Deleting:    p.DeletionTimestamp != nil,
+		Finished:    p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
+		MirrorOf:    types.UID(p.Annotations[MirrorAnnotation]),
 	}
 	ips := []string{p.Status.PodIP}
 	for _, ip := range p.Status.PodIPs {

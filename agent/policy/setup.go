@@ -34,6 +34,9 @@ type Options struct {
 	// Socket serves the CNI plugin's policy hook (cnicontract.DefaultPolicySocket, as the
 	// agent sees the host's run directory).
 	Socket string
+	// StateDir keeps the plugin's announcements across agent restarts
+	// (cnicontract.DefaultEndpointsDir).
+	StateDir string
 }
 
 // CacheOptions trims what the agent's cache keeps of the objects policy reads: pods,
@@ -66,6 +69,7 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	}
 	e := &Engine{
 		Reader: mgr.GetCache(), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
+		StateDir: o.StateDir,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
 			m.Observe(st, rs, took)

@@ -136,7 +136,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	}
 	if err := policy.Setup(mgr, policy.Options{
 		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
-		Socket: cnicontract.DefaultPolicySocket,
+		Socket: cnicontract.DefaultPolicySocket, StateDir: cnicontract.DefaultEndpointsDir,
 	}, ctrl.Log.WithName("policy")); err != nil {
 		return err
 	}

@@ -25,6 +25,9 @@ const (
 	DefaultReadyFile = RunDir + "/cni-ready"
 	// DefaultPolicySocket is where the agent serves the policy hook.
 	DefaultPolicySocket = RunDir + "/policy.sock"
+	// DefaultEndpointsDir is where the agent keeps what the plugin told it of each pod
+	// veth (pod, address), so that a restarted agent attributes every veth as before.
+	DefaultEndpointsDir = RunDir + "/endpoints"
 	// DefaultLogFile receives the plugin's log.
 	DefaultLogFile = "/var/log/trellis/cni.log"
 	// DefaultMTU is the pod MTU when the conflist names none.

@@ -1,0 +1,65 @@
+package policy
+
+import (
+	"fmt"
+	"slices"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/trellis-net/trellis/agent/netfilter"
+)
+
+// isolatedPods are the pods that have chains of their own.
+func (rs *Ruleset) isolatedPods() map[types.NamespacedName]bool {
+	out := map[types.NamespacedName]bool{}
+	for _, pc := range rs.PodChains {
+		out[pc.Pod] = true
+	}
+	return out
+}
+
+// cutOff is rs with the chains of pods replaced by a single DROP: those pods' traffic (for
+// the directions a policy isolates them in) is dropped, whatever their policies allow,
+// and the sets only their rules used are left out. It is how a pod whose own rules can't
+// be programmed fails closed without holding up anyone else's.
+func (rs *Ruleset) cutOff(pods map[types.NamespacedName]bool) *Ruleset {
+	if len(pods) == 0 {
+		return rs
+	}
+	cut := map[string]types.NamespacedName{}
+	for _, pc := range rs.PodChains {
+		if pods[pc.Pod] {
+			cut[pc.Chain] = pc.Pod
+		}
+	}
+	out := *rs
+	out.Chains = make([]Chain, 0, len(rs.Chains))
+	used := map[string]bool{}
+	for _, c := range rs.Chains {
+		if p, ok := cut[c.Name]; ok {
+			c = Chain{Name: c.Name, Rules: []string{fmt.Sprintf(
+				"-m comment --comment \"trellis: the rules of %s could not be programmed; dropped until they are\" -j DROP", p)}}
+		}
+		for _, r := range c.Rules {
+			for _, name := range referencedSets(r) {
+				used[name] = true
+			}
+		}
+		out.Chains = append(out.Chains, c)
+	}
+	out.Sets = slices.DeleteFunc(slices.Clone(rs.Sets), func(s Set) bool { return !used[s.Name] })
+	out.Problems = slices.Clone(rs.Problems)
+	return &out
+}
+
+// referencedSets are the ipsets a rule matches.
+func referencedSets(rule string) []string {
+	var out []string
+	args := netfilter.SplitRule(rule)
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--match-set" {
+			out = append(out, args[i+1])
+		}
+	}
+	return out
+}

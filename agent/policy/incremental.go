@@ -1,0 +1,196 @@
+package policy
+
+import (
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// podSetDef says which entries a pod contributes to a set: its IP (selector sets) or its
+// ip,proto:port entries (named ports).
+type podSetDef struct {
+	// entries are what pod p puts into the set, given the namespaces.
+	entries func(p *Pod, nss map[string]*Namespace) []string
+	// namespace, when set: only pods of this namespace can be members.
+	namespace string
+	// namespaced: membership depends on namespace labels.
+	namespaced bool
+	comment    string
+}
+
+// computeMembers is a set's sorted, distinct members, computed from every peer.
+func computeMembers(def podSetDef, peers []*Pod, nss map[string]*Namespace) []string {
+	var m []string
+	for _, p := range peers {
+		m = append(m, def.entries(p, nss)...)
+	}
+	slices.Sort(m)
+	return slices.Compact(m)
+}
+
+// PeerChange is a peer that changed since the last sync: Old is what it contributed
+// before (nil: it wasn't a peer), New what it contributes now (nil: it no longer is).
+type PeerChange struct {
+	Old, New *Pod
+}
+
+// setMemo keeps the members of pod-derived sets from sync to sync, so that a pod change
+// costs work in proportion to the sets and the pods that changed, never a walk over every
+// pod in the cluster. Sets no compile used are forgotten.
+type setMemo struct {
+	sets map[string]*memoSet
+	used map[string]bool
+}
+
+type memoSet struct {
+	def podSetDef
+	// counts: how many peers contribute each entry (two pods may briefly share an IP).
+	counts map[string]int
+	sorted []string
+	// stale: counts changed since sorted was built.
+	stale bool
+}
+
+func newSetMemo() *setMemo {
+	return &setMemo{sets: map[string]*memoSet{}, used: map[string]bool{}}
+}
+
+// update applies peer changes to every remembered set; namespacesChanged forgets the sets
+// whose membership depends on namespace labels (recomputed when next used).
+func (m *setMemo) update(changes []PeerChange, namespacesChanged bool, nss map[string]*Namespace) {
+	for key, s := range m.sets {
+		if namespacesChanged && s.def.namespaced {
+			delete(m.sets, key)
+			continue
+		}
+		for _, ch := range changes {
+			if ns := s.def.namespace; ns != "" && (ch.Old == nil || ch.Old.Namespace != ns) && (ch.New == nil || ch.New.Namespace != ns) {
+				continue
+			}
+			if ch.Old != nil {
+				for _, e := range s.def.entries(ch.Old, nss) {
+					if s.counts[e]--; s.counts[e] <= 0 {
+						delete(s.counts, e)
+					}
+					s.stale = true
+				}
+			}
+			if ch.New != nil {
+				for _, e := range s.def.entries(ch.New, nss) {
+					s.counts[e]++
+					s.stale = true
+				}
+			}
+		}
+	}
+}
+
+// members returns the set's members, from memory or computed once from the peers.
+func (m *setMemo) members(key string, def podSetDef, peers []*Pod, nss map[string]*Namespace) []string {
+	m.used[key] = true
+	s := m.sets[key]
+	if s == nil {
+		s = &memoSet{def: def, counts: map[string]int{}, stale: true}
+		for _, p := range peers {
+			for _, e := range def.entries(p, nss) {
+				s.counts[e]++
+			}
+		}
+		m.sets[key] = s
+	}
+	if s.stale {
+		// A fresh slice each time it changes: rulesets handed out earlier keep theirs.
+		s.sorted, s.stale = nil, false
+		if len(s.counts) > 0 {
+			s.sorted = slices.Sorted(maps.Keys(s.counts))
+		}
+	}
+	return s.sorted
+}
+
+// sweep forgets the sets the last compile didn't use.
+func (m *setMemo) sweep() {
+	for key := range m.sets {
+		if !m.used[key] {
+			delete(m.sets, key)
+		}
+	}
+	clear(m.used)
+}
+
+// podView remembers, between syncs, the converted pods (by resourceVersion, so that only
+// pods that changed are converted again), the peers and the namespaces' labels.
+type podView struct {
+	converted  map[types.NamespacedName]convertedPod
+	peers      map[types.NamespacedName]*Pod
+	namespaces map[string]map[string]string
+}
+
+type convertedPod struct {
+	uid             types.UID
+	resourceVersion string
+	pod             *Pod
+}
+
+// pods converts the cache's pods, reusing the conversion of every pod whose
+// resourceVersion is unchanged.
+func (v *podView) pods(items []corev1.Pod) []*Pod {
+	next := make(map[types.NamespacedName]convertedPod, len(items))
+	out := make([]*Pod, 0, len(items))
+	for i := range items {
+		it := &items[i]
+		key := types.NamespacedName{Namespace: it.Namespace, Name: it.Name}
+		c, ok := v.converted[key]
+		if !ok || c.uid != it.UID || c.resourceVersion != it.ResourceVersion || it.ResourceVersion == "" {
+			c = convertedPod{uid: it.UID, resourceVersion: it.ResourceVersion, pod: PodFrom(it)}
+		}
+		next[key] = c
+		out = append(out, c.pod)
+	}
+	v.converted = next
+	return out
+}
+
+// peerChanges compares the peers with the last sync's.
+func (v *podView) peerChanges(peers []*Pod) []PeerChange {
+	next := make(map[types.NamespacedName]*Pod, len(peers))
+	var changes []PeerChange
+	for _, p := range peers {
+		key := p.Key()
+		next[key] = p
+		if old := v.peers[key]; old != p {
+			changes = append(changes, PeerChange{Old: old, New: p})
+		}
+	}
+	for key, old := range v.peers {
+		if _, ok := next[key]; !ok {
+			changes = append(changes, PeerChange{Old: old})
+		}
+	}
+	v.peers = next
+	return changes
+}
+
+// namespacesChanged reports whether any namespace came, went or changed labels.
+func (v *podView) namespacesChanged(nss []*Namespace) bool {
+	next := make(map[string]map[string]string, len(nss))
+	changed := len(nss) != len(v.namespaces)
+	for _, n := range nss {
+		next[n.Name] = n.Labels
+		if old, ok := v.namespaces[n.Name]; !changed && (!ok || !maps.Equal(old, n.Labels)) {
+			changed = true
+		}
+	}
+	v.namespaces = next
+	return changed
+}
+
+func (st State) namespaceMap() map[string]*Namespace {
+	m := make(map[string]*Namespace, len(st.Namespaces))
+	for _, n := range st.Namespaces {
+		m[n.Name] = n
+	}
+	return m
+}
