@@ -1,0 +1,194 @@
+package policy_test
+
+import (
+	"bufio"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/test/netnstest"
+)
+
+// Kernel tests of the lifecycle and node semantics, for both iptables backends.
+
+// dialIn opens a connection from pod from to addr.
+func (n *node) dialIn(t *testing.T, from string, addr netip.AddrPort) (net.Conn, error) {
+	t.Helper()
+	var conn net.Conn
+	err := n.pods[from].ns.Do(func(ns.NetNS) error {
+		var err error
+		conn, err = net.DialTimeout("tcp", addr.String(), 700*time.Millisecond)
+		return err
+	})
+	return conn, err
+}
+
+func roundTrip(conn net.Conn, r *bufio.Reader) error {
+	_ = conn.SetDeadline(time.Now().Add(700 * time.Millisecond))
+	if _, err := conn.Write([]byte("x\n")); err != nil {
+		return err
+	}
+	_, err := r.ReadString('\n')
+	return err
+}
+
+// flushConntrack forgets every tracked connection of the node, as an idle connection's
+// entry expiring (or a conntrack table overflow) does.
+func (n *node) flushConntrack(t *testing.T) {
+	must(t, n.ns.Do(func(ns.NetNS) error { return netlink.ConntrackTableFlush(netlink.ConntrackTable) }))
+}
+
+// An idle connection whose conntrack entry expired goes on between pods no policy
+// selects; where a policy isolates a pod, mid-stream pickup stays refused.
+func TestIdleConnectionAfterConntrackExpiry(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newNode(t, backend, "web", "db")
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			n.apply(a, n.state())
+			conn, err := n.dialIn(t, "web", netip.AddrPortFrom(n.pods["db"].ip, 7000))
+			must(t, err)
+			defer conn.Close()
+			r := bufio.NewReader(conn)
+			must(t, roundTrip(conn, r))
+			n.flushConntrack(t)
+			if err := roundTrip(conn, r); err != nil {
+				t.Errorf("a connection between pods no policy selects broke after its conntrack entry went: %v", err)
+			}
+
+			// db isolated (web still allowed): a connection picked up mid-stream is not.
+			n.apply(a, n.state(policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}})))
+			conn2, err := n.dialIn(t, "web", netip.AddrPortFrom(n.pods["db"].ip, 7000))
+			must(t, err)
+			defer conn2.Close()
+			r2 := bufio.NewReader(conn2)
+			must(t, roundTrip(conn2, r2))
+			n.flushConntrack(t)
+			if err := roundTrip(conn2, r2); err == nil {
+				t.Error("a connection to an isolated pod was picked up mid-stream after its conntrack entry went")
+			}
+		})
+	}
+}
+
+// underlay gives the node namespace an address on a link to another host namespace
+// ("another node"), with an echo server on port 7000 at both ends.
+func (n *node) underlay(t *testing.T) (nodeIP, otherIP netip.Addr) {
+	t.Helper()
+	nodeIP, otherIP = netip.MustParseAddr("198.51.100.10"), netip.MustParseAddr("198.51.100.20")
+	other := netnstest.New(t)
+	must(t, n.ns.Do(func(ns.NetNS) error {
+		la := netlink.NewLinkAttrs()
+		la.Name = "underlay0"
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "underlay1"}); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("underlay0")
+		if err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(nodeIP.String() + "/24")
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		peer, err := netlink.LinkByName("underlay1")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetNsFd(peer, int(other.Fd()))
+	}))
+	must(t, other.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("underlay1")
+		if err != nil {
+			return err
+		}
+		addr, _ := netlink.ParseAddr(otherIP.String() + "/24")
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		_, pods, _ := net.ParseCIDR("10.244.0.0/16")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: pods, Gw: nodeIP.AsSlice()})
+	}))
+	echo(t, n.ns, 7000)
+	echo(t, other, 7000)
+	return nodeIP, otherIP
+}
+
+// A pod under default-deny egress still reaches its own node (kubelet, node-local DNS
+// caches, host-network agents), as the NetworkPolicy documentation says; another node's
+// address is an ordinary destination its policies judge.
+func TestPodReachesItsOwnNodeUnderEgressIsolation(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newNode(t, backend, "web")
+			nodeIP, otherIP := n.underlay(t)
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			denyOut := policyFor("deny-out", map[string]string{"app": "web"}, nil)
+			denyOut.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+			n.apply(a, n.state(denyOut))
+			if c, err := n.dialIn(t, "web", netip.AddrPortFrom(nodeIP, 7000)); err != nil {
+				t.Errorf("web under default-deny egress can't reach its own node %s: %v", nodeIP, err)
+			} else {
+				c.Close()
+			}
+			if c, err := n.dialIn(t, "web", netip.AddrPortFrom(otherIP, 7000)); err == nil {
+				c.Close()
+				t.Errorf("web under default-deny egress reached another node %s", otherIP)
+			}
+			allowOther := policyFor("to-other", map[string]string{"app": "web"}, nil)
+			allowOther.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+			allowOther.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: otherIP.String() + "/32"}}}}}
+			n.apply(a, n.state(denyOut, allowOther))
+			if c, err := n.dialIn(t, "web", netip.AddrPortFrom(otherIP, 7000)); err != nil {
+				t.Errorf("web can't reach %s, which an ipBlock allows: %v", otherIP, err)
+			} else {
+				c.Close()
+			}
+		})
+	}
+}
+
+// A pod veth the rules don't know (its pod not confirmed, or gone from the API server) is
+// dropped both ways and towards the node, even where no policy exists.
+func TestUnknownPodInterfaceIsDropped(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newNode(t, backend, "web", "db", "ghost")
+			nodeIP, _ := n.underlay(t)
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			st := n.state()
+			ghost := n.pods["ghost"]
+			st.Endpoints = slices.DeleteFunc(st.Endpoints, func(e policy.Endpoint) bool { return e.IP == ghost.ip })
+			must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(policy.Compile(st), true); return err }))
+			if err := n.dial("web", "db", 7000); err != nil {
+				t.Fatalf("web -> db between known pods without policy: %v", err)
+			}
+			if err := n.dial("ghost", "db", 7000); err == nil {
+				t.Error("an unknown pod veth reached a pod")
+			}
+			if err := n.dial("web", "ghost", 7000); err == nil {
+				t.Error("a pod reached an unknown pod veth")
+			}
+			if c, err := n.dialIn(t, "ghost", netip.AddrPortFrom(nodeIP, 7000)); err == nil {
+				c.Close()
+				t.Error("an unknown pod veth reached the node")
+			}
+		})
+	}
+}

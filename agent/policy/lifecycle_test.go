@@ -1,0 +1,388 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+// Lifecycle: a pod is under its policies from its first packet to its last, and the
+// engine never answers OK for a pod the kernel holds no rules for.
+
+func shopNS() *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}
+}
+
+func denyAllIngress(name string, sel map[string]string) *networkingv1.NetworkPolicy {
+	return np("shop", name, sel, onlyIngress, nil, nil)
+}
+
+func allowFrom(name string, sel, from map[string]string) *networkingv1.NetworkPolicy {
+	return np("shop", name, sel, onlyIngress, []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: pods(from)}}}}, nil)
+}
+
+func deleting(p *corev1.Pod) *corev1.Pod {
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+	p.Finalizers = []string{"test/hold"} // the fake client keeps a deleted object only with one
+	return p
+}
+
+func wiredAs(m map[string]string) func(*Engine) {
+	return func(e *Engine) {
+		e.Wired = func() (map[netip.Addr]string, error) {
+			out := map[netip.Addr]string{}
+			for ip, iface := range m {
+				out[netip.MustParseAddr(ip)] = iface
+			}
+			return out, nil
+		}
+	}
+}
+
+func waitRuleset(t *testing.T, rec *recorder, cond func(*Ruleset) bool) *Ruleset {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if rs := rec.ruleset(); rs != nil && cond(rs) {
+			return rs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no applied ruleset met the condition; last:\n%s", dump(rec.ruleset()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func hasEndpoint(rs *Ruleset, pod, ip string) bool {
+	for _, ep := range rs.Endpoints {
+		if ep.Pod.String() == pod && ep.IP.String() == ip {
+			return true
+		}
+	}
+	return false
+}
+
+func allowed(t *testing.T, rs *Ruleset, p Packet) bool {
+	t.Helper()
+	ok, err := rs.Allowed(p)
+	if err != nil {
+		t.Fatalf("evaluating %+v: %v", p, err)
+	}
+	return ok
+}
+
+var (
+	dbIP, webIP, otherIP = netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("10.244.2.3")
+)
+
+// A pod being deleted keeps its own chains and its memberships for the whole grace
+// period: its default-deny ingress holds, and the client it admits keeps its access while
+// draining. Only a finished pod leaves at once.
+func TestTerminatingPodsKeepTheirRules(t *testing.T) {
+	db := deleting(pod("shop", "db", "u-db", "node1", dbIP.String(), map[string]string{"app": "db"}))
+	web := deleting(pod("shop", "web", "u-web", "node1", webIP.String(), map[string]string{"app": "web"}))
+	done := pod("shop", "done", "u-done", "node2", "10.244.2.8", map[string]string{"app": "web"})
+	done.Status.Phase = corev1.PodSucceeded
+	_, rec, _ := newEngine(t, wiredAs(map[string]string{dbIP.String(): "trldb", webIP.String(): "trlweb"}),
+		shopNS(), allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}), db, web, done)
+	rs := waitRuleset(t, rec, func(rs *Ruleset) bool { return len(rs.PodChains) > 0 })
+	if !hasEndpoint(rs, "shop/db", dbIP.String()) {
+		t.Errorf("the deleting pod db lost its endpoint\n%s", dump(rs))
+	}
+	if allowed(t, rs, Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
+		t.Error("a stranger reaches db while db is being deleted: its ingress policy must hold until its sandbox is gone")
+	}
+	if !allowed(t, rs, Packet{Src: webIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, InInterface: "trlweb", OutInterface: "trldb"}) {
+		t.Error("web, being deleted, lost the access it drains its connections with")
+	}
+	if allowed(t, rs, Packet{Src: netip.MustParseAddr("10.244.2.8"), Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
+		t.Error("a Succeeded pod (its IP may be another's now) still counts as app=web")
+	}
+}
+
+// When a pod being deleted still shows the IP a new pod now has, the new pod's labels
+// decide: the old pod's memberships don't open anything to the new one.
+func TestNewPodWinsAnIPFromADeletingPod(t *testing.T) {
+	old := deleting(pod("shop", "old", "u-old", "node2", otherIP.String(), map[string]string{"app": "web"}))
+	newer := pod("shop", "new", "u-new", "node2", otherIP.String(), map[string]string{"app": "stranger"})
+	_, rec, _ := newEngine(t, wiredAs(map[string]string{dbIP.String(): "trldb"}), shopNS(),
+		allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}),
+		pod("shop", "db", "u-db", "node1", dbIP.String(), map[string]string{"app": "db"}), old, newer)
+	rs := waitRuleset(t, rec, func(rs *Ruleset) bool { return len(rs.PodChains) > 0 })
+	if allowed(t, rs, Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
+		t.Errorf("%s, now the address of app=stranger, is still allowed as the deleting app=web pod's\n%s", otherIP, dump(rs))
+	}
+}
+
+// A re-created sandbox has a new address and veth before the API server's status shows
+// them: the plugin's announcement wins, ADD is answered only once the new address has
+// its chain, and a restarted agent (same state directory) attributes the veth the same way.
+func TestRecreatedSandboxAnnouncementIsAuthoritative(t *testing.T) {
+	stale, fresh := netip.MustParseAddr("10.244.1.5"), netip.MustParseAddr("10.244.1.6")
+	dir := t.TempDir()
+	objs := []any{shopNS(), denyAllIngress("db", map[string]string{"app": "db"}),
+		allowFrom("web", map[string]string{"app": "web"}, map[string]string{"app": "db"}),
+		pod("shop", "db", "u-db", "node1", stale.String(), map[string]string{"app": "db"}),
+		pod("shop", "web", "u-web", "node1", webIP.String(), map[string]string{"app": "web"})}
+	configure := func(e *Engine) {
+		e.StateDir = dir
+		wiredAs(map[string]string{fresh.String(): "trldbnew", webIP.String(): "trlweb"})(e)
+	}
+	e, rec, _ := newEngine(t, configure, toObjects(objs)...)
+	err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+		Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "db", PodUID: "u-db", IP: fresh.String(), HostInterface: "trldbnew",
+	})
+	if err != nil {
+		t.Fatalf("EnsurePod of the re-created sandbox: %v", err)
+	}
+	check := func(rs *Ruleset, who string) {
+		t.Helper()
+		if !hasEndpoint(rs, "shop/db", fresh.String()) {
+			t.Errorf("%s: db's new address %s on trldbnew has no endpoint\n%s", who, fresh, dump(rs))
+		}
+		if allowed(t, rs, Packet{Src: otherIP, Dst: fresh, Protocol: "tcp", DstPort: 80, OutInterface: "trldbnew"}) {
+			t.Errorf("%s: db's default-deny ingress is not in force on its new veth", who)
+		}
+		if !allowed(t, rs, Packet{Src: fresh, Dst: webIP, Protocol: "tcp", DstPort: 80, InInterface: "trldbnew", OutInterface: "trlweb"}) {
+			t.Errorf("%s: db's new address is not in web's app=db set (the stale API address is)", who)
+		}
+	}
+	check(rec.ruleset(), "after ADD")
+
+	// A new agent on the same node: no ADD comes, the announcement on disk decides.
+	_, rec2, _ := newEngine(t, configure, toObjects(objs)...)
+	check(waitRuleset(t, rec2, func(rs *Ruleset) bool { return len(rs.PodChains) > 0 }), "after an agent restart")
+}
+
+// The engine never answers OK for a pod it programmed no endpoint for (here: the cache
+// has the pod on another node).
+func TestEnsurePodRefusesPodWithoutEndpoint(t *testing.T) {
+	e, _, _ := newEngine(t, nil, shopNS(), pod("shop", "db", "u-db", "node2", "", map[string]string{"app": "db"}))
+	err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+		Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "db", PodUID: "u-db", IP: dbIP.String(), HostInterface: "trldb",
+	})
+	if err == nil || !strings.Contains(err.Error(), "not an endpoint") {
+		t.Fatalf("EnsurePod for a pod the rules can't hold: %v, want a refusal", err)
+	}
+}
+
+// A static pod: the runtime passes the kubelet's UID for it (its config hash), which the
+// API server has only as the mirror pod's kubernetes.io/config.mirror annotation.
+func TestStaticPodIsMatchedByItsMirror(t *testing.T) {
+	mirror := pod("kube-system", "etcd-node1", "u-mirror", "node1", "", map[string]string{"component": "etcd"})
+	mirror.Annotations = map[string]string{MirrorAnnotation: "c0ffee", "kubernetes.io/config.source": "file"}
+	trimmed, _ := TrimPod(mirror)
+	if got := PodFrom(trimmed.(*corev1.Pod)).RuntimeUID(); got != "c0ffee" {
+		t.Fatalf("the trimmed mirror pod's runtime UID is %q, want the mirror annotation's c0ffee", got)
+	}
+	e, _, _ := newEngine(t, func(e *Engine) { e.SetupTimeout = time.Second },
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-system"}}, mirror)
+	err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+		Op: cnicontract.PolicyOpAdd, Namespace: "kube-system", Pod: "etcd-node1", PodUID: "c0ffee", IP: "10.244.1.20", HostInterface: "trletcd",
+	})
+	if err != nil {
+		t.Fatalf("EnsurePod of a static pod: %v", err)
+	}
+}
+
+// failingApplier refuses every ruleset in which a rule names a set whose comment
+// contains bad (as the kernel refuses what it can't take), and records the last success.
+type failingApplier struct {
+	recorder
+	bad string
+}
+
+func (f *failingApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
+	used := map[string]bool{}
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			for _, s := range referencedSets(r) {
+				used[s] = true
+			}
+		}
+	}
+	for _, s := range rs.Sets {
+		if used[s.Name] && strings.Contains(s.Comment, f.bad) {
+			return false, fmt.Errorf("iptables-restore: line 7 failed (set %s)", s.Name)
+		}
+	}
+	return f.recorder.Apply(rs, verify)
+}
+
+// One namespace owner's policy that the kernel won't take cuts off the pod it selects
+// and nobody else: the other pods are programmed and start, the node stays ready, and the
+// policy carries the problem.
+func TestOnePolicysFailureBlocksOnlyItsPods(t *testing.T) {
+	fa := &failingApplier{bad: "poison"}
+	e, _, _ := newEngine(t, func(e *Engine) {
+		e.Applier = fa
+		wiredAs(map[string]string{dbIP.String(): "trldb", webIP.String(): "trlweb"})(e)
+	}, shopNS(),
+		allowFrom("evil", map[string]string{"app": "victim"}, map[string]string{"poison": "yes"}),
+		allowFrom("fine", map[string]string{"app": "db"}, map[string]string{"app": "web"}),
+		pod("shop", "db", "u-db", "node1", dbIP.String(), map[string]string{"app": "db"}),
+		pod("shop", "victim", "u-v", "node1", webIP.String(), map[string]string{"app": "victim"}))
+	// The db pod starts: its own rules are fine.
+	if err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "db", PodUID: "u-db", IP: dbIP.String(), HostInterface: "trldb"}); err != nil {
+		t.Errorf("db's ADD failed because of another pod's policy: %v", err)
+	}
+	err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "victim", PodUID: "u-v", IP: webIP.String(), HostInterface: "trlweb"})
+	if err == nil {
+		t.Error("the pod whose policy can't be programmed was confirmed")
+	}
+	if err := e.Ready(); err != nil {
+		t.Errorf("the node is not ready because of one pod's policy: %v", err)
+	}
+	rs := fa.ruleset()
+	if rs == nil {
+		t.Fatal("nothing applied")
+	}
+	if allowed(t, rs, Packet{Src: otherIP, Dst: webIP, Protocol: "tcp", DstPort: 80, OutInterface: "trlweb"}) {
+		t.Error("the cut-off pod is open: it must fail closed")
+	}
+	var found bool
+	for _, p := range rs.Problems {
+		found = found || p.Policy.Name == "evil" && strings.Contains(p.Message, "could not be programmed")
+	}
+	if !found {
+		t.Errorf("no problem reported on policy evil: %v", rs.Problems)
+	}
+}
+
+// The incremental engine computes exactly what a fresh Compile does, over random
+// sequences of pod, namespace and policy changes.
+func TestIncrementalCompileMatchesCompile(t *testing.T) {
+	for seed := range uint64(20) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(seed, 7))
+			memo := newSetMemo()
+			var view podView
+			st := randomWorld(r)
+			for step := range 40 {
+				mutate(r, &st)
+				changes := view.peerChanges(Peers(st.Pods))
+				memo.update(changes, view.namespacesChanged(st.Namespaces), st.namespaceMap())
+				got := newCompiler(st, memo).compile(st)
+				memo.sweep()
+				want := Compile(st)
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("step %d: incremental compile differs from Compile\ngot:\n%s\nwant:\n%s", step, dump(got), dump(want))
+				}
+			}
+		})
+	}
+}
+
+var labelValues = []string{"a", "b", "c"}
+
+func randomLabels(r *rand.Rand) map[string]string {
+	m := map[string]string{"app": labelValues[r.IntN(3)]}
+	if r.IntN(2) == 0 {
+		m["tier"] = labelValues[r.IntN(3)]
+	}
+	return m
+}
+
+func randomWorld(r *rand.Rand) State {
+	st := State{}
+	for _, ns := range []string{"x", "y"} {
+		st.Namespaces = append(st.Namespaces, &Namespace{Name: ns, Labels: map[string]string{"team": labelValues[r.IntN(3)]}})
+	}
+	for range 12 {
+		mutate(r, &st)
+	}
+	return st
+}
+
+var nextPod int
+
+// mutate makes one random change, never modifying a *Pod in place (the engine's pods
+// are immutable snapshots).
+func mutate(r *rand.Rand, st *State) {
+	nss := []string{"x", "y"}
+	switch k := r.IntN(8); {
+	case k <= 1 || len(st.Pods) == 0: // a new pod
+		nextPod++
+		p := &Pod{Namespace: nss[r.IntN(2)], Name: fmt.Sprintf("p%d", nextPod), UID: types.UID(fmt.Sprint(nextPod)),
+			Labels: randomLabels(r), IP: netip.AddrFrom4([4]byte{10, 244, byte(1 + r.IntN(2)), byte(1 + r.IntN(20))}),
+			NodeName: fmt.Sprintf("node%d", 1+r.IntN(2)), Ports: []Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: int32(80 + r.IntN(2))}}}
+		st.Pods = append(st.Pods, p)
+		if p.NodeName == "node1" && r.IntN(2) == 0 {
+			st.Endpoints = append(st.Endpoints, Endpoint{Pod: p.Key(), IP: p.IP, Interface: "trl" + p.Name})
+		}
+	case k == 2: // a pod goes
+		i := r.IntN(len(st.Pods))
+		st.Pods = append(st.Pods[:i:i], st.Pods[i+1:]...)
+	case k == 3 || k == 4: // relabelled, deleting, finished or a new IP
+		i := r.IntN(len(st.Pods))
+		p := *st.Pods[i]
+		switch r.IntN(4) {
+		case 0:
+			p.Labels = randomLabels(r)
+		case 1:
+			p.Deleting = true
+		case 2:
+			p.Finished = true
+		case 3:
+			p.IP = netip.AddrFrom4([4]byte{10, 244, 1, byte(1 + r.IntN(20))})
+		}
+		st.Pods = append(st.Pods[:i:i], append([]*Pod{&p}, st.Pods[i+1:]...)...)
+	case k == 5: // a namespace relabelled
+		i := r.IntN(len(st.Namespaces))
+		n := *st.Namespaces[i]
+		n.Labels = map[string]string{"team": labelValues[r.IntN(3)]}
+		st.Namespaces = append(st.Namespaces[:i:i], append([]*Namespace{&n}, st.Namespaces[i+1:]...)...)
+	default: // a policy
+		if len(st.Policies) > 4 {
+			st.Policies = st.Policies[1:]
+		}
+		peer := networkingv1.NetworkPolicyPeer{PodSelector: pods(randomLabels(r))}
+		if r.IntN(2) == 0 {
+			peer.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": labelValues[r.IntN(3)]}}
+		}
+		rule := networkingv1.NetworkPolicyIngressRule{From: []networkingv1.NetworkPolicyPeer{peer}}
+		if r.IntN(2) == 0 {
+			rule.Ports = []networkingv1.NetworkPolicyPort{{Port: named("http")}}
+		}
+		out := networkingv1.NetworkPolicyEgressRule{To: []networkingv1.NetworkPolicyPeer{peer}, Ports: []networkingv1.NetworkPolicyPort{{Port: named("http")}}}
+		nextPod++
+		st.Policies = append(st.Policies, np(nss[r.IntN(2)], fmt.Sprintf("np%d", nextPod), randomLabels(r), both,
+			[]networkingv1.NetworkPolicyIngressRule{rule}, []networkingv1.NetworkPolicyEgressRule{out}))
+	}
+	// Endpoints of pods that went or finished go too (their veths are removed).
+	live := map[types.NamespacedName]bool{}
+	for _, p := range st.Pods {
+		live[p.Key()] = !p.Finished
+	}
+	var eps []Endpoint
+	for _, ep := range st.Endpoints {
+		if live[ep.Pod] {
+			eps = append(eps, ep)
+		}
+	}
+	st.Endpoints = eps
+}
+
+func toObjects(objs []any) []clientObject {
+	out := make([]clientObject, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(clientObject))
+	}
+	return out
+}
+
+type clientObject = client.Object
