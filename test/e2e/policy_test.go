@@ -126,6 +126,42 @@ func TestNetworkPolicy(t *testing.T) {
 		deletePolicyPods(ctx, t, c, "same-ip")
 	})
 
+	t.Run("TerminatingPodStaysUnderItsPolicies", func(t *testing.T) {
+		// A pod in its termination grace period still runs: its ingress policy holds, and
+		// a terminating client keeps the access it drains its connections with.
+		applyPolicy(ctx, t, c, "drain", ingressFrom("role: drain-server", "role: drain-client"))
+		defer deletePolicy(ctx, t, c, "drain")
+		ds := deployPolicyPods(ctx, t, c, "drain", []policyPod{
+			{Name: "drain-server", Node: serverNode.Name, Labels: "role: drain-server", Draining: true},
+			{Name: "drain-client", Node: c.Nodes[1].Name, Labels: "role: drain-client", Draining: true},
+		})
+		dsrv, dcli := ds["drain-server"], ds["drain-client"]
+		tcpEcho(t, dsrv.NetNS, 9100)
+		addr := netip.AddrPortFrom(dsrv.IP, 9100).String()
+		waitAllowed(t, dcli.NetNS, addr, 10*time.Second)
+		waitDenied(t, client.NetNS, addr, 10*time.Second)
+		if _, err := c.Kubectl(ctx, "delete", "pod", "-n", policyNS, "-l", "batch=drain", "--wait=false"); err != nil {
+			t.Fatalf("deleting the drain pods: %v", err)
+		}
+		defer deletePolicyPods(ctx, t, c, "drain")
+		for _, name := range []string{"drain-server", "drain-client"} {
+			if out, err := c.Kubectl(ctx, "get", "pod", "-n", policyNS, name, "-o", "jsonpath={.metadata.deletionTimestamp}"); err != nil || strings.TrimSpace(out) == "" {
+				t.Fatalf("%s has no deletionTimestamp after delete (%v)", name, err)
+			}
+		}
+		// Well inside the 30 s grace period, for 10 s: the stranger stays out, the client in.
+		deadline := time.Now().Add(10 * time.Second)
+		for time.Now().Before(deadline) {
+			if err := dialEcho(client.NetNS, addr); err == nil {
+				t.Fatalf("a pod the policy doesn't admit reached %s while it was terminating", addr)
+			}
+			if err := dialEcho(dcli.NetNS, addr); err != nil {
+				t.Fatalf("the terminating client lost its access to the terminating server: %v", err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	})
+
 	t.Run("DefaultDenyEgressFromFirstPacket", func(t *testing.T) {
 		applyPolicy(ctx, t, c, "deny-early", "spec:\n  podSelector: {matchLabels: {role: early}}\n  policyTypes: [Egress]\n")
 		defer deletePolicy(ctx, t, c, "deny-early")
@@ -232,6 +268,9 @@ spec:
 // with named ports declared for the servers the test opens in its namespace.
 type policyPod struct {
 	Name, Node, Labels string
+	// Draining: the pod's preStop hook holds it terminating for 30 s after deletion (as a
+	// pod draining its connections does).
+	Draining bool
 }
 
 func deployPolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []policyPod) map[string]testPod {
@@ -239,6 +278,10 @@ func deployPolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, bat
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", policyNS)
 	for _, ps := range specs {
+		grace, preStop := 1, ""
+		if ps.Draining {
+			grace, preStop = 30, fmt.Sprintf("    lifecycle:\n      preStop:\n        exec: {command: [\"/agnhost\", \"pause\"]}\n")
+		}
 		fmt.Fprintf(&b, `---
 apiVersion: v1
 kind: Pod
@@ -248,7 +291,7 @@ metadata:
   labels: {batch: %s, %s}
 spec:
   nodeName: %s
-  terminationGracePeriodSeconds: 1
+  terminationGracePeriodSeconds: %d
   containers:
   - name: agnhost
     image: %s
@@ -260,7 +303,7 @@ spec:
     readinessProbe:
       tcpSocket: {port: 8080}
       periodSeconds: 1
-`, ps.Name, policyNS, batch, ps.Labels, ps.Node, images.AgnhostImage)
+%s`, ps.Name, policyNS, batch, ps.Labels, ps.Node, grace, images.AgnhostImage, preStop)
 	}
 	nodes := map[string]string{}
 	for _, ps := range specs {
