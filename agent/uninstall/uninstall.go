@@ -22,6 +22,8 @@ type Node struct {
 	CNIBinDir  string
 	CNIConfDir string
 	ReadyFile  string
+	// EndpointsDir holds the policy engine's records of the node's pod veths.
+	EndpointsDir string
 	// Plugins are the files install-cni copies into CNIBinDir (the image's). A copy on the
 	// node is removed only while it is identical: a plugin someone else installed or
 	// upgraded since stays. The trellis plugin itself is removed whatever its content.
@@ -39,6 +41,15 @@ func Run(n Node) (removed []string, err error) {
 			errs = append(errs, err)
 		} else if ok {
 			removed = append(removed, f)
+		}
+	}
+	if n.EndpointsDir != "" {
+		if _, err := os.Stat(n.EndpointsDir); err == nil {
+			if err := os.RemoveAll(n.EndpointsDir); err != nil {
+				errs = append(errs, fmt.Errorf("removing %s: %w", n.EndpointsDir, err))
+			} else {
+				removed = append(removed, n.EndpointsDir)
+			}
 		}
 	}
 	chains, err := netfilter.Cleanup()

@@ -49,7 +49,8 @@ func main() {
 		os.Exit(2)
 	}
 
-	node := uninstall.Node{CNIBinDir: o.CNIBinDir, CNIConfDir: o.CNIConfDir, ReadyFile: o.ReadyFile, Plugins: pluginSources(o.PluginDir)}
+	node := uninstall.Node{CNIBinDir: o.CNIBinDir, CNIConfDir: o.CNIConfDir, ReadyFile: o.ReadyFile,
+		EndpointsDir: cnicontract.DefaultEndpointsDir, Plugins: pluginSources(o.PluginDir)}
 	var err error
 	switch cmd {
 	case "version":
