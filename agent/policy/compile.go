@@ -208,7 +208,7 @@ type compiler struct {
 	rs   *Ruleset
 	pods map[types.NamespacedName]*Pod
 	// addressed: the pods that are peers (Addressable, and not shadowed by another pod
-	// claiming the same IP), sorted by key; byNamespace the same by namespace.
+	// claiming the same IP); byNamespace the same by namespace.
 	addressed   []*Pod
 	byNamespace map[string][]*Pod
 	setNames    map[string]string // set content key -> name
@@ -232,11 +232,11 @@ func newCompiler(st State, memo *setMemo) *compiler {
 	for _, p := range st.Pods {
 		c.pods[p.Key()] = p
 	}
-	c.addressed = Peers(st.Pods)
-	sort.Slice(c.addressed, func(i, j int) bool {
-		a, b := c.addressed[i], c.addressed[j]
-		return a.Namespace < b.Namespace || a.Namespace == b.Namespace && a.Name < b.Name
-	})
+	// Set members are sorted when they are made: the peers' order doesn't matter.
+	c.addressed = st.peers
+	if c.addressed == nil {
+		c.addressed = Peers(st.Pods)
+	}
 	for _, p := range c.addressed {
 		c.byNamespace[p.Namespace] = append(c.byNamespace[p.Namespace], p)
 	}

@@ -473,7 +473,8 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	for _, ep := range st.Endpoints {
 		ifaces[ep.IP] = ep.Interface
 	}
-	changes := e.view.peerChanges(Peers(st.Pods))
+	st.peers = Peers(st.Pods)
+	changes := e.view.peerChanges(st.peers)
 	nsChanged := e.view.namespacesChanged(st.Namespaces)
 	return st, ifaces, changes, nsChanged, nil
 }

@@ -95,4 +95,6 @@ type State struct {
 	Policies   []*networkingv1.NetworkPolicy
 	// Endpoints are this node's pods with their veths; only these get chains.
 	Endpoints []Endpoint
+	// peers, when set, is Peers(Pods), computed once by the engine.
+	peers []*Pod
 }
