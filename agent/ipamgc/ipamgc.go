@@ -66,7 +66,8 @@ func (c *Collector) Start(ctx context.Context) error {
 	}
 }
 
-// Collect releases the allocations of pods that no longer exist on this node.
+// Collect releases the allocations of pods that no longer exist on this node. A static
+// pod exists while its mirror pod does.
 func (c *Collector) Collect(ctx context.Context) ([]ipam.Allocation, error) {
 	var pods corev1.PodList
 	if err := c.Reader.List(ctx, &pods, client.MatchingFields{"spec.nodeName": c.NodeName}); err != nil {
@@ -75,6 +76,11 @@ func (c *Collector) Collect(ctx context.Context) ([]ipam.Allocation, error) {
 	live := make(map[string]bool, len(pods.Items))
 	for _, p := range pods.Items {
 		live[string(p.UID)] = true
+		// A static pod's sandbox carries the kubelet's UID for it (the config hash), not its
+		// mirror pod's: the kubelet puts that hash in the mirror pod's annotation.
+		if hash := p.Annotations[corev1.MirrorPodAnnotationKey]; hash != "" {
+			live[hash] = true
+		}
 	}
 	store, err := ipam.Open(c.StoreDir)
 	if err != nil {

@@ -11,6 +11,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/cni/ipam"
@@ -73,5 +76,60 @@ func TestReleasesOnlyLeaks(t *testing.T) {
 	left, _ := store.List()
 	if len(left) != 3 {
 		t.Fatalf("%d allocations left, want 3 (running, within grace, no UID)", len(left))
+	}
+}
+
+// TestStaticPods: a static pod's allocation carries the kubelet's UID for it (its config
+// hash), which no pod in the API has; its mirror pod names that hash in the
+// kubernetes.io/config.mirror annotation, and that keeps the allocation.
+func TestStaticPods(t *testing.T) {
+	const node, hash = "node-1", "5e1f0a3c2b9d8e7f6a5b4c3d2e1f0a9b"
+	mirror := func(name, node, annotation string) *corev1.Pod {
+		p := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", UID: types.UID("api-uid-of-" + name)},
+			Spec:       corev1.PodSpec{NodeName: node},
+		}
+		if annotation != "" {
+			p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: annotation}
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name        string
+		pods        []client.Object
+		uid         string // of the allocation, an hour old
+		wantRelease bool
+	}{
+		{name: "mirror pod of the static pod on this node", pods: []client.Object{mirror("static-node-1", node, hash)}, uid: hash},
+		{name: "allocation by the mirror pod's own API UID", pods: []client.Object{mirror("static-node-1", node, hash)}, uid: "api-uid-of-static-node-1"},
+		{name: "mirror pod with another hash", pods: []client.Object{mirror("static-node-1", node, "another-hash")}, uid: hash, wantRelease: true},
+		{name: "mirror pod with that hash on another node", pods: []client.Object{mirror("static-node-2", "node-2", hash)}, uid: hash, wantRelease: true},
+		{name: "static pod's manifest removed (no mirror pod)", uid: hash, wantRelease: true},
+		{name: "ordinary pod whose UID isn't the hash", pods: []client.Object{mirror("plain", node, "")}, uid: hash, wantRelease: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reader := fake.NewClientBuilder().WithObjects(tc.pods...).
+				WithIndex(&corev1.Pod{}, "spec.nodeName", func(o client.Object) []string { return []string{o.(*corev1.Pod).Spec.NodeName} }).
+				Build()
+			dir := filepath.Join(t.TempDir(), "trellis")
+			store, err := ipam.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.Allocate(netip.MustParsePrefix("10.244.5.0/24"), "c-static", "eth0", tc.uid); err != nil {
+				t.Fatal(err)
+			}
+			store.Close()
+
+			c := &ipamgc.Collector{Reader: reader, NodeName: node, StoreDir: dir, Grace: 5 * time.Minute,
+				Now: func() time.Time { return time.Now().Add(time.Hour) }}
+			freed, err := c.Collect(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if released := len(freed) == 1; released != tc.wantRelease || len(freed) > 1 {
+				t.Errorf("released %v, want the allocation of pod UID %s released: %v", fmt.Sprint(freed), tc.uid, tc.wantRelease)
+			}
+		})
 	}
 }

@@ -66,6 +66,9 @@ type Node struct {
 	Dir, CNIConfDir, CNIBinDir, CNIStateDir, RunTrellisDir, VarLogDir string
 	// KubeletRootDir is the kubelet's --root-dir; ContainerdSocket its runtime endpoint.
 	KubeletRootDir, ContainerdSocket string
+	// StaticPodDir is the kubelet's staticPodPath: a pod manifest written there runs on
+	// the node as a static pod.
+	StaticPodDir string
 	// Cgroup is the kubelet's cgroupRoot (a top-level cgroup in every hierarchy).
 	Cgroup string
 	// Pids of the node's processes when Up started them.
@@ -80,8 +83,9 @@ func nodeFromConfig(h topology.Host, c node.Config) Node {
 		Host: h, Dir: c.Dir,
 		CNIConfDir: c.CNIConfDir(), CNIBinDir: c.CNIBinDir(), CNIStateDir: c.CNIStateDir(),
 		RunTrellisDir: c.RunTrellisDir(), VarLogDir: c.VarLogDir(),
-		KubeletRootDir: c.KubeletRootDir(), ContainerdSocket: c.Socket(), Cgroup: c.Cgroup,
-		Pids: map[string]int{},
+		KubeletRootDir: c.KubeletRootDir(), ContainerdSocket: c.Socket(), StaticPodDir: c.StaticPodDir(),
+		Cgroup: c.Cgroup,
+		Pids:   map[string]int{},
 	}
 }
 

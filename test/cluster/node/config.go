@@ -29,7 +29,8 @@ func (c Config) containerdConfig() string {
 //     checks are bind-mounted inside the node's mount namespace);
 //   - serving on the node's IP, healthz on loopback, no read-only port;
 //   - eviction and image GC thresholds relaxed: the shared disk would trigger them;
-//   - x509 client certificates (the API server's) and webhook authn/authz.
+//   - x509 client certificates (the API server's) and webhook authn/authz;
+//   - a static pod directory of the node's own (empty unless a test writes a manifest).
 func (c Config) kubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -68,7 +69,8 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 rotateCertificates: false
 registerNode: true
-`, c.IP, c.CACert, "/"+c.Cgroup, filepath.Join(c.Dir, "resolv.conf"), "unix://"+c.Socket())
+staticPodPath: %[6]q
+`, c.IP, c.CACert, "/"+c.Cgroup, filepath.Join(c.Dir, "resolv.conf"), "unix://"+c.Socket(), c.StaticPodDir())
 }
 
 // kubeProxyConfig: iptables mode; conntrack values of 0 so that it leaves the

@@ -68,6 +68,10 @@ func (c Config) CNIStateDir() string   { return filepath.Join(c.Dir, "cni", "lib
 func (c Config) RunTrellisDir() string { return filepath.Join(c.Dir, "run-trellis") }
 func (c Config) VarLogDir() string     { return filepath.Join(c.LogDir, c.Name) }
 
+// StaticPodDir is the kubelet's staticPodPath: a manifest written there runs as a static
+// pod on this node (with a mirror pod in the API).
+func (c Config) StaticPodDir() string { return filepath.Join(c.Dir, "static-pods") }
+
 // Socket is containerd's socket (on the machine's file system, so ctr reaches it).
 func (c Config) Socket() string { return filepath.Join(c.Dir, "containerd.sock") }
 
@@ -112,7 +116,7 @@ func (c Config) Prepare() error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	dirs := []string{c.Dir, c.LogDir, c.VarLogDir(), c.KubeletRootDir(), c.RunTrellisDir(),
+	dirs := []string{c.Dir, c.LogDir, c.VarLogDir(), c.KubeletRootDir(), c.RunTrellisDir(), c.StaticPodDir(),
 		filepath.Join(c.Dir, "containerd", "root"), filepath.Join(c.Dir, "containerd", "opt")}
 	for _, d := range c.hostDirs() {
 		dirs = append(dirs, d)

@@ -97,3 +97,18 @@ func TestValidateSocketLength(t *testing.T) {
 		t.Error("a socket path beyond sun_path was accepted")
 	}
 }
+
+// The kubelet watches the node's own static pod directory, which Prepare creates.
+func TestStaticPodDir(t *testing.T) {
+	dir := t.TempDir()
+	c := Config{Name: "node1", Dir: filepath.Join(dir, "nodes", "node1"), LogDir: filepath.Join(dir, "logs"), StateDir: dir}
+	if err := c.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(c.StaticPodDir()); err != nil || !fi.IsDir() || !under(c.StaticPodDir(), c.Dir) {
+		t.Errorf("static pod directory %s: %v (want a directory under the node's %s)", c.StaticPodDir(), err, c.Dir)
+	}
+	if want := "\nstaticPodPath: \"" + c.StaticPodDir() + "\"\n"; !strings.Contains(c.kubeletConfig(), want) {
+		t.Errorf("kubelet configuration lacks %q:\n%s", want, c.kubeletConfig())
+	}
+}
