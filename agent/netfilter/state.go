@@ -7,7 +7,8 @@
 // chains keep their packet counters), removes the chains it owns that are no longer
 // desired, keeps the First jumps at the top of their built-in chains in that same restore
 // and appends the missing Append jumps with go-iptables. Nothing outside trellis's chains
-// is written but the jump rules from built-in chains into them.
+// is written but the jump rules from built-in chains into them. Between those full syncs,
+// SyncCached writes what changed from memory, reading nothing.
 //
 // Rules that reference ipsets need them to exist first: apply the sets (agent/ipset)
 // before Sync, and destroy the sets no longer used after it.

@@ -51,11 +51,16 @@ func (s *Syncer) ActiveBackend() Backend {
 }
 
 type tableMemo struct {
-	chains map[string]memo
+	scope  []string        // the Scope of the state the memo is of
+	chains map[string]memo // every desired chain, in the kernel since the last sync
 	jumps  memo
+	// foreign are the chains in scope that others' chains went to at the last read:
+	// SyncCached leaves their removal to Sync.
+	foreign map[string]bool
 }
 
-// memo ties a desired content to the kernel's printing of it.
+// memo ties a desired content to the kernel's printing of it. A zero have (written by
+// SyncCached, never read back) matches no printing.
 type memo struct{ want, have [sha256.Size]byte }
 
 // Result says what a Sync changed. Chains are "table/chain", jumps "table/FROM -> TO".
@@ -85,6 +90,26 @@ func (r Result) Changed() bool {
 // First jump) not at the top of its chain any more; then the missing Append jumps
 // (go-iptables). It goes on with the other tables after a failure.
 func (s *Syncer) Sync(ctx context.Context, st State) (Result, error) {
+	return s.sync(ctx, st, false)
+}
+
+// SyncCached is Sync for a caller that syncs on every event and trusts the syncer's
+// memory in between: it runs no iptables-save. For each table whose last sync (of a state
+// of the same Scope) succeeded, it writes, with one iptables-restore --noflush, the chains
+// whose desired rules differ from what it last wrote and removes the chains it wrote that
+// are no longer desired; the kernel's copy is not read, so drift, jumps someone removed or
+// moved, and changes by others are not seen. Any other table gets a full Sync: one never
+// synced, or whose last sync failed, or whose jumps changed, or where a chain to be
+// removed had others' rules going to it at the last read, or where the restore failed
+// (the memory is dropped first).
+//
+// So the caller must still run Sync periodically (and after a failure), which bounds how
+// long drift lasts; SyncCached costs one restore of what changed, or nothing.
+func (s *Syncer) SyncCached(ctx context.Context, st State) (Result, error) {
+	return s.sync(ctx, st, true)
+}
+
+func (s *Syncer) sync(ctx context.Context, st State, cached bool) (Result, error) {
 	if err := st.Validate(); err != nil {
 		return Result{}, fmt.Errorf("netfilter state: %w", err)
 	}
@@ -111,12 +136,62 @@ func (s *Syncer) Sync(ctx context.Context, st State) (Result, error) {
 		if !ok {
 			continue
 		}
+		if cached && s.syncTableCached(ctx, st, table, ts, &res) {
+			continue
+		}
 		if err := s.syncTable(ctx, st, table, ts, &res); err != nil {
 			delete(s.memo, table) // compare afresh next time
 			errs = append(errs, fmt.Errorf("%s table: %w", table, err))
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// syncTableCached writes what differs from the memo of table, if it can tell from the memo
+// alone; false: the table needs a full sync.
+func (s *Syncer) syncTableCached(ctx context.Context, st State, table Table, ts TableState, res *Result) bool {
+	m := s.memo[table]
+	if m == nil || !slices.Equal(m.scope, st.Scope) || m.jumps.want != hashJumps(ts.Jumps) {
+		return false
+	}
+	var p restorePlan
+	want := make(map[string][sha256.Size]byte, len(ts.Chains))
+	for _, c := range ts.Chains {
+		h := hashRules(c.Rules)
+		want[c.Name] = h
+		if old, ok := m.chains[c.Name]; !ok || old.want != h {
+			p.write = append(p.write, c)
+		}
+	}
+	var stale []string
+	for c := range m.chains {
+		if _, ok := want[c]; ok {
+			continue
+		}
+		if m.foreign[c] {
+			return false // kept or removed: Sync reads who still goes to it
+		}
+		stale = append(stale, c)
+	}
+	slices.Sort(stale) // map order: keep the restore (and Result) deterministic
+	p.flush, p.remove = stale, stale
+	if p.empty() {
+		return true
+	}
+	if err := s.restore(ctx, renderRestore(table, p)); err != nil {
+		delete(s.memo, table)
+		return false
+	}
+	res.Restored = append(res.Restored, table)
+	for _, c := range p.write {
+		res.Written = append(res.Written, string(table)+"/"+c.Name)
+		m.chains[c.Name] = memo{want: want[c.Name]} // the printing: at the next Sync
+	}
+	for _, c := range p.remove {
+		res.Removed = append(res.Removed, string(table)+"/"+c)
+		delete(m.chains, c)
+	}
+	return true
 }
 
 func (s *Syncer) syncTable(ctx context.Context, st State, table Table, ts TableState, res *Result) error {
@@ -126,8 +201,8 @@ func (s *Syncer) syncTable(ctx context.Context, st State, table Table, ts TableS
 	}
 	d := parseSave(out, st.inScope)
 	m := s.memo[table]
-	if m == nil {
-		m = &tableMemo{chains: map[string]memo{}}
+	if m == nil || !slices.Equal(m.scope, st.Scope) {
+		m = &tableMemo{scope: slices.Clone(st.Scope), chains: map[string]memo{}}
 		s.memo[table] = m
 	}
 	p := plan(table, ts, d, m)
@@ -191,6 +266,10 @@ func (s *Syncer) syncTable(ctx context.Context, st State, table Table, ts TableS
 		seen = after
 	}
 	m.jumps = memo{want: hashJumps(ts.Jumps), have: hashJumpLines(seen.jumps)}
+	m.foreign = make(map[string]bool, len(after.foreign))
+	for c := range after.foreign {
+		m.foreign[c] = true
+	}
 	return nil
 }
 
