@@ -323,7 +323,7 @@ func plan(table Table, ts TableState, d tableDump, m *tableMemo) tablePlan {
 // again, as Calico's felix does: kube-proxy and others insert their own rules at the top.
 func (p *tablePlan) planJumps(table Table, jumps []Jump, d tableDump, m *tableMemo) {
 	if m.jumps == (memo{want: hashJumps(jumps), have: hashJumpLines(d.jumps)}) && firstInFront(jumps, d) {
-		return // all there, as the kernel printed them after the last sync
+		return // all there, as the kernel printed them after the last sync, First ones in front
 	}
 	at := make([]int, len(jumps)) // the index in d.jumps of each jump's copy, -1: none
 	for k := range at {
