@@ -18,11 +18,14 @@ type restorePlan struct {
 	write  []Chain  // declared (flushed) and filled
 	flush  []string // stale chains: declared (flushed), not filled
 	unjump []string // "CHAIN rule" lines of iptables-save to delete
+	// first are "CHAIN rule" lines that go to the top of their (built-in) chain, in the
+	// order they end up in there.
+	first  []string
 	remove []string // stale chains to delete (after the flush and the unjumps)
 }
 
 func (p restorePlan) empty() bool {
-	return len(p.write) == 0 && len(p.flush) == 0 && len(p.unjump) == 0 && len(p.remove) == 0
+	return len(p.write) == 0 && len(p.flush) == 0 && len(p.unjump) == 0 && len(p.first) == 0 && len(p.remove) == 0
 }
 
 func renderRestore(table Table, p restorePlan) []byte {
@@ -43,6 +46,14 @@ func renderRestore(table Table, p restorePlan) []byte {
 		for _, r := range c.Rules {
 			writeRule(&b, c.Name, r)
 		}
+	}
+	// Each goes in at the top, so the last one first. A jump moved to the top is deleted
+	// (above) and inserted in the same restore: the kernel swaps the whole table at
+	// COMMIT, so there is no moment without it. (An insert before the delete would not
+	// do: -D by spec deletes the first copy, which would be the new one.)
+	for i := len(p.first) - 1; i >= 0; i-- {
+		chain, rule, _ := strings.Cut(p.first[i], " ")
+		b.WriteString("-I " + chain + " 1 " + rule + "\n")
 	}
 	for _, c := range p.remove {
 		b.WriteString("-X " + c + "\n")

@@ -162,10 +162,10 @@ func TestPlan(t *testing.T) {
 		name                         string
 		save                         string
 		write, flush, unjump, remove []string
-		missing, kept                []string
+		first, kept                  []string
 	}{
 		{name: "empty table: everything", save: header,
-			write: []string{"TRELLIS-NP-FORWARD", "TRELLIS-NP-POD"}, missing: []string{"TRELLIS-NP-FORWARD"}},
+			write: []string{"TRELLIS-NP-FORWARD", "TRELLIS-NP-POD"}, first: []string{"FORWARD -m comment --comment trellis -j TRELLIS-NP-FORWARD"}},
 		{name: "as printed: nothing", save: header + `:TRELLIS-NP-FORWARD - [0:0]
 :TRELLIS-NP-POD - [0:0]
 :TRELLIS-OTHER - [0:0]
@@ -194,8 +194,12 @@ func TestPlan(t *testing.T) {
 -A TRELLIS-NP-POD -p tcp -m tcp --dport 80 -j ACCEPT
 -A TRELLIS-NP-USED -j DROP
 `,
-			flush:  []string{"TRELLIS-NP-OLD", "TRELLIS-NP-USED"},
-			unjump: []string{"FORWARD -m comment --comment trellis -j TRELLIS-NP-FORWARD", "FORWARD -m comment --comment trellis -j TRELLIS-NP-OLD"},
+			flush: []string{"TRELLIS-NP-OLD", "TRELLIS-NP-USED"},
+			// Deleting the second copy by its spec would delete the first: both go, and
+			// the jump is inserted again, in one restore.
+			unjump: []string{"FORWARD -m comment --comment trellis -j TRELLIS-NP-FORWARD", "FORWARD -m comment --comment trellis -j TRELLIS-NP-OLD",
+				"FORWARD -m comment --comment trellis -j TRELLIS-NP-FORWARD"},
+			first:  []string{"FORWARD -m comment --comment trellis -j TRELLIS-NP-FORWARD"},
 			remove: []string{"TRELLIS-NP-OLD"}, kept: []string{"TRELLIS-NP-USED"}},
 		{name: "a kept chain already empty is not flushed again", save: header + `:TRELLIS-NP-FORWARD - [0:0]
 :TRELLIS-NP-POD - [0:0]
@@ -209,22 +213,91 @@ func TestPlan(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := parseSave([]byte("*filter\n"+tc.save+"COMMIT\n"), st.inScope)
-			p := plan(st.Tables[Filter], d, &tableMemo{})
-			var write, missing []string
+			p := plan(Filter, st.Tables[Filter], d, &tableMemo{})
+			var write []string
 			for _, c := range p.restore.write {
 				write = append(write, c.Name)
-			}
-			for _, j := range p.missing {
-				missing = append(missing, j.To)
 			}
 			for _, c := range []struct {
 				what      string
 				got, want []string
 			}{{"write", write, tc.write}, {"flush", p.restore.flush, tc.flush}, {"unjump", p.restore.unjump, tc.unjump},
-				{"remove", p.restore.remove, tc.remove}, {"missing jumps", missing, tc.missing}, {"kept", p.kept, tc.kept}} {
+				{"remove", p.restore.remove, tc.remove}, {"first", p.restore.first, tc.first}, {"kept", p.kept, tc.kept}} {
 				if !slices.Equal(c.got, c.want) {
 					t.Errorf("%s: %q, want %q", c.what, c.got, c.want)
 				}
+			}
+		})
+	}
+}
+
+// First jumps stay the leading rules of their chain, in the state's order; Append jumps
+// stay where they are.
+func TestPlanJumpPositions(t *testing.T) {
+	jump := func(from string, pos Position, to string) Jump {
+		return Jump{From: from, Position: pos, Comment: "trellis", To: to}
+	}
+	ts := TableState{
+		Chains: []Chain{{Name: "TRELLIS-A"}, {Name: "TRELLIS-B"}, {Name: "TRELLIS-C"}, {Name: "TRELLIS-IN"}},
+		Jumps: []Jump{jump("FORWARD", First, "TRELLIS-A"), jump("FORWARD", First, "TRELLIS-B"),
+			jump("FORWARD", Append, "TRELLIS-C"), jump("INPUT", First, "TRELLIS-IN")},
+	}
+	st := State{Scope: []string{"TRELLIS-A", "TRELLIS-B", "TRELLIS-C", "TRELLIS-IN"}, Tables: map[Table]TableState{Filter: ts}}
+	line := func(from, to string) string { return from + " -m comment --comment trellis -j " + to }
+	a, b, c, in := line("FORWARD", "TRELLIS-A"), line("FORWARD", "TRELLIS-B"), line("FORWARD", "TRELLIS-C"), line("INPUT", "TRELLIS-IN")
+	for _, tc := range []struct {
+		name                string
+		rules               []string // of FORWARD and INPUT, as iptables-save prints them
+		unjump, first       []string
+		added, moved, apped []string
+		othersFirst         bool // others' rules in front of a First jump
+	}{
+		{name: "all in place", rules: []string{a, b, "FORWARD -j KUBE-FORWARD", c, in, "INPUT -j KUBE-FIREWALL"}},
+		{name: "behind another trellis chain's jump: still in front",
+			rules: []string{"FORWARD -j TRELLIS-DATAPATH", a, b, c, "INPUT -j TRELLIS-DATAPATH", in}},
+		{name: "kube-proxy's jumps inserted before both chains' First jumps",
+			rules:  []string{"FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD", a, b, c, "INPUT -j KUBE-FIREWALL", in},
+			unjump: []string{a, b, in}, first: []string{a, b, in},
+			moved: []string{"filter/FORWARD -> TRELLIS-A", "filter/FORWARD -> TRELLIS-B", "filter/INPUT -> TRELLIS-IN"}, othersFirst: true},
+		{name: "others' rule between the two First jumps", rules: []string{a, "FORWARD -j KUBE-FORWARD", b, c, in},
+			unjump: []string{a, b}, first: []string{a, b}, moved: []string{"filter/FORWARD -> TRELLIS-B"}, othersFirst: true},
+		{name: "First jumps in the wrong order", rules: []string{b, a, c, in},
+			unjump: []string{a, b}, first: []string{a, b}, moved: []string{"filter/FORWARD -> TRELLIS-A", "filter/FORWARD -> TRELLIS-B"}},
+		{name: "one First jump missing: the chain's block is written again", rules: []string{a, "FORWARD -j KUBE-FORWARD", c, in},
+			unjump: []string{a}, first: []string{a, b}, added: []string{"filter/FORWARD -> TRELLIS-B"}},
+		{name: "an Append jump behind others' rules stays; a missing one is appended", rules: []string{a, b, "FORWARD -j KUBE-FORWARD", in},
+			apped: []string{"TRELLIS-C"}},
+		{name: "empty chains", first: []string{a, b, in},
+			added: []string{"filter/FORWARD -> TRELLIS-A", "filter/FORWARD -> TRELLIS-B", "filter/INPUT -> TRELLIS-IN"}, apped: []string{"TRELLIS-C"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			save := "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-FIREWALL - [0:0]\n"
+			for _, ch := range ts.Chains {
+				save += ":" + ch.Name + " - [0:0]\n"
+			}
+			for _, r := range tc.rules {
+				save += "-A " + r + "\n"
+			}
+			d := parseSave([]byte(save+"COMMIT\n"), st.inScope)
+			p := plan(Filter, ts, d, &tableMemo{})
+			var apped []string
+			for _, j := range p.missing {
+				apped = append(apped, j.To)
+			}
+			for _, c := range []struct {
+				what      string
+				got, want []string
+			}{{"unjump", p.restore.unjump, tc.unjump}, {"first", p.restore.first, tc.first}, {"added", p.added, tc.added},
+				{"moved", p.moved, tc.moved}, {"appended after the restore", apped, tc.apped}, {"write", nil, nil}} {
+				if !slices.Equal(c.got, c.want) {
+					t.Errorf("%s: %q, want %q", c.what, c.got, c.want)
+				}
+			}
+			// A memo of this very printing (a rule inserted in front between a restore and
+			// the save after it) does not hide others' rules in front.
+			m := &tableMemo{jumps: memo{want: hashJumps(ts.Jumps), have: hashJumpLines(d.jumps)}}
+			if p := plan(Filter, ts, d, m); tc.othersFirst && !slices.Equal(p.restore.first, tc.first) {
+				t.Errorf("with a memo of this printing: first %q, want %q", p.restore.first, tc.first)
 			}
 		})
 	}
@@ -237,21 +310,21 @@ func TestPlanRemembersThePrinting(t *testing.T) {
 	inScope := State{}.inScope
 	d := parseSave([]byte("*filter\n:TRELLIS-A - [0:0]\n-A TRELLIS-A -m mark --mark 0x1 -j DROP\nCOMMIT\n"), inScope)
 	m := &tableMemo{chains: map[string]memo{}}
-	if p := plan(ts, d, m); len(p.restore.write) != 1 {
+	if p := plan(Filter, ts, d, m); len(p.restore.write) != 1 {
 		t.Fatalf("without memory the chain should be rewritten once, plan %+v", p.restore)
 	}
 	m.chains["TRELLIS-A"] = memo{want: hashRules(ts.Chains[0].Rules), have: hashLines(d.rules["TRELLIS-A"])}
-	if p := plan(ts, d, m); !p.restore.empty() {
+	if p := plan(Filter, ts, d, m); !p.restore.empty() {
 		t.Errorf("with memory of the printing: plan %+v, want nothing", p.restore)
 	}
 	// Drift (someone changed the rule) is still seen.
 	d2 := parseSave([]byte("*filter\n:TRELLIS-A - [0:0]\n-A TRELLIS-A -m mark --mark 0x2 -j DROP\nCOMMIT\n"), inScope)
-	if p := plan(ts, d2, m); len(p.restore.write) != 1 {
+	if p := plan(Filter, ts, d2, m); len(p.restore.write) != 1 {
 		t.Errorf("a changed kernel copy was not rewritten: plan %+v", p.restore)
 	}
 	// And so is a change of the desired rules.
 	ts2 := TableState{Chains: []Chain{{Name: "TRELLIS-A", Rules: []Rule{{Match: []string{"-m", "mark", "--mark", "2"}, Target: []string{"-j", "DROP"}}}}}}
-	if p := plan(ts2, d, m); len(p.restore.write) != 1 {
+	if p := plan(Filter, ts2, d, m); len(p.restore.write) != 1 {
 		t.Errorf("a changed desired rule was not written: plan %+v", p.restore)
 	}
 }

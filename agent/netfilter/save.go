@@ -13,12 +13,16 @@ type tableDump struct {
 	chains  map[string]bool       // every chain of the table
 	scoped  []string              // chains in scope, in iptables-save's order
 	rules   map[string][]string   // rules of the chains in scope, as printed, without "-A CHAIN "
-	jumps   []jumpLine            // rules of built-in chains going to a chain in scope
+	jumps   []jumpLine            // rules of built-in chains going to a chain in scope, in order
 	foreign map[string][]jumpLine // chain in scope -> rules of chains out of scope (not built-in) going to it
 }
 
 type jumpLine struct {
 	from, text, to string // text as printed, without "-A FROM "
+	pos            int    // index among the rules of its chain
+	// lead: every rule before it in its chain goes to a trellis chain (of any scope), so
+	// no one else's rule decides before it does.
+	lead bool
 }
 
 func (l jumpLine) String() string { return l.from + " " + l.text }
@@ -27,6 +31,8 @@ func (l jumpLine) String() string { return l.from + " " + l.text }
 func parseSave(out []byte, inScope func(string) bool) tableDump {
 	d := tableDump{chains: map[string]bool{}, rules: map[string][]string{}, foreign: map[string][]jumpLine{}}
 	builtin := map[string]bool{}
+	rules := map[string]int{}   // built-in chain -> rules read so far
+	others := map[string]bool{} // built-in chain -> a rule not going to a trellis chain read
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	sc.Buffer(make([]byte, 0, 64*1024), 1024*1024)
 	for sc.Scan() {
@@ -49,16 +55,20 @@ func parseSave(out []byte, inScope func(string) bool) tableDump {
 				d.rules[chain] = append(d.rules[chain], text)
 				continue
 			}
-			if !strings.Contains(text, ChainPrefix) { // cheap: most foreign rules
-				continue
-			}
-			to := target(lastTarget(SplitRule(text)))
-			if !inScope(to) {
-				continue
+			to := ""
+			if strings.Contains(text, ChainPrefix) { // cheap: most foreign rules don't
+				to = target(lastTarget(SplitRule(text)))
 			}
 			if builtin[chain] {
-				d.jumps = append(d.jumps, jumpLine{from: chain, text: text, to: to})
-			} else {
+				l := jumpLine{from: chain, text: text, to: to, pos: rules[chain], lead: !others[chain]}
+				rules[chain]++
+				if !strings.HasPrefix(to, ChainPrefix) {
+					others[chain] = true
+				}
+				if inScope(to) {
+					d.jumps = append(d.jumps, l)
+				}
+			} else if inScope(to) {
 				d.foreign[to] = append(d.foreign[to], jumpLine{from: chain, text: text, to: to})
 			}
 		}

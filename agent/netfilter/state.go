@@ -5,8 +5,10 @@
 // A Syncer reads each table with one iptables-save, writes only the chains whose content
 // differs with one iptables-restore --noflush per table (atomic per table; unchanged
 // chains keep their packet counters), removes the chains it owns that are no longer
-// desired, and ensures the jumps with go-iptables. Nothing outside trellis's chains is
-// written but the jump rules from built-in chains into them.
+// desired, keeps the First jumps at the top of their built-in chains in that same restore
+// and appends the missing Append jumps with go-iptables. Nothing outside trellis's chains
+// is written but the jump rules from built-in chains into them. Between those full syncs,
+// SyncCached writes what changed from memory, reading nothing.
 //
 // Rules that reference ipsets need them to exist first: apply the sets (agent/ipset)
 // before Sync, and destroy the sets no longer used after it.
@@ -96,8 +98,10 @@ type Position int
 const (
 	// Append adds the jump at the end of the chain (after everyone else's rules).
 	Append Position = iota
-	// First inserts it as the first rule. A jump found anywhere in the chain is left where
-	// it is (nothing is moved or rewritten).
+	// First keeps it at the top of the chain: its First jumps are the chain's leading
+	// rules, in the state's order, with at most jumps into other trellis chains before
+	// them. Each Sync moves one found behind others' rules (kube-proxy inserts its own at
+	// the top) back to the top, deleting and inserting it in one iptables-restore.
 	First
 )
 
