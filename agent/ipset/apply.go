@@ -32,45 +32,47 @@ type Result struct {
 
 // Apply makes trellis's sets be want: one `ipset list` to read the kernel's sets, and,
 // when anything differs, one `ipset restore`. A set that can't be changed (its type
-// changed while a rule uses it) is left as it is and reported; the rest is applied.
+// changed while a rule uses it) or is not valid (Validate) is left as the kernel holds it,
+// if it does, and reported by name; the rest is applied, so one bad set can't hold back
+// the others.
 func Apply(ctx context.Context, want []Set) (Result, error) {
 	var sets []*desired
 	var errs []error
 	names := map[string]bool{}
+	invalid := map[string]bool{} // left alone: neither changed nor destroyed as undesired
 	for _, s := range want {
 		d, err := s.canonical()
 		if err != nil {
 			errs = append(errs, err)
+			invalid[s.Name] = true
 			continue
 		}
 		if names[s.Name] {
-			errs = append(errs, fmt.Errorf("ipset %s listed twice", s.Name))
+			errs = append(errs, fmt.Errorf("ipset %s listed twice: the first is applied", s.Name))
 			continue
 		}
 		names[s.Name] = true
 		sets = append(sets, d)
 	}
-	if len(errs) > 0 {
-		return Result{}, errors.Join(errs...)
-	}
 	if _, err := exec.LookPath("ipset"); err != nil {
-		if len(sets) == 0 {
+		if len(sets) == 0 && len(errs) == 0 {
 			return Result{}, nil // trellis makes its sets with this command: without it there are none
 		}
-		return Result{}, errors.New("the ipset command is missing: install ipset")
+		return Result{}, errors.Join(append(errs, errors.New("the ipset command is missing: install ipset"))...)
 	}
 	out, err := command(ctx, nil, "list")
 	if err != nil {
-		return Result{}, err
+		return Result{}, errors.Join(append(errs, err)...)
 	}
-	script, res, err := plan(sets, parseList(out))
+	script, res, err := plan(sets, parseList(out), invalid)
+	errs = append(errs, err)
 	if len(script) > 0 {
 		if rerr := restore(ctx, script); rerr != nil {
-			return Result{}, errors.Join(rerr, err)
+			return Result{}, errors.Join(append(errs, rerr)...)
 		}
 		res.Restored = true
 	}
-	return res, err
+	return res, errors.Join(errs...)
 }
 
 // current is one of trellis's sets as the kernel lists it.
@@ -158,12 +160,15 @@ func parseEntry(line string) (string, attrs) {
 
 // plan computes the restore script that turns have into want. Stale sets go first (their
 // names may be needed), then each desired set: created, re-created, rebuilt aside and
-// swapped in, or its entries deleted then added.
-func plan(want []*desired, have map[string]*current) ([]string, Result, error) {
+// swapped in, or its entries deleted then added. Sets named in keep are left as they are.
+func plan(want []*desired, have map[string]*current, keep map[string]bool) ([]string, Result, error) {
 	var script []string
 	var res Result
 	var errs []error
-	wanted := map[string]bool{}
+	wanted := maps.Clone(keep)
+	if wanted == nil {
+		wanted = map[string]bool{}
+	}
 	for _, d := range want {
 		wanted[d.Name] = true
 	}

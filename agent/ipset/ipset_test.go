@@ -315,3 +315,61 @@ func TestCleanup(t *testing.T) {
 		t.Errorf("left %v, want the foreign set only", got)
 	}
 }
+
+// A set Apply can't take is reported by name and left as the kernel holds it; the other
+// sets of the same Apply are still created, updated and destroyed.
+func TestApplyInvalidSetDoesNotHoldBackTheOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		bad  ipset.Set
+		why  string
+	}{
+		{"an entry twice (an ipBlock's cidr and except)", ipset.Set{Name: "trellis-bad", Type: "hash:net", Entries: []ipset.Entry{
+			{Member: "0.0.0.0/1"}, {Member: "128.0.0.0/1"}, {Member: "0.0.0.0/1", NoMatch: true}}}, "listed twice"},
+		{"a /0 entry", ipset.Set{Name: "trellis-bad", Type: "hash:net", Entries: []ipset.Entry{{Member: "0.0.0.0/0"}}}, "/0"},
+		{"an entry of the other family", ipset.Set{Name: "trellis-bad", Type: "hash:net", Entries: []ipset.Entry{{Member: "2001:db8::/32"}}}, "not an address of family inet"},
+		{"an unknown type", ipset.Set{Name: "trellis-bad", Type: "list:set"}, "is not one of"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNS(t)
+			net := func(name string, members ...string) ipset.Set {
+				s := ipset.Set{Name: name, Type: "hash:net"}
+				for _, m := range members {
+					s.Entries = append(s.Entries, ipset.Entry{Member: m})
+				}
+				return s
+			}
+			mustApply(t, n, net("trellis-bad", "10.0.0.0/8"), net("trellis-kept", "10.1.0.0/16"), net("trellis-gone", "10.2.0.0/16"))
+
+			newBad := tc.bad
+			newBad.Name = "trellis-bad-new"
+			res, err := apply(t, n, tc.bad, newBad, net("trellis-kept", "10.1.0.0/16", "10.3.0.0/16"), net("trellis-new", "10.4.0.0/16"))
+			if err == nil {
+				t.Fatal("Apply accepted the invalid sets")
+			}
+			for _, name := range []string{"ipset trellis-bad:", "ipset trellis-bad-new:", tc.why} {
+				if !strings.Contains(err.Error(), name) {
+					t.Errorf("error %q doesn't say %q", err, name)
+				}
+			}
+			for _, good := range []string{"trellis-kept", "trellis-new", "trellis-gone"} {
+				if strings.Contains(err.Error(), good) {
+					t.Errorf("error %q names the valid set %s", err, good)
+				}
+			}
+			if !res.Restored || !slices.Equal(res.Created, []string{"trellis-new"}) || !slices.Equal(res.Updated, []string{"trellis-kept"}) ||
+				!slices.Equal(res.Destroyed, []string{"trellis-gone"}) {
+				t.Errorf("result %+v: the valid sets were not applied", res)
+			}
+			if got := setNames(t, n); !slices.Equal(got, []string{"trellis-bad", "trellis-kept", "trellis-new"}) {
+				t.Errorf("sets %v, want the invalid one as it was, the valid ones applied and no new invalid one", got)
+			}
+			if got := members(t, n, "trellis-bad"); !slices.Equal(got, []string{"10.0.0.0/8"}) {
+				t.Errorf("the invalid set now holds %v, want its old members", got)
+			}
+			if got := members(t, n, "trellis-kept"); !slices.Equal(got, []string{"10.1.0.0/16", "10.3.0.0/16"}) {
+				t.Errorf("trellis-kept holds %v", got)
+			}
+		})
+	}
+}

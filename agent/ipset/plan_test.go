@@ -133,6 +133,7 @@ func TestPlan(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		want   []*desired
+		keep   map[string]bool
 		script []string
 		err    string
 	}{
@@ -143,7 +144,7 @@ func TestPlan(t *testing.T) {
 				{Member: "10.3.0.0/16", NoMatch: true},                 // new
 			}}),
 			mk(Set{Name: "trellis-t", Type: "hash:ip"}),
-		}, []string{
+		}, nil, []string{
 			"del trellis-n 10.2.0.1",
 			"add trellis-n 10.0.0.0/8",
 			"add trellis-n 10.3.0.0/16 nomatch",
@@ -152,9 +153,19 @@ func TestPlan(t *testing.T) {
 			"swap trellis-swap-" + tempHash("trellis-t") + " trellis-t",
 			"destroy trellis-swap-" + tempHash("trellis-t"),
 		}, ""},
+		{"a kept set (not valid this time) is neither changed nor destroyed as undesired", []*desired{
+			mk(Set{Name: "trellis-n", Type: "hash:net", MaxElem: 1000, Comment: true, Entries: []Entry{
+				{Member: "10.1.0.0/16", NoMatch: true, Comment: "x y"}, {Member: "10.2.0.1"}, {Member: "10.0.0.0/8", Comment: "a,b:c"},
+			}}),
+		}, map[string]bool{"trellis-t": true}, nil, ""},
+		{"without keep the same set is destroyed", []*desired{
+			mk(Set{Name: "trellis-n", Type: "hash:net", MaxElem: 1000, Comment: true, Entries: []Entry{
+				{Member: "10.1.0.0/16", NoMatch: true, Comment: "x y"}, {Member: "10.2.0.1"}, {Member: "10.0.0.0/8", Comment: "a,b:c"},
+			}}),
+		}, nil, []string{"destroy trellis-t"}, ""},
 		{"options changed: rebuilt aside and swapped", []*desired{
 			mk(Set{Name: "trellis-n", Type: "hash:net", MaxElem: 2000, Entries: []Entry{{Member: "10.0.0.0/8"}}}),
-		}, []string{
+		}, nil, []string{
 			"destroy trellis-t",
 			"create trellis-swap-" + tempHash("trellis-n") + " hash:net family inet maxelem 2000",
 			"add trellis-swap-" + tempHash("trellis-n") + " 10.0.0.0/8",
@@ -164,7 +175,7 @@ func TestPlan(t *testing.T) {
 		{"type changed while in use: refused", []*desired{
 			mk(Set{Name: "trellis-n", Type: "hash:ip"}),
 			mk(Set{Name: "trellis-new", Type: "hash:ip", Entries: []Entry{{Member: "10.0.0.1"}}}),
-		}, []string{
+		}, nil, []string{
 			"destroy trellis-t",
 			"create trellis-new hash:ip family inet maxelem 65536",
 			"add trellis-new 10.0.0.1",
@@ -172,7 +183,7 @@ func TestPlan(t *testing.T) {
 		{"type changed, unused: re-created", []*desired{
 			mk(Set{Name: "trellis-n", MaxElem: 1000, Comment: true, Type: "hash:net"}),
 			mk(Set{Name: "trellis-t", Type: "hash:net", Entries: []Entry{{Member: "10.0.0.0/8"}}}),
-		}, []string{
+		}, nil, []string{
 			"del trellis-n 10.0.0.0/8", "del trellis-n 10.1.0.0/16", "del trellis-n 10.2.0.1",
 			"destroy trellis-t",
 			"create trellis-t hash:net family inet maxelem 65536",
@@ -180,7 +191,7 @@ func TestPlan(t *testing.T) {
 		}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			script, _, err := plan(tc.want, have)
+			script, _, err := plan(tc.want, have, tc.keep)
 			if !slices.Equal(script, tc.script) {
 				t.Errorf("script:\n%s\nwant:\n%s", strings.Join(script, "\n"), strings.Join(tc.script, "\n"))
 			}

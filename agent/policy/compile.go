@@ -5,7 +5,6 @@ import (
 	"encoding/base32"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -48,7 +47,7 @@ type SetType string
 const (
 	// SetIP holds pod addresses (selector memberships).
 	SetIP SetType = "hash:ip"
-	// SetNet holds ipBlocks: the CIDR, and its excepts as "nomatch" entries.
+	// SetNet holds ipBlocks: the non-overlapping prefixes of the CIDR minus its excepts.
 	SetNet SetType = "hash:net"
 	// SetIPPort holds ip,protocol:port of the pods declaring a named port.
 	SetIPPort SetType = "hash:ip,port"
@@ -439,7 +438,7 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 			return "", false
 		}
 		if set == "" {
-			return "", false // an IPv6 block: no IPv4 address is in it
+			return "", false // an IPv6 block, or all of it excepted: no IPv4 address is in it
 		}
 		return fmt.Sprintf("-m set --match-set %s %s", set, dir), true
 	}
@@ -487,47 +486,25 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 	return fmt.Sprintf("-m set --match-set %s %s", c.podSet(key, SetIP, def), dir), true
 }
 
-// ipBlockSet is the hash:net set of an ipBlock: its CIDR, and the excepts as nomatch
-// entries (the most specific entry decides). "" for an IPv6 block.
+// ipBlockSet is the hash:net set of an ipBlock: the prefixes of its CIDR minus its excepts
+// (ipBlockPrefixes), so any valid block gives a set ipset takes. "" when no IPv4 address
+// is in the block (an IPv6 block, or everything excepted): the peer matches nothing.
 func (c *compiler) ipBlockSet(b *networkingv1.IPBlock) (string, error) {
-	cidr, err := netip.ParsePrefix(b.CIDR)
-	if err != nil {
-		return "", fmt.Errorf("cidr %q: %w", b.CIDR, err)
+	prefixes, err := ipBlockPrefixes(b.CIDR, b.Except)
+	if err != nil || len(prefixes) == 0 {
+		return "", err
 	}
-	if !cidr.Addr().Is4() {
-		return "", nil
+	members := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		members[i] = p.String()
 	}
-	cidr = cidr.Masked()
-	var members []string
-	// hash:net can't hold a /0: two /1s cover the same.
-	if cidr.Bits() == 0 {
-		members = append(members, "0.0.0.0/1", "128.0.0.0/1")
-	} else {
-		members = append(members, cidr.String())
+	// Named by what it holds: blocks written differently that cover the same addresses
+	// share one set, and the name doesn't depend on which policy came first.
+	comment := "ipBlock " + strings.Join(members[:min(len(members), 4)], " ")
+	if len(members) > 4 {
+		comment += fmt.Sprintf(" and %d more prefixes", len(members)-4)
 	}
-	except := []string{}
-	for _, e := range b.Except {
-		p, err := netip.ParsePrefix(e)
-		if err != nil {
-			return "", fmt.Errorf("except %q: %w", e, err)
-		}
-		if !p.Addr().Is4() {
-			continue
-		}
-		p = p.Masked()
-		if p.Bits() == 0 {
-			return "", fmt.Errorf("except %q excludes everything", e)
-		}
-		members = append(members, p.String()+" nomatch")
-		except = append(except, p.String())
-	}
-	slices.Sort(except)
-	key := "net|" + cidr.String() + "|" + strings.Join(except, ",")
-	comment := "ipBlock " + cidr.String()
-	if len(except) > 0 {
-		comment += " except " + strings.Join(except, " ")
-	}
-	return c.set(key, SetNet, members, comment), nil
+	return c.set("net|"+strings.Join(members, ","), SetNet, members, comment), nil
 }
 
 // portMatches are the iptables matches for one NetworkPolicyPort. A named port resolves,
