@@ -50,7 +50,7 @@ func (c *Cache) Apply(ctx context.Context, want []Set, verify bool) (Result, err
 			have[name] = &current{name: name, entries: map[string]attrs{}}
 		}
 	}
-	script, res, err := plan(sets, have)
+	script, res, err := plan(sets, have, nil)
 	if err == nil && len(script) > 0 {
 		if err = restore(ctx, script); err == nil {
 			res.Restored = true

@@ -41,7 +41,11 @@ func (a *KernelApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
 	if err != nil {
 		return sr.Restored, err
 	}
-	nr, err := a.Syncer.Sync(ctx, st)
+	sync := a.Syncer.SyncCached
+	if verify {
+		sync = a.Syncer.Sync
+	}
+	nr, err := sync(ctx, st)
 	if err != nil {
 		return true, fmt.Errorf("iptables: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/base32"
 	"fmt"
 	"maps"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
