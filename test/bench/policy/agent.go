@@ -51,7 +51,7 @@ type agentOptions struct {
 	remove bool   // remove every policy rule and set, and exit
 	// hook is the policy hook's socket: the CNI plugin's ADD waits on it (EnsurePod).
 	hook string
-	// cpuProfile, heapProfile: files written when the agent stops (SIGTERM).
+	// cpuProfile, heapProfile: files written when the agent is told to stop (SIGTERM).
 	cpuProfile, heapProfile string
 }
 
@@ -70,7 +70,7 @@ func runAgent(o agentOptions, node string) (err error) {
 		}
 		return json.NewEncoder(os.Stdout).Encode(event{Kind: "removed", OK: true})
 	}
-	stopProfiles, err := startProfiles(o.cpuProfile, o.heapProfile)
+	stopProfiles, err := startProfiles(o.cpuProfile)
 	if err != nil {
 		return err
 	}
@@ -123,45 +123,60 @@ func runAgent(o agentOptions, node string) (err error) {
 	if err := policy.Watch(mgr, e); err != nil {
 		return err
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	sig, stopSig := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stopSig()
+	// The heap profile is taken on the signal, before the manager stops: after, its caches
+	// are gone and the profile would not show what the RSS was made of.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	return mgr.Start(ctx)
+	heapErr := make(chan error, 1)
+	go func() {
+		<-sig.Done()
+		heapErr <- writeHeapProfile(o.heapProfile)
+		cancel()
+	}()
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	return <-heapErr
 }
 
-// startProfiles starts the CPU profile (when cpu is set); the returned func stops it and
-// writes the heap profile (when heap is set) after a GC, so it shows what stays live.
-func startProfiles(cpu, heap string) (func() error, error) {
-	var cpuFile *os.File
-	if cpu != "" {
-		f, err := os.Create(cpu)
-		if err != nil {
-			return nil, fmt.Errorf("creating the CPU profile: %w", err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			f.Close()
-			return nil, fmt.Errorf("starting the CPU profile: %w", err)
-		}
-		cpuFile = f
+// writeHeapProfile writes the heap profile (when path is set) after a GC, so it shows what
+// stays live.
+func writeHeapProfile(path string) error {
+	if path == "" {
+		return nil
+	}
+	runtime.GC()
+	f, err := os.Create(path)
+	if err == nil {
+		err = errors.Join(pprof.WriteHeapProfile(f), f.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("writing the heap profile: %w", err)
+	}
+	return nil
+}
+
+// startProfiles starts the CPU profile (when path is set); the returned func stops it.
+func startProfiles(path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("creating the CPU profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting the CPU profile: %w", err)
 	}
 	return func() error {
-		var errs []error
-		if cpuFile != nil {
-			pprof.StopCPUProfile()
-			if err := cpuFile.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("writing the CPU profile: %w", err))
-			}
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("writing the CPU profile: %w", err)
 		}
-		if heap != "" {
-			runtime.GC()
-			f, err := os.Create(heap)
-			if err == nil {
-				err = errors.Join(pprof.WriteHeapProfile(f), f.Close())
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("writing the heap profile: %w", err))
-			}
-		}
-		return errors.Join(errs...)
+		return nil
 	}, nil
 }
 
