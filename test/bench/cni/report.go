@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -13,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
 
 // sample is one measured operation.
@@ -85,17 +86,6 @@ func (r *results) writeCSV(path string) error {
 	return nil
 }
 
-// percentile is the nearest-rank percentile (p in (0,100]) of samples.
-func percentile(samples []time.Duration, p float64) (time.Duration, bool) {
-	if len(samples) == 0 {
-		return 0, false
-	}
-	s := slices.Clone(samples)
-	slices.Sort(s)
-	rank := int(math.Ceil(p / 100 * float64(len(s))))
-	return s[max(rank, 1)-1], true
-}
-
 // print writes the report: per mode, operation and percentile the latency of both setups
 // and the ratio trellis/reference (≤ 1.00: trellis is as fast or faster), then the wall
 // time of whole rounds, which shows throughput under concurrency.
@@ -111,8 +101,8 @@ func (r *results) print(w io.Writer, o options, runDir string) {
 		for _, op := range []string{"ADD", "DEL"} {
 			ref, trl := r.data[seriesKey{m, pluginReference, op}], r.data[seriesKey{m, pluginTrellis, op}]
 			for _, p := range []float64{50, 99} {
-				rv, rok := percentile(samplesOf(ref), p)
-				tv, tok := percentile(samplesOf(trl), p)
+				rv, rok := benchrun.Percentile(samplesOf(ref), p)
+				tv, tok := benchrun.Percentile(samplesOf(trl), p)
 				fmt.Fprintf(w, row, m, op, fmt.Sprintf("p%d", int(p)), ms(rv, rok), ms(tv, tok), ratio(tv, rv, tok && rok))
 			}
 		}

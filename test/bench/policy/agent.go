@@ -1,10 +1,22 @@
 package main
 
+// The agent side: the only file that uses agent/policy (its engine is being rewritten; the
+// benchmark depends on the exported API trellis-agent itself uses), and the parent's
+// handle on the agent process.
+
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,25 +43,45 @@ type event struct {
 	Isolated   int     `json:"isolated"`
 }
 
+func (e event) duration() time.Duration { return time.Duration(e.Seconds * float64(time.Second)) }
+
+// agentOptions are the agent side's flags (-agent mode).
+type agentOptions struct {
+	access string // the API access file
+	remove bool   // remove every policy rule and set, and exit
+	// hook is the policy hook's socket: the CNI plugin's ADD waits on it (EnsurePod).
+	hook string
+	// cpuProfile, heapProfile: files written when the agent is told to stop (SIGTERM).
+	cpuProfile, heapProfile string
+}
+
+// hookTimeout is the agent's SetupTimeout and bounds one hook call on both sides.
+const hookTimeout = 10 * time.Second
+
 // runAgent is the agent side (-agent): the policy engine as trellis-agent runs it (the same
-// cache transforms, engine and kernel applier; no hook server, the pods are wired before
+// cache transforms, engine, kernel applier and CNI hook server; the pods are wired before
 // it starts), reporting each sync on stdout. With remove, it takes every policy rule and
 // set away and exits.
-func runAgent(accessFile, node string, remove bool) error {
-	if remove {
+func runAgent(o agentOptions, node string) (err error) {
+	if o.remove {
 		a := &policy.KernelApplier{}
 		if err := a.Remove(); err != nil {
-			return err
+			return fmt.Errorf("removing the policy rules and sets: %w", err)
 		}
 		return json.NewEncoder(os.Stdout).Encode(event{Kind: "removed", OK: true})
 	}
-	b, err := os.ReadFile(accessFile)
+	stopProfiles, err := startProfiles(o.cpuProfile)
 	if err != nil {
 		return err
 	}
+	defer func() { err = errors.Join(err, stopProfiles()) }()
+	b, err := os.ReadFile(o.access)
+	if err != nil {
+		return fmt.Errorf("reading the API access file: %w", err)
+	}
 	var access benchrun.APIAccess
 	if err := json.Unmarshal(b, &access); err != nil {
-		return err
+		return fmt.Errorf("reading the API access file %s: %w", o.access, err)
 	}
 	s, err := scheme.New()
 	if err != nil {
@@ -61,13 +93,13 @@ func runAgent(accessFile, node string, remove bool) error {
 		Cache: cache.Options{ByObject: policy.CacheOptions()},
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("creating the agent's manager: %w", err)
 	}
 	var mu sync.Mutex
 	out := json.NewEncoder(os.Stdout)
 	e := &policy.Engine{
 		Reader: mgr.GetCache(), NodeName: node, Applier: &policy.KernelApplier{}, Log: logr.Discard(),
-		SetupTimeout: 10 * time.Second,
+		SetupTimeout: hookTimeout,
 		OnSync: func(st policy.Status, _ *policy.Ruleset, took time.Duration) {
 			ev := event{Kind: "sync", OK: st.Err == nil, Seconds: took.Seconds(), Rules: st.Rules, Sets: st.Sets,
 				SetEntries: st.SetMembers, Isolated: st.IsolatedIngress + st.IsolatedEgress}
@@ -82,10 +114,285 @@ func runAgent(accessFile, node string, remove bool) error {
 	if err := mgr.Add(e); err != nil {
 		return err
 	}
+	if o.hook != "" {
+		// As policy.Setup wires it for trellis-agent: the plugin's ADD returns when this does.
+		if err := mgr.Add(&policy.HookServer{Socket: o.hook, Handle: e.EnsurePod, Timeout: hookTimeout, Log: logr.Discard()}); err != nil {
+			return err
+		}
+	}
 	if err := policy.Watch(mgr, e); err != nil {
 		return err
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	sig, stopSig := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stopSig()
+	// The heap profile is taken on the signal, before the manager stops: after, its caches
+	// are gone and the profile would not show what the RSS was made of.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	return mgr.Start(ctx)
+	heapErr := make(chan error, 1)
+	go func() {
+		<-sig.Done()
+		heapErr <- writeHeapProfile(o.heapProfile)
+		cancel()
+	}()
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	return <-heapErr
+}
+
+// writeHeapProfile writes the heap profile (when path is set) after a GC, so it shows what
+// stays live.
+func writeHeapProfile(path string) error {
+	if path == "" {
+		return nil
+	}
+	runtime.GC()
+	f, err := os.Create(path)
+	if err == nil {
+		err = errors.Join(pprof.WriteHeapProfile(f), f.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("writing the heap profile: %w", err)
+	}
+	return nil
+}
+
+// startProfiles starts the CPU profile (when path is set); the returned func stops it.
+func startProfiles(path string) (func() error, error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("creating the CPU profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting the CPU profile: %w", err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("writing the CPU profile: %w", err)
+		}
+		return nil
+	}, nil
+}
+
+// agentProc is the policy engine process in the node namespace, its sync events and its
+// peak RSS (sampled, as a short peak between two reads of VmRSS would otherwise be missed).
+type agentProc struct {
+	cmd     *exec.Cmd
+	started time.Time
+	mu      sync.Mutex
+	events  []event
+	newEv   chan struct{}
+	peak    int // KiB
+	done    chan struct{}
+	stopped bool
+}
+
+// startAgent runs this binary's agent side in netns; `ip netns exec` execs it, so the
+// child's pid is the agent's (its RSS is read there).
+func startAgent(netns string, o agentOptions) (*agentProc, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"netns", "exec", netns, self, "-agent", "-access", o.access}
+	for flag, v := range map[string]string{"-hook": o.hook, "-cpuprofile": o.cpuProfile, "-heapprofile": o.heapProfile} {
+		if v != "" {
+			args = append(args, flag, v)
+		}
+	}
+	a := &agentProc{newEv: make(chan struct{}, 1), done: make(chan struct{})}
+	a.cmd = exec.Command("ip", args...)
+	a.cmd.Stderr = os.Stderr
+	out, err := a.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	a.started = time.Now()
+	if err := a.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the agent: %w", err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var ev event
+			if json.Unmarshal(sc.Bytes(), &ev) != nil {
+				continue
+			}
+			a.mu.Lock()
+			a.events = append(a.events, ev)
+			a.mu.Unlock()
+			select {
+			case a.newEv <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	go func() {
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-a.done:
+				return
+			case <-t.C:
+				r := rss(a.cmd.Process.Pid)
+				a.mu.Lock()
+				a.peak = max(a.peak, r)
+				a.mu.Unlock()
+			}
+		}
+	}()
+	return a, nil
+}
+
+// waitSync waits for the first successful sync.
+func (a *agentProc) waitSync(timeout time.Duration) (event, error) {
+	deadline := time.After(timeout)
+	for {
+		a.mu.Lock()
+		for _, ev := range a.events {
+			if ev.Kind == "sync" && ev.OK {
+				a.mu.Unlock()
+				return ev, nil
+			}
+		}
+		var lastErr string
+		if n := len(a.events); n > 0 {
+			lastErr = a.events[n-1].Error
+		}
+		a.mu.Unlock()
+		select {
+		case <-a.newEv:
+		case <-deadline:
+			return event{}, fmt.Errorf("the agent did not sync within %v (last error: %s)", timeout, lastErr)
+		}
+	}
+}
+
+// count is the number of events so far (settle's mark).
+func (a *agentProc) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.events)
+}
+
+// settle waits until the agent reported a sync after mark and then nothing for a while
+// (50 ms plus the last sync's length), so the next change starts on an idle engine and
+// its latency holds no rest of this one's sync (the conntrack clean-up runs after the
+// kernel write a probe sees). It fails on a failed sync: a benchmark of a failing engine
+// measures nothing.
+func (a *agentProc) settle(mark int) (event, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		evs := a.events[min(mark, len(a.events)):]
+		a.mu.Unlock()
+		for _, ev := range evs {
+			if !ev.OK {
+				return ev, fmt.Errorf("the agent's sync failed: %s", ev.Error)
+			}
+		}
+		if len(evs) == 0 {
+			select {
+			case <-a.newEv:
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		last := evs[len(evs)-1]
+		select {
+		case <-a.newEv:
+			continue
+		case <-time.After(50*time.Millisecond + last.duration()):
+			if a.count() == mark+len(evs) {
+				return last, nil
+			}
+		}
+	}
+	return event{}, fmt.Errorf("the agent did not settle within 30 s of a change (%d events since)", a.count()-mark)
+}
+
+// quiet waits until the agent reported nothing for 200 ms plus its last sync's length
+// (whether or not anything since mark made it sync), failing on a failed sync.
+func (a *agentProc) quiet(mark int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		n, last := len(a.events), event{}
+		if n > 0 {
+			last = a.events[n-1]
+		}
+		a.mu.Unlock()
+		if n > mark && !last.OK {
+			return fmt.Errorf("the agent's sync failed: %s", last.Error)
+		}
+		time.Sleep(200*time.Millisecond + last.duration())
+		if a.count() == n {
+			return nil
+		}
+	}
+	return errors.New("the agent did not go quiet within 30 s")
+}
+
+// peakRSS is the largest VmRSS seen so far, in KiB.
+func (a *agentProc) peakRSS() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.peak
+}
+
+// stop ends the agent (SIGTERM: it writes its profiles), failing if it exits with an error.
+func (a *agentProc) stop() error {
+	if a.stopped {
+		return nil
+	}
+	a.stopped = true
+	defer close(a.done)
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	errc := make(chan error, 1)
+	go func() { errc <- a.cmd.Wait() }()
+	select {
+	case err := <-errc:
+		if err != nil {
+			return fmt.Errorf("the agent exited: %w", err)
+		}
+		return nil
+	case <-time.After(20 * time.Second):
+		_ = a.cmd.Process.Kill()
+		<-errc
+		return errors.New("the agent did not stop within 20 s of SIGTERM; killed")
+	}
+}
+
+func removePolicy(netns, accessFile string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	out, err := exec.Command("ip", "netns", "exec", netns, self, "-agent", "-remove", "-access", accessFile).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("removing the policy rules: %v: %s", err, out)
+	}
+	return nil
+}
+
+// rss is a process's resident set in KiB (VmRSS), 0 when unknown.
+func rss(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
+			return kb
+		}
+	}
+	return 0
 }

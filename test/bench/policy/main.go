@@ -1,14 +1,17 @@
 // Command bench-policy measures the NetworkPolicy engine at scale (make bench-policy): a
-// real API server holding -pods pods and -policies policies, a node network namespace with
-// real pods wired by the CNI plugin's veth code, and the agent's policy engine as its own
-// process in that namespace. It prints the full sync time from agent start, the time from
-// a label change / a pod add / a policy add to enforcement (probed between real pods), the
-// programmed rules and set entries, the agent's RSS, and pod-to-pod throughput through the
-// policy chains against the same path with policy removed, with the goals beside them.
+// real API server holding, one size after another (-sizes, default 1,000 then 10,000), that
+// many pods and -policies policies; a node network namespace with real pods wired by the
+// CNI plugin's veth code; and the agent's policy engine as its own process in that
+// namespace, restarted for each size. Per size it prints the full sync time from agent
+// start; p50/p99 of the time from a label change / a pod add / a policy add to enforcement
+// (probed between real pods), -changes of each; p50/p99 of what a CNI ADD waits for (the
+// policy hook, EnsurePod) with the node's conntrack table nearly empty and holding
+// -conntrack entries; the rules and set entries; the agent's RSS; and pod-to-pod
+// throughput through the policy chains against the same path with policy removed. One
+// table, a column per size, with the goals and PASS/MISS beside them.
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,17 +19,14 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/test/bench/benchrun"
@@ -35,20 +35,43 @@ import (
 
 const base = "trlbp-"
 
+type options struct {
+	sizes      []int
+	policies   int
+	changes    int
+	conntrack  int
+	duration   time.Duration
+	repeat     int
+	profileDir string
+}
+
 func main() {
+	var ao agentOptions
 	agent := flag.Bool("agent", false, "internal: run the policy engine (inside the node namespace)")
-	remove := flag.Bool("remove", false, "internal: with -agent, remove every policy rule and set")
-	access := flag.String("access", "", "internal: the API access file")
-	pods := flag.Int("pods", 1000, "pods in the cluster")
-	policies := flag.Int("policies", 1000, "NetworkPolicies in the cluster")
-	duration := flag.Duration("duration", 3*time.Second, "length of each iperf3 run")
-	repeat := flag.Int("repeat", 3, "iperf3 runs per side (alternating)")
+	flag.BoolVar(&ao.remove, "remove", false, "internal: with -agent, remove every policy rule and set")
+	flag.StringVar(&ao.access, "access", "", "internal: the API access file")
+	flag.StringVar(&ao.hook, "hook", "", "internal: the policy hook's socket")
+	flag.StringVar(&ao.cpuProfile, "cpuprofile", "", "internal: write the agent's CPU profile here")
+	flag.StringVar(&ao.heapProfile, "heapprofile", "", "internal: write the agent's heap profile here")
+	sizes := flag.String("sizes", "1000,10000", "pod counts, measured one after another on the same API server (a column each)")
+	pods := flag.Int("pods", 0, "measure this one pod count (the same as -sizes N)")
+	var o options
+	flag.IntVar(&o.policies, "policies", 1000, "NetworkPolicies in the cluster, the same at every size")
+	flag.IntVar(&o.changes, "changes", minChanges, fmt.Sprintf("label changes, pod adds, policy adds and CNI ADDs (each, without and with the conntrack table) per size; the latency goals need >= %d", minChanges))
+	flag.IntVar(&o.conntrack, "conntrack", 100000, "conntrack entries in the node namespace for the CNI ADD comparison")
+	flag.DurationVar(&o.duration, "duration", 3*time.Second, "length of each iperf3 run")
+	flag.IntVar(&o.repeat, "repeat", 3, "iperf3 runs per side (alternating), per size")
+	flag.StringVar(&o.profileDir, "profile-dir", "", "write the agent's CPU and heap profiles of the largest size here (agent-<pods>.cpu.pprof, agent-<pods>.heap.pprof)")
 	flag.Parse()
 	var err error
 	if *agent {
-		err = runAgent(*access, benchNode, *remove)
+		err = runAgent(ao, benchNode)
 	} else {
-		err = run(*pods, *policies, *duration, *repeat)
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if o.sizes, err = parseSizes(*sizes, *pods, set["sizes"], set["pods"]); err == nil {
+			err = run(o)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench-policy:", err)
@@ -56,17 +79,40 @@ func main() {
 	}
 }
 
-type figures struct {
-	fullSync, fullSyncEngine             time.Duration
-	labelChange, podAdd, policyAdd       time.Duration
-	labelEngine, podEngine, policyEngine time.Duration
-	rules, sets, entries, isolated       int
-	rssAfterSync, rssEnd                 int
-	withPolicy, withoutPolicy            []float64
+// parseSizes reads -sizes (ascending, distinct: each size adds pods to the last one's);
+// -pods N, kept from before -sizes, is one size.
+func parseSizes(sizes string, pods int, sizesSet, podsSet bool) ([]int, error) {
+	if podsSet {
+		if sizesSet {
+			return nil, errors.New("-pods and -sizes both given: -pods N is -sizes N")
+		}
+		sizes = strconv.Itoa(pods)
+	}
+	var out []int
+	for _, s := range strings.Split(sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-sizes %q: %q is not a positive pod count", sizes, s)
+		}
+		out = append(out, n)
+	}
+	if !slices.IsSorted(out) || len(slices.Compact(slices.Clone(out))) != len(out) {
+		return nil, fmt.Errorf("-sizes %q: give ascending, distinct pod counts (each size adds pods to the previous one)", sizes)
+	}
+	return out, nil
 }
 
-func run(nPods, nPolicies int, duration time.Duration, repeat int) error {
+func run(o options) error {
 	if err := benchrun.Preflight(map[string]string{"ip": "iproute2", "iptables-restore": "iptables", "ipset": "ipset", "iperf3": "iperf3"}); err != nil {
+		return err
+	}
+	if o.profileDir != "" {
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			return fmt.Errorf("-profile-dir: %w", err)
+		}
+	}
+	// Checked before anything starts: the whole run is wasted if the last step can't run.
+	if err := conntrackRoom(o.conntrack); err != nil {
 		return err
 	}
 	dir, err := benchrun.Workdir(base)
@@ -74,10 +120,10 @@ func run(nPods, nPolicies int, duration time.Duration, repeat int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
 	defer cancel()
 
-	fmt.Printf("starting a real kube-apiserver and etcd; %d pods, %d policies\n", nPods, nPolicies)
+	fmt.Printf("starting a real kube-apiserver and etcd; sizes %v pods, %d policies\n", o.sizes, o.policies)
 	env, cfg, err := testenv.Start()
 	if err != nil {
 		return err
@@ -87,7 +133,7 @@ func run(nPods, nPolicies int, duration time.Duration, repeat int) error {
 	if err != nil {
 		return err
 	}
-	if err := populate(ctx, c, nPods, nPolicies); err != nil {
+	if err := populateFixed(ctx, c, o.policies); err != nil {
 		return err
 	}
 
@@ -111,112 +157,66 @@ func run(nPods, nPolicies int, duration time.Duration, repeat int) error {
 		return err
 	}
 
-	var f figures
-	ag, err := startAgent(n.name, accessFile)
-	if err != nil {
-		return err
-	}
-	defer func() { ag.stop() }()
-	first, err := ag.waitSync(30 * time.Second)
-	if err != nil {
-		return err
-	}
-	f.fullSync, f.fullSyncEngine = time.Since(ag.started), first.duration()
-	f.rssAfterSync = rss(ag.cmd.Process.Pid)
-
-	// A label change: client gets access=granted, and so reaches the server.
-	if err := n.expect("client", "server", false); err != nil {
-		return fmt.Errorf("before the label change: %w", err)
-	}
-	t0 := time.Now()
-	patch := client.RawPatch("application/merge-patch+json", []byte(`{"metadata":{"labels":{"`+grantedKey+`":"`+grantedVal+`"}}}`))
-	if err := c.Patch(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: realNS, Name: "client"}}, patch); err != nil {
-		return err
-	}
-	if f.labelChange, err = n.until("client", "server", true, t0); err != nil {
-		return fmt.Errorf("label change: %w", err)
-	}
-	f.labelEngine = ag.last().duration()
-
-	// A pod add: late's Pod object (access=granted) appears.
-	if err := n.expect("late", "server", false); err != nil {
-		return fmt.Errorf("before the pod add: %w", err)
-	}
-	late := realPod(slices.Index(realPods, "late"))
-	late.Labels[grantedKey] = grantedVal
-	t0 = time.Now()
-	if err := createPod(ctx, c, late); err != nil {
-		return err
-	}
-	if f.podAdd, err = n.until("late", "server", true, t0); err != nil {
-		return fmt.Errorf("pod add: %w", err)
-	}
-	f.podEngine = ag.last().duration()
-
-	// A policy add: open gets a default-deny ingress.
-	if err := n.expect("client", "open", true); err != nil {
-		return fmt.Errorf("before the policy add: %w", err)
-	}
-	t0 = time.Now()
-	if err := c.Create(ctx, isolateOpen()); err != nil {
-		return err
-	}
-	if f.policyAdd, err = n.until("client", "open", false, t0); err != nil {
-		return fmt.Errorf("policy add: %w", err)
-	}
-	f.policyEngine = ag.last().duration()
-	time.Sleep(500 * time.Millisecond)
-	last := ag.last()
-	f.rules, f.sets, f.entries, f.isolated = last.Rules, last.Sets, last.SetEntries, last.Isolated
-
-	// Throughput client -> server through the policy chains, and with policy removed,
-	// alternating (the agent restarts for each run with policy).
-	for i := range repeat {
-		bps, err := n.iperf(ctx, duration)
-		if err != nil {
-			return fmt.Errorf("iperf3 with policy: %w", err)
-		}
-		f.withPolicy = append(f.withPolicy, bps)
-		f.rssEnd = max(f.rssEnd, rss(ag.cmd.Process.Pid))
-		ag.stop()
-		if err := removePolicy(n.name, accessFile); err != nil {
+	var all []*figures
+	have := 0
+	for _, size := range o.sizes {
+		start := time.Now()
+		fmt.Printf("\n%d pods: creating %d more pods\n", size, size-have)
+		if err := createPods(ctx, c, syntheticPods(size)[have:]); err != nil {
 			return err
 		}
-		if bps, err = n.iperf(ctx, duration); err != nil {
-			return fmt.Errorf("iperf3 without policy: %w", err)
+		have = size
+		m := &measurer{c: c, n: n, o: o, access: agentOptions{access: accessFile, hook: filepath.Join(dir, "hook.sock")},
+			f: &figures{pods: size, policies: o.policies, ctTarget: o.conntrack}}
+		if o.profileDir != "" && size == o.sizes[len(o.sizes)-1] {
+			m.access.cpuProfile = filepath.Join(o.profileDir, fmt.Sprintf("agent-%d.cpu.pprof", size))
+			m.access.heapProfile = filepath.Join(o.profileDir, fmt.Sprintf("agent-%d.heap.pprof", size))
 		}
-		f.withoutPolicy = append(f.withoutPolicy, bps)
-		if i < repeat-1 {
-			if ag, err = startAgent(n.name, accessFile); err != nil {
-				return err
-			}
-			if _, err := ag.waitSync(30 * time.Second); err != nil {
-				return err
-			}
+		if err := m.size(ctx); err != nil {
+			return fmt.Errorf("at %d pods: %w", size, err)
 		}
+		m.f.wall = time.Since(start)
+		fmt.Printf("%d pods: done in %v\n", size, m.f.wall.Round(time.Second))
+		if m.access.cpuProfile != "" {
+			fmt.Printf("agent profiles: %s, %s\n", m.access.cpuProfile, m.access.heapProfile)
+		}
+		all = append(all, m.f)
 	}
-	report(os.Stdout, nPods, nPolicies, f)
+	report(os.Stdout, all)
 	return nil
 }
 
-// populate creates the namespaces, pods and policies, and the real pods' objects (but
-// late's, created during the run).
-func populate(ctx context.Context, c client.Client, nPods, nPolicies int) error {
+// populateFixed creates what every size shares: the namespaces, the policies and the real
+// pods' objects (but late's, which the run creates and deletes).
+func populateFixed(ctx context.Context, c client.Client, nPolicies int) error {
 	for _, ns := range syntheticNamespaces() {
 		if err := c.Create(ctx, ns); err != nil {
 			return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
 		}
 	}
-	all := syntheticPods(nPods)
+	var real []*corev1.Pod
 	for i := range realPods {
 		if realPods[i] != "late" {
-			all = append(all, realPod(i))
+			real = append(real, realPod(i))
 		}
 	}
-	errs := make(chan error, len(all))
+	if err := createPods(ctx, c, real); err != nil {
+		return err
+	}
+	for _, np := range syntheticPolicies(nPolicies) {
+		if err := c.Create(ctx, np); err != nil {
+			return fmt.Errorf("creating NetworkPolicy %s/%s: %w", np.Namespace, np.Name, err)
+		}
+	}
+	return nil
+}
+
+// createPods creates pods 16 at a time (the API server is the bottleneck, not the client).
+func createPods(ctx context.Context, c client.Client, pods []*corev1.Pod) error {
+	errs := make(chan error, len(pods))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
-	for _, p := range all {
+	for _, p := range pods {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -230,11 +230,6 @@ func populate(ctx context.Context, c client.Client, nPods, nPolicies int) error 
 	for err := range errs {
 		if err != nil {
 			return err
-		}
-	}
-	for _, np := range syntheticPolicies(nPolicies) {
-		if err := c.Create(ctx, np); err != nil {
-			return fmt.Errorf("creating NetworkPolicy %s/%s: %w", np.Namespace, np.Name, err)
 		}
 	}
 	return nil
@@ -252,130 +247,3 @@ func createPod(ctx context.Context, c client.Client, p *corev1.Pod) error {
 	}
 	return nil
 }
-
-// agentProc is the policy engine process in the node namespace and its sync events.
-type agentProc struct {
-	cmd     *exec.Cmd
-	started time.Time
-	mu      sync.Mutex
-	events  []event
-	newEv   chan struct{}
-	stopped bool
-}
-
-func (e event) duration() time.Duration { return time.Duration(e.Seconds * float64(time.Second)) }
-
-func startAgent(netns, accessFile string) (*agentProc, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	a := &agentProc{newEv: make(chan struct{}, 1)}
-	a.cmd = exec.Command("ip", "netns", "exec", netns, self, "-agent", "-access", accessFile)
-	a.cmd.Stderr = os.Stderr
-	out, err := a.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	a.started = time.Now()
-	if err := a.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting the agent: %w", err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var ev event
-			if json.Unmarshal(sc.Bytes(), &ev) != nil {
-				continue
-			}
-			a.mu.Lock()
-			a.events = append(a.events, ev)
-			a.mu.Unlock()
-			select {
-			case a.newEv <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	return a, nil
-}
-
-// waitSync waits for the first successful sync.
-func (a *agentProc) waitSync(timeout time.Duration) (event, error) {
-	deadline := time.After(timeout)
-	for {
-		a.mu.Lock()
-		for _, ev := range a.events {
-			if ev.Kind == "sync" && ev.OK {
-				a.mu.Unlock()
-				return ev, nil
-			}
-		}
-		var lastErr string
-		if n := len(a.events); n > 0 {
-			lastErr = a.events[n-1].Error
-		}
-		a.mu.Unlock()
-		select {
-		case <-a.newEv:
-		case <-deadline:
-			return event{}, fmt.Errorf("the agent did not sync within %v (last error: %s)", timeout, lastErr)
-		}
-	}
-}
-
-func (a *agentProc) last() event {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for i := len(a.events) - 1; i >= 0; i-- {
-		if a.events[i].OK {
-			return a.events[i]
-		}
-	}
-	return event{}
-}
-
-func (a *agentProc) stop() {
-	if a.stopped {
-		return
-	}
-	a.stopped = true
-	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = a.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = a.cmd.Process.Kill()
-		<-done
-	}
-}
-
-func removePolicy(netns, accessFile string) error {
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	out, err := exec.Command("ip", "netns", "exec", netns, self, "-agent", "-remove", "-access", accessFile).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("removing the policy rules: %v: %s", err, out)
-	}
-	return nil
-}
-
-// rss is a process's resident set in KiB (VmRSS), 0 when unknown.
-func rss(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.Atoi(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")))
-			return kb
-		}
-	}
-	return 0
-}
-
-var errTimeout = errors.New("no change within 10 s")

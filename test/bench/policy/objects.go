@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -112,4 +113,13 @@ func isolateOpen() *networkingv1.NetworkPolicy {
 	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: realNS, Name: "isolate-open"},
 		Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "open"}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+}
+
+// pendingLate is late's Pod object as the kubelet creates it before the sandbox: on this
+// node, labelled access=granted, no IP yet (the CNI ADD announces it through the hook).
+func pendingLate() *corev1.Pod {
+	p := realPod(slices.Index(realPods, "late"))
+	p.Labels[grantedKey] = grantedVal
+	p.Status = corev1.PodStatus{}
+	return p
 }
