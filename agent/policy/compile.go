@@ -208,7 +208,8 @@ type compiler struct {
 	rs   *Ruleset
 	pods map[types.NamespacedName]*Pod
 	// addressed: the pods that are peers (Addressable, and not shadowed by another pod
-	// claiming the same IP); byNamespace the same by namespace.
+	// claiming the same IP); byNamespace the same by namespace, made when a set first
+	// needs it (with a warm memo, most syncs never do).
 	addressed   []*Pod
 	byNamespace map[string][]*Pod
 	setNames    map[string]string // set content key -> name
@@ -224,21 +225,25 @@ type compiler struct {
 
 func newCompiler(st State, memo *setMemo) *compiler {
 	c := &compiler{
-		rs: &Ruleset{}, pods: make(map[types.NamespacedName]*Pod, len(st.Pods)), namespaces: map[string]*Namespace{},
-		sets: map[string]*Set{}, byNamespace: map[string][]*Pod{}, setNames: map[string]string{},
+		rs: &Ruleset{}, pods: make(map[types.NamespacedName]*Pod, len(st.Endpoints)), namespaces: map[string]*Namespace{},
+		sets: map[string]*Set{}, setNames: map[string]string{},
 		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		memo: memo,
 	}
+	// Only endpoints' pods are looked up: a map of this node's pods, not the cluster's.
+	local := make(map[types.NamespacedName]bool, len(st.Endpoints))
+	for _, ep := range st.Endpoints {
+		local[ep.Pod] = true
+	}
 	for _, p := range st.Pods {
-		c.pods[p.Key()] = p
+		if local[p.Key()] {
+			c.pods[p.Key()] = p
+		}
 	}
 	// Set members are sorted when they are made: the peers' order doesn't matter.
 	c.addressed = st.peers
 	if c.addressed == nil {
 		c.addressed = Peers(st.Pods)
-	}
-	for _, p := range c.addressed {
-		c.byNamespace[p.Namespace] = append(c.byNamespace[p.Namespace], p)
 	}
 	for _, n := range st.Namespaces {
 		c.namespaces[n.Name] = n
@@ -567,6 +572,12 @@ func (c *compiler) podSet(key string, typ SetType, def podSetDef) string {
 	}
 	peers := c.addressed
 	if def.namespace != "" {
+		if c.byNamespace == nil {
+			c.byNamespace = map[string][]*Pod{}
+			for _, p := range c.addressed {
+				c.byNamespace[p.Namespace] = append(c.byNamespace[p.Namespace], p)
+			}
+		}
 		peers = c.byNamespace[def.namespace]
 	}
 	var members []string

@@ -31,11 +31,14 @@ import (
 // API copy is replaced by a copy with the endpoint's address (so the sets hold the address
 // the pod really has).
 func endpoints(node string, pods []*Pod, wired map[netip.Addr]string, announced map[string]announcement, now time.Time, fresh time.Duration) ([]Endpoint, []*Pod) {
-	byKey := make(map[types.NamespacedName]int, len(pods))
+	byKey := map[types.NamespacedName]int{} // this node's pods only
 	local := map[netip.Addr][]*Pod{}
 	for i, p := range pods {
+		if p.NodeName != node {
+			continue
+		}
 		byKey[p.Key()] = i
-		if p.NodeName == node && !p.HostNetwork && !p.Finished && p.IP.IsValid() {
+		if !p.HostNetwork && !p.Finished && p.IP.IsValid() {
 			local[p.IP] = append(local[p.IP], p)
 		}
 	}
