@@ -51,7 +51,7 @@ func WiredPods() (map[netip.Addr]string, error) {
 
 // conntrackFilter matches the tracked connections rs no longer allows.
 type conntrackFilter struct {
-	rs *Ruleset
+	ev *Evaluator
 	// ifaces maps this node's pod addresses to their veths.
 	ifaces map[netip.Addr]string
 	err    error
@@ -78,7 +78,7 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if src == dst {
 		return false
 	}
-	allowed, err := f.rs.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: int(flow.Reverse.SrcPort), InInterface: in, OutInterface: out})
+	allowed, err := f.ev.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: int(flow.Reverse.SrcPort), InInterface: in, OutInterface: out})
 	if err != nil {
 		f.err = err
 		return false
@@ -90,7 +90,7 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // node's pods that rs denies, so a new denial also stops established connections (their
 // next packet is NEW, and dropped). It returns how many it removed.
 func DeleteDeniedConnections(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error) {
-	f := &conntrackFilter{rs: rs, ifaces: ifaces}
+	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: ifaces}
 	n, err := netlinksafe.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
 	if err != nil {
 		return n, fmt.Errorf("deleting denied conntrack entries: %w", err)
