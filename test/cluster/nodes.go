@@ -8,11 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trellis-net/trellis/test/cluster/node"
 	"github.com/trellis-net/trellis/test/cluster/pki"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/cluster/topology"
@@ -109,11 +111,7 @@ func (c *Cluster) AddNode(ctx context.Context, w io.Writer) (Node, error) {
 // network namespace and cgroup go, and then its Node object is deleted, as an admin (or a
 // cloud controller) does for a machine that is gone. Its logs stay in LogDir.
 func (c *Cluster) RemoveNode(ctx context.Context, name string) error {
-	i := slices.IndexFunc(c.Nodes, func(n Node) bool { return n.Name == name })
-	if i < 0 {
-		return fmt.Errorf("cluster %q has no node %q", c.Name, name)
-	}
-	unlock, err := lockStateDir(c.StateDir)
+	i, unlock, err := c.lockNode(name)
 	if err != nil {
 		return err
 	}
@@ -153,4 +151,47 @@ func (c *Cluster) RemoveNode(ctx context.Context, name string) error {
 	c.Nodes = slices.Delete(c.Nodes, i, i+1)
 	c.Network.Nodes = slices.DeleteFunc(c.Network.Nodes, func(h topology.Host) bool { return h.Name == name })
 	return c.save()
+}
+
+// RestartKubeProxy stops the kube-proxy of node name and starts it again the way Up did.
+// A new kube-proxy inserts the jump rules it finds missing at the top of the built-in
+// chains, before everyone else's (what tests of others' rules need).
+func (c *Cluster) RestartKubeProxy(name string) error {
+	i, unlock, err := c.lockNode(name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	n := &c.Nodes[i]
+	holder := n.Pids["holder"]
+	if !procs.Alive(holder) || !strings.Contains(procs.Cmdline(holder), processCmdline["holder"]) {
+		return fmt.Errorf("node %s: its mount namespace holder (pid %d) is not running", name, holder)
+	}
+	// Found by its configuration file, not the recorded pid (it may be stale).
+	flag := "--config=" + node.KubeProxyConfig(n.Dir)
+	running := func() []int {
+		return slices.DeleteFunc(procs.InNetNS(n.NetNSPath()), func(pid int) bool {
+			return !strings.Contains(procs.Cmdline(pid), flag)
+		})
+	}
+	if err := procs.KillUntilGone(running, 20*time.Second); err != nil {
+		return fmt.Errorf("node %s: stopping kube-proxy: %w", name, err)
+	}
+	p, err := node.StartKubeProxy(c.nodeConfig(n.Host, tools{k8sBin: c.BinDir}), holder) // of tools, only the binaries
+	if err != nil {
+		return fmt.Errorf("node %s: starting kube-proxy: %w", name, err)
+	}
+	n.Pids["kube-proxy"] = p.Pid
+	return c.save()
+}
+
+// lockNode locks the state directory and returns the index of node name in c.Nodes, with
+// the function that unlocks.
+func (c *Cluster) lockNode(name string) (int, func(), error) {
+	i := slices.IndexFunc(c.Nodes, func(n Node) bool { return n.Name == name })
+	if i < 0 {
+		return 0, nil, fmt.Errorf("cluster %q has no node %q", c.Name, name)
+	}
+	unlock, err := lockStateDir(c.StateDir)
+	return i, unlock, err
 }

@@ -129,7 +129,7 @@ func (c Config) Prepare() error {
 	files := map[string]string{
 		filepath.Join(c.Dir, "containerd.toml"): c.containerdConfig(),
 		filepath.Join(c.Dir, "kubelet.yaml"):    c.kubeletConfig(),
-		filepath.Join(c.Dir, "kube-proxy.yaml"): c.kubeProxyConfig(),
+		KubeProxyConfig(c.Dir):                  c.kubeProxyConfig(),
 		// No cluster DNS runs; pods get this (empty) resolver configuration.
 		filepath.Join(c.Dir, "resolv.conf"): "# the local cluster runs no DNS\n",
 	}
@@ -173,12 +173,7 @@ func Start(ctx context.Context, c Config, importImages func(socket string) error
 	}
 
 	enter := func(component string, args ...string) (*procs.Process, error) {
-		return procs.Start(procs.Spec{
-			Path: nsenter,
-			Args: append([]string{"nsenter", fmt.Sprintf("--target=%d", n.Holder.Pid), "--mount", "--uts", "--net", "--"}, args...),
-			Env:  []string{"HOME=" + c.Dir},
-			Log:  c.Log(component),
-		})
+		return c.enter(n.Holder.Pid, component, args...)
 	}
 	if n.Containerd, err = enter("containerd", mustLook("containerd"), "--config", filepath.Join(c.Dir, "containerd.toml")); err != nil {
 		return n, err
@@ -198,12 +193,30 @@ func Start(ctx context.Context, c Config, importImages func(socket string) error
 	); err != nil {
 		return n, err
 	}
-	if n.KubeProxy, err = enter("kube-proxy", filepath.Join(c.BinDir, "kube-proxy"),
-		"--config="+filepath.Join(c.Dir, "kube-proxy.yaml"),
-	); err != nil {
+	if n.KubeProxy, err = StartKubeProxy(c, n.Holder.Pid); err != nil {
 		return n, err
 	}
 	return n, nil
+}
+
+// StartKubeProxy starts the node's kube-proxy in the namespaces of the node's mount
+// namespace holder (pid holder).
+func StartKubeProxy(c Config, holder int) (*procs.Process, error) {
+	return c.enter(holder, "kube-proxy", filepath.Join(c.BinDir, "kube-proxy"), "--config="+KubeProxyConfig(c.Dir))
+}
+
+// KubeProxyConfig is the kube-proxy configuration file of the node with directory dir.
+func KubeProxyConfig(dir string) string { return filepath.Join(dir, "kube-proxy.yaml") }
+
+// enter starts a component of the node in the mount, UTS and network namespaces of the
+// holder process.
+func (c Config) enter(holder int, component string, args ...string) (*procs.Process, error) {
+	return procs.Start(procs.Spec{
+		Path: mustLook("nsenter"),
+		Args: append([]string{"nsenter", fmt.Sprintf("--target=%d", holder), "--mount", "--uts", "--net", "--"}, args...),
+		Env:  []string{"HOME=" + c.Dir},
+		Log:  c.Log(component),
+	})
 }
 
 // CheckRunning returns an error naming the first component that has exited (only known
