@@ -73,6 +73,55 @@ func (a *KernelApplier) Remove() error {
 	return nil
 }
 
+// JumpsFirst reports whether trellis's policy jumps still lead their built-in chains (only
+// other trellis jumps may come before them). It reads just those chains (`iptables -S`),
+// cheap enough to run every second: another component inserting a rule in front (kube-proxy
+// prepends KUBE-FORWARD, which accepts NodePort traffic) is seen at once, not at the next
+// resync. Before the first apply it reports true.
+func (a *KernelApplier) JumpsFirst() (bool, error) {
+	b := a.Syncer.ActiveBackend()
+	if b.IPTables == "" {
+		return true, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, j := range Jumps {
+		out, err := exec.CommandContext(ctx, b.IPTables, "-w", "5", "-t", "filter", "-S", j.Chain).Output()
+		if err != nil {
+			return false, fmt.Errorf("%s -S %s: %w", b.IPTables, j.Chain, err)
+		}
+		if !leads(string(out), j.Chain, j.Target) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// leads reports whether, in `iptables -S chain` output, the jump to target comes before
+// any rule that doesn't go to a trellis chain.
+func leads(listing, chain, target string) bool {
+	for _, l := range strings.Split(listing, "\n") {
+		rule, ok := strings.CutPrefix(l, "-A "+chain+" ")
+		if !ok {
+			continue
+		}
+		args := netfilter.SplitRule(rule)
+		to := ""
+		for i := 0; i+1 < len(args); i++ {
+			if args[i] == "-j" || args[i] == "-g" {
+				to = args[i+1]
+			}
+		}
+		switch {
+		case to == target:
+			return true
+		case !strings.HasPrefix(to, netfilter.ChainPrefix):
+			return false
+		}
+	}
+	return false
+}
+
 // Backend is the iptables backend in use ("nft" or "legacy"; "" before the first apply).
 func (a *KernelApplier) Backend() string {
 	return a.Syncer.ActiveBackend().Mode

@@ -65,6 +65,10 @@ type Engine struct {
 	// ResyncPeriod bounds how long drift in the kernel lasts (others' rules in front of
 	// trellis's jumps, a chain changed by hand).
 	ResyncPeriod time.Duration
+	// PositionCheckPeriod is how often the engine checks, when the Applier can
+	// (JumpsFirst), that its jumps still lead FORWARD and INPUT, and repairs them at once
+	// when not (default 1 s).
+	PositionCheckPeriod time.Duration
 	// StateDir, when set, keeps the plugin's announcements (which pod a veth and address
 	// belong to) across agent restarts: a file per host veth.
 	StateDir string
@@ -91,6 +95,7 @@ type Engine struct {
 	programmed map[types.NamespacedName]netip.Addr
 	cutOff     map[types.NamespacedName]error
 	trigger    chan struct{}
+	repair     chan struct{} // the jump positions are wrong: verify now
 	once       sync.Once
 
 	// Owned by the sync loop.
@@ -117,6 +122,7 @@ func (e *Engine) init() {
 		e.cond = sync.NewCond(&e.mu)
 		e.announced = map[string]announcement{}
 		e.trigger = make(chan struct{}, 1)
+		e.repair = make(chan struct{}, 1)
 		e.memo = newSetMemo()
 		e.verify = true
 		if e.Wired == nil {
@@ -130,6 +136,9 @@ func (e *Engine) init() {
 		}
 		if e.ResyncPeriod <= 0 {
 			e.ResyncPeriod = DefaultResyncPeriod
+		}
+		if e.PositionCheckPeriod <= 0 {
+			e.PositionCheckPeriod = time.Second
 		}
 		e.cleaner = &conntrackCleaner{delete: e.DeleteDenied, log: e.Log, wake: make(chan struct{}, 1)}
 		for _, a := range loadAnnouncements(e.StateDir, e.Log) {
@@ -172,6 +181,9 @@ func (e *Engine) Trigger() {
 func (e *Engine) Start(ctx context.Context) error {
 	e.init()
 	go e.cleaner.run(ctx)
+	if pc, ok := e.Applier.(positionChecker); ok {
+		go e.checkPositions(ctx, pc)
+	}
 	e.Trigger()
 	resync := time.NewTicker(e.ResyncPeriod)
 	defer resync.Stop()
@@ -188,6 +200,8 @@ func (e *Engine) Start(ctx context.Context) error {
 			return nil
 		case <-e.trigger:
 		case <-resync.C:
+			e.verify = true
+		case <-e.repair:
 			e.verify = true
 		case <-retry:
 		}
@@ -208,6 +222,45 @@ func (e *Engine) Start(ctx context.Context) error {
 			backoff = min(backoff*2, 30*time.Second)
 		} else {
 			backoff = 500 * time.Millisecond
+		}
+	}
+}
+
+// positionChecker is an Applier that can tell cheaply whether its jumps still lead.
+type positionChecker interface {
+	JumpsFirst() (bool, error)
+}
+
+// checkPositions asks for a verifying sync as soon as another component put a rule in
+// front of the policy jumps: until then that rule sees pods' traffic first (kube-proxy's
+// KUBE-FORWARD accepts NodePort traffic), so waiting for the resync would leave a hole.
+func (e *Engine) checkPositions(ctx context.Context, pc positionChecker) {
+	t := time.NewTicker(e.PositionCheckPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		e.mu.Lock()
+		synced := e.synced
+		e.mu.Unlock()
+		if !synced {
+			continue
+		}
+		ok, err := pc.JumpsFirst()
+		if err != nil {
+			e.Log.Error(err, "checking the position of the policy jumps")
+			continue
+		}
+		if ok {
+			continue
+		}
+		e.Log.Info("a rule was put in front of the policy jumps in FORWARD or INPUT; moving them back first")
+		select {
+		case e.repair <- struct{}{}:
+		default:
 		}
 	}
 }
