@@ -93,15 +93,7 @@ func (n *node) underlay(t *testing.T) (nodeIP, otherIP netip.Addr) {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "underlay1"}); err != nil {
 			return err
 		}
-		l, err := netlink.LinkByName("underlay0")
-		if err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr(nodeIP.String() + "/24")
-		if err := netlink.AddrAdd(l, addr); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
+		if _, err := addrUp("underlay0", nodeIP); err != nil {
 			return err
 		}
 		peer, err := netlink.LinkByName("underlay1")
@@ -111,15 +103,8 @@ func (n *node) underlay(t *testing.T) (nodeIP, otherIP netip.Addr) {
 		return netlink.LinkSetNsFd(peer, int(other.Fd()))
 	}))
 	must(t, other.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName("underlay1")
+		l, err := addrUp("underlay1", otherIP)
 		if err != nil {
-			return err
-		}
-		addr, _ := netlink.ParseAddr(otherIP.String() + "/24")
-		if err := netlink.AddrAdd(l, addr); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
 			return err
 		}
 		_, pods, _ := net.ParseCIDR("10.244.0.0/16")
@@ -128,6 +113,22 @@ func (n *node) underlay(t *testing.T) (nodeIP, otherIP netip.Addr) {
 	echo(t, n.ns, 7000)
 	echo(t, other, 7000)
 	return nodeIP, otherIP
+}
+
+// addrUp gives link name ip/24 and sets it up (in the calling thread's namespace).
+func addrUp(name string, ip netip.Addr) (netlink.Link, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := netlink.ParseAddr(ip.String() + "/24")
+	if err != nil {
+		return nil, err
+	}
+	if err := netlink.AddrAdd(l, addr); err != nil {
+		return nil, err
+	}
+	return l, netlink.LinkSetUp(l)
 }
 
 // A pod under default-deny egress still reaches its own node (kubelet, node-local DNS
