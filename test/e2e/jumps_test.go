@@ -92,7 +92,8 @@ func TestPolicyJumpsStayFirst(t *testing.T) {
 
 	_, fails, total := probe.gapSince(t0)
 	t.Logf("%d connection attempts to %s (NodePort of the pod under default-deny ingress), %d failed", total, addr, fails)
-	if total < 50 {
+	// The prober waits out each denied attempt (about 4 a second): ~7 s of probing.
+	if total < 15 {
 		t.Errorf("only %d connection attempts: the flow was not probed throughout (last error: %v)", total, probe.lastError())
 	}
 	early, during, after := probe.successesSince(t0)-probe.successesSince(inserted), probe.successesSince(inserted)-probe.successesSince(back), probe.successesSince(back)
