@@ -16,7 +16,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
@@ -56,7 +58,10 @@ type Status struct {
 // others changed. It is a controller-runtime Runnable.
 type Engine struct {
 	// Reader is the agent's cache (trimmed pods, namespaces, policies).
-	Reader   client.Reader
+	Reader client.Reader
+	// ListPods, when set, lists the cache's pods without copying them (InformerPods); the
+	// default lists through Reader. The pods must not be modified.
+	ListPods func(ctx context.Context) ([]*corev1.Pod, error)
 	NodeName string
 	Applier  Applier
 	Log      logr.Logger
@@ -480,8 +485,8 @@ func (e *Engine) report(st Status, rs *Ruleset, took time.Duration) {
 // peers that changed since the last sync.
 func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []PeerChange, bool, error) {
 	var st State
-	var pods corev1.PodList
-	if err := e.Reader.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
+	pods, err := e.listPods(ctx)
+	if err != nil {
 		return st, nil, nil, false, fmt.Errorf("listing pods: %w", err)
 	}
 	var nss corev1.NamespaceList
@@ -504,7 +509,7 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	for i := range nps.Items {
 		st.Policies = append(st.Policies, &nps.Items[i])
 	}
-	st.Pods = e.view.pods(pods.Items)
+	st.Pods = e.view.pods(pods)
 
 	e.mu.Lock()
 	now := time.Now()
@@ -530,4 +535,42 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	changes := e.view.peerChanges(st.peers)
 	nsChanged := e.view.namespacesChanged(st.Namespaces)
 	return st, ifaces, changes, nsChanged, nil
+}
+
+func (e *Engine) listPods(ctx context.Context) ([]*corev1.Pod, error) {
+	if e.ListPods != nil {
+		return e.ListPods(ctx)
+	}
+	var pods corev1.PodList
+	if err := e.Reader.List(ctx, &pods, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, err
+	}
+	out := make([]*corev1.Pod, len(pods.Items))
+	for i := range pods.Items {
+		out[i] = &pods.Items[i]
+	}
+	return out, nil
+}
+
+// InformerPods lists the pods of c's informer store: pointers to the cached objects, where
+// a List would copy every pod of the cluster into a new slice on every sync.
+func InformerPods(c cache.Cache) func(ctx context.Context) ([]*corev1.Pod, error) {
+	return func(ctx context.Context) ([]*corev1.Pod, error) {
+		inf, err := c.GetInformer(ctx, &corev1.Pod{})
+		if err != nil {
+			return nil, err
+		}
+		s, ok := inf.(interface{ GetStore() toolscache.Store })
+		if !ok {
+			return nil, fmt.Errorf("the pod informer (%T) has no store", inf)
+		}
+		objs := s.GetStore().List()
+		out := make([]*corev1.Pod, 0, len(objs))
+		for _, o := range objs {
+			if p, ok := o.(*corev1.Pod); ok {
+				out = append(out, p)
+			}
+		}
+		return out, nil
+	}
 }

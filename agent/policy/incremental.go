@@ -149,11 +149,11 @@ type convertedPod struct {
 
 // pods converts the cache's pods, reusing the conversion of every pod whose
 // resourceVersion is unchanged.
-func (v *podView) pods(items []corev1.Pod) []*Pod {
+func (v *podView) pods(items []*corev1.Pod) []*Pod {
 	next := refill(v.spareConverted, len(items))
 	out := make([]*Pod, 0, len(items))
 	for i := range items {
-		it := &items[i]
+		it := items[i]
 		key := types.NamespacedName{Namespace: it.Namespace, Name: it.Name}
 		c, ok := v.converted[key]
 		if !ok || c.uid != it.UID || c.resourceVersion != it.ResourceVersion || it.ResourceVersion == "" {

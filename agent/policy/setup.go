@@ -68,7 +68,7 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 		return fmt.Errorf("registering policy metrics: %w", err)
 	}
 	e := &Engine{
-		Reader: mgr.GetCache(), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
+		Reader: mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
 		StateDir: o.StateDir,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {

@@ -98,7 +98,7 @@ func runAgent(o agentOptions, node string) (err error) {
 	var mu sync.Mutex
 	out := json.NewEncoder(os.Stdout)
 	e := &policy.Engine{
-		Reader: mgr.GetCache(), NodeName: node, Applier: &policy.KernelApplier{}, Log: logr.Discard(),
+		Reader: mgr.GetCache(), ListPods: policy.InformerPods(mgr.GetCache()), NodeName: node, Applier: &policy.KernelApplier{}, Log: logr.Discard(),
 		SetupTimeout: hookTimeout,
 		OnSync: func(st policy.Status, _ *policy.Ruleset, took time.Duration) {
 			ev := event{Kind: "sync", OK: st.Err == nil, Seconds: took.Seconds(), Rules: st.Rules, Sets: st.Sets,
