@@ -356,14 +356,15 @@ func (e *Engine) sync(ctx context.Context) error {
 	e.memo.update(changes, nsChanged, st.namespaceMap())
 	rs := newCompiler(st, e.memo).compile(st)
 	e.memo.sweep()
-	e.reportProblems(st, rs)
 	applied, cutOff, changed, err := e.apply(rs)
 	if err != nil {
+		e.reportProblems(st, rs)
 		err = fmt.Errorf("applying network policy rules: %w", err)
 		e.report(Status{Err: err, Problems: rs.Problems}, rs, time.Since(start))
 		return err
 	}
 	e.verify = false
+	e.reportProblems(st, applied) // with the pods cut off for rules the kernel refused
 	programmed := make(map[types.NamespacedName]netip.Addr, len(applied.Endpoints))
 	for _, ep := range applied.Endpoints {
 		programmed[ep.Pod] = ep.IP

@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
@@ -228,8 +229,10 @@ func (f *failingApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
 // policy carries the problem.
 func TestOnePolicysFailureBlocksOnlyItsPods(t *testing.T) {
 	fa := &failingApplier{bad: "poison"}
+	warnings := events.NewFakeRecorder(10)
 	e, _, _ := newEngine(t, func(e *Engine) {
 		e.Applier = fa
+		e.Recorder = warnings
 		wiredAs(map[string]string{dbIP.String(): "trldb", webIP.String(): "trlweb"})(e)
 	}, shopNS(),
 		allowFrom("evil", map[string]string{"app": "victim"}, map[string]string{"poison": "yes"}),
@@ -260,6 +263,14 @@ func TestOnePolicysFailureBlocksOnlyItsPods(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("no problem reported on policy evil: %v", rs.Problems)
+	}
+	select {
+	case ev := <-warnings.Events:
+		if !strings.Contains(ev, "RuleNotEnforced") || !strings.Contains(ev, "shop/victim") {
+			t.Errorf("event %q, want RuleNotEnforced naming the cut-off pod", ev)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("no RuleNotEnforced event on the policy whose rules the kernel refused")
 	}
 }
 
