@@ -136,7 +136,7 @@ func newIPBlockEnv(tb testing.TB) *ipBlockEnv {
 	tb.Helper()
 	backend := netfilter.NFT
 	netnstest.RequireCommands(tb, backend.Restore, backend.Save, "ipset")
-	e := &ipBlockEnv{node: netnstest.New(tb), applier: &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}}
+	e := &ipBlockEnv{node: netnstest.NewUnpinned(tb), applier: &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}}
 	var cfg *rest.Config
 	if path := os.Getenv(apiServerEnv); path != "" { // a fuzz worker: the coordinator's API server
 		b, err := os.ReadFile(path)

@@ -4,13 +4,16 @@
 package netnstest
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // RequireRoot fails the test (it does not skip) unless it runs as root: creating or
@@ -41,6 +44,64 @@ func New(t testing.TB) ns.NetNS {
 		t.Fatalf("creating a network namespace: %v", err)
 	}
 	t.Cleanup(func() { n.Close(); _ = testutils.UnmountNS(n) })
+	setLoUp(t, n)
+	return n
+}
+
+// NewUnpinned is New for a process that may be killed before its cleanups run (a fuzz
+// worker the coordinator stops): the namespace is held only by an open file of this
+// process, never bind-mounted under /run/netns, so the kernel frees it when the process
+// ends, however it ends.
+func NewUnpinned(t testing.TB) ns.NetNS {
+	t.Helper()
+	RequireRoot(t)
+	fd := make(chan int, 1)
+	errc := make(chan error, 1)
+	go func() {
+		// This thread moves to the new namespace and is never given back to the runtime
+		// (a goroutine that ends with its thread locked takes the thread with it).
+		runtime.LockOSThread()
+		var before, after unix.Stat_t
+		if err := unix.Stat("/proc/thread-self/ns/net", &before); err != nil {
+			errc <- err
+			return
+		}
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		f, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- err
+			return
+		}
+		// Never hand out the namespace the test started in: the test would program the host.
+		if err := unix.Fstat(f, &after); err != nil || after.Ino == before.Ino {
+			unix.Close(f)
+			errc <- fmt.Errorf("unshare left the thread in its namespace (%v)", err)
+			return
+		}
+		fd <- f
+	}()
+	var f int
+	select {
+	case err := <-errc:
+		t.Fatalf("creating a network namespace: %v", err)
+	case f = <-fd:
+	}
+	n, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", f))
+	if err != nil {
+		unix.Close(f)
+		t.Fatalf("opening the new network namespace: %v", err)
+	}
+	// f stays open while n is used: n's path names it.
+	t.Cleanup(func() { n.Close(); unix.Close(f) })
+	setLoUp(t, n)
+	return n
+}
+
+func setLoUp(t testing.TB, n ns.NetNS) {
+	t.Helper()
 	if err := n.Do(func(ns.NetNS) error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
@@ -50,5 +111,4 @@ func New(t testing.TB) ns.NetNS {
 	}); err != nil {
 		t.Fatalf("setting lo up in %s: %v", n.Path(), err)
 	}
-	return n
 }
