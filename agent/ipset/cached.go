@@ -21,7 +21,16 @@ type Cache struct {
 func (c *Cache) Apply(ctx context.Context, want []Set, verify bool) (Result, error) {
 	if verify || c.last == nil {
 		res, err := Apply(ctx, want)
-		c.remember(want, res, err)
+		c.last, c.stale = nil, nil
+		if err == nil {
+			var sets []*desired
+			for _, s := range want {
+				if d, err := s.canonical(); err == nil {
+					sets = append(sets, d)
+				}
+			}
+			c.remember(sets, res)
+		}
 		return res, err
 	}
 	sets := make([]*desired, 0, len(want))
@@ -60,20 +69,15 @@ func (c *Cache) Apply(ctx context.Context, want []Set, verify bool) (Result, err
 		c.last = nil
 		return Result{}, fmt.Errorf("%w (the next apply reads the kernel's sets)", err)
 	}
-	c.remember(want, res, nil)
+	c.remember(sets, res)
 	return res, nil
 }
 
-func (c *Cache) remember(want []Set, res Result, err error) {
-	if err != nil {
-		c.last, c.stale = nil, nil
-		return
-	}
-	c.last = make(map[string]*desired, len(want))
-	for _, s := range want {
-		if d, err := s.canonical(); err == nil {
-			c.last[s.Name] = d
-		}
+// remember keeps the sets just applied (already canonical: no set is converted twice).
+func (c *Cache) remember(sets []*desired, res Result) {
+	c.last = make(map[string]*desired, len(sets))
+	for _, d := range sets {
+		c.last[d.Name] = d
 	}
 	c.stale = make(map[string]bool, len(res.InUse))
 	for _, name := range res.InUse {

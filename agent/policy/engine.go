@@ -515,7 +515,7 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	e.mu.Lock()
 	now := time.Now()
 	for iface, a := range e.announced {
-		if _, ok := wired[a.IP]; ok && wired[a.IP] == iface {
+		if wired[a.IP] == iface {
 			continue
 		}
 		// The veth is gone (CNI DEL, or the sandbox was replaced): forget it, but give a
