@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
@@ -52,6 +53,11 @@ type ClusterNetworkReconciler struct {
 	// UninstallTimeout bounds how long a deleted ClusterNetwork waits for the agents to
 	// remove trellis from their nodes (default DefaultUninstallTimeout).
 	UninstallTimeout time.Duration
+	// APIReader reads past the cache (default: the manager's API reader).
+	APIReader client.Reader
+
+	// pending: blocks this operator wrote that its cache may not show yet.
+	pending blocks.Pending
 }
 
 // The operator's RBAC is what it calls, plus what it grants the agent: Kubernetes lets a
@@ -91,6 +97,7 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		return ctrl.Result{}, err
 	}
 
+	var applied *appsv1.DaemonSet // the DaemonSet as this pass's apply left it
 	o := observed{generation: cn.Generation, now: r.now(),
 		deadline: time.Duration(cn.Spec.Rollout.ProgressDeadlineSeconds) * time.Second}
 	var errs []error
@@ -114,7 +121,7 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		rendered, err := render.Agent(&cn.Spec, r.AgentImage)
 		if err != nil {
 			o.problems = append(o.problems, problem{ReasonRenderFailed, err.Error()})
-		} else if err := r.apply(ctx, cn, rendered); err != nil {
+		} else if applied, err = r.apply(ctx, cn, rendered); err != nil {
 			o.problems = append(o.problems, problem{ReasonApplyFailed, err.Error()})
 			errs = append(errs, err)
 		} else {
@@ -130,7 +137,7 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 			return p.reason == ReasonAllocationFailed
 		})
 	}
-	if o.daemonSet, err = r.daemonSet(ctx); err != nil {
+	if o.daemonSet, err = r.daemonSet(ctx, applied); err != nil {
 		errs = append(errs, err)
 	} else if o.daemonSet != nil && !rolloutOf(o.daemonSet).done() {
 		if o.podTrouble, err = r.agentPodTrouble(ctx); err != nil {
@@ -198,11 +205,17 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	}
 	existing := make([]blocks.Existing, 0, len(nns.Items))
 	stale := map[string]bool{}
+	cached := make(map[string]bool, len(nns.Items))
 	for _, nn := range nns.Items {
+		cached[nn.Name] = true
+		_, hasNode := nodeUID[nn.Name]
 		if !nn.DeletionTimestamp.IsZero() {
+			// Still there, so still holding its block; the node gets one once it is gone.
+			existing = append(existing, blocks.Existing{Node: nn.Name, CIDR: nn.Spec.PodCIDR, Deleting: true})
+			stale[nn.Name] = hasNode
 			continue
 		}
-		if uid, ok := nodeUID[nn.Name]; ok && !ownedBy(&nn, uid) {
+		if hasNode && !ownedBy(&nn, nodeUID[nn.Name]) {
 			// A Node re-created under the same name: the old NodeNetwork belongs to the old one.
 			existing = append(existing, blocks.Existing{Node: nn.Name + staleSuffix, CIDR: nn.Spec.PodCIDR})
 			stale[nn.Name] = true
@@ -210,19 +223,31 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		}
 		existing = append(existing, blocks.Existing{Node: nn.Name, CIDR: nn.Spec.PodCIDR})
 	}
+	// What this operator wrote that the cache doesn't show yet holds its block too.
+	r.pending.Observe(func(node string) bool { return cached[node] })
+	_, verifyErr := concurrently(r.pending.Due(r.now(), pendingVerifyAfter), func(name string) error {
+		return r.readPending(ctx, name)
+	})
+	existing = append(existing, r.pending.Held()...)
+
 	plan, err := blocks.Compute(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize), names, existing)
 	if err != nil {
 		return []problem{{ReasonAllocationFailed, err.Error()}}, nil
 	}
 
-	var errs []error
+	errs := []error{verifyErr}
 	release := make([]string, 0, len(plan.Release))
 	for _, name := range plan.Release {
 		release = append(release, strings.TrimSuffix(name, staleSuffix))
 	}
 	released, err := concurrently(release, func(name string) error {
 		nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		if err := r.Delete(ctx, nn); client.IgnoreNotFound(err) != nil {
+		err := r.Delete(ctx, nn)
+		if apierrors.IsNotFound(err) {
+			r.pending.Forget(name) // known gone
+			return nil
+		}
+		if err != nil {
 			return fmt.Errorf("releasing the block of deleted node %s: %w", name, err)
 		}
 		return nil
@@ -319,6 +344,8 @@ func concurrently(names []string, f func(string) error) ([]string, error) {
 	return done, errors.Join(errs...)
 }
 
+// createNodeNetwork records node's block as held before it asks for it, so that no pass
+// hands it out again before the cache shows the NodeNetwork (see blocks.Pending).
 func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name string, uid types.UID, block string) error {
 	nn := &v1alpha1.NodeNetwork{
 		ObjectMeta: metav1.ObjectMeta{
@@ -330,8 +357,43 @@ func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name s
 		},
 		Spec: v1alpha1.NodeNetworkSpec{PodCIDR: block},
 	}
-	if err := r.Create(ctx, nn); err != nil {
-		return fmt.Errorf("creating NodeNetwork %s with block %s: %w", name, block, err)
+	r.pending.Add(name, block, r.now())
+	err := r.Create(ctx, nn)
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsAlreadyExists(err):
+		// One the cache doesn't show yet, holding a block of its own: read which.
+		if rerr := r.readPending(ctx, name); rerr != nil {
+			return rerr
+		}
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsForbidden(err):
+		r.pending.Forget(name) // refused: nothing was created
+	default:
+		// A timeout or a lost connection: it may have been created. The block stays held
+		// and the next pass reads which.
+		r.pending.Add(name, block, time.Time{})
+	}
+	return fmt.Errorf("creating NodeNetwork %s with block %s: %w", name, block, err)
+}
+
+// pendingVerifyAfter is how long a claim may go unseen by the cache before the
+// NodeNetwork is read from the API server: the informer normally shows a write within
+// milliseconds; one it never shows was created and deleted between two relists.
+const pendingVerifyAfter = 30 * time.Second
+
+// readPending reads node's NodeNetwork from the API server, past the cache, and records
+// the block it holds, or that it holds none.
+func (r *ClusterNetworkReconciler) readPending(ctx context.Context, name string) error {
+	nn := &v1alpha1.NodeNetwork{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Name: name}, nn)
+	switch {
+	case apierrors.IsNotFound(err):
+		r.pending.Forget(name)
+	case err != nil:
+		return fmt.Errorf("reading NodeNetwork %s from the API server: %w", name, err)
+	default:
+		r.pending.Add(name, nn.Spec.PodCIDR, r.now())
 	}
 	return nil
 }
@@ -346,22 +408,30 @@ func ownedBy(obj metav1.Object, uid types.UID) bool {
 }
 
 // apply server-side-applies the rendered agent, owned by the ClusterNetwork (except the
-// namespace, which holds the operator too and must outlive the ClusterNetwork).
-func (r *ClusterNetworkReconciler) apply(ctx context.Context, cn *v1alpha1.ClusterNetwork, rendered *render.Result) error {
+// namespace, which holds the operator too and must outlive the ClusterNetwork). It returns
+// the DaemonSet as the API server answered the apply.
+func (r *ClusterNetworkReconciler) apply(ctx context.Context, cn *v1alpha1.ClusterNetwork, rendered *render.Result) (*appsv1.DaemonSet, error) {
 	owner := metav1.OwnerReference{
 		APIVersion: v1alpha1.GroupVersion.String(), Kind: "ClusterNetwork", Name: cn.Name, UID: cn.UID,
 		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
 	}
+	var ds *appsv1.DaemonSet
 	for _, obj := range rendered.Objects {
 		if obj.GetKind() != "Namespace" {
 			obj.SetOwnerReferences([]metav1.OwnerReference{owner})
 		}
 		if err := r.Apply(ctx, client.ApplyConfigurationFromUnstructured(obj),
 			client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-			return fmt.Errorf("applying %s %s: %w", obj.GetKind(), objectName(obj), err)
+			return nil, fmt.Errorf("applying %s %s: %w", obj.GetKind(), objectName(obj), err)
+		}
+		if obj.GetKind() == "DaemonSet" && obj.GetName() == render.DaemonSetName {
+			ds = &appsv1.DaemonSet{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, ds); err != nil {
+				return nil, fmt.Errorf("reading the applied DaemonSet %s: %w", objectName(obj), err)
+			}
 		}
 	}
-	return nil
+	return ds, nil
 }
 
 // agentPodTrouble names the agent pods that aren't Ready and why (see rollout.go).
@@ -380,15 +450,21 @@ func objectName(obj *unstructured.Unstructured) string {
 	return obj.GetName()
 }
 
-func (r *ClusterNetworkReconciler) daemonSet(ctx context.Context) (*appsv1.DaemonSet, error) {
+// daemonSet is the agent DaemonSet: the cached copy, unless this pass's apply returned a
+// newer generation than the cache has seen. The rollout is then judged against what was
+// applied (Cluster API's pattern): a stale copy would report the previous template's
+// rollout, complete, for the new configuration.
+func (r *ClusterNetworkReconciler) daemonSet(ctx context.Context, applied *appsv1.DaemonSet) (*appsv1.DaemonSet, error) {
 	ds := &appsv1.DaemonSet{}
 	err := r.Get(ctx, types.NamespacedName{Namespace: render.Namespace, Name: render.DaemonSetName}, ds)
-	if apierrors.IsNotFound(err) {
-		recordRollout(nil)
-		return nil, nil
-	}
-	if err != nil {
+	switch {
+	case apierrors.IsNotFound(err):
+		ds = nil
+	case err != nil:
 		return nil, fmt.Errorf("reading DaemonSet %s/%s: %w", render.Namespace, render.DaemonSetName, err)
+	}
+	if applied != nil && (ds == nil || applied.Generation > ds.Generation) {
+		ds = applied
 	}
 	recordRollout(ds) // the status's node counts come from the same read
 	return ds, nil
@@ -427,6 +503,9 @@ func (r *ClusterNetworkReconciler) writeStatus(ctx context.Context, cn *v1alpha1
 // SetupWithManager registers the reconciler: the ClusterNetwork, everything it owns (drift is
 // put back), Nodes coming and going, and NodeNetwork status (for MTU and readiness).
 func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
 	toDefault := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: v1alpha1.ClusterNetworkName}}}
 	})

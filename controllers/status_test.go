@@ -1,11 +1,13 @@
 package controllers_test
 
 import (
+	"context"
 	"fmt"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
@@ -127,7 +130,7 @@ func TestObservedGenerationOnlyOnceProcessed(t *testing.T) {
 }
 
 func reconciler(image string) *controllers.ClusterNetworkReconciler {
-	return &controllers.ClusterNetworkReconciler{Client: k8s, Recorder: &events.FakeRecorder{}, AgentImage: image}
+	return &controllers.ClusterNetworkReconciler{Client: k8s, APIReader: k8s, Recorder: &events.FakeRecorder{}, AgentImage: image}
 }
 
 func reconcile(t *testing.T, r *controllers.ClusterNetworkReconciler) {
@@ -200,4 +203,90 @@ func freshClusterNetwork(t *testing.T) {
 	}
 	clean()
 	t.Cleanup(clean)
+}
+
+// A pass judges the rollout against the DaemonSet its apply returned, not against a cached
+// copy of the previous template: a lagging cache must not make a change that hasn't begun
+// to roll out look rolled out (Progressing=False) at its generation.
+func TestRolloutJudgedAgainstTheApply(t *testing.T) {
+	freshClusterNetwork(t)
+	ensureNode(t, "lag-node")
+	const lag = 3 * time.Second
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme: k8s.Scheme(), Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		Cache: laggingWatches(controllers.CacheOptions(), lag, &appsv1.DaemonSet{}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { _ = mgr.Start(mctx) }() // the cache only: no controller is registered
+	r := &controllers.ClusterNetworkReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: &events.FakeRecorder{}, AgentImage: defaultImage}
+	cached := func() *appsv1.DaemonSet {
+		ds := &appsv1.DaemonSet{}
+		if err := mgr.GetClient().Get(ctx, dsKey, ds); err != nil {
+			t.Fatalf("reading the DaemonSet from the cache: %v", err)
+		}
+		return ds
+	}
+
+	// A cached client may read a copy one write behind: retry conflicts, as the controller does.
+	pass := func(t *testing.T) {
+		t.Helper()
+		eventually(t, "a pass without conflict", func() error {
+			_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Name: v1alpha1.ClusterNetworkName}})
+			return err
+		})
+	}
+	createClusterNetwork(t, nil)
+	pass(t) // the finalizer
+	eventually(t, "the DaemonSet applied", func() error {
+		pass(t)
+		return k8s.Get(ctx, dsKey, &appsv1.DaemonSet{})
+	})
+	setDaemonSetStatus(t, 1, 1, 1)
+	eventually(t, "the cache shows the first rollout complete", func() error {
+		if ds := cached(); ds.Status.ObservedGeneration != ds.Generation || ds.Status.UpdatedNumberScheduled != 1 {
+			return fmt.Errorf("cached DaemonSet generation %d, status %+v", ds.Generation, ds.Status)
+		}
+		return nil
+	})
+	eventually(t, "Progressing=False/RolloutComplete for the first configuration", func() error {
+		pass(t)
+		return expectCondition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, controllers.ReasonRolloutComplete, "")
+	})
+	first := getClusterNetwork(t).Status.ConfigHash
+
+	// A change that rolls: the apply bumps the DaemonSet's generation; for the next 3s the
+	// cache still shows the old template, rolled out.
+	updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.LogLevel = "debug" })
+	eventually(t, "a pass of the new generation", func() error {
+		pass(t)
+		if cn := getClusterNetwork(t); cn.Status.ConfigHash == first {
+			return fmt.Errorf("status.configHash still %s", first)
+		}
+		return nil
+	})
+	if ds := cached(); ds.Status.ObservedGeneration != ds.Generation {
+		t.Fatalf("the cache no longer lags (generation %d, observed %d): the test proves nothing", ds.Generation, ds.Status.ObservedGeneration)
+	}
+	cur := getClusterNetwork(t)
+	if cur.Status.ConfigHash == first {
+		t.Fatalf("status.configHash %s did not move with the change", first)
+	}
+	if c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionProgressing); c == nil ||
+		c.Status != metav1.ConditionTrue || c.Reason != controllers.ReasonRollingOut {
+		t.Errorf("right after the change, with a cache that still shows the previous rollout complete: Progressing %+v, want True/%s (observedGeneration %d of %d)",
+			c, controllers.ReasonRollingOut, cur.Status.ObservedGeneration, cur.Generation)
+	}
+
+	// Once the DaemonSet controller has rolled the new template and the cache shows it.
+	setDaemonSetStatus(t, 1, 1, 1)
+	time.Sleep(lag)
+	eventually(t, "Progressing=False/RolloutComplete for the new configuration", func() error {
+		pass(t)
+		return expectCondition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, controllers.ReasonRolloutComplete, "")
+	})
 }

@@ -65,7 +65,7 @@ func (r *ClusterNetworkReconciler) uninstall(ctx context.Context, cn *v1alpha1.C
 		return ctrl.Result{}, nil
 	}
 	log := logf.FromContext(ctx)
-	ds, err := r.daemonSet(ctx)
+	ds, err := r.daemonSet(ctx, nil)
 	if err != nil {
 		return ctrl.Result{}, err
 	}

@@ -16,6 +16,9 @@ type Existing struct {
 	Node string
 	// CIDR is spec.podCIDR; empty if it was never allocated.
 	CIDR string
+	// Deleting: the NodeNetwork is being deleted. Its block is held until it is gone, but
+	// it is neither kept for the node nor released again.
+	Deleting bool
 }
 
 // Conflict is a recorded block that can't be honoured. It is left alone (re-addressing a
@@ -66,6 +69,16 @@ func Compute(podCIDRs []string, blockSize int, nodes []string, existing []Existi
 	taken := map[netip.Prefix]bool{}
 	var foreign []netip.Prefix // recorded blocks not aligned to the block grid
 	for _, e := range sorted {
+		if e.Deleting {
+			if p, err := netip.ParsePrefix(e.CIDR); err == nil {
+				if p.Bits() == blockSize && p == p.Masked() {
+					taken[p] = true
+				} else {
+					foreign = append(foreign, p)
+				}
+			}
+			continue
+		}
 		if !nodeSet[e.Node] {
 			plan.Release = append(plan.Release, e.Node)
 			continue

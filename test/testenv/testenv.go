@@ -100,6 +100,13 @@ func NewClient(cfg *rest.Config) (client.Client, error) {
 // client of it (NewClient). It fails t when the control plane does not start.
 func StartForTest(t testing.TB) client.Client {
 	t.Helper()
+	_, c := StartForTestConfig(t)
+	return c
+}
+
+// StartForTestConfig is StartForTest that also returns the control plane's config.
+func StartForTestConfig(t testing.TB) (*rest.Config, client.Client) {
+	t.Helper()
 	env, cfg, err := Start()
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +120,7 @@ func StartForTest(t testing.TB) client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return cfg, c
 }
 
 // Run is the TestMain of a package whose tests share one control plane: it starts it,
