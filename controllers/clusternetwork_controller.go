@@ -205,9 +205,9 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	}
 	existing := make([]blocks.Existing, 0, len(nns.Items))
 	stale := map[string]bool{}
-	cached := make(map[string]bool, len(nns.Items))
+	cached := make(map[string]string, len(nns.Items)) // node → the block the cache shows
 	for _, nn := range nns.Items {
-		cached[nn.Name] = true
+		cached[nn.Name] = nn.Spec.PodCIDR
 		_, hasNode := nodeUID[nn.Name]
 		if !nn.DeletionTimestamp.IsZero() {
 			// Still there, so still holding its block; the node gets one once it is gone.
@@ -224,11 +224,21 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		existing = append(existing, blocks.Existing{Node: nn.Name, CIDR: nn.Spec.PodCIDR})
 	}
 	// What this operator wrote that the cache doesn't show yet holds its block too.
-	r.pending.Observe(func(node string) bool { return cached[node] })
+	r.pending.Observe(func(node, cidr string) bool {
+		shown, ok := cached[node]
+		return ok && shown == cidr
+	})
 	_, verifyErr := concurrently(r.pending.Due(r.now(), pendingVerifyAfter), func(name string) error {
 		return r.readPending(ctx, name)
 	})
-	existing = append(existing, r.pending.Held()...)
+	for _, h := range r.pending.Held() {
+		if _, ok := cached[h.Node]; ok {
+			// The cache shows an older NodeNetwork of this name: the claim's block is
+			// taken, but the node's entry is the cached one.
+			h.Deleting = true
+		}
+		existing = append(existing, h)
+	}
 
 	plan, err := blocks.Compute(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize), names, existing)
 	if err != nil {

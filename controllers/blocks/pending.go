@@ -47,13 +47,14 @@ func (p *Pending) Len() int {
 	return len(p.byNode)
 }
 
-// Observe drops the claims of the nodes whose NodeNetwork the cache shows: it is their
-// authority from now on.
-func (p *Pending) Observe(inCache func(node string) bool) {
+// Observe drops the claims the cache shows (node's NodeNetwork with the claimed block): it
+// is their authority from now on. A claim whose node the cache shows with another block
+// (an older NodeNetwork of the same name) stays.
+func (p *Pending) Observe(inCache func(node, cidr string) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for node := range p.byNode {
-		if inCache(node) {
+	for node, c := range p.byNode {
+		if inCache(node, c.cidr) {
 			delete(p.byNode, node)
 		}
 	}

@@ -13,13 +13,15 @@ func TestPending(t *testing.T) {
 	p.Add("a", "10.0.0.0/24", t0)
 	p.Add("b", "10.0.1.0/24", t0.Add(20*time.Second))
 	p.Add("c", "10.0.2.0/24", t0)
+	p.Add("e", "10.0.4.0/24", t0.Add(20*time.Second))
 
-	cached := map[string]bool{"c": true}
-	p.Observe(func(n string) bool { return cached[n] })
+	// c's NodeNetwork is in the cache; e's name is, but with an older block.
+	cached := map[string]string{"c": "10.0.2.0/24", "e": "10.0.9.0/24"}
+	p.Observe(func(n, cidr string) bool { return cached[n] == cidr })
 	held := p.Held()
 	slices.SortFunc(held, func(x, y Existing) int { return strings.Compare(x.Node, y.Node) })
-	if want := []Existing{{Node: "a", CIDR: "10.0.0.0/24"}, {Node: "b", CIDR: "10.0.1.0/24"}}; !slices.Equal(held, want) {
-		t.Errorf("held %v, want %v (c is in the cache: the cache is its authority now)", held, want)
+	if want := []Existing{{Node: "a", CIDR: "10.0.0.0/24"}, {Node: "b", CIDR: "10.0.1.0/24"}, {Node: "e", CIDR: "10.0.4.0/24"}}; !slices.Equal(held, want) {
+		t.Errorf("held %v, want %v (c is in the cache: the cache is its authority now; e's cached block is another)", held, want)
 	}
 	if due := p.Due(t0.Add(30*time.Second), 30*time.Second); !slices.Equal(due, []string{"a"}) {
 		t.Errorf("due %v, want [a] (the only claim older than 30s the cache doesn't show)", due)
@@ -30,7 +32,7 @@ func TestPending(t *testing.T) {
 	if !slices.Equal(due, []string{"d"}) {
 		t.Errorf("due %v, want [d]: a claim added with no time is checked at once", due)
 	}
-	if p.Len() != 2 {
-		t.Errorf("%d claims left, want 2 (b, d)", p.Len())
+	if p.Len() != 3 {
+		t.Errorf("%d claims left, want 3 (b, d, e)", p.Len())
 	}
 }
