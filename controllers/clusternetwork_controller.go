@@ -61,23 +61,33 @@ type ClusterNetworkReconciler struct {
 }
 
 // The operator's RBAC is what it calls, plus what it grants the agent: Kubernetes lets a
-// subject create a ClusterRole only with permissions it holds itself. README "RBAC" says
-// why each is needed.
-// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,verbs=get;list;watch;patch
+// subject create a ClusterRole only with permissions it holds itself. Every write to an
+// object trellis renders is limited to that object's name (server-side apply authorises
+// the create of a missing object with its name too), so the operator can't relabel other
+// namespaces or edit other roles and admission policies. README "RBAC" says why each is
+// needed; test/rbac checks the roles against the calls the operator makes.
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,verbs=get;list;watch
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,resourceNames=default,verbs=patch
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/status,verbs=patch
-// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/finalizers,verbs=update
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/finalizers,resourceNames=default,verbs=update
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=nodes;pods;namespaces,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=create;patch
-// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies;servicecidrs,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,resourceNames=trellis-system,verbs=create;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=servicecidrs,verbs=list;watch
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups="",namespace=trellis-system,resources=configmaps;serviceaccounts,verbs=get;list;watch;create;patch
-// +kubebuilder:rbac:groups=apps,namespace=trellis-system,resources=daemonsets,verbs=get;list;watch;create;patch;delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=list;watch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,resourceNames=trellis-agent,verbs=create;patch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=list;watch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,resourceNames=trellis-agent-node-restriction,verbs=create;patch
+// +kubebuilder:rbac:groups="",namespace=trellis-system,resources=configmaps;serviceaccounts,verbs=list;watch
+// +kubebuilder:rbac:groups="",namespace=trellis-system,resources=configmaps,resourceNames=trellis-agent-config,verbs=create;patch
+// +kubebuilder:rbac:groups="",namespace=trellis-system,resources=serviceaccounts,resourceNames=trellis-agent,verbs=create;patch
+// +kubebuilder:rbac:groups=apps,namespace=trellis-system,resources=daemonsets,verbs=list;watch
+// +kubebuilder:rbac:groups=apps,namespace=trellis-system,resources=daemonsets,resourceNames=trellis-agent,verbs=create;patch;delete
 
 // Reconcile converges the cluster to the ClusterNetwork and reports what it finds.
 func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {

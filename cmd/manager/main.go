@@ -20,34 +20,37 @@ import (
 func main() {
 	var probeAddr string
 	var leaderElect bool
+	var leaderElectionNamespace string
 	metrics := metricsserving.Options{Addr: ":9797", Secure: true}
 	metrics.AddFlags(flag.CommandLine, "metrics-bind-address")
 	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "address the health probes bind to")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "elect a leader so only one operator replica acts")
+	flag.StringVar(&leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the operator pod's own; required outside a cluster)")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	log := ctrl.Log.WithName("setup")
 
-	if err := run(metrics, probeAddr, leaderElect); err != nil {
+	if err := run(metrics, probeAddr, leaderElect, leaderElectionNamespace); err != nil {
 		log.Error(err, "operator failed")
 		os.Exit(1)
 	}
 }
 
-func run(metrics metricsserving.Options, probeAddr string, leaderElect bool) error {
+func run(metrics metricsserving.Options, probeAddr string, leaderElect bool, leaderElectionNamespace string) error {
 	scheme, err := trellisscheme.New()
 	if err != nil {
 		return err
 	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metrics.Server(),
-		HealthProbeBindAddress: probeAddr,
-		LeaderElection:         leaderElect,
-		LeaderElectionID:       "trellis-operator.network.trellis.dev",
-		Cache:                  controllers.CacheOptions(),
+		Scheme:                  scheme,
+		Metrics:                 metrics.Server(),
+		HealthProbeBindAddress:  probeAddr,
+		LeaderElection:          leaderElect,
+		LeaderElectionID:        "trellis-operator.network.trellis.dev",
+		LeaderElectionNamespace: leaderElectionNamespace,
+		Cache:                   controllers.CacheOptions(),
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)

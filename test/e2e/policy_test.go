@@ -262,6 +262,9 @@ spec:
 		waitPolicyEnforced(ctx, t, c, true, 3*time.Minute)
 		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 	})
+
+	// Last: the agents' calls through everything above, against their ClusterRole.
+	t.Run("AgentRoleIsWhatItCalls", func(t *testing.T) { checkAgentRole(t, c) })
 }
 
 // policyPod is a pod of the policy tests: agnhost netexec (TCP 8080, its readiness probe)

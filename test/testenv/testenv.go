@@ -66,6 +66,12 @@ func AssetsDir() (string, error) {
 
 // Start starts etcd and kube-apiserver with the CRDs of config/crd/bases installed.
 func Start() (*envtest.Environment, *rest.Config, error) {
+	return StartWith(nil)
+}
+
+// StartWith is Start with kube-apiserver's flags set first by configure (nil: none), e.g.
+// audit logging or admission plugins.
+func StartWith(configure func(*envtest.APIServer)) (*envtest.Environment, *rest.Config, error) {
 	dir, err := AssetsDir()
 	if err != nil {
 		return nil, nil, err
@@ -74,6 +80,9 @@ func Start() (*envtest.Environment, *rest.Config, error) {
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: dir,
+	}
+	if configure != nil {
+		configure(env.ControlPlane.GetAPIServer())
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -107,7 +116,15 @@ func StartForTest(t testing.TB) client.Client {
 // StartForTestConfig is StartForTest that also returns the control plane's config.
 func StartForTestConfig(t testing.TB) (*rest.Config, client.Client) {
 	t.Helper()
-	env, cfg, err := Start()
+	_, cfg, c := StartForTestWith(t, nil)
+	return cfg, c
+}
+
+// StartForTestWith is StartForTestConfig with StartWith's configure; it also returns the
+// environment (env.AddUser makes a user whose rights RBAC decides).
+func StartForTestWith(t testing.TB, configure func(*envtest.APIServer)) (*envtest.Environment, *rest.Config, client.Client) {
+	t.Helper()
+	env, cfg, err := StartWith(configure)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +137,7 @@ func StartForTestConfig(t testing.TB) (*rest.Config, client.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cfg, c
+	return env, cfg, c
 }
 
 // Run is the TestMain of a package whose tests share one control plane: it starts it,

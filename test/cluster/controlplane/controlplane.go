@@ -16,12 +16,17 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trellis-net/trellis/test/audit"
 	"github.com/trellis-net/trellis/test/cluster/forward"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
 // APIServerPort is the API server's secure port on the control plane's IP.
 const APIServerPort = 6443
+
+// AuditLog (in LogDir) records every request of trellis's service accounts (the operator,
+// the agents), so that tests can hold their roles to the calls they make (test/audit).
+const AuditLog = "kube-apiserver-audit.log"
 
 // Config says where everything is.
 type Config struct {
@@ -87,6 +92,10 @@ func Start(ctx context.Context, cfg Config, logf func(string, ...any)) ([]Proces
 	}
 	nsPath := procs.NetNSPath(cfg.NetNS)
 	t0 := time.Now()
+	auditPolicy := filepath.Join(cfg.Dir, "audit-policy.yaml")
+	if err := os.WriteFile(auditPolicy, []byte(audit.Policy("system:serviceaccounts:trellis-system")), 0o600); err != nil {
+		return nil, fmt.Errorf("writing the audit policy: %w", err)
+	}
 
 	etcd, err := start("etcd",
 		"--name=trellis-localcluster",
@@ -131,6 +140,9 @@ func Start(ctx context.Context, cfg Config, logf func(string, ...any)) ([]Proces
 		"--service-cluster-ip-range="+cfg.ServiceCIDR.String(),
 		"--allow-privileged=true",
 		"--profiling=false",
+		"--audit-policy-file="+auditPolicy,
+		"--audit-log-path="+filepath.Join(cfg.LogDir, AuditLog),
+		"--audit-log-mode=blocking",
 	)
 	if err != nil {
 		return started, err

@@ -1,0 +1,64 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/trellis-net/trellis/test/audit"
+	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/cluster/controlplane"
+	"github.com/trellis-net/trellis/test/testenv"
+)
+
+const agentUser = "system:serviceaccount:trellis-system:trellis-agent"
+
+// agentUnscopedWrites are the agent's writes RBAC can't limit by name, each with why.
+var agentUnscopedWrites = map[string]string{
+	"network.trellis.dev nodenetworks/status patch": "the admission policy (config/agent/node_restriction.yaml) limits it to the agent's own node",
+	" events create":                                   "events are created under generated names",
+	" events patch":                                    "events are created under generated names",
+	"events.k8s.io events create":                      "events are created under generated names",
+	"events.k8s.io events patch":                       "events are created under generated names",
+	"authentication.k8s.io tokenreviews create":        "a review is not a stored object",
+	"authorization.k8s.io subjectaccessreviews create": "a review is not a stored object",
+}
+
+// checkAgentRole holds the agent's ClusterRole to the calls the cluster's agents made
+// (the API server's audit log): none refused, every grant used, writes limited.
+func checkAgentRole(t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "config", "agent", "cluster_role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.Unmarshal(b, &role); err != nil {
+		t.Fatalf("config/agent/cluster_role.yaml: %v", err)
+	}
+	calls, err := audit.Read(filepath.Join(c.LogDir, controlplane.AuditLog), agentUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(calls) < 10 {
+		t.Fatalf("the audit log has only %d requests of %s: the audit set-up is broken", len(calls), agentUser)
+	}
+	for _, call := range audit.Refused(calls) {
+		t.Errorf("an agent was refused: %s", call)
+	}
+	for _, g := range audit.Grants([]audit.Role{{Kind: "ClusterRole", Name: role.Name, Rules: role.Rules}}) {
+		if audit.IsWrite(g.Verb) && len(g.Names) == 0 {
+			if _, ok := agentUnscopedWrites[g.Key()]; !ok {
+				t.Errorf("%s for any name: limit it", g)
+			}
+		}
+		if !g.UsedBy(calls) {
+			t.Errorf("%s, which no agent used through the policy tests: remove it", g)
+		}
+	}
+}
