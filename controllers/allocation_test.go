@@ -16,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/trellis-net/trellis/api/v1alpha1"
@@ -38,10 +40,21 @@ func TestBlocksUniqueUnderLaggingCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := wcl.Watch(tctx, &v1alpha1.NodeNetworkList{})
+	// A watch from the (empty) list's resourceVersion, resumed from the last event seen
+	// whenever the server ends it: every write is seen, or the watcher fails (410 Gone).
+	var start v1alpha1.NodeNetworkList
+	if err := cl.List(tctx, &start); err != nil {
+		t.Fatal(err)
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(tctx, start.ResourceVersion, &toolscache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			return wcl.Watch(ctx, &v1alpha1.NodeNetworkList{}, &client.ListOptions{Raw: &opts})
+		},
+	})
 	if err != nil {
 		t.Fatalf("watching NodeNetworks: %v", err)
 	}
+	defer w.Stop()
 	held := newBlockWatcher()
 	go held.run(w)
 
