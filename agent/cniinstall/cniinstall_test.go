@@ -31,7 +31,10 @@ func TestBinariesAndConflist(t *testing.T) {
 		t.Errorf("temp files left behind: %v", entries)
 	}
 
-	conf := cnicontract.NewConflist("1.0.0", cnicontract.NetConf{PodCIDR: "10.244.1.0/24"})
+	conf, err := cnicontract.NewConflist("1.0.0", cnicontract.NetConf{PodCIDR: "10.244.1.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if changed, err := WriteConflist(dst, conf); !changed || err != nil {
 		t.Fatalf("first conflist write: %v %v", changed, err)
 	}

@@ -88,7 +88,9 @@ type Reconciler struct {
 	// CNIConfDir and ReadyFile are paths as the agent sees them (host paths mounted in).
 	CNIConfDir string
 	ReadyFile  string
-	// CNIVersion the conflist declares: the newest the node's runtime understands.
+	// CNIVersion is the highest CNI spec version the conflist offers (cniVersions); a
+	// runtime that reads only cniVersion gets cnicontract.CompatVersion (see
+	// cnicontract.ConflistVersions).
 	CNIVersion string
 	// NodeIP, when set, is this node's underlay address; else the first IPv4 address of
 	// NodeIPInterface (else Config.NodeIPInterface), when set; else the Node's InternalIP;
@@ -303,7 +305,7 @@ func offloadTarget(cfg *datapath.Config, st *datapath.Status, d offload.Decision
 // Conflist is the network configuration this node's runtime gets: the trellis plugin on
 // the node's block with the datapath's pod MTU, reporting each command to the agent (and,
 // with NetworkPolicy enabled, the policy hook every new pod waits on), then portmap.
-func (r *Reconciler) Conflist(block netip.Prefix, mtu int) cnicontract.Conflist {
+func (r *Reconciler) Conflist(block netip.Prefix, mtu int) (cnicontract.Conflist, error) {
 	conf := cnicontract.NetConf{
 		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
 		// Each command's outcome, for the agent's CNI metrics (agent/cnimetrics).
@@ -321,7 +323,10 @@ func (r *Reconciler) Conflist(block netip.Prefix, mtu int) cnicontract.Conflist 
 }
 
 func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mtu int) error {
-	conf := r.Conflist(block, mtu)
+	conf, err := r.Conflist(block, mtu)
+	if err != nil {
+		return err
+	}
 	if _, err := cniinstall.WriteConflist(r.CNIConfDir, conf); err != nil {
 		return err
 	}

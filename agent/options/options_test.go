@@ -39,7 +39,7 @@ func TestDefaults(t *testing.T) {
 		ConfigPath: "/etc/trellis/config.json", HealthAddr: "127.0.0.1:9799",
 		Metrics:   metricsserving.Options{Addr: ":9798", Secure: true},
 		CNIBinDir: "/host/opt/cni/bin", CNIConfDir: "/host/etc/cni/net.d", ReadyFile: "/var/run/trellis/cni-ready",
-		CNIVersion: "1.0.0", PluginDir: "/usr/local/lib/trellis/cni", ProcSysDir: "/proc/sys",
+		CNIVersion: "1.1.0", PluginDir: "/usr/local/lib/trellis/cni", ProcSysDir: "/proc/sys",
 		IPAMGCGrace: 5 * time.Minute, IPAMGCInterval: 2 * time.Minute, level: got.level,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -71,6 +71,10 @@ func TestFlags(t *testing.T) {
 		{name: "negative interval", args: []string{"--ipam-gc-interval=-1m"}, err: "--ipam-gc-interval -1m0s: must be positive"},
 		{name: "not a duration", args: []string{"--ipam-gc-grace=5"}, err: "ipam-gc-grace"},
 		{name: "empty conf dir", args: []string{"--cni-conf-dir="}, err: "--cni-conf-dir must not be empty"},
+		// Only versions the plugin implements: the runtime would otherwise pick one it can't run.
+		{name: "unknown CNI version", args: []string{"--cni-version=1.2.0"}, err: `--cni-version: CNI version "1.2.0" is not one trellis supports (0.3.1, 0.4.0, 1.0.0, 1.1.0)`},
+		{name: "not a CNI version", args: []string{"--cni-version=latest"}, err: "--cni-version"},
+		{name: "CNI 1.0.0 only", args: []string{"--cni-version=1.0.0"}, check: func(o *Options) bool { return o.CNIVersion == "1.0.0" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parse(t, tc.args...)

@@ -1,7 +1,6 @@
 package cni_test
 
 import (
-	"encoding/json"
 	"io"
 	"net/netip"
 	"os"
@@ -12,11 +11,14 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 	rt "github.com/trellis-net/trellis/test/runtime"
 )
 
-// containerd (from apt) calls the trellis plugin exactly as it does under a kubelet: pods
+// containerd (1.6, from apt) calls the trellis plugin exactly as it does under a kubelet,
+// on the conflist the agent writes (cniVersions, which it predates, included): pods
 // get addresses from the node's block, reach each other, the policy hook sees the real
 // pod names, and stopp/rmp (DEL twice, the second without netns) release everything.
 func TestThroughContainerd(t *testing.T) {
@@ -47,23 +49,23 @@ func TestThroughContainerd(t *testing.T) {
 	socket, requests := fakeAgent(t, 50*time.Millisecond, true)
 	stateDir := t.TempDir()
 	block := netip.MustParsePrefix("10.244.3.0/24")
-	// containerd 1.6's libcni knows results up to 1.0.0 (1.1.0 came with containerd 2):
-	// the conflist names the newest version the runtime understands.
-	conflist := map[string]any{
-		"cniVersion": "1.0.0", "name": "trellis",
-		"plugins": []any{
-			map[string]any{
-				"type": "trellis", "podCIDR": block.String(), "mtu": 1450,
-				"dataDir":   filepath.Join(stateDir, "ipam"),
-				"readyFile": filepath.Join(stateDir, "ready"),
-				"logFile":   filepath.Join(stateDir, "cni.log"),
-				"policy":    map[string]any{"socket": socket, "timeout": "5s"},
-			},
-			map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}, "snat": true},
-		},
+	// The conflist exactly as the agent writes it, cniVersions and all: containerd 1.6's
+	// libcni predates cniVersions (and knows results up to 1.0.0 only) and runs it at its
+	// cniVersion, 1.0.0.
+	conf, err := cnicontract.NewConflist(cnicontract.NewestVersion, cnicontract.NetConf{
+		PodCIDR: block.String(), MTU: 1450,
+		DataDir:   filepath.Join(stateDir, "ipam"),
+		ReadyFile: filepath.Join(stateDir, "ready"),
+		LogFile:   filepath.Join(stateDir, "cni.log"),
+		Policy:    &cnicontract.PolicyConf{Socket: socket, Timeout: "5s"},
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	b, _ := json.MarshalIndent(conflist, "", "  ")
-	if err := os.WriteFile(filepath.Join(node.CNIConfDir, "10-trellis.conflist"), b, 0o644); err != nil {
+	if len(conf.CNIVersions) < 2 || conf.CNIVersion != "1.0.0" {
+		t.Fatalf("the agent's conflist offers %v with cniVersion %s, want 1.0.0 and newer", conf.CNIVersions, conf.CNIVersion)
+	}
+	if _, err := cniinstall.WriteConflist(node.CNIConfDir, conf); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
