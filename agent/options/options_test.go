@@ -12,6 +12,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/internal/metricsserving"
 )
 
@@ -133,5 +134,60 @@ func TestConfigLogLevel(t *testing.T) {
 	}
 	if _, err := New().SetConfigLogLevel("verbose"); err == nil {
 		t.Error("an unknown log level was accepted")
+	}
+}
+
+// `trellis-agent cleanup` is run by hand on a node: its defaults are the node's paths
+// (the contract's), never the agent container's /host mounts.
+func TestCleanupDefaults(t *testing.T) {
+	c := NewCleanup()
+	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	c.AddFlags(fs)
+	for name, want := range map[string]string{
+		"cni-bin-dir": cnicontract.NodeCNIBinDir, "cni-conf-dir": cnicontract.NodeCNIConfDir,
+		"data-dir": cnicontract.DefaultDataDir, "run-dir": cnicontract.RunDir,
+	} {
+		if got := fs.Lookup(name).DefValue; got != want || strings.HasPrefix(got, "/host") {
+			t.Errorf("--%s defaults to %q, want the node's %s", name, got, want)
+		}
+	}
+	if c.ReadyFile() != cnicontract.DefaultReadyFile || c.EndpointsDir() != cnicontract.DefaultEndpointsDir {
+		t.Errorf("cleanup removes %s and %s, the agent writes %s and %s", c.ReadyFile(), c.EndpointsDir(), cnicontract.DefaultReadyFile, cnicontract.DefaultEndpointsDir)
+	}
+}
+
+// The CNI directories must exist; the run and data directories only when given (by
+// default, absent means nothing to remove: /var/run is a tmpfs).
+func TestCleanupValidate(t *testing.T) {
+	dir := t.TempDir()
+	missing := dir + "/missing"
+	for _, tc := range []struct {
+		name string
+		args []string
+		err  string
+	}{
+		{name: "all there", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir, "--run-dir=" + dir, "--data-dir=" + dir}},
+		{name: "run and data dirs by default", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir}},
+		{name: "conf dir missing", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + missing},
+			err: "--cni-conf-dir " + missing + ": no such directory; set --cni-conf-dir"},
+		{name: "bin dir missing", args: []string{"--cni-bin-dir=" + missing, "--cni-conf-dir=" + dir},
+			err: "--cni-bin-dir " + missing + ": no such directory; set --cni-bin-dir"},
+		{name: "run dir given, missing", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir, "--run-dir=" + missing},
+			err: "--run-dir " + missing + ": no such directory"},
+		{name: "empty data dir", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir, "--data-dir="},
+			err: "--data-dir must not be empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCleanup()
+			fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+			c.AddFlags(fs)
+			if err := c.Parse(fs, tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Validate()
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("Validate() = %v, want %q", err, tc.err)
+			}
+		})
 	}
 }

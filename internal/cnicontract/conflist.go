@@ -20,17 +20,26 @@ const (
 	// PortMapType is the reference portmap plugin chained after trellis for hostPort.
 	PortMapType = "portmap"
 
+	// NodeCNIBinDir and NodeCNIConfDir are the node's CNI directories, where the runtime
+	// (containerd, CRI-O) looks by default; the agent sees them mounted elsewhere.
+	NodeCNIBinDir  = "/opt/cni/bin"
+	NodeCNIConfDir = "/etc/cni/net.d"
+
 	// RunDir is the host directory the agent and the plugin share at run time.
 	RunDir = "/var/run/trellis"
 	// DefaultDataDir holds the plugin's IPAM state, one directory per network name.
 	DefaultDataDir = "/var/lib/cni/trellis"
 	// DefaultReadyFile exists while the agent considers the node's network working.
-	DefaultReadyFile = RunDir + "/cni-ready"
+	DefaultReadyFile = RunDir + "/" + ReadyFileName
+	// ReadyFileName is the ready file's name in the run directory.
+	ReadyFileName = "cni-ready"
 	// DefaultPolicySocket is where the agent serves the policy hook.
 	DefaultPolicySocket = RunDir + "/policy.sock"
 	// DefaultEndpointsDir is where the agent keeps what the plugin told it of each pod
 	// veth (pod, address), so that a restarted agent attributes every veth as before.
-	DefaultEndpointsDir = RunDir + "/endpoints"
+	DefaultEndpointsDir = RunDir + "/" + EndpointsDirName
+	// EndpointsDirName is the endpoints directory's name in the run directory.
+	EndpointsDirName = "endpoints"
 	// DefaultLogFile receives the plugin's log.
 	DefaultLogFile = "/var/log/trellis/cni.log"
 	// DefaultMTU is the pod MTU when the conflist names none.
