@@ -79,14 +79,14 @@ func newTree(t *testing.T) tree {
 		filepath.Join(tr.image, "loopback"): "loopback v1.10.0",
 		// On the node: trellis's plugin and conflist, portmap as install-cni put it, a
 		// loopback upgraded since, another CNI's plugin and configurations.
-		filepath.Join(tr.bin, "trellis"):                 "trellis v1",
-		filepath.Join(tr.bin, "portmap"):                 "portmap v1.10.0",
-		filepath.Join(tr.bin, "loopback"):                "loopback v1.11.0",
-		filepath.Join(tr.bin, "bridge"):                  "bridge",
-		filepath.Join(tr.conf, cniinstall.ConflistName):  "{}",
-		filepath.Join(tr.conf, "05-other.conflist"):      "{}",
-		filepath.Join(tr.conf, "99-loopback.conf"):       "{}",
-		filepath.Join(tr.run, cnicontract.ReadyFileName): "now",
+		filepath.Join(tr.bin, "trellis"):                                      "trellis v1",
+		filepath.Join(tr.bin, "portmap"):                                      "portmap v1.10.0",
+		filepath.Join(tr.bin, "loopback"):                                     "loopback v1.11.0",
+		filepath.Join(tr.bin, "bridge"):                                       "bridge",
+		filepath.Join(tr.conf, cniinstall.ConflistName):                       "{}",
+		filepath.Join(tr.conf, "05-other.conflist"):                           "{}",
+		filepath.Join(tr.conf, "99-loopback.conf"):                            "{}",
+		filepath.Join(tr.run, cnicontract.ReadyFileName):                      "now",
 		filepath.Join(tr.run, cnicontract.EndpointsDirName, "trl0123456789a"): "{}",
 		// trellis's IPAM store with no address allocated, and another network's state.
 		filepath.Join(tr.data, cnicontract.NetworkName, "lock"):             "",
