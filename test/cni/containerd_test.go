@@ -1,6 +1,8 @@
 package cni_test
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -26,14 +28,16 @@ func TestThroughContainerd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	binDir := t.TempDir()
+	binDir, calls := t.TempDir(), t.TempDir()
 	for _, b := range []struct{ from, name string }{
-		{filepath.Join(pluginDir, "trellis"), "trellis"},
+		{filepath.Join(pluginDir, "trellis"), "trellis.real"},
 		{filepath.Join(tools, "loopback"), "loopback"}, // containerd wires lo itself through it
 		{filepath.Join(tools, "portmap"), "portmap"},
 	} {
 		copyFile(t, b.from, filepath.Join(binDir, b.name))
 	}
+	// What containerd hands the plugin, each call kept in calls/<n>-<command>.
+	recordCalls(t, filepath.Join(binDir, "trellis"), filepath.Join(binDir, "trellis.real"), calls)
 	node := rt.StartNode(t, rt.NodeOptions{Name: "trellis", CNIBinDir: binDir})
 	nodeNS, err := ns.GetNS(node.NetNS)
 	if err != nil {
@@ -142,6 +146,49 @@ func TestThroughContainerd(t *testing.T) {
 		}
 		return err
 	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// containerd 1.6 ran the conflist at its cniVersion and, knowing no 1.1.0, never sent
+	// STATUS or GC.
+	commands := map[string]int{}
+	entries, err = os.ReadDir(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		command := e.Name()[strings.LastIndexByte(e.Name(), '-')+1:]
+		commands[command]++
+		b, err := os.ReadFile(filepath.Join(calls, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stdin struct {
+			CNIVersion string `json:"cniVersion"`
+		}
+		if err := json.Unmarshal(b, &stdin); err != nil && command != "VERSION" {
+			t.Errorf("%s: stdin %q: %v", e.Name(), b, err)
+		}
+		if command != "VERSION" && stdin.CNIVersion != "1.0.0" {
+			t.Errorf("%s at cniVersion %q, want 1.0.0", command, stdin.CNIVersion)
+		}
+	}
+	t.Logf("containerd's calls of the plugin: %v", commands)
+	if commands["ADD"] != 2 || commands["DEL"] < 2 || commands["STATUS"]+commands["GC"] != 0 {
+		t.Errorf("containerd called the plugin %v: want 2 ADDs, DELs, no STATUS or GC", commands)
+	}
+}
+
+// recordCalls installs at path a plugin that keeps each call's stdin in dir (named by
+// order and CNI_COMMAND) and then runs real with it.
+func recordCalls(t *testing.T, path, real, dir string) {
+	t.Helper()
+	script := fmt.Sprintf(`#!/bin/sh
+f=%[1]s/$(date +%%s%%N)-$CNI_COMMAND
+cat >"$f"
+exec %[2]s <"$f"
+`, dir, real)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 }
