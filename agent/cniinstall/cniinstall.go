@@ -69,8 +69,7 @@ func RemoveOthers(dir string) ([]string, error) {
 	}
 	var removed []string
 	for _, e := range entries {
-		ext := filepath.Ext(e.Name())
-		if e.Name() == ConflistName || (ext != ".conf" && ext != ".conflist" && ext != ".json") {
+		if e.Name() == ConflistName || !isConfig(e) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -79,6 +78,32 @@ func RemoveOthers(dir string) ([]string, error) {
 		removed = append(removed, e.Name())
 	}
 	return removed, nil
+}
+
+// FirstConfig is the name of the configuration the runtime uses from dir: the first of its
+// *.conf, *.conflist and *.json in lexical order, as containerd and CRI-O pick it (libcni's
+// ConfFiles, sorted). "" when dir holds none.
+func FirstConfig(dir string) (string, error) {
+	entries, err := os.ReadDir(dir) // sorted by name
+	if err != nil {
+		return "", fmt.Errorf("reading the CNI conf dir: %w", err)
+	}
+	for _, e := range entries {
+		if isConfig(e) {
+			return e.Name(), nil
+		}
+	}
+	return "", nil
+}
+
+// isConfig: a runtime reads e as a network configuration (libcni's extensions; never a
+// directory). trellis's own temp files end in .tmp-*, so they never are.
+func isConfig(e os.DirEntry) bool {
+	switch filepath.Ext(e.Name()) {
+	case ".conf", ".conflist", ".json":
+		return !e.IsDir()
+	}
+	return false
 }
 
 func same(path string, data []byte) bool {

@@ -3,7 +3,11 @@ package cniinstall
 import (
 	"os"
 	"path/filepath"
+	"sort"
+	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/libcni"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
@@ -31,7 +35,10 @@ func TestBinariesAndConflist(t *testing.T) {
 		t.Errorf("temp files left behind: %v", entries)
 	}
 
-	conf := cnicontract.NewConflist("1.0.0", cnicontract.NetConf{PodCIDR: "10.244.1.0/24"})
+	conf, err := cnicontract.NewConflist("1.0.0", cnicontract.NetConf{PodCIDR: "10.244.1.0/24"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if changed, err := WriteConflist(dst, conf); !changed || err != nil {
 		t.Fatalf("first conflist write: %v %v", changed, err)
 	}
@@ -47,5 +54,59 @@ func TestBinariesAndConflist(t *testing.T) {
 	}
 	if removed, err := RemoveOthers(dst); err != nil || len(removed) != 1 || removed[0] != "05-other.conflist" {
 		t.Fatalf("RemoveOthers removed %v, %v", removed, err)
+	}
+}
+
+// FirstConfig names the file the runtime picks: the first of libcni's ConfFiles, sorted,
+// as containerd and CRI-O load them.
+func TestFirstConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files []string // a trailing / makes a directory
+		want  string
+	}{
+		{name: "trellis alone", files: []string{ConflistName}, want: ConflistName},
+		{name: "another CNI's sorts after", files: []string{ConflistName, "20-other.conflist", "99-loopback.conf"}, want: ConflistName},
+		{name: "another CNI's sorts before", files: []string{ConflistName, "00-other.conflist"}, want: "00-other.conflist"},
+		{name: "a .conf before", files: []string{ConflistName, "05-bridge.conf"}, want: "05-bridge.conf"},
+		{name: "a .json before", files: []string{ConflistName, "087-flannel.json"}, want: "087-flannel.json"},
+		{name: "byte order: digits before letters", files: []string{ConflistName, "Z.conf"}, want: ConflistName},
+		{name: "not configurations", files: []string{ConflistName, "00-notes.txt", "00-old.conflist.bak", "." + ConflistName + ".tmp-123", "00-dir.conf/"}, want: ConflistName},
+		{name: "none", files: []string{"README"}, want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range tc.files {
+				var err error
+				if strings.HasSuffix(f, "/") {
+					err = os.Mkdir(filepath.Join(dir, f), 0o755)
+				} else {
+					err = os.WriteFile(filepath.Join(dir, f), []byte("{}"), 0o644)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := FirstConfig(dir)
+			if err != nil || got != tc.want {
+				t.Errorf("FirstConfig = %q, %v; want %q", got, err, tc.want)
+			}
+			// The runtime's view agrees.
+			files, err := libcni.ConfFiles(dir, []string{".conf", ".conflist", ".json"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sort.Strings(files)
+			runtime := ""
+			if len(files) > 0 {
+				runtime = filepath.Base(files[0])
+			}
+			if runtime != got {
+				t.Errorf("FirstConfig = %q, the runtime picks %q", got, runtime)
+			}
+		})
+	}
+	if _, err := FirstConfig(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("FirstConfig of a missing directory: no error")
 	}
 }

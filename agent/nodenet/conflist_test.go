@@ -1,8 +1,11 @@
 package nodenet_test
 
 import (
+	"encoding/json"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,18 +21,24 @@ import (
 // The conflist the agent writes, read back the way a runtime reads it (libcni) and handed
 // to the plugin's parser as a runtime hands it over: the plugin accepts it and sees exactly
 // the block, MTU, ready file and IPAM directory the agent meant, and portmap is chained.
+// A runtime that knows cniVersions (libcni 1.2+) takes the highest offered; one that
+// doesn't (containerd 1.6's libcni) reads cniVersion, which stays one it knows.
 func TestConflistRoundTrip(t *testing.T) {
 	for _, tc := range []struct {
-		cniVersion string
-		block      string
-		mtu        int
-		policy     agentconfig.NetworkPolicy
+		cniVersion string // --cni-version: the highest offered
+		// wantNew and wantOld are the versions a runtime that knows cniVersions and one
+		// that reads cniVersion only use.
+		wantNew, wantOld string
+		block            string
+		mtu              int
+		policy           agentconfig.NetworkPolicy
 		// wantTimeout is the plugin's policy timeout; 0: no policy hook.
 		wantTimeout time.Duration
 	}{
-		{"1.0.0", "10.244.1.0/24", 1450, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}, 12 * time.Second}, // containerd 1.6
-		{"1.1.0", "10.0.128.0/17", 1500, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "1m"}, 62 * time.Second},  // containerd 2, CRI-O
-		{"1.0.0", "172.16.9.252/30", 8950, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0},
+		{"1.1.0", "1.1.0", "1.0.0", "10.244.1.0/24", 1450, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}, 12 * time.Second}, // the default
+		{"1.1.0", "1.1.0", "1.0.0", "10.0.128.0/17", 1500, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "1m"}, 62 * time.Second},
+		{"1.0.0", "1.0.0", "1.0.0", "172.16.9.252/30", 8950, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0}, // no STATUS/GC wanted
+		{"0.4.0", "0.4.0", "0.4.0", "10.244.2.0/24", 1450, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0},
 	} {
 		r := &nodenet.Reconciler{
 			CNIVersion: tc.cniVersion, ReadyFile: "/var/run/trellis/cni-ready",
@@ -37,16 +46,24 @@ func TestConflistRoundTrip(t *testing.T) {
 		}
 		block := netip.MustParsePrefix(tc.block)
 		dir := t.TempDir()
-		if _, err := cniinstall.WriteConflist(dir, r.Conflist(block, tc.mtu)); err != nil {
+		written, err := r.Conflist(block, tc.mtu)
+		if err != nil {
 			t.Fatal(err)
 		}
-		list, err := libcni.ConfListFromFile(filepath.Join(dir, cniinstall.ConflistName))
+		if _, err := cniinstall.WriteConflist(dir, written); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, cniinstall.ConflistName)
+		list, err := libcni.ConfListFromFile(path)
 		if err != nil {
 			t.Fatalf("libcni can't load the agent's conflist: %v", err)
 		}
-		if list.Name != cnicontract.NetworkName || list.CNIVersion != tc.cniVersion || len(list.Plugins) != 2 {
-			t.Fatalf("conflist %s %s with %d plugins, want %s %s with trellis and portmap",
-				list.Name, list.CNIVersion, len(list.Plugins), cnicontract.NetworkName, tc.cniVersion)
+		if list.Name != cnicontract.NetworkName || list.CNIVersion != tc.wantNew || len(list.Plugins) != 2 {
+			t.Fatalf("--cni-version %s: conflist %s %s with %d plugins, want %s %s with trellis and portmap",
+				tc.cniVersion, list.Name, list.CNIVersion, len(list.Plugins), cnicontract.NetworkName, tc.wantNew)
+		}
+		if old := oldLibcniVersion(t, path); old != tc.wantOld {
+			t.Errorf("--cni-version %s: a runtime reading cniVersion only gets %q, want %s", tc.cniVersion, old, tc.wantOld)
 		}
 		if typ := list.Plugins[1].Network.Type; typ != cnicontract.PortMapType || !list.Plugins[1].Network.Capabilities["portMappings"] {
 			t.Errorf("second plugin %s with capabilities %v, want portmap with portMappings", typ, list.Plugins[1].Network.Capabilities)
@@ -85,5 +102,30 @@ func TestConflistRoundTrip(t *testing.T) {
 		if conf.ReportSocket != cnicontract.DefaultReportSocket {
 			t.Errorf("plugin reports to %q, the agent listens on %s", conf.ReportSocket, cnicontract.DefaultReportSocket)
 		}
+	}
+}
+
+// oldLibcniVersion is the version a runtime whose libcni predates cniVersions (before 1.2,
+// containerd 1.6) runs the conflist at: it reads the cniVersion key alone.
+func oldLibcniVersion(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	if err := json.Unmarshal(b, &conf); err != nil {
+		t.Fatalf("parsing %s: %v", path, err)
+	}
+	return conf.CNIVersion
+}
+
+// An unknown --cni-version never reaches the node: the conflist isn't built.
+func TestConflistRefusesUnknownVersion(t *testing.T) {
+	r := &nodenet.Reconciler{CNIVersion: "1.2.0", ReadyFile: "/var/run/trellis/cni-ready", Config: &agentconfig.Config{}}
+	if _, err := r.Conflist(netip.MustParsePrefix("10.244.1.0/24"), 1450); err == nil || !strings.Contains(err.Error(), `"1.2.0"`) {
+		t.Errorf("conflist for CNI version 1.2.0: error %v, want one naming it", err)
 	}
 }

@@ -60,8 +60,24 @@ const (
 	ReasonRPFilterNotSet  = "RPFilterNotSet"
 )
 
+// Condition reasons on NodeNetwork CNIConfigInEffect (the runtime uses the first
+// configuration file of the conf dir, whoever wrote it):
+//
+//   - ConflistFirst (True): trellis's conflist sorts first, the runtime uses it;
+//   - ConflistShadowed (False): another CNI's file sorts before it and the runtime uses
+//     that: the message names the file and spec.agent.removeOtherCNIConfigs. Also the
+//     reason of the Warning Event on the NodeNetwork when it starts.
+const (
+	ReasonConflistFirst    = "ConflistFirst"
+	ReasonConflistShadowed = "ConflistShadowed"
+)
+
 // ResyncPeriod bounds how long drift in the kernel (a route deleted by hand) lasts.
 const ResyncPeriod = 60 * time.Second
+
+// CNIConfDirCheckPeriod is how often the agent re-reads the CNI conf dir between syncs:
+// another CNI's installer may drop a file there at any time.
+const CNIConfDirCheckPeriod = 10 * time.Second
 
 var (
 	syncDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -88,7 +104,9 @@ type Reconciler struct {
 	// CNIConfDir and ReadyFile are paths as the agent sees them (host paths mounted in).
 	CNIConfDir string
 	ReadyFile  string
-	// CNIVersion the conflist declares: the newest the node's runtime understands.
+	// CNIVersion is the highest CNI spec version the conflist offers (cniVersions); a
+	// runtime that reads only cniVersion gets cnicontract.CompatVersion (see
+	// cnicontract.ConflistVersions).
 	CNIVersion string
 	// NodeIP, when set, is this node's underlay address; else the first IPv4 address of
 	// NodeIPInterface (else Config.NodeIPInterface), when set; else the Node's InternalIP;
@@ -104,12 +122,18 @@ type Reconciler struct {
 	// Offload runs the tunnel self-test TX checksum offload in Auto depends on (nil: none;
 	// SetupWithManager makes one).
 	Offload *offload.Checker
-	// Recorder gets an Event when the self-test turns offload off (nil: none;
-	// SetupWithManager sets the manager's).
+	// Recorder gets an Event when the self-test turns offload off and when another CNI's
+	// configuration shadows trellis's (nil: none; SetupWithManager sets the manager's).
 	Recorder record.EventRecorder
+	// CNIConfDirCheck is how often the conf dir is re-read between syncs (0:
+	// CNIConfDirCheckPeriod).
+	CNIConfDirCheck time.Duration
 
 	// last is the outcome of the last sync; nil until one has ended.
 	last atomic.Pointer[outcome]
+	// firstConfig is the conf dir's first configuration file as the last sync that wrote
+	// the conflist saw it (nil before one did): the conf dir watch compares with it.
+	firstConfig atomic.Pointer[string]
 
 	// netfilter keeps the node's NAT and anti-spoofing chains.
 	netfilter netfilter.Syncer
@@ -198,9 +222,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed},
 			fmt.Errorf("installing the CNI configuration: %w", err))
 	}
+	// Which file the runtime uses: trellis's, unless another CNI's sorts before it.
+	first, err := cniinstall.FirstConfig(r.CNIConfDir)
+	if err == nil && first == "" {
+		err = errors.New("the conflist just written is not there")
+	}
+	if err != nil {
+		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed},
+			fmt.Errorf("checking which CNI configuration the runtime uses: %w", err))
+	}
+	r.firstConfig.Store(&first)
 	r.last.Store(&outcome{})
 
-	rep := report{nodeIP: nodeIP, datapath: st, offload: &off, status: metav1.ConditionTrue, reason: ReasonProgrammed}
+	rep := report{nodeIP: nodeIP, datapath: st, offload: &off, firstConfig: first, status: metav1.ConditionTrue, reason: ReasonProgrammed}
 	msg := fmt.Sprintf("%d peer(s) direct, %d via VXLAN", len(st.PeersDirect), len(st.PeersVXLAN))
 	if len(st.PeersPending) > 0 {
 		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
@@ -303,7 +337,7 @@ func offloadTarget(cfg *datapath.Config, st *datapath.Status, d offload.Decision
 // Conflist is the network configuration this node's runtime gets: the trellis plugin on
 // the node's block with the datapath's pod MTU, reporting each command to the agent (and,
 // with NetworkPolicy enabled, the policy hook every new pod waits on), then portmap.
-func (r *Reconciler) Conflist(block netip.Prefix, mtu int) cnicontract.Conflist {
+func (r *Reconciler) Conflist(block netip.Prefix, mtu int) (cnicontract.Conflist, error) {
 	conf := cnicontract.NetConf{
 		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
 		// Each command's outcome, for the agent's CNI metrics (agent/cnimetrics).
@@ -321,7 +355,10 @@ func (r *Reconciler) Conflist(block netip.Prefix, mtu int) cnicontract.Conflist 
 }
 
 func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mtu int) error {
-	conf := r.Conflist(block, mtu)
+	conf, err := r.Conflist(block, mtu)
+	if err != nil {
+		return err
+	}
 	if _, err := cniinstall.WriteConflist(r.CNIConfDir, conf); err != nil {
 		return err
 	}
@@ -359,9 +396,11 @@ type report struct {
 	nodeIP   netip.Addr        // invalid when the sync failed before it knew it
 	datapath *datapath.Status  // nil when the sync got nowhere
 	offload  *offload.Decision // nil when the sync failed
-	status   metav1.ConditionStatus
-	reason   string
-	message  string
+	// firstConfig is the conf dir's first configuration file ("" when the sync failed).
+	firstConfig string
+	status      metav1.ConditionStatus
+	reason      string
+	message     string
 }
 
 func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, rep report) error {
@@ -395,6 +434,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, 
 			Type: v1alpha1.ConditionTXChecksumOffload, Status: status, Reason: d.Reason, Message: d.Message, ObservedGeneration: nn.Generation,
 		})
 	}
+	if rep.firstConfig != "" {
+		r.setCNIConfigInEffect(nn, rep.firstConfig)
+	}
 	nn.Status.Encapsulation = v1alpha1.Encapsulation(r.Config.Encapsulation)
 	nn.Status.AgentVersion = r.Version
 	meta.SetStatusCondition(&nn.Status.Conditions, metav1.Condition{
@@ -409,12 +451,32 @@ func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, 
 	return nil
 }
 
+// setCNIConfigInEffect sets the CNIConfigInEffect condition from the conf dir's first
+// file, with a Warning Event when another CNI's file starts shadowing trellis's (or a
+// different one does): new pods on the node get that network, not trellis's.
+func (r *Reconciler) setCNIConfigInEffect(nn *v1alpha1.NodeNetwork, first string) {
+	c := metav1.Condition{Type: v1alpha1.ConditionCNIConfigInEffect, Status: metav1.ConditionTrue, Reason: ReasonConflistFirst,
+		Message:            fmt.Sprintf("the container runtime uses trellis's %s: it sorts first in the node's CNI configuration directory", cniinstall.ConflistName),
+		ObservedGeneration: nn.Generation}
+	if first != cniinstall.ConflistName {
+		c.Status, c.Reason = metav1.ConditionFalse, ReasonConflistShadowed
+		c.Message = fmt.Sprintf("the container runtime uses %s, another CNI's configuration that sorts before trellis's %s in the node's CNI "+
+			"configuration directory: new pods get that network, not trellis's. Remove %s, or set spec.agent.removeOtherCNIConfigs: true "+
+			"on the ClusterNetwork to have the agent remove other CNIs' configurations", first, cniinstall.ConflistName, first)
+		prev := meta.FindStatusCondition(nn.Status.Conditions, c.Type)
+		if (prev == nil || prev.Reason != c.Reason || prev.Message != c.Message) && r.Recorder != nil {
+			r.Recorder.Event(nn, corev1.EventTypeWarning, ReasonConflistShadowed, c.Message)
+		}
+	}
+	meta.SetStatusCondition(&nn.Status.Conditions, c)
+}
+
 func equalStatus(a, b v1alpha1.NodeNetworkStatus) bool {
 	if a.NodeIP != b.NodeIP || a.VTEPMAC != b.VTEPMAC || a.MTU != b.MTU || a.Encapsulation != b.Encapsulation || a.AgentVersion != b.AgentVersion ||
 		!equality.Semantic.DeepEqual(a.Kernel, b.Kernel) {
 		return false
 	}
-	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionTXChecksumOffload} {
+	for _, typ := range []string{v1alpha1.ConditionReady, v1alpha1.ConditionTXChecksumOffload, v1alpha1.ConditionCNIConfigInEffect} {
 		ca, cb := meta.FindStatusCondition(a.Conditions, typ), meta.FindStatusCondition(b.Conditions, typ)
 		if (ca == nil) != (cb == nil) || ca != nil && (ca.Status != cb.Status || ca.Reason != cb.Reason || ca.Message != cb.Message) {
 			return false
@@ -432,19 +494,24 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorderFor("trellis-agent")
 	}
-	// The tunnel self-test's verdict changes lead to a sync, which acts on them.
+	// The tunnel self-test's verdict changes, and changes in the CNI conf dir, lead to a
+	// sync, which acts on them.
 	verdicts := make(chan event.GenericEvent, 1)
 	if r.Offload == nil {
 		r.Offload = &offload.Checker{Log: mgr.GetLogger().WithName("offload")}
 	}
-	r.Offload.OnChange = func() {
+	resync := func() {
 		select {
 		case verdicts <- event.GenericEvent{Object: &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: r.NodeName}}}:
 		default: // a sync is pending already
 		}
 	}
+	r.Offload.OnChange = resync
 	if err := mgr.Add(r.Offload); err != nil {
 		return fmt.Errorf("adding the tunnel self-test: %w", err)
+	}
+	if err := mgr.Add(&confDirWatch{r: r, onChange: resync}); err != nil {
+		return fmt.Errorf("adding the CNI conf dir watch: %w", err)
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		WatchesRawSource(source.Channel(verdicts, self)).
@@ -473,6 +540,56 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		})).
 		Complete(r)
 }
+
+// WatchCNIConfDir re-reads the CNI conf dir every interval until ctx ends, and calls
+// onChange when its first configuration file is no longer the one the last sync saw:
+// another CNI's file dropped in front of trellis's (or removed again), or trellis's own
+// conflist deleted. The sync onChange leads to reports it (CNIConfigInEffect), removes it
+// under spec.agent.removeOtherCNIConfigs, or rewrites the conflist. Before the first sync
+// that wrote the conflist there is nothing to compare with.
+func (r *Reconciler) WatchCNIConfDir(ctx context.Context, interval time.Duration, onChange func()) {
+	log := logf.FromContext(ctx).WithName("cni-conf-dir")
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		seen := r.firstConfig.Load()
+		if seen == nil {
+			continue
+		}
+		first, err := cniinstall.FirstConfig(r.CNIConfDir)
+		if err != nil {
+			log.V(1).Info("re-reading the CNI conf dir", "error", err.Error())
+			continue
+		}
+		if first != *seen {
+			log.Info("the CNI conf dir changed", "first", first, "was", *seen)
+			onChange()
+		}
+	}
+}
+
+// confDirWatch runs WatchCNIConfDir in the manager.
+type confDirWatch struct {
+	r        *Reconciler
+	onChange func()
+}
+
+func (w *confDirWatch) Start(ctx context.Context) error {
+	interval := w.r.CNIConfDirCheck
+	if interval <= 0 {
+		interval = CNIConfDirCheckPeriod
+	}
+	w.r.WatchCNIConfDir(ctx, interval, w.onChange)
+	return nil
+}
+
+// NeedLeaderElection: every agent watches its own node.
+func (w *confDirWatch) NeedLeaderElection() bool { return false }
 
 // CacheOptions are the agent cache's settings for what the reconciler watches: of the
 // Nodes only this node's (a field selector, so other Nodes' heartbeats never reach the

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -35,7 +36,8 @@ type Options struct {
 	// NodeIP, when valid, is this node's underlay address; else NodeIPInterface's.
 	NodeIP          netip.Addr
 	NodeIPInterface string
-	// CNIVersion of the conflist: the newest the node's runtime understands.
+	// CNIVersion is the highest CNI spec version the conflist offers (the last of its
+	// cniVersions); a runtime that reads only cniVersion gets cnicontract.CompatVersion.
 	CNIVersion string
 	// PluginDir is where the image keeps the plugins install-cni copies.
 	PluginDir string
@@ -62,7 +64,7 @@ func New() *Options {
 		CNIBinDir:      "/host/opt/cni/bin",
 		CNIConfDir:     "/host/etc/cni/net.d",
 		ReadyFile:      cnicontract.DefaultReadyFile,
-		CNIVersion:     "1.0.0",
+		CNIVersion:     cnicontract.NewestVersion,
 		PluginDir:      "/usr/local/lib/trellis/cni",
 		ProcSysDir:     "/proc/sys",
 		IPAMGCGrace:    5 * time.Minute,
@@ -85,7 +87,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ReadyFile, "ready-file", o.ReadyFile, "file whose presence tells the CNI plugin the node is ready")
 	fs.TextVar(&o.NodeIP, "node-ip", o.NodeIP, "underlay address of this node (default: --node-ip-interface's, else the Node's InternalIP, else the default route interface's)")
 	fs.StringVar(&o.NodeIPInterface, "node-ip-interface", o.NodeIPInterface, "take the node's underlay address from this interface (default: spec.agent.nodeIPInterface)")
-	fs.StringVar(&o.CNIVersion, "cni-version", o.CNIVersion, "cniVersion of the conflist: the newest the node's runtime understands (containerd 1.6: 1.0.0)")
+	fs.StringVar(&o.CNIVersion, "cni-version", o.CNIVersion, "highest CNI spec version the conflist offers in cniVersions ("+strings.Join(cnicontract.SupportedVersions, ", ")+
+		"); a runtime picks the highest it supports, one that reads only cniVersion gets "+cnicontract.CompatVersion+" (or this, if lower)")
 	fs.StringVar(&o.PluginDir, "plugin-dir", o.PluginDir, "where the image keeps the plugins install-cni copies")
 	fs.StringVar(&o.ProcSysDir, "proc-sys-dir", o.ProcSysDir, "where the node's sysctls are written: /proc/sys, or a writable mount of the host's /proc/sys/net under <dir>/net")
 	fs.DurationVar(&o.IPAMGCGrace, "ipam-gc-grace", o.IPAMGCGrace, "how long an address whose pod is gone stays reserved before the agent releases it (the pod's DEL may still come)")
@@ -118,6 +121,11 @@ func (o *Options) Validate() error {
 	} {
 		if f.value == "" {
 			errs = append(errs, fmt.Errorf("--%s must not be empty", f.name))
+		}
+	}
+	if o.CNIVersion != "" {
+		if err := cnicontract.CheckVersion(o.CNIVersion); err != nil {
+			errs = append(errs, fmt.Errorf("--cni-version: %w", err))
 		}
 	}
 	if o.NodeIP.IsValid() && !o.NodeIP.Is4() {

@@ -12,6 +12,7 @@ import (
 
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/internal/metricsserving"
 )
 
@@ -39,7 +40,7 @@ func TestDefaults(t *testing.T) {
 		ConfigPath: "/etc/trellis/config.json", HealthAddr: "127.0.0.1:9799",
 		Metrics:   metricsserving.Options{Addr: ":9798", Secure: true},
 		CNIBinDir: "/host/opt/cni/bin", CNIConfDir: "/host/etc/cni/net.d", ReadyFile: "/var/run/trellis/cni-ready",
-		CNIVersion: "1.0.0", PluginDir: "/usr/local/lib/trellis/cni", ProcSysDir: "/proc/sys",
+		CNIVersion: "1.1.0", PluginDir: "/usr/local/lib/trellis/cni", ProcSysDir: "/proc/sys",
 		IPAMGCGrace: 5 * time.Minute, IPAMGCInterval: 2 * time.Minute, level: got.level,
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -71,6 +72,10 @@ func TestFlags(t *testing.T) {
 		{name: "negative interval", args: []string{"--ipam-gc-interval=-1m"}, err: "--ipam-gc-interval -1m0s: must be positive"},
 		{name: "not a duration", args: []string{"--ipam-gc-grace=5"}, err: "ipam-gc-grace"},
 		{name: "empty conf dir", args: []string{"--cni-conf-dir="}, err: "--cni-conf-dir must not be empty"},
+		// Only versions the plugin implements: the runtime would otherwise pick one it can't run.
+		{name: "unknown CNI version", args: []string{"--cni-version=1.2.0"}, err: `--cni-version: CNI version "1.2.0" is not one trellis supports (0.3.1, 0.4.0, 1.0.0, 1.1.0)`},
+		{name: "not a CNI version", args: []string{"--cni-version=latest"}, err: "--cni-version"},
+		{name: "CNI 1.0.0 only", args: []string{"--cni-version=1.0.0"}, check: func(o *Options) bool { return o.CNIVersion == "1.0.0" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parse(t, tc.args...)
@@ -129,5 +134,60 @@ func TestConfigLogLevel(t *testing.T) {
 	}
 	if _, err := New().SetConfigLogLevel("verbose"); err == nil {
 		t.Error("an unknown log level was accepted")
+	}
+}
+
+// `trellis-agent cleanup` is run by hand on a node: its defaults are the node's paths
+// (the contract's), never the agent container's /host mounts.
+func TestCleanupDefaults(t *testing.T) {
+	c := NewCleanup()
+	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	c.AddFlags(fs)
+	for name, want := range map[string]string{
+		"cni-bin-dir": cnicontract.NodeCNIBinDir, "cni-conf-dir": cnicontract.NodeCNIConfDir,
+		"data-dir": cnicontract.DefaultDataDir, "run-dir": cnicontract.RunDir,
+	} {
+		if got := fs.Lookup(name).DefValue; got != want || strings.HasPrefix(got, "/host") {
+			t.Errorf("--%s defaults to %q, want the node's %s", name, got, want)
+		}
+	}
+	if c.ReadyFile() != cnicontract.DefaultReadyFile || c.EndpointsDir() != cnicontract.DefaultEndpointsDir {
+		t.Errorf("cleanup removes %s and %s, the agent writes %s and %s", c.ReadyFile(), c.EndpointsDir(), cnicontract.DefaultReadyFile, cnicontract.DefaultEndpointsDir)
+	}
+}
+
+// The CNI directories must exist; the run and data directories only when given (by
+// default, absent means nothing to remove: /var/run is a tmpfs).
+func TestCleanupValidate(t *testing.T) {
+	dir := t.TempDir()
+	missing := dir + "/missing"
+	for _, tc := range []struct {
+		name string
+		args []string
+		err  string
+	}{
+		{name: "all there", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir, "--run-dir=" + dir, "--data-dir=" + dir}},
+		{name: "run and data dirs by default", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir}},
+		{name: "conf dir missing", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + missing},
+			err: "--cni-conf-dir " + missing + ": no such directory; set --cni-conf-dir"},
+		{name: "bin dir missing", args: []string{"--cni-bin-dir=" + missing, "--cni-conf-dir=" + dir},
+			err: "--cni-bin-dir " + missing + ": no such directory; set --cni-bin-dir"},
+		{name: "run dir given, missing", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir, "--run-dir=" + missing},
+			err: "--run-dir " + missing + ": no such directory"},
+		{name: "empty data dir", args: []string{"--cni-bin-dir=" + dir, "--cni-conf-dir=" + dir, "--data-dir="},
+			err: "--data-dir must not be empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := NewCleanup()
+			fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+			c.AddFlags(fs)
+			if err := c.Parse(fs, tc.args); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Validate()
+			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("Validate() = %v, want %q", err, tc.err)
+			}
+		})
 	}
 }

@@ -1,7 +1,8 @@
 // Package uninstall removes trellis from a node: what the agent programmed (routes, the
 // VXLAN device, iptables chains and the rules jumping to them, ipsets) and what it and
-// install-cni put on disk (conflist, ready file, CNI plugins). The agent runs it when it
-// stops while the ClusterNetwork is being deleted, and `trellis-agent cleanup` by hand.
+// install-cni put on disk (conflist, ready file, CNI plugins, an IPAM store no pod uses).
+// The agent runs it when it stops while the ClusterNetwork is being deleted, and
+// `trellis-agent cleanup` by hand.
 package uninstall
 
 import (
@@ -15,6 +16,8 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // Node is what trellis put on the node, as the agent sees it.
@@ -24,6 +27,10 @@ type Node struct {
 	ReadyFile  string
 	// EndpointsDir holds the policy engine's records of the node's pod veths.
 	EndpointsDir string
+	// DataDir holds the plugin's IPAM state (empty: left alone). trellis's store there is
+	// removed only while it holds no address: a pod still running keeps its address (its
+	// DEL, or a reboot, ends it), and the store is what says which it is.
+	DataDir string
 	// Plugins are the files install-cni copies into CNIBinDir (the image's). A copy on the
 	// node is removed only while it is identical: a plugin someone else installed or
 	// upgraded since stays. The trellis plugin itself is removed whatever its content.
@@ -52,6 +59,13 @@ func Run(n Node) (removed []string, err error) {
 			}
 		}
 	}
+	if n.DataDir != "" {
+		if ok, err := removeStore(n.DataDir); err != nil {
+			errs = append(errs, err)
+		} else if ok {
+			removed = append(removed, cnicontract.StoreDir(n.DataDir, cnicontract.NetworkName))
+		}
+	}
 	chains, err := netfilter.Cleanup()
 	removed, errs = append(removed, chains...), append(errs, err)
 	sets, err := ipset.Cleanup()
@@ -76,6 +90,32 @@ func Run(n Node) (removed []string, err error) {
 		}
 	}
 	return removed, errors.Join(errs...)
+}
+
+// removeStore removes trellis's IPAM store under dataDir, and dataDir once empty, unless an
+// address is still allocated. It holds the store's lock meanwhile, as the plugin does.
+func removeStore(dataDir string) (bool, error) {
+	dir := cnicontract.StoreDir(dataDir, cnicontract.NetworkName)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	s, err := ipam.Open(dir)
+	if err != nil {
+		return false, fmt.Errorf("opening the IPAM store %s: %w", dir, err)
+	}
+	defer s.Close()
+	allocs, err := s.List()
+	if err != nil {
+		return false, err
+	}
+	if len(allocs) > 0 {
+		return false, nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return false, fmt.Errorf("removing the IPAM store %s: %w", dir, err)
+	}
+	_ = os.Remove(dataDir) // only when empty: other networks' state stays
+	return true, nil
 }
 
 func remove(path string) (bool, error) {

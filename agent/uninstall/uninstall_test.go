@@ -236,3 +236,56 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// trellis's IPAM store goes with trellis once no pod holds an address in it; while one
+// does, the store stays (it is what says the address is taken), and other networks'
+// state under the data directory always stays.
+func TestRunRemovesUnusedIPAMStore(t *testing.T) {
+	netnstest.RequireCommands(t, "iptables-restore", "ipset")
+	for _, tc := range []struct {
+		name string
+		// files under the data directory, relative to it.
+		files map[string]string
+		// gone: which of them (or directories) the cleanup removes.
+		gone map[string]bool
+	}{
+		{name: "no address allocated",
+			files: map[string]string{"trellis/lock": "", "trellis/last_reserved_ip": "10.244.1.9"},
+			gone:  map[string]bool{"trellis": true, ".": true}},
+		{name: "a pod still holds an address",
+			files: map[string]string{"trellis/lock": "", "trellis/10.244.1.5": "c1\neth0\nuid-1"},
+			gone:  map[string]bool{"trellis/10.244.1.5": false, ".": false}},
+		{name: "another network's state beside",
+			files: map[string]string{"trellis/lock": "", "other/10.88.0.5": "c1\neth0\nuid-1"},
+			gone:  map[string]bool{"trellis": true, "other/10.88.0.5": false}},
+		{name: "no store", files: map[string]string{"other/lock": ""}, gone: map[string]bool{"other/lock": false}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := netnstest.New(t)
+			dir := t.TempDir()
+			n := uninstall.Node{CNIBinDir: filepath.Join(dir, "bin"), CNIConfDir: filepath.Join(dir, "net.d"),
+				ReadyFile: filepath.Join(dir, "run", "cni-ready"), DataDir: filepath.Join(dir, "lib", "cni", "trellis")}
+			for rel, content := range tc.files {
+				p := filepath.Join(n.DataDir, rel)
+				must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+				must(t, os.WriteFile(p, []byte(content), 0o600))
+			}
+			var removed []string
+			must(t, node.Do(func(ns.NetNS) error {
+				var err error
+				removed, err = uninstall.Run(n)
+				return err
+			}))
+			for rel, wantGone := range tc.gone {
+				_, err := os.Stat(filepath.Join(n.DataDir, rel))
+				if gone := os.IsNotExist(err); gone != wantGone {
+					t.Errorf("%s: gone %v, want %v (removed %v)", rel, gone, wantGone, removed)
+				}
+			}
+			store := filepath.Join(n.DataDir, "trellis")
+			if reported := slices.Contains(removed, store); reported != (tc.gone["trellis"]) {
+				t.Errorf("removed %v: reports the store %v, want %v", removed, reported, tc.gone["trellis"])
+			}
+		})
+	}
+}

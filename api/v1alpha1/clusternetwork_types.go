@@ -40,6 +40,11 @@ const (
 	// ReasonChecksumOffloadBroken: UDP/TCP through the node's tunnel failed with TX checksum
 	// offload on while a probe without a checksum to offload got through.
 	ReasonChecksumOffloadBroken = "ChecksumOffloadBroken"
+	// ConditionCNIConfigInEffect is reported by each agent on its NodeNetwork: True while
+	// trellis's conflist is the CNI configuration the node's runtime uses (the first in
+	// lexical order in the conf dir), False while another CNI's file sorts before it (the
+	// agent's reasons: nodenet.ReasonConflistFirst, nodenet.ReasonConflistShadowed).
+	ConditionCNIConfigInEffect = "CNIConfigInEffect"
 )
 
 // Uninstall: the operator's finalizer on the ClusterNetwork holds its deletion until every

@@ -1,6 +1,7 @@
 // Command trellis-agent is the node agent (a privileged host-network DaemonSet). Without a
 // subcommand it programs the node; `install-cni` (the init container) copies the CNI
-// plugins onto the node; `cleanup` removes everything trellis put on the node.
+// plugins onto the node; `cleanup`, run by hand on a node (its defaults are the node's
+// paths), removes everything trellis put on the node.
 package main
 
 import (
@@ -33,14 +34,17 @@ import (
 )
 
 func main() {
-	o := options.New()
-	fs := flag.NewFlagSet("trellis-agent", flag.ExitOnError)
-	o.AddFlags(fs)
 	args := os.Args[1:]
 	cmd := ""
 	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
+	if cmd == "cleanup" {
+		os.Exit(cleanup(args))
+	}
+	o := options.New()
+	fs := flag.NewFlagSet("trellis-agent", flag.ExitOnError)
+	o.AddFlags(fs)
 	_ = fs.Parse(args)
 	ctrl.SetLogger(o.Logger())
 	log := ctrl.Log.WithName("agent")
@@ -50,7 +54,7 @@ func main() {
 	}
 
 	node := uninstall.Node{CNIBinDir: o.CNIBinDir, CNIConfDir: o.CNIConfDir, ReadyFile: o.ReadyFile,
-		EndpointsDir: cnicontract.DefaultEndpointsDir, Plugins: pluginSources(o.PluginDir)}
+		EndpointsDir: cnicontract.DefaultEndpointsDir, DataDir: cnicontract.DefaultDataDir, Plugins: pluginSources(o.PluginDir)}
 	var err error
 	switch cmd {
 	case "version":
@@ -59,10 +63,6 @@ func main() {
 		var replaced []string
 		replaced, err = cniinstall.Binaries(o.CNIBinDir, node.Plugins...)
 		log.Info("CNI plugins installed", "dir", o.CNIBinDir, "replaced", replaced)
-	case "cleanup":
-		var removed []string
-		removed, err = uninstall.Run(node)
-		log.Info("trellis removed from the node", "removed", removed)
 	case "":
 		err = run(o, node)
 	default:
@@ -72,6 +72,37 @@ func main() {
 		log.Error(err, "trellis-agent failed", "command", cmd)
 		os.Exit(1)
 	}
+}
+
+// cleanup is `trellis-agent cleanup`, run by hand on a node (a node the uninstall could not
+// clean): it takes the node's own paths unless flags say otherwise (options.Cleanup). It
+// returns the exit code: 2 for a bad command line (a directory that isn't there), 1 when
+// removing failed.
+func cleanup(args []string) int {
+	c := options.NewCleanup()
+	fs := flag.NewFlagSet("trellis-agent cleanup", flag.ExitOnError)
+	c.AddFlags(fs)
+	_ = c.Parse(fs, args) // (ExitOnError)
+	ctrl.SetLogger(c.Logger())
+	log := ctrl.Log.WithName("cleanup")
+	if fs.NArg() > 0 {
+		log.Error(fmt.Errorf("unexpected arguments %q", fs.Args()), "invalid command line")
+		return 2
+	}
+	if err := c.Validate(); err != nil {
+		log.Error(err, "invalid command line")
+		return 2
+	}
+	removed, err := uninstall.Run(uninstall.Node{
+		CNIBinDir: c.CNIBinDir, CNIConfDir: c.CNIConfDir, ReadyFile: c.ReadyFile(), EndpointsDir: c.EndpointsDir(),
+		DataDir: c.DataDir, Plugins: pluginSources(c.PluginDir),
+	})
+	if err != nil {
+		log.Error(err, "removing trellis from the node failed", "removed", removed)
+		return 1
+	}
+	log.Info("trellis removed from the node", "removed", removed)
+	return 0
 }
 
 // pluginSources are the files install-cni copies: the trellis plugin and the reference

@@ -5,7 +5,10 @@
 package cnicontract
 
 import (
+	"fmt"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -17,17 +20,26 @@ const (
 	// PortMapType is the reference portmap plugin chained after trellis for hostPort.
 	PortMapType = "portmap"
 
+	// NodeCNIBinDir and NodeCNIConfDir are the node's CNI directories, where the runtime
+	// (containerd, CRI-O) looks by default; the agent sees them mounted elsewhere.
+	NodeCNIBinDir  = "/opt/cni/bin"
+	NodeCNIConfDir = "/etc/cni/net.d"
+
 	// RunDir is the host directory the agent and the plugin share at run time.
 	RunDir = "/var/run/trellis"
 	// DefaultDataDir holds the plugin's IPAM state, one directory per network name.
 	DefaultDataDir = "/var/lib/cni/trellis"
 	// DefaultReadyFile exists while the agent considers the node's network working.
-	DefaultReadyFile = RunDir + "/cni-ready"
+	DefaultReadyFile = RunDir + "/" + ReadyFileName
+	// ReadyFileName is the ready file's name in the run directory.
+	ReadyFileName = "cni-ready"
 	// DefaultPolicySocket is where the agent serves the policy hook.
 	DefaultPolicySocket = RunDir + "/policy.sock"
 	// DefaultEndpointsDir is where the agent keeps what the plugin told it of each pod
 	// veth (pod, address), so that a restarted agent attributes every veth as before.
-	DefaultEndpointsDir = RunDir + "/endpoints"
+	DefaultEndpointsDir = RunDir + "/" + EndpointsDirName
+	// EndpointsDirName is the endpoints directory's name in the run directory.
+	EndpointsDirName = "endpoints"
 	// DefaultLogFile receives the plugin's log.
 	DefaultLogFile = "/var/log/trellis/cni.log"
 	// DefaultMTU is the pod MTU when the conflist names none.
@@ -51,6 +63,41 @@ const (
 	// rule drops that.
 	RPFilterLoose = "2"
 )
+
+// CNI spec versions. The conflist offers a range of them (cniVersions, CNI 1.1): a runtime
+// picks the highest it supports, so one that knows 1.1.0 calls STATUS and GC. A runtime
+// whose libcni predates cniVersions (before 1.2: containerd 1.6) reads cniVersion alone,
+// which must then be a version it knows: containerd 1.6 parses results up to 1.0.0.
+const (
+	// CompatVersion is the conflist's cniVersion (or the newest offered, if older).
+	CompatVersion = "1.0.0"
+	// NewestVersion is the highest version the conflist offers by default.
+	NewestVersion = "1.1.0"
+)
+
+// SupportedVersions are the spec versions the plugin implements, oldest first: its VERSION
+// answer, and what the agent may offer.
+var SupportedVersions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
+// CheckVersion fails unless v is one of SupportedVersions.
+func CheckVersion(v string) error {
+	if !slices.Contains(SupportedVersions, v) {
+		return fmt.Errorf("CNI version %q is not one trellis supports (%s)", v, strings.Join(SupportedVersions, ", "))
+	}
+	return nil
+}
+
+// ConflistVersions are the conflist's cniVersion and cniVersions when newest is the
+// highest version it offers: cniVersion is CompatVersion (newest when that is older), and
+// cniVersions every supported version from there up to newest.
+func ConflistVersions(newest string) (cniVersion string, cniVersions []string, err error) {
+	if err := CheckVersion(newest); err != nil {
+		return "", nil, err
+	}
+	lo, hi := slices.Index(SupportedVersions, CompatVersion), slices.Index(SupportedVersions, newest)
+	lo = min(lo, hi)
+	return SupportedVersions[lo], slices.Clone(SupportedVersions[lo : hi+1]), nil
+}
 
 // StoreDir is the IPAM store of a network under dataDir.
 func StoreDir(dataDir, network string) string {
@@ -90,9 +137,12 @@ type PolicyConf struct {
 
 // Conflist is the network configuration list the agent writes on each node.
 type Conflist struct {
-	CNIVersion string   `json:"cniVersion"`
-	Name       string   `json:"name"`
-	Plugins    []Plugin `json:"plugins"`
+	// CNIVersion is what a runtime that doesn't know CNIVersions uses.
+	CNIVersion string `json:"cniVersion"`
+	// CNIVersions (CNI 1.1): a runtime that knows them uses the highest it supports.
+	CNIVersions []string `json:"cniVersions,omitempty"`
+	Name        string   `json:"name"`
+	Plugins     []Plugin `json:"plugins"`
 }
 
 // Plugin is one entry of the chain: trellis (Type PluginType with NetConf) or portmap.
@@ -106,11 +156,16 @@ type Plugin struct {
 }
 
 // NewConflist is the chain trellis installs: the trellis plugin, then portmap for hostPort
-// (with SNAT, so a pod can reach a hostPort on its own node).
-func NewConflist(cniVersion string, conf NetConf) Conflist {
+// (with SNAT, so a pod can reach a hostPort on its own node). newest is the highest spec
+// version it offers (see ConflistVersions).
+func NewConflist(newest string, conf NetConf) (Conflist, error) {
+	v, vs, err := ConflistVersions(newest)
+	if err != nil {
+		return Conflist{}, err
+	}
 	snat := true
-	return Conflist{CNIVersion: cniVersion, Name: NetworkName, Plugins: []Plugin{
+	return Conflist{CNIVersion: v, CNIVersions: vs, Name: NetworkName, Plugins: []Plugin{
 		{Type: PluginType, NetConf: &conf},
 		{Type: PortMapType, Capabilities: map[string]bool{"portMappings": true}, SNAT: &snat},
-	}}
+	}}, nil
 }

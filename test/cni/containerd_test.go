@@ -2,6 +2,7 @@ package cni_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -12,11 +13,14 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 	rt "github.com/trellis-net/trellis/test/runtime"
 )
 
-// containerd (from apt) calls the trellis plugin exactly as it does under a kubelet: pods
+// containerd (1.6, from apt) calls the trellis plugin exactly as it does under a kubelet,
+// on the conflist the agent writes (cniVersions, which it predates, included): pods
 // get addresses from the node's block, reach each other, the policy hook sees the real
 // pod names, and stopp/rmp (DEL twice, the second without netns) release everything.
 func TestThroughContainerd(t *testing.T) {
@@ -24,14 +28,16 @@ func TestThroughContainerd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	binDir := t.TempDir()
+	binDir, calls := t.TempDir(), t.TempDir()
 	for _, b := range []struct{ from, name string }{
-		{filepath.Join(pluginDir, "trellis"), "trellis"},
+		{filepath.Join(pluginDir, "trellis"), "trellis.real"},
 		{filepath.Join(tools, "loopback"), "loopback"}, // containerd wires lo itself through it
 		{filepath.Join(tools, "portmap"), "portmap"},
 	} {
 		copyFile(t, b.from, filepath.Join(binDir, b.name))
 	}
+	// What containerd hands the plugin, each call kept in calls/<n>-<command>.
+	recordCalls(t, filepath.Join(binDir, "trellis"), filepath.Join(binDir, "trellis.real"), calls)
 	node := rt.StartNode(t, rt.NodeOptions{Name: "trellis", CNIBinDir: binDir})
 	nodeNS, err := ns.GetNS(node.NetNS)
 	if err != nil {
@@ -47,23 +53,23 @@ func TestThroughContainerd(t *testing.T) {
 	socket, requests := fakeAgent(t, 50*time.Millisecond, true)
 	stateDir := t.TempDir()
 	block := netip.MustParsePrefix("10.244.3.0/24")
-	// containerd 1.6's libcni knows results up to 1.0.0 (1.1.0 came with containerd 2):
-	// the conflist names the newest version the runtime understands.
-	conflist := map[string]any{
-		"cniVersion": "1.0.0", "name": "trellis",
-		"plugins": []any{
-			map[string]any{
-				"type": "trellis", "podCIDR": block.String(), "mtu": 1450,
-				"dataDir":   filepath.Join(stateDir, "ipam"),
-				"readyFile": filepath.Join(stateDir, "ready"),
-				"logFile":   filepath.Join(stateDir, "cni.log"),
-				"policy":    map[string]any{"socket": socket, "timeout": "5s"},
-			},
-			map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}, "snat": true},
-		},
+	// The conflist exactly as the agent writes it, cniVersions and all: containerd 1.6's
+	// libcni predates cniVersions (and knows results up to 1.0.0 only) and runs it at its
+	// cniVersion, 1.0.0.
+	conf, err := cnicontract.NewConflist(cnicontract.NewestVersion, cnicontract.NetConf{
+		PodCIDR: block.String(), MTU: 1450,
+		DataDir:   filepath.Join(stateDir, "ipam"),
+		ReadyFile: filepath.Join(stateDir, "ready"),
+		LogFile:   filepath.Join(stateDir, "cni.log"),
+		Policy:    &cnicontract.PolicyConf{Socket: socket, Timeout: "5s"},
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	b, _ := json.MarshalIndent(conflist, "", "  ")
-	if err := os.WriteFile(filepath.Join(node.CNIConfDir, "10-trellis.conflist"), b, 0o644); err != nil {
+	if len(conf.CNIVersions) < 2 || conf.CNIVersion != "1.0.0" {
+		t.Fatalf("the agent's conflist offers %v with cniVersion %s, want 1.0.0 and newer", conf.CNIVersions, conf.CNIVersion)
+	}
+	if _, err := cniinstall.WriteConflist(node.CNIConfDir, conf); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -140,6 +146,49 @@ func TestThroughContainerd(t *testing.T) {
 		}
 		return err
 	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// containerd 1.6 ran the conflist at its cniVersion and, knowing no 1.1.0, never sent
+	// STATUS or GC.
+	commands := map[string]int{}
+	entries, err = os.ReadDir(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		command := e.Name()[strings.LastIndexByte(e.Name(), '-')+1:]
+		commands[command]++
+		b, err := os.ReadFile(filepath.Join(calls, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stdin struct {
+			CNIVersion string `json:"cniVersion"`
+		}
+		if err := json.Unmarshal(b, &stdin); err != nil && command != "VERSION" {
+			t.Errorf("%s: stdin %q: %v", e.Name(), b, err)
+		}
+		if command != "VERSION" && stdin.CNIVersion != "1.0.0" {
+			t.Errorf("%s at cniVersion %q, want 1.0.0", command, stdin.CNIVersion)
+		}
+	}
+	t.Logf("containerd's calls of the plugin: %v", commands)
+	if commands["ADD"] != 2 || commands["DEL"] < 2 || commands["STATUS"]+commands["GC"] != 0 {
+		t.Errorf("containerd called the plugin %v: want 2 ADDs, DELs, no STATUS or GC", commands)
+	}
+}
+
+// recordCalls installs at path a plugin that keeps each call's stdin in dir (named by
+// order and CNI_COMMAND) and then runs real with it.
+func recordCalls(t *testing.T, path, real, dir string) {
+	t.Helper()
+	script := fmt.Sprintf(`#!/bin/sh
+f=%[1]s/$(date +%%s%%N)-$CNI_COMMAND
+cat >"$f"
+exec %[2]s <"$f"
+`, dir, real)
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 }
