@@ -167,6 +167,31 @@ func (g Grant) UsedBy(calls []Call) bool {
 	return false
 }
 
+// NamelessWrites are writes no role can limit by name, with why: events get generated
+// names, and a review is not a stored object. Keys are Grant.Key()s.
+var NamelessWrites = map[string]string{
+	" events create":                                   "events are created under generated names",
+	" events patch":                                    "events are created under generated names",
+	"events.k8s.io events create":                      "events are created under generated names",
+	"events.k8s.io events patch":                       "events are created under generated names",
+	"authentication.k8s.io tokenreviews create":        "a review is not a stored object",
+	"authorization.k8s.io subjectaccessreviews create": "a review is not a stored object",
+}
+
+// Unlimited says why the grant may be for any name, from NamelessWrites or more (the
+// caller's own list), or "" if it must be limited by resourceNames. Reads and grants
+// limited by name always may.
+func (g Grant) Unlimited(more map[string]string) (why string, ok bool) {
+	if !IsWrite(g.Verb) || len(g.Names) > 0 {
+		return "", true
+	}
+	if why, ok := NamelessWrites[g.Key()]; ok {
+		return why, true
+	}
+	why, ok = more[g.Key()]
+	return why, ok
+}
+
 // IsWrite says whether verb changes objects.
 func IsWrite(verb string) bool {
 	return slices.Contains([]string{"create", "update", "patch", "delete", "deletecollection", "*"}, verb)
