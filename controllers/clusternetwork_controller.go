@@ -72,9 +72,9 @@ type ClusterNetworkReconciler struct {
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/finalizers,resourceNames=default,verbs=update
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks/status,verbs=patch
-// +kubebuilder:rbac:groups="",resources=nodes;pods;namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes;pods;namespaces,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,resourceNames=trellis-system,verbs=create;patch
-// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=list;watch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=servicecidrs,verbs=list;watch
 // +kubebuilder:rbac:groups="";events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create

@@ -14,8 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/agent/nodenet"
@@ -36,10 +34,7 @@ func TestShadowingCNIConfig(t *testing.T) {
 	must(t, err)
 	scheme, err := trellisscheme.New()
 	must(t, err)
-	events := record.NewBroadcaster()
-	defer events.Shutdown()
-	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
-	recorder := events.NewRecorder(scheme, corev1.EventSource{Component: "trellis-agent"})
+	recorder := eventRecorder(t, cs, scheme)
 
 	for i, tc := range []struct {
 		name   string

@@ -26,7 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -124,7 +124,7 @@ type Reconciler struct {
 	Offload *offload.Checker
 	// Recorder gets an Event when the self-test turns offload off and when another CNI's
 	// configuration shadows trellis's (nil: none; SetupWithManager sets the manager's).
-	Recorder record.EventRecorder
+	Recorder events.EventRecorder
 	// CNIConfDirCheck is how often the conf dir is re-read between syncs (0:
 	// CNIConfDirCheckPeriod).
 	CNIConfDirCheck time.Duration
@@ -428,7 +428,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, 
 		}
 		prev := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionTXChecksumOffload)
 		if d.Reason == offload.ReasonChecksumOffloadBroken && (prev == nil || prev.Reason != d.Reason) && r.Recorder != nil {
-			r.Recorder.Event(nn, corev1.EventTypeWarning, v1alpha1.ReasonChecksumOffloadBroken, d.Message)
+			r.Recorder.Eventf(nn, nil, corev1.EventTypeWarning, v1alpha1.ReasonChecksumOffloadBroken, "SelfTest", "%s", d.Message)
 		}
 		meta.SetStatusCondition(&nn.Status.Conditions, metav1.Condition{
 			Type: v1alpha1.ConditionTXChecksumOffload, Status: status, Reason: d.Reason, Message: d.Message, ObservedGeneration: nn.Generation,
@@ -465,7 +465,7 @@ func (r *Reconciler) setCNIConfigInEffect(nn *v1alpha1.NodeNetwork, first string
 			"on the ClusterNetwork to have the agent remove other CNIs' configurations", first, cniinstall.ConflistName, first)
 		prev := meta.FindStatusCondition(nn.Status.Conditions, c.Type)
 		if (prev == nil || prev.Reason != c.Reason || prev.Message != c.Message) && r.Recorder != nil {
-			r.Recorder.Event(nn, corev1.EventTypeWarning, ReasonConflistShadowed, c.Message)
+			r.Recorder.Eventf(nn, nil, corev1.EventTypeWarning, ReasonConflistShadowed, "CheckCNIConfig", "%s", c.Message)
 		}
 	}
 	meta.SetStatusCondition(&nn.Status.Conditions, c)
@@ -492,7 +492,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: r.NodeName}}}
 	})
 	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorderFor("trellis-agent")
+		r.Recorder = mgr.GetEventRecorder("trellis-agent")
 	}
 	// The tunnel self-test's verdict changes, and changes in the CNI conf dir, lead to a
 	// sync, which acts on them.

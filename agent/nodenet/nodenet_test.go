@@ -21,8 +21,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -650,4 +653,15 @@ func upUnderlay(t *testing.T, node ns.NetNS, ip string) {
 		}
 		return netlink.LinkSetUp(l)
 	}))
+}
+
+// eventRecorder records to the test API server through the events.k8s.io API, as the
+// agent's manager does; it stops when t ends.
+func eventRecorder(t *testing.T, cs kubernetes.Interface, scheme *runtime.Scheme) events.EventRecorder {
+	t.Helper()
+	b := events.NewBroadcaster(&events.EventSinkImpl{Interface: cs.EventsV1()})
+	stop := make(chan struct{})
+	b.StartRecordingToSink(stop)
+	t.Cleanup(func() { close(stop); b.Shutdown() })
+	return b.NewRecorder(scheme, "trellis-agent")
 }

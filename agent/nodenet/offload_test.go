@@ -20,8 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
@@ -124,10 +122,7 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 	must(t, err)
 	scheme, err := trellisscheme.New()
 	must(t, err)
-	events := record.NewBroadcaster()
-	defer events.Shutdown()
-	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cs.CoreV1().Events("")})
-	recorder := events.NewRecorder(scheme, corev1.EventSource{Component: "trellis-agent"})
+	recorder := eventRecorder(t, cs, scheme)
 
 	nsA, nsB := netnstest.New(t), netnstest.New(t)
 	must(t, nsA.Do(func(ns.NetNS) error {

@@ -263,6 +263,26 @@ spec:
 		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 	})
 
+	t.Run("AnotherCNIConfigShadowsTrellis", func(t *testing.T) {
+		// Another CNI's installer drops a configuration that sorts first: the runtime would
+		// wire new pods with it. The agent says so on its NodeNetwork and with an event.
+		node := c.Nodes[0]
+		other := filepath.Join(node.CNIConfDir, "00-other.conflist")
+		if err := os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(other)
+		waitCNIConfigInEffect(ctx, t, c, node.Name, "ConflistShadowed", "00-other.conflist")
+		out, err := c.Kubectl(ctx, "get", "events", "-A", "--field-selector", "reason=ConflistShadowed,involvedObject.name="+node.Name, "-o", "jsonpath={.items[*].message}")
+		if err != nil || !strings.Contains(out, "00-other.conflist") || !strings.Contains(out, "removeOtherCNIConfigs") {
+			t.Errorf("no ConflistShadowed event on NodeNetwork %s naming the file and removeOtherCNIConfigs: %q %v", node.Name, out, err)
+		}
+		if err := os.Remove(other); err != nil {
+			t.Fatal(err)
+		}
+		waitCNIConfigInEffect(ctx, t, c, node.Name, "ConflistFirst", "")
+	})
+
 	// Last: the agents' calls through everything above, against their ClusterRole.
 	t.Run("AgentRoleIsWhatItCalls", func(t *testing.T) { checkAgentRole(t, c) })
 }
@@ -624,6 +644,25 @@ func nodeOutput(n cluster.Node, name string, args ...string) (string, error) {
 }
 
 // waitPolicyEnforced waits until every NodeNetwork reports status.networkPolicy.enforced = want.
+// waitCNIConfigInEffect waits up to 30 s (the agent re-reads the conf dir every 10 s) for
+// node's CNIConfigInEffect condition to have reason, with a message containing mention.
+func waitCNIConfigInEffect(ctx context.Context, t *testing.T, c *cluster.Cluster, node, reason, mention string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, err := c.Kubectl(ctx, "get", "nodenetwork", node, "-o",
+			`jsonpath={.status.conditions[?(@.type=="CNIConfigInEffect")].reason}|{.status.conditions[?(@.type=="CNIConfigInEffect")].message}`)
+		got, msg, _ := strings.Cut(out, "|")
+		if err == nil && got == reason && strings.Contains(msg, mention) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("NodeNetwork %s: CNIConfigInEffect %q after 30s, want reason %s mentioning %q (%v)", node, out, reason, mention, err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
 func waitPolicyEnforced(ctx context.Context, t *testing.T, c *cluster.Cluster, want bool, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)

@@ -24,6 +24,12 @@ var agentUnscopedWrites = map[string]string{
 	"network.trellis.dev nodenetworks/status patch": "the admission policy (config/agent/node_restriction.yaml) limits it to the agent's own node",
 }
 
+// agentGrantedUnused are the agent's grants the policy tests don't reach, each with why.
+var agentGrantedUnused = map[string]string{
+	"network.trellis.dev nodenetworks get": "read past the cache only to confirm an uninstall on the agent's own NodeNetwork (TestUninstall)",
+	"events.k8s.io events patch":           "the events API patches a repeated event's series, which these tests don't repeat",
+}
+
 // checkAgentRole holds the agent's ClusterRole to the calls the cluster's agents made
 // (the API server's audit log): none refused, every grant used, writes limited.
 func checkAgentRole(t *testing.T, c *cluster.Cluster) {
@@ -50,8 +56,13 @@ func checkAgentRole(t *testing.T, c *cluster.Cluster) {
 		if _, ok := g.Unlimited(agentUnscopedWrites); !ok {
 			t.Errorf("%s for any name: limit it", g)
 		}
-		if !g.UsedBy(calls) {
-			t.Errorf("%s, which no agent used through the policy tests: remove it", g)
+		if g.UsedBy(calls) {
+			continue
 		}
+		if why, ok := agentGrantedUnused[g.Key()]; ok {
+			t.Logf("%s, which no call used: %s", g, why)
+			continue
+		}
+		t.Errorf("%s, which no agent used through the policy tests: remove it", g)
 	}
 }

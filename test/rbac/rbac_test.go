@@ -55,6 +55,7 @@ const (
 
 // grantedUnused are grants no request of the operator uses, each with why it stays.
 var grantedUnused = map[string]string{
+	" events patch":      "client-go's core events recorder (leader election's) patches an event it records again within minutes",
 	" namespaces create": "the operator creates trellis-system when it runs elsewhere (OLM installs it into the namespace the user picks)",
 	"network.trellis.dev clusternetworks/finalizers update": "authorises the blockOwnerDeletion owner references the operator sets (OwnerReferencesPermissionEnforcement admission), not a request",
 }
