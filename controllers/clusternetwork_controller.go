@@ -162,6 +162,15 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if err := r.writeStatus(ctx, cn, status); err != nil {
 		errs = append(errs, err)
 	}
+	// A claim the cache has not confirmed holds its block, and may keep its node from
+	// getting one (a NodeNetwork created and deleted before the cache saw it): come back
+	// when it is due to be read from the API server, whatever else happens meanwhile.
+	if due, ok := r.pending.NextDue(r.now(), pendingVerifyAfter); ok {
+		due = max(due, time.Second) // RequeueAfter 0 would mean no requeue
+		if requeue == 0 || due < requeue {
+			requeue = due
+		}
+	}
 	return ctrl.Result{RequeueAfter: requeue}, errors.Join(errs...)
 }
 
@@ -216,8 +225,10 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	existing := make([]blocks.Existing, 0, len(nns.Items))
 	stale := map[string]bool{}
 	cached := make(map[string]string, len(nns.Items)) // node → the block the cache shows
+	cachedUID := make(map[string]types.UID, len(nns.Items))
 	for _, nn := range nns.Items {
 		cached[nn.Name] = nn.Spec.PodCIDR
+		cachedUID[nn.Name] = nn.UID
 		_, hasNode := nodeUID[nn.Name]
 		if !nn.DeletionTimestamp.IsZero() {
 			// Still there, so still holding its block; the node gets one once it is gone.
@@ -261,11 +272,22 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 		release = append(release, strings.TrimSuffix(name, staleSuffix))
 	}
 	released, err := concurrently(release, func(name string) error {
+		// Only the NodeNetwork the cache shows: by the time the cache shows a re-created
+		// node's old one, the operator may have created its new one under the same name.
+		// (A claim the cache doesn't show yet has no UID to go by: any NodeNetwork of that
+		// name belongs to the deleted node.)
 		nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}}
-		err := r.Delete(ctx, nn)
+		var opts []client.DeleteOption
+		if uid, ok := cachedUID[name]; ok {
+			opts = append(opts, client.Preconditions{UID: &uid})
+		}
+		err := r.Delete(ctx, nn, opts...)
 		if apierrors.IsNotFound(err) {
 			r.pending.Forget(name) // known gone
 			return nil
+		}
+		if apierrors.IsConflict(err) {
+			return nil // that one is gone; the one there now is another (the cache will show it)
 		}
 		if err != nil {
 			return fmt.Errorf("releasing the block of deleted node %s: %w", name, err)

@@ -81,6 +81,11 @@ func Compute(podCIDRs []string, blockSize int, nodes []string, existing []Existi
 		}
 		if !nodeSet[e.Node] {
 			plan.Release = append(plan.Release, e.Node)
+			// Its block is free once the deletion is seen, not in this pass: were the
+			// deletion to fail, handing it out now would route it to two nodes.
+			if p, err := netip.ParsePrefix(e.CIDR); err == nil {
+				taken[p.Masked()] = true
+			}
 			continue
 		}
 		if e.CIDR == "" {

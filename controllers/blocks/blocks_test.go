@@ -49,6 +49,18 @@ func TestCompute(t *testing.T) {
 			release:  []string{"gone"},
 		},
 		{
+			// Were the deletion to fail, the block would be routed to two nodes.
+			name:        "a released block is not handed out in the same pass",
+			cidrs:       []string{"10.0.0.0/23"},
+			size:        24,
+			nodes:       []string{"a", "new"},
+			existing:    []Existing{{Node: "a", CIDR: "10.0.1.0/24"}, {Node: "gone", CIDR: "10.0.0.0/24"}},
+			keep:        map[string]netip.Prefix{"a": pfx("10.0.1.0/24")},
+			allocate:    map[string]netip.Prefix{},
+			release:     []string{"gone"},
+			unallocated: []string{"new"},
+		},
+		{
 			name:        "exhaustion leaves the rest unallocated",
 			cidrs:       []string{"10.0.0.0/23"},
 			size:        24,

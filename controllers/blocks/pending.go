@@ -75,6 +75,21 @@ func (p *Pending) Due(now time.Time, after time.Duration) []string {
 	return due
 }
 
+// NextDue is how long until the first claim is Due (0 if one is already); false when
+// there is no claim.
+func (p *Pending) NextDue(now time.Time, after time.Duration) (time.Duration, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next, found := time.Duration(0), false
+	for _, c := range p.byNode {
+		d := max(after-now.Sub(c.since), 0)
+		if !found || d < next {
+			next, found = d, true
+		}
+	}
+	return next, found
+}
+
 // Held returns the claims as blocks still held.
 func (p *Pending) Held() []Existing {
 	p.mu.Lock()

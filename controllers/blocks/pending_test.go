@@ -35,4 +35,15 @@ func TestPending(t *testing.T) {
 	if p.Len() != 3 {
 		t.Errorf("%d claims left, want 3 (b, d, e)", p.Len())
 	}
+	if next, ok := p.NextDue(t0, time.Minute); !ok || next != 0 {
+		t.Errorf("NextDue %v %v, want 0 true (d is due at once)", next, ok)
+	}
+	p.Forget("d")
+	if next, ok := p.NextDue(t0.Add(30*time.Second), time.Minute); !ok || next != 50*time.Second {
+		t.Errorf("NextDue %v %v, want 50s true (b and e, added at t0+20s, are due at t0+80s)", next, ok)
+	}
+	var empty Pending
+	if _, ok := empty.NextDue(t0, time.Minute); ok {
+		t.Error("NextDue of no claims says there is one")
+	}
 }
