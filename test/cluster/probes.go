@@ -228,7 +228,8 @@ func (m Matrix) Write(w io.Writer) {
 
 // Demo prints a readable summary of the running cluster to w: nodes, pod blocks (the
 // NodeNetworks and the ClusterNetwork with Trellis), a pod-to-pod connectivity matrix
-// across the nodes, and how to use the cluster. It fails when a connection fails.
+// across the nodes, with cluster DNS a lookup of the probe Service's name, and how to use
+// the cluster. It fails when a connection or a lookup fails.
 func (c *Cluster) Demo(ctx context.Context, w io.Writer) error {
 	show := func(title string, args ...string) {
 		fmt.Fprintf(w, "\n== %s ($ kubectl %s)\n", title, strings.Join(args, " "))
@@ -268,13 +269,17 @@ func (c *Cluster) Demo(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	m.Write(w)
+	var dnsFailed []string
+	if c.DNS {
+		dnsFailed = c.demoDNS(ctx, w, probes, m.ServiceIP)
+	}
 	remove := "make cluster-down"
 	if c.Name != "trellis" {
 		remove = "go run ./hack/localcluster down --name " + c.Name
 	}
 	fmt.Fprintf(w, "\nThe cluster keeps running. Use it with:\n  export KUBECONFIG=%s\nRemove it with: %s\n", c.Kubeconfig, remove)
-	if f := m.Failures(); len(f) > 0 {
-		return fmt.Errorf("%d connections failed:\n  %s", len(f), strings.Join(f, "\n  "))
+	if f := append(m.Failures(), dnsFailed...); len(f) > 0 {
+		return fmt.Errorf("%d connections or lookups failed:\n  %s", len(f), strings.Join(f, "\n  "))
 	}
 	return nil
 }
