@@ -9,7 +9,7 @@
 # go.sum: nothing of this repository's module graph). CoreDNS chooses its plugins at
 # compile time (plugin.cfg, then `go generate`): the copy keeps only the plugins the
 # local cluster's Corefile uses (PLUGINS below), so the cloud backends (AWS, Azure, GCP,
-# etcd ...) are neither downloaded nor compiled. A few minutes cold on 2 cores.
+# etcd ...) are neither downloaded nor compiled. About 2 minutes cold on 2 cores.
 #
 # Prints the directory holding `coredns` on stdout (last line); progress goes to stderr.
 #
@@ -35,7 +35,7 @@ src="$(go mod download -json "github.com/coredns/coredns@${COREDNS_VERSION}" | s
 [[ -d "${src}" ]] || { log "could not download github.com/coredns/coredns@${COREDNS_VERSION}"; exit 1; }
 mkdir -p "${BIN_DIR}"
 
-log "building CoreDNS ${COREDNS_VERSION} with plugins ${PLUGINS[*]} (a few minutes cold on 2 cores)"
+log "building CoreDNS ${COREDNS_VERSION} with plugins ${PLUGINS[*]} (about 2 minutes cold on 2 cores)"
 # The module cache is read-only; the build needs its own writable copy (go.sum may change,
 # go generate rewrites the plugin lists).
 rm -rf "${WORK_DIR}"
@@ -56,7 +56,7 @@ go build -trimpath -tags grpcnotrace \
   -o "${BIN_DIR}/coredns.tmp" . >&2
 plugins="$("${BIN_DIR}/coredns.tmp" -plugins)"
 for p in kubernetes health ready cache loop reload errors; do
-  grep -q "dns.${p}$" <<<"${plugins}" || { log "the built coredns lacks plugin ${p}:"$'\n'"${plugins}"; exit 1; }
+  grep -qx "${p}" <<<"${plugins}" || { log "the built coredns lacks plugin ${p}:"$'\n'"${plugins}"; exit 1; }
 done
 mv "${BIN_DIR}/coredns.tmp" "${BIN_DIR}/coredns"
 
