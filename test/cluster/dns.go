@@ -11,7 +11,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -258,16 +257,8 @@ func dnsReadiness(ctx context.Context, client kubernetes.Interface) (string, boo
 		}
 		return "CoreDNS pods: " + strings.Join(states, ", "), false
 	}
-	eps, err := client.DiscoveryV1().EndpointSlices(DNSNamespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + DNSService})
-	if err != nil {
-		return "kube-dns EndpointSlices: " + shortErr(err), false
-	}
-	for _, s := range eps.Items {
-		for _, e := range s.Endpoints {
-			if e.Conditions.Ready != nil && *e.Conditions.Ready {
-				return "CoreDNS Ready, kube-dns has a ready endpoint", true
-			}
-		}
+	if len(readyEndpoints(ctx, client, DNSNamespace, DNSService)) > 0 {
+		return "CoreDNS Ready, kube-dns has a ready endpoint", true
 	}
 	return "CoreDNS pod Ready, kube-dns has no ready endpoint yet", false
 }

@@ -115,14 +115,20 @@ func TestClusterDNS(t *testing.T) {
 
 		// The default-deny alone: DNS is denied too (fails closed).
 		deleteDNSPolicy(ctx, t, c, "allow-dns")
+		t0 := time.Now()
 		waitLookupFails(t, udpClient.NetNS, "udp", svcName, 15*time.Second)
+		t.Logf("without the DNS rule lookups fail %v after its deletion", time.Since(t0).Round(10*time.Millisecond))
 		if addrs, err := lookupIn(udpClient.NetNS, "tcp", svcName); err == nil {
 			t.Errorf("tcp: %s resolved to %v under default-deny egress without the DNS rule", svcName, addrs)
+		} else {
+			t.Logf("tcp: %s: %v", svcName, err)
 		}
 		for _, client := range clients {
 			for _, target := range []string{svcName + ":80", "web:80"} {
 				if err := connectFromPod(ctx, c, client, target); err == nil || !strings.Contains(err.Error(), "DNS:") {
 					t.Errorf("%s under default-deny egress alone: agnhost connect %s: %v, want a DNS failure", client, target, err)
+				} else {
+					t.Logf("%s under default-deny egress alone: agnhost connect %s: %s", client, target, agnhostMessage(err))
 				}
 			}
 		}
@@ -288,6 +294,18 @@ func connectFromPod(ctx context.Context, c *cluster.Cluster, pod, target string)
 	return err
 }
 
+// agnhostMessage is agnhost's line in err (kubectl's error carries its stderr).
+func agnhostMessage(err error) string {
+	msg := err.Error()
+	for _, v := range []string{"DNS:", "TIMEOUT", "REFUSED", "OTHER:", "UNKNOWN:"} {
+		if i := strings.Index(msg, v); i >= 0 {
+			line, _, _ := strings.Cut(msg[i:], "\n")
+			return line
+		}
+	}
+	return msg
+}
+
 // agnhostVerdict: err is agnhost connect's own failure, not kubectl's (a failed stream).
 func agnhostVerdict(err error) bool {
 	for _, v := range []string{"DNS:", "TIMEOUT", "REFUSED", "OTHER:", "UNKNOWN:"} {
@@ -343,10 +361,13 @@ func reverseIn(ns *os.File, network string, ip netip.Addr) ([]string, error) {
 
 func checkLookup(t *testing.T, ns *os.File, network, name string, want netip.Addr) {
 	t.Helper()
+	t0 := time.Now()
 	addrs, err := lookupIn(ns, network, name)
 	if err != nil || len(addrs) != 1 || addrs[0] != want {
 		t.Errorf("%s: %s = %v (%v), want %s", network, name, addrs, err, want)
+		return
 	}
+	t.Logf("%s: %s -> %v (%v)", network, name, addrs, time.Since(t0).Round(100*time.Microsecond))
 }
 
 func waitLookup(t *testing.T, ns *os.File, network, name string, want netip.Addr, timeout time.Duration) {
