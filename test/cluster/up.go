@@ -20,7 +20,7 @@ import (
 )
 
 // Up brings the cluster of opts up and returns it once every node is Ready (see
-// Options.WaitReady). It is idempotent: a healthy cluster with the same options is
+// Options.WaitReady) and, with Options.DNS, CoreDNS too. It is idempotent: a healthy cluster with the same options is
 // returned as is; what a killed or failed earlier run left is removed first. On failure
 // it leaves what it made for inspection (logs in StateDir/logs): Down removes it.
 func Up(ctx context.Context, opts Options) (*Cluster, error) {
@@ -30,18 +30,18 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	p := newProgress(opts.Progress)
 	opts.Progress = p
-	remote := ""
+	extra := ""
 	if opts.RemoteNode {
-		remote = ", last node behind a router"
+		extra = ", last node behind a router"
 	}
 	if opts.DNS {
-		remote += ", cluster DNS"
+		extra += ", cluster DNS"
 	}
 	v, err := versions.Load()
 	if err != nil {
 		return nil, err
 	}
-	p.head("cluster %q: %d nodes%s, CNI %s, Kubernetes %s, state in %s", opts.Name, opts.Nodes, remote, opts.CNI, v.Kubernetes, opts.StateDir)
+	p.head("cluster %q: %d nodes%s, CNI %s, Kubernetes %s, state in %s", opts.Name, opts.Nodes, extra, opts.CNI, v.Kubernetes, opts.StateDir)
 	t, err := findTools(ctx, opts)
 	if err != nil {
 		return nil, err
