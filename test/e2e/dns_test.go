@@ -117,7 +117,7 @@ func TestClusterDNS(t *testing.T) {
 		deleteDNSPolicy(ctx, t, c, "allow-dns")
 		t0 := time.Now()
 		waitLookupFails(t, udpClient.NetNS, "udp", svcName, 15*time.Second)
-		t.Logf("without the DNS rule lookups fail %v after its deletion", time.Since(t0).Round(10*time.Millisecond))
+		t.Logf("without the DNS rule: the first failed lookup ended %v after the rule's deletion (its 3 s timeout included)", time.Since(t0).Round(10*time.Millisecond))
 		if addrs, err := lookupIn(udpClient.NetNS, "tcp", svcName); err == nil {
 			t.Errorf("tcp: %s resolved to %v under default-deny egress without the DNS rule", svcName, addrs)
 		} else {
