@@ -36,9 +36,7 @@ const (
 // plugin): nothing outside the cluster is reachable from here.
 const corefile = `.:53 {
     errors
-    health {
-        lameduck 5s
-    }
+    health
     ready
     kubernetes ` + ClusterDomain + ` in-addr.arpa ip6.arpa {
         pods insecure
