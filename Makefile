@@ -49,12 +49,13 @@ vet: ## go vet.
 	go vet ./...
 
 .PHONY: deps
-deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm and kwok into $(TRELLIS_CACHE)).
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok and CoreDNS into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
 	hack/build-k8s.sh >/dev/null
 	hack/build-runtime-tools.sh >/dev/null
 	hack/build-olm.sh >/dev/null
 	hack/build-kwok.sh >/dev/null
+	hack/build-coredns.sh >/dev/null
 
 .PHONY: test
 test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset.

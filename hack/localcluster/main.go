@@ -2,7 +2,7 @@
 // every node a network namespace with containerd, kubelet and kube-proxy, and removes it
 // again (package test/cluster does the work). Run it as root from the repository:
 //
-//	go run ./hack/localcluster up [--nodes 3] [--cni trellis|reference] [--remote-node]
+//	go run ./hack/localcluster up [--nodes 3] [--cni trellis|reference|none] [--remote-node] [--dns=false]
 //	go run ./hack/localcluster status
 //	export KUBECONFIG=$(go run ./hack/localcluster kubeconfig)
 //	go run ./hack/localcluster down [--keep-logs]
@@ -31,8 +31,8 @@ commands:
   down        remove every process, namespace, mount, cgroup and file of the cluster
   status      show the cluster's processes, API server and nodes
   kubeconfig  print the path of the cluster's kubeconfig
-  demo        print nodes, pod blocks, the ClusterNetwork and a pod-to-pod connectivity
-              matrix of a running cluster (make demo runs up first)
+  demo        print nodes, pod blocks, the ClusterNetwork, a pod-to-pod connectivity
+              matrix and a cluster DNS lookup of a running cluster (make demo runs up first)
 
 run 'localcluster COMMAND -h' for the flags of a command
 `
@@ -82,6 +82,7 @@ func up(ctx context.Context, args []string) error {
 	fs.IntVar(&opts.Nodes, "nodes", 3, "number of nodes")
 	cni := fs.String("cni", string(cluster.CNITrellis), "pod network: trellis (installed from config/), reference (ptp + host-local stand-in) or none (a test installs one)")
 	fs.BoolVar(&opts.RemoteNode, "remote-node", false, "put the last node behind a router, on 203.0.113.0/24")
+	fs.BoolVar(&opts.DNS, "dns", true, "run cluster DNS: CoreDNS behind Service kube-system/kube-dns, the kubelets' clusterDNS (--dns=false: none)")
 	fs.DurationVar(&opts.WaitReady, "wait", 5*time.Minute, "how long to wait for every node to be Ready (0: do not wait)")
 	_ = fs.Parse(args)
 	opts.CNI = cluster.CNI(*cni)

@@ -31,7 +31,7 @@ func (c *Cluster) AddNode(ctx context.Context, w io.Writer) (Node, error) {
 		w = io.Discard
 	}
 	p := newProgress(w)
-	opts, err := Options{Name: c.Name, StateDir: c.StateDir}.withDefaults()
+	opts, err := Options{Name: c.Name, StateDir: c.StateDir, DNS: c.DNS}.withDefaults()
 	if err != nil {
 		return Node{}, err
 	}

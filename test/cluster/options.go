@@ -20,8 +20,8 @@
 //   - kubectl access from the root namespace through a loopback forwarder (package
 //     forward), a detached process of the binary that ran Up; the kubeconfig Up writes
 //     points at it.
-//   - images (package images), imported into every node: pause, agnhost, and with the
-//     Trellis CNI (or none) the Trellis image, all without a registry. A test adds more
+//   - images (package images), imported into every node: pause, agnhost, with the
+//     Trellis CNI (or none) the Trellis image, and with DNS CoreDNS, all without a registry. A test adds more
 //     with ImportImages (OLM's, an earlier release's: see olm.go, images.ReleaseImage).
 //
 // Processes are detached (they outlive `localcluster up`); Down finds them by network
@@ -63,7 +63,19 @@ var (
 	ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
 	// PodCIDR is the pod network of both CNIs (the sample ClusterNetwork's podCIDRs).
 	PodCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	// ClusterDNS is the ClusterIP of Service kube-system/kube-dns with Options.DNS and the
+	// kubelets' clusterDNS: the conventional 10th address of ServiceCIDR (10.96.0.10).
+	ClusterDNS = serviceAddr(10)
 )
+
+// serviceAddr is the n-th address of ServiceCIDR (n = 1: the kubernetes Service).
+func serviceAddr(n int) netip.Addr {
+	a := ServiceCIDR.Masked().Addr()
+	for range n {
+		a = a.Next()
+	}
+	return a
+}
 
 // Options configure a cluster. The zero value is the default cluster.
 type Options struct {
@@ -79,10 +91,17 @@ type Options struct {
 	CNI CNI
 	// RemoteNode puts the last node behind a router, on 203.0.113.0/24.
 	RemoteNode bool
+	// DNS runs cluster DNS, as every real cluster has: CoreDNS (COREDNS_VERSION of
+	// hack/versions.env, built by hack/build-coredns.sh) as Deployment kube-system/coredns
+	// behind Service kube-system/kube-dns at ClusterDNS, which the kubelets get as
+	// clusterDNS; Up waits until it is Ready (not with CNINone: nothing runs before the
+	// test installs a pod network). Off, nothing runs in kube-system and pods get an
+	// empty resolv.conf (a CoreDNS pod would change what some tests count).
+	DNS bool
 	// WaitReady is how long Up waits for every node to be Ready (default 5 minutes);
 	// negative: do not wait.
 	WaitReady time.Duration
-	// BuildMissing lets Up build missing binaries (Kubernetes, CNI plugins, agnhost) with
+	// BuildMissing lets Up build missing binaries (Kubernetes, CNI plugins, agnhost, CoreDNS) with
 	// the hack/ scripts instead of failing with the command that builds them.
 	BuildMissing bool
 	// Progress receives progress lines (default: none).

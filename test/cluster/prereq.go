@@ -19,6 +19,8 @@ type tools struct {
 	k8sBin     string // etcd, kube-*, kubelet, kubectl
 	cniPlugins string // reference plugins
 	agnhost    string // agnhost + VERSION
+	// With Options.DNS: coredns (hack/build-coredns.sh) and its version.
+	coreDNS, coreDNSVersion string
 }
 
 // Prerequisites checks what a cluster needs (root, commands from Debian packages, the
@@ -75,7 +77,42 @@ func findTools(ctx context.Context, opts Options) (tools, error) {
 		return t, err
 	}
 	t.agnhost, err = ensureBuilt(ctx, opts, root, "build-agnhost.sh", v.AgnhostDir(cache), "agnhost", "VERSION")
+	if err != nil || !opts.DNS {
+		return t, err
+	}
+	if t.coreDNSVersion, err = coreDNSVersion(root); err != nil {
+		return t, err
+	}
+	t.coreDNS, err = ensureBuilt(ctx, opts, root, "build-coredns.sh", coreDNSDir(cache, t.coreDNSVersion), "coredns")
 	return t, err
+}
+
+// coreDNSVersion is COREDNS_VERSION of the repository's hack/versions.env, the
+// environment's value winning as everywhere else (test/versions reads the others).
+func coreDNSVersion(root string) (string, error) {
+	const key = "COREDNS_VERSION"
+	if v := os.Getenv(key); v != "" {
+		return v, nil
+	}
+	path := filepath.Join(root, versions.File)
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("reading the CoreDNS version: %w", err)
+	}
+	defer f.Close()
+	vars, err := versions.Parse(f)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	if vars[key] == "" {
+		return "", fmt.Errorf("%s: %s is not set", path, key)
+	}
+	return vars[key], nil
+}
+
+// coreDNSDir holds coredns of version (where hack/build-coredns.sh puts it).
+func coreDNSDir(cache, version string) string {
+	return filepath.Join(cache, "tools", "coredns-"+version)
 }
 
 // ensureBuilt returns dir when it holds every one of files; else it runs hack/script
@@ -94,7 +131,7 @@ func ensureBuilt(ctx context.Context, opts Options, root, script, dir string, fi
 		return dir, nil
 	}
 	if !opts.BuildMissing {
-		return "", fmt.Errorf("%s is missing in %s: run hack/%s (`make deps` builds the Kubernetes binaries and CNI plugins, `make e2e` also agnhost)", m, dir, script)
+		return "", fmt.Errorf("%s is missing in %s: run hack/%s (`make deps` builds the Kubernetes binaries, CNI plugins and CoreDNS, `make e2e` also agnhost)", m, dir, script)
 	}
 	fmt.Fprintf(opts.Progress, "--> %s is missing: running hack/%s (slow the first time)\n", m, script)
 	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", script))

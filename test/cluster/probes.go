@@ -11,7 +11,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/trellis-net/trellis/test/cluster/images"
 )
@@ -74,7 +76,8 @@ type Probe struct {
 }
 
 // DeployProbes applies the probe DaemonSet and Service (idempotent) and waits up to
-// timeout for a Ready probe pod on every node; it returns them in node order.
+// timeout for a Ready probe pod on every node, each a ready endpoint of the Service; it
+// returns them in node order.
 func (c *Cluster) DeployProbes(ctx context.Context, timeout time.Duration) ([]Probe, error) {
 	if _, err := c.KubectlInput(ctx, probeManifest, "apply", "-f", "-"); err != nil {
 		return nil, err
@@ -103,7 +106,13 @@ func (c *Cluster) DeployProbes(ctx context.Context, timeout time.Duration) ([]Pr
 				}
 			}
 			if len(probes) == len(c.Nodes) {
-				return probes, nil
+				// The Service too: kube-proxy programs its ClusterIP from the EndpointSlices.
+				ready := readyEndpoints(ctx, client, ProbeNamespace, "probe")
+				missing := slices.DeleteFunc(slices.Clone(probes), func(p Probe) bool { return ready[p.IP] })
+				if len(missing) == 0 {
+					return probes, nil
+				}
+				waiting = append(waiting, fmt.Sprintf("%d probe pods not yet ready endpoints of Service probe", len(missing)))
 			}
 		}
 		if time.Now().After(deadline) {
@@ -116,6 +125,25 @@ func (c *Cluster) DeployProbes(ctx context.Context, timeout time.Duration) ([]Pr
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// readyEndpoints are the addresses the EndpointSlices of Service ns/name list as ready.
+func readyEndpoints(ctx context.Context, client kubernetes.Interface, ns, name string) map[string]bool {
+	ready := map[string]bool{}
+	eps, err := client.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+	if err != nil {
+		return ready
+	}
+	for _, s := range eps.Items {
+		for _, e := range s.Endpoints {
+			if e.Conditions.Ready != nil && *e.Conditions.Ready {
+				for _, a := range e.Addresses {
+					ready[a] = true
+				}
+			}
+		}
+	}
+	return ready
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -228,7 +256,8 @@ func (m Matrix) Write(w io.Writer) {
 
 // Demo prints a readable summary of the running cluster to w: nodes, pod blocks (the
 // NodeNetworks and the ClusterNetwork with Trellis), a pod-to-pod connectivity matrix
-// across the nodes, and how to use the cluster. It fails when a connection fails.
+// across the nodes, with cluster DNS a lookup of the probe Service's name, and how to use
+// the cluster. It fails when a connection or a lookup fails.
 func (c *Cluster) Demo(ctx context.Context, w io.Writer) error {
 	show := func(title string, args ...string) {
 		fmt.Fprintf(w, "\n== %s ($ kubectl %s)\n", title, strings.Join(args, " "))
@@ -268,13 +297,17 @@ func (c *Cluster) Demo(ctx context.Context, w io.Writer) error {
 		return err
 	}
 	m.Write(w)
+	var dnsFailed []string
+	if c.DNS {
+		dnsFailed = c.demoDNS(ctx, w, probes, m.ServiceIP)
+	}
 	remove := "make cluster-down"
 	if c.Name != "trellis" {
 		remove = "go run ./hack/localcluster down --name " + c.Name
 	}
 	fmt.Fprintf(w, "\nThe cluster keeps running. Use it with:\n  export KUBECONFIG=%s\nRemove it with: %s\n", c.Kubeconfig, remove)
-	if f := m.Failures(); len(f) > 0 {
-		return fmt.Errorf("%d connections failed:\n  %s", len(f), strings.Join(f, "\n  "))
+	if f := append(m.Failures(), dnsFailed...); len(f) > 0 {
+		return fmt.Errorf("%d connections or lookups failed:\n  %s", len(f), strings.Join(f, "\n  "))
 	}
 	return nil
 }

@@ -16,11 +16,12 @@ import (
 
 // Cluster is a cluster brought up by Up (or found running by Load).
 type Cluster struct {
-	// Name, StateDir, CNI and RemoteNode as in Options.
+	// Name, StateDir, CNI, RemoteNode and DNS as in Options.
 	Name       string
 	StateDir   string
 	CNI        CNI
 	RemoteNode bool
+	DNS        bool
 	// Kubeconfig is the admin kubeconfig; its server is Server, the loopback forwarder.
 	Kubeconfig string
 	Server     string

@@ -30,7 +30,7 @@ const ReuseEnv = "TRELLIS_CLUSTER_REUSE"
 // Without TRELLIS_CLUSTER_REUSE=1 it brings up a fresh cluster (removing leftovers of
 // earlier runs) and removes it when the test ends, keeping StateDir/logs when the test
 // failed. With TRELLIS_CLUSTER_REUSE=1 it returns the running cluster of opts when it is
-// healthy and has the same nodes and CNI, else it brings one up and leaves it running for
+// healthy and has the same shape (nodes, CNI, remote node, DNS), else it brings one up and leaves it running for
 // the next test run; either way Shared is set.
 func ForTest(t TB, opts Options) *Cluster {
 	t.Helper()
@@ -45,7 +45,7 @@ func ForTest(t TB, opts Options) *Cluster {
 	if reuse {
 		if c, err := Load(opts); err == nil {
 			o, _ := opts.withDefaults()
-			if st := c.Status(ctx); st.Healthy() && len(c.Nodes) == o.Nodes && c.CNI == o.CNI && c.RemoteNode == o.RemoteNode {
+			if st := c.Status(ctx); st.Healthy() && c.matches(o) {
 				t.Logf("%s=1: reusing cluster %q (state in %s)", ReuseEnv, c.Name, c.StateDir)
 				c.Shared = true
 				return c

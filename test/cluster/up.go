@@ -20,7 +20,7 @@ import (
 )
 
 // Up brings the cluster of opts up and returns it once every node is Ready (see
-// Options.WaitReady). It is idempotent: a healthy cluster with the same options is
+// Options.WaitReady) and, with Options.DNS, CoreDNS too. It is idempotent: a healthy cluster with the same options is
 // returned as is; what a killed or failed earlier run left is removed first. On failure
 // it leaves what it made for inspection (logs in StateDir/logs): Down removes it.
 func Up(ctx context.Context, opts Options) (*Cluster, error) {
@@ -30,15 +30,18 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	p := newProgress(opts.Progress)
 	opts.Progress = p
-	remote := ""
+	extra := ""
 	if opts.RemoteNode {
-		remote = ", last node behind a router"
+		extra = ", last node behind a router"
+	}
+	if opts.DNS {
+		extra += ", cluster DNS"
 	}
 	v, err := versions.Load()
 	if err != nil {
 		return nil, err
 	}
-	p.head("cluster %q: %d nodes%s, CNI %s, Kubernetes %s, state in %s", opts.Name, opts.Nodes, remote, opts.CNI, v.Kubernetes, opts.StateDir)
+	p.head("cluster %q: %d nodes%s, CNI %s, Kubernetes %s, state in %s", opts.Name, opts.Nodes, extra, opts.CNI, v.Kubernetes, opts.StateDir)
 	t, err := findTools(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -123,6 +126,16 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 			return failed(err)
 		}
 	}
+	if c.DNS {
+		// CoreDNS needs the pod network: with CNINone (or not waiting) it is only deployed.
+		waitDNS := time.Duration(0)
+		if opts.WaitReady > 0 && c.CNI != CNINone {
+			waitDNS = opts.WaitReady
+		}
+		if err := c.deployDNS(ctx, t.coreDNSVersion, waitDNS, p); err != nil {
+			return failed(err)
+		}
+	}
 	c.Phase = "up"
 	c.UpTook = time.Since(p.start)
 	if err := c.save(); err != nil {
@@ -135,7 +148,7 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 // newCluster lays the cluster of opts out (nothing is created yet).
 func newCluster(opts Options, t tools, p *progress) (*Cluster, []node.Config, error) {
 	c := &Cluster{
-		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode,
+		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode, DNS: opts.DNS,
 		Kubeconfig: filepath.Join(opts.StateDir, "kubeconfig"),
 		LogDir:     filepath.Join(opts.StateDir, "logs"),
 		BinDir:     t.k8sBin, ModuleRoot: t.moduleRoot,
@@ -173,6 +186,7 @@ func buildImages(ctx context.Context, t tools, trellis bool, p *progress) func()
 		archive, cached, err := images.Build(ctx, images.Sources{
 			ModuleRoot: t.moduleRoot, CacheDir: filepath.Join(CacheDir(), "localcluster"),
 			AgnhostDir: t.agnhost, CNIPluginsDir: t.cniPlugins, Trellis: trellis,
+			CoreDNSDir: t.coreDNS, CoreDNSVersion: t.coreDNSVersion,
 		})
 		done <- result{archive, cached, err}
 	}()
@@ -289,12 +303,12 @@ func reuseOrSweep(ctx context.Context, opts Options, p *progress) (*Cluster, err
 	case err == nil:
 		st := existing.Status(ctx)
 		if st.Healthy() {
-			if existing.Nodes != nil && len(existing.Nodes) == opts.Nodes && existing.CNI == opts.CNI && existing.RemoteNode == opts.RemoteNode {
+			if existing.Nodes != nil && existing.matches(opts) {
 				p.head("cluster %q is already up: export KUBECONFIG=%s", existing.Name, existing.Kubeconfig)
 				return existing, nil
 			}
-			return nil, fmt.Errorf("cluster %q is up with %d nodes, CNI %s, remote node %v: run `localcluster down --name %s` first to change that",
-				existing.Name, len(existing.Nodes), existing.CNI, existing.RemoteNode, existing.Name)
+			return nil, fmt.Errorf("cluster %q is up with %d nodes, CNI %s, remote node %v, DNS %v: run `localcluster down --name %s` first to change that",
+				existing.Name, len(existing.Nodes), existing.CNI, existing.RemoteNode, existing.DNS, existing.Name)
 		}
 		p.step("removing what an earlier run of cluster %q left (%s)", opts.Name, st.Problem())
 	case errors.Is(err, ErrNotFound):
@@ -336,7 +350,21 @@ func (c *Cluster) nodeConfig(h topology.Host, t tools) node.Config {
 		ProxyKubeconfig: filepath.Join(c.StateDir, "pki", "kube-proxy.kubeconfig"),
 		CACert:          filepath.Join(c.StateDir, "pki", "ca.crt"),
 		SandboxImage:    images.PauseImage,
+		ClusterDNS:      c.clusterDNS(),
 	}
+}
+
+// clusterDNS is the kubelets' clusterDNS: ClusterDNS when c runs DNS, else none.
+func (c *Cluster) clusterDNS() netip.Addr {
+	if c.DNS {
+		return ClusterDNS
+	}
+	return netip.Addr{}
+}
+
+// matches: c has the shape opts (with defaults) asks for.
+func (c *Cluster) matches(opts Options) bool {
+	return len(c.Nodes) == opts.Nodes && c.CNI == opts.CNI && c.RemoteNode == opts.RemoteNode && c.DNS == opts.DNS
 }
 
 // writePKI makes every certificate and kubeconfig (except the admin kubeconfig, which

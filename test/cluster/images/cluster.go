@@ -30,7 +30,16 @@ const (
 	// CNI plugin, the reference portmap and loopback plugins the agent installs onto the
 	// node, and iptables/ipset userspace from Debian.
 	TrellisImage = "ghcr.io/trellis-net/trellis:" + TrellisVersion
+	// CoreDNSRepository is where CoreDNSImage names CoreDNS: its upstream image's name.
+	CoreDNSRepository = "registry.k8s.io/coredns/coredns"
+	// CoreDNSUser is the unprivileged user CoreDNS runs as (that of the upstream image).
+	CoreDNSUser = "65532:65532"
 )
+
+// CoreDNSImage is the name of the CoreDNS image of version (COREDNS_VERSION of
+// hack/versions.env, as hack/build-coredns.sh built it): the static binary /coredns,
+// as upstream, run as CoreDNSUser.
+func CoreDNSImage(version string) string { return CoreDNSRepository + ":" + version }
 
 // debianPackages are the roots of the Trellis image's Debian userspace (the agent programs
 // masquerade and NetworkPolicy with iptables-restore and ipset).
@@ -60,10 +69,13 @@ type Sources struct {
 	CNIPluginsDir string
 	// Trellis adds TrellisImage (its Go sources must compile).
 	Trellis bool
+	// CoreDNSDir, when set, holds coredns (hack/build-coredns.sh) of CoreDNSVersion: the
+	// archive then has CoreDNSImage(CoreDNSVersion) too.
+	CoreDNSDir, CoreDNSVersion string
 }
 
-// Build returns an archive with PauseImage, AgnhostImage and (with src.Trellis)
-// TrellisImage, and whether it came from the cache.
+// Build returns an archive with PauseImage, AgnhostImage, (with src.Trellis)
+// TrellisImage and (with src.CoreDNSDir) CoreDNS, and whether it came from the cache.
 func Build(ctx context.Context, src Sources) (string, bool, error) {
 	version, err := os.ReadFile(filepath.Join(src.AgnhostDir, "VERSION"))
 	if err != nil {
@@ -100,6 +112,12 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 		}
 		specs = append(specs, trellisSpec(TrellisImage, rootfs, binDir, src.CNIPluginsDir))
 	}
+	if src.CoreDNSDir != "" {
+		if src.CoreDNSVersion == "" {
+			return "", false, fmt.Errorf("CoreDNS from %s: no version to name its image with", src.CoreDNSDir)
+		}
+		specs = append(specs, coreDNSSpec(CoreDNSImage(src.CoreDNSVersion), src.CoreDNSDir))
+	}
 	return Archive(src.CacheDir, specs)
 }
 
@@ -123,6 +141,17 @@ func trellisSpec(name, rootfs, binDir, cniPluginsDir string) Spec {
 		// As the Dockerfile: the operator runs unprivileged, the agent's DaemonSet runs
 		// privileged as root.
 		User: "65532:65532",
+	}
+}
+
+// coreDNSSpec is the CoreDNS image name: dir's coredns as /coredns, unprivileged. Its
+// Corefile comes from the pod (a ConfigMap); it needs nothing else of a file system.
+func coreDNSSpec(name, dir string) Spec {
+	return Spec{
+		Name:       name,
+		Layers:     []Layer{{Files: []File{{Path: "/coredns", Source: filepath.Join(dir, "coredns")}}}},
+		Entrypoint: []string{"/coredns"},
+		User:       CoreDNSUser,
 	}
 }
 

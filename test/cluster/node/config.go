@@ -30,8 +30,14 @@ func (c Config) containerdConfig() string {
 //   - serving on the node's IP, healthz on loopback, no read-only port;
 //   - eviction and image GC thresholds relaxed: the shared disk would trigger them;
 //   - x509 client certificates (the API server's) and webhook authn/authz;
-//   - a static pod directory of the node's own (empty unless a test writes a manifest).
+//   - a static pod directory of the node's own (empty unless a test writes a manifest);
+//   - clusterDNS when the cluster runs DNS (ClusterDNS): the kubelet writes it, with the
+//     cluster.local search path, into the resolv.conf of ClusterFirst pods.
 func (c Config) kubeletConfig() string {
+	dns := ""
+	if c.ClusterDNS.IsValid() {
+		dns = fmt.Sprintf("clusterDNS:\n- %s\n", c.ClusterDNS)
+	}
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %[1]s
@@ -70,7 +76,7 @@ serializeImagePulls: false
 rotateCertificates: false
 registerNode: true
 staticPodPath: %[6]q
-`, c.IP, c.CACert, "/"+c.Cgroup, filepath.Join(c.Dir, "resolv.conf"), "unix://"+c.Socket(), c.StaticPodDir())
+%[7]s`, c.IP, c.CACert, "/"+c.Cgroup, filepath.Join(c.Dir, "resolv.conf"), "unix://"+c.Socket(), c.StaticPodDir(), dns)
 }
 
 // kubeProxyConfig: iptables mode; conntrack values of 0 so that it leaves the

@@ -56,6 +56,10 @@ type Config struct {
 	Kubeconfig, ProxyKubeconfig, CACert string
 	// SandboxImage is containerd's pause image (imported by the caller).
 	SandboxImage string
+	// ClusterDNS, when valid, is the kubelet's clusterDNS: the nameserver of pods with
+	// dnsPolicy ClusterFirst (the kube-dns Service the caller runs). Invalid: none, and
+	// pods get the node's empty resolv.conf.
+	ClusterDNS netip.Addr
 }
 
 // HostPaths are the host paths each node has its own directory for (besides /run).
@@ -130,8 +134,9 @@ func (c Config) Prepare() error {
 		filepath.Join(c.Dir, "containerd.toml"): c.containerdConfig(),
 		filepath.Join(c.Dir, "kubelet.yaml"):    c.kubeletConfig(),
 		KubeProxyConfig(c.Dir):                  c.kubeProxyConfig(),
-		// No cluster DNS runs; pods get this (empty) resolver configuration.
-		filepath.Join(c.Dir, "resolv.conf"): "# the local cluster runs no DNS\n",
+		// The node's resolver configuration, which pods get without cluster DNS (and
+		// with dnsPolicy Default): nothing outside the cluster is reachable to resolve with.
+		filepath.Join(c.Dir, "resolv.conf"): c.resolvConf(),
 	}
 	for path, content := range files {
 		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
@@ -139,6 +144,14 @@ func (c Config) Prepare() error {
 		}
 	}
 	return nil
+}
+
+// resolvConf is the node's resolv.conf (the kubelet's resolvConf): no nameserver.
+func (c Config) resolvConf() string {
+	if c.ClusterDNS.IsValid() {
+		return fmt.Sprintf("# no upstream DNS; cluster DNS is %s (the kubelet's clusterDNS)\n", c.ClusterDNS)
+	}
+	return "# the local cluster runs no DNS\n"
 }
 
 // Start starts the mount-namespace holder, mounts the node's directories, starts

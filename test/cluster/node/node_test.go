@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"sigs.k8s.io/yaml"
 )
 
 // TestMountScript checks the node's mount plan: /run private, every host path bound to
@@ -110,5 +112,26 @@ func TestStaticPodDir(t *testing.T) {
 	}
 	if want := "\nstaticPodPath: \"" + c.StaticPodDir() + "\"\n"; !strings.Contains(c.kubeletConfig(), want) {
 		t.Errorf("kubelet configuration lacks %q:\n%s", want, c.kubeletConfig())
+	}
+}
+
+// clusterDNS only when the cluster runs DNS; the node's resolv.conf never names a server.
+func TestKubeletClusterDNS(t *testing.T) {
+	var without, with struct {
+		ClusterDNS    []string `json:"clusterDNS"`
+		ClusterDomain string   `json:"clusterDomain"`
+	}
+	c := Config{Name: "node1", Dir: "/x/nodes/node1"}
+	if err := yaml.Unmarshal([]byte(c.kubeletConfig()), &without); err != nil || len(without.ClusterDNS) != 0 {
+		t.Errorf("without ClusterDNS: clusterDNS %v (%v)", without.ClusterDNS, err)
+	}
+	c.ClusterDNS = netip.MustParseAddr("10.96.0.10")
+	if err := yaml.Unmarshal([]byte(c.kubeletConfig()), &with); err != nil || len(with.ClusterDNS) != 1 || with.ClusterDNS[0] != "10.96.0.10" || with.ClusterDomain != "cluster.local" {
+		t.Errorf("with ClusterDNS: clusterDNS %v, clusterDomain %q (%v)\n%s", with.ClusterDNS, with.ClusterDomain, err, c.kubeletConfig())
+	}
+	for _, rc := range []string{Config{}.resolvConf(), c.resolvConf()} {
+		if strings.Contains(rc, "nameserver") {
+			t.Errorf("the node's resolv.conf names a server:\n%s", rc)
+		}
 	}
 }

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds CoreDNS (github.com/coredns/coredns), the local cluster's cluster DNS
+# (test/cluster with Options.DNS, `localcluster up --dns`, make demo), from the Go module
+# proxy into a versioned cache outside the repository, and does nothing when it is
+# already there.
+#
+# As hack/build-kwok.sh does for kwok, the module is downloaded at its exact version,
+# copied into a scratch directory and built there with -mod=mod (its own go.mod and
+# go.sum: nothing of this repository's module graph). CoreDNS chooses its plugins at
+# compile time (plugin.cfg, then `go generate`): the copy keeps only the plugins the
+# local cluster's Corefile uses (PLUGINS below), so the cloud backends (AWS, Azure, GCP,
+# etcd ...) are neither downloaded nor compiled. About 2 minutes cold on 2 cores.
+#
+# Prints the directory holding `coredns` on stdout (last line); progress goes to stderr.
+#
+# Version: COREDNS_VERSION of hack/versions.env (the environment's wins).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# test/cluster derives the same path from the same version (cluster.coreDNSDir).
+BIN_DIR="${CACHE_ROOT}/tools/coredns-${COREDNS_VERSION}"
+WORK_DIR="${CACHE_ROOT}/build/coredns-${COREDNS_VERSION}"
+
+# The plugins compiled in, in plugin.cfg's order (which is the order they run in): what
+# test/cluster's Corefile uses, plus log and bind for looking into it by hand.
+PLUGINS=(reload bind ready health errors log cache kubernetes loop)
+
+if have_files "${BIN_DIR}" coredns; then
+  echo "${BIN_DIR}"
+  exit 0
+fi
+
+prepare_go_build
+src="$(go mod download -json "github.com/coredns/coredns@${COREDNS_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+[[ -d "${src}" ]] || { log "could not download github.com/coredns/coredns@${COREDNS_VERSION}"; exit 1; }
+mkdir -p "${BIN_DIR}"
+
+log "building CoreDNS ${COREDNS_VERSION} with plugins ${PLUGINS[*]} (about 2 minutes cold on 2 cores)"
+# The module cache is read-only; the build needs its own writable copy (go.sum may change,
+# go generate rewrites the plugin lists).
+rm -rf "${WORK_DIR}"
+mkdir -p "${WORK_DIR}"
+cp -R "${src}/." "${WORK_DIR}/"
+chmod -R u+w "${WORK_DIR}"
+cd "${WORK_DIR}"
+for p in "${PLUGINS[@]}"; do
+  grep -q "^${p}:" plugin.cfg || { log "plugin.cfg of CoreDNS ${COREDNS_VERSION} has no plugin ${p}"; exit 1; }
+done
+pattern="$(IFS='|'; echo "${PLUGINS[*]}")"
+grep -E "^(${pattern}):" plugin.cfg > plugin.cfg.trimmed
+mv plugin.cfg.trimmed plugin.cfg
+# Regenerates core/plugin/zplugin.go (the imports) and core/dnsserver/zdirectives.go.
+go run directives_generate.go >&2
+go build -trimpath -tags grpcnotrace \
+  -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}" \
+  -o "${BIN_DIR}/coredns.tmp" . >&2
+plugins="$("${BIN_DIR}/coredns.tmp" -plugins)"
+for p in kubernetes health ready cache loop reload errors; do
+  grep -qx "${p}" <<<"${plugins}" || { log "the built coredns lacks plugin ${p}:"$'\n'"${plugins}"; exit 1; }
+done
+mv "${BIN_DIR}/coredns.tmp" "${BIN_DIR}/coredns"
+
+have_files "${BIN_DIR}" coredns || { log "coredns is still missing in ${BIN_DIR}"; exit 1; }
+log "CoreDNS ${COREDNS_VERSION} ready in ${BIN_DIR}"
+echo "${BIN_DIR}"
