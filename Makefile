@@ -169,6 +169,10 @@ conformance-subset: deps ## The fixed subset of conformance cases (46, every tag
 	hack/build-agnhost.sh >/dev/null
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
 
+.PHONY: conformance-upstream
+conformance-upstream: deps ## The upstream Kubernetes e2e suite, unchanged, on a fresh local cluster: the specs of test/upstream/focus.txt but test/upstream/skip.txt; prints N passed, M failed, K skipped and writes JUnit XML (UPSTREAM_PROCS, UPSTREAM_KEEP=1, ARTIFACTS).
+	hack/conformance-upstream.sh
+
 ##@ Benchmarks
 
 BENCH_CNI_FLAGS ?=

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# make conformance-upstream: the upstream Kubernetes e2e suite, unchanged, judging a local
+# cluster (3 nodes, cluster DNS, Trellis installed from config/ as a user installs it).
+# Runs the specs of test/upstream/focus.txt but those of test/upstream/skip.txt (each with
+# its reason), with ginkgo parallelism for 2 CPUs, writes the JUnit XML and prints
+# "N passed, M failed, K skipped". Root, like the local cluster.
+#
+# Environment: UPSTREAM_PROCS (ginkgo --procs, default 3), UPSTREAM_CLUSTER (cluster name,
+# default upstream), UPSTREAM_KEEP=1 (leave the cluster up), ARTIFACTS (where the JUnit XML
+# goes, default $TRELLIS_CACHE/upstream).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bin="$(hack/build-e2e.sh | tail -1)"
+hack/build-agnhost.sh >/dev/null
+name="${UPSTREAM_CLUSTER:-upstream}"
+artifacts="${ARTIFACTS:-${CACHE_ROOT}/upstream}"
+mkdir -p "${artifacts}"
+
+# One regular expression from the lines of a file (comments and blank lines left out;
+# skip.txt: the pattern before the tab).
+patterns() { grep -v '^\s*\(#\|$\)' "$1" | cut -f1 | paste -sd'|'; }
+focus="$(patterns test/upstream/focus.txt)"
+skip="$(patterns test/upstream/skip.txt)"
+
+go run ./hack/localcluster up --name "${name}" --nodes 3 --cni trellis --dns
+if [[ "${UPSTREAM_KEEP:-0}" != 1 ]]; then
+  trap 'go run ./hack/localcluster down --name "${name}"' EXIT
+fi
+kubeconfig="$(go run ./hack/localcluster kubeconfig --name "${name}")"
+
+log "running upstream e2e ($(basename "${bin}")): focus '${focus}', skip '${skip}'"
+rc=0
+"${bin}/ginkgo" --procs="${UPSTREAM_PROCS:-3}" --focus="${focus}" --skip="${skip}" \
+  --timeout=2h --output-dir="${artifacts}" --junit-report=junit.xml --silence-skips \
+  "${bin}/e2e.test" -- --kubeconfig="${kubeconfig}" --provider=local \
+  --report-dir="${artifacts}" || rc=$?
+go run ./hack/junitsum -focus "${focus}" -skip "${skip}" "${artifacts}/junit.xml" || rc=1
+log "JUnit XML: ${artifacts}/junit.xml"
+exit "${rc}"
