@@ -93,10 +93,10 @@ func TestClusterDNS(t *testing.T) {
 	})
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
-		applyDNSPolicy(ctx, t, c, "default-deny-egress", "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n")
-		defer deleteDNSPolicy(ctx, t, c, "default-deny-egress")
-		applyDNSPolicy(ctx, t, c, "allow-dns", allowDNS)
-		defer deleteDNSPolicy(ctx, t, c, "allow-dns")
+		applyPolicyIn(ctx, t, c, dnsNS, "default-deny-egress", "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n")
+		defer deletePolicyIn(ctx, t, c, dnsNS, "default-deny-egress")
+		applyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
+		defer deletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
 
 		// Denied egress to the Service proves the default-deny in force; the lookup
 		// before the connection must still work.
@@ -114,7 +114,7 @@ func TestClusterDNS(t *testing.T) {
 		}
 
 		// The default-deny alone: DNS is denied too (fails closed).
-		deleteDNSPolicy(ctx, t, c, "allow-dns")
+		deletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
 		t0 := time.Now()
 		waitLookupFails(t, udpClient.NetNS, "udp", svcName, 15*time.Second)
 		t.Logf("without the DNS rule: the first failed lookup ended %v after the rule's deletion (its 3 s timeout included)", time.Since(t0).Round(10*time.Millisecond))
@@ -134,7 +134,7 @@ func TestClusterDNS(t *testing.T) {
 		}
 
 		// The DNS rule back: lookups work again.
-		applyDNSPolicy(ctx, t, c, "allow-dns", allowDNS)
+		applyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
 		waitLookup(t, udpClient.NetNS, "udp", svcName, serviceIP, 15*time.Second)
 		checkLookup(t, udpClient.NetNS, "tcp", svcName, serviceIP)
 		if err := connectFromPod(ctx, c, "client-tcp", "web:80"); err == nil || !strings.Contains(err.Error(), "TIMEOUT") {
@@ -249,21 +249,6 @@ spec:
 			t.Fatalf("Service web (%s:80) unreachable from %s after 30s: %v", ip, c.Nodes[1].Name, err)
 		}
 		time.Sleep(500 * time.Millisecond)
-	}
-}
-
-func applyDNSPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, name, body string) {
-	t.Helper()
-	manifest := fmt.Sprintf("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: %s\n  namespace: %s\n%s", name, dnsNS, body)
-	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
-		t.Fatalf("applying NetworkPolicy %s: %v", name, err)
-	}
-}
-
-func deleteDNSPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) {
-	t.Helper()
-	if _, err := c.Kubectl(ctx, "delete", "networkpolicy", "-n", dnsNS, name, "--ignore-not-found"); err != nil {
-		t.Errorf("deleting NetworkPolicy %s: %v", name, err)
 	}
 }
 

@@ -358,15 +358,26 @@ func ingressPorts(selector, port string) string {
 
 func applyPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, name, body string) {
 	t.Helper()
-	manifest := fmt.Sprintf("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: %s\n  namespace: %s\n%s", name, policyNS, body)
+	applyPolicyIn(ctx, t, c, policyNS, name, body)
+}
+
+func deletePolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) {
+	t.Helper()
+	deletePolicyIn(ctx, t, c, policyNS, name)
+}
+
+// applyPolicyIn applies NetworkPolicy ns/name with spec body (YAML from "spec:").
+func applyPolicyIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, body string) {
+	t.Helper()
+	manifest := fmt.Sprintf("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: %s\n  namespace: %s\n%s", name, ns, body)
 	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
 		t.Fatalf("applying NetworkPolicy %s: %v", name, err)
 	}
 }
 
-func deletePolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) {
+func deletePolicyIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) {
 	t.Helper()
-	if _, err := c.Kubectl(ctx, "delete", "networkpolicy", "-n", policyNS, name, "--ignore-not-found"); err != nil {
+	if _, err := c.Kubectl(ctx, "delete", "networkpolicy", "-n", ns, name, "--ignore-not-found"); err != nil {
 		t.Errorf("deleting NetworkPolicy %s: %v", name, err)
 	}
 }
