@@ -49,16 +49,17 @@ vet: ## go vet.
 	go vet ./...
 
 .PHONY: deps
-deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok and CoreDNS into $(TRELLIS_CACHE)).
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS and the upstream e2e.test + ginkgo into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
 	hack/build-k8s.sh >/dev/null
 	hack/build-runtime-tools.sh >/dev/null
 	hack/build-olm.sh >/dev/null
 	hack/build-kwok.sh >/dev/null
 	hack/build-coredns.sh >/dev/null
+	hack/build-e2e.sh >/dev/null
 
 .PHONY: test
-test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset.
+test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset, the upstream [sig-network] subset (test/upstream/ci.txt).
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) validate-bundle
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_TIME) ./cni/plugin/
@@ -66,6 +67,7 @@ test: deps manifests generate bundle catalog vet ## Run every test: unit, real k
 	hack/build-agnhost.sh >/dev/null
 	go test -tags e2e $(GO_TEST_FLAGS) ./test/e2e/...
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
+	UPSTREAM_FOCUS=test/upstream/ci.txt hack/conformance-upstream.sh
 
 .PHONY: verify
 verify: manifests generate bundle catalog ## Fail if generated files (CRDs, RBAC, deep copies, OLM bundle and catalog) are out of date.
@@ -172,6 +174,10 @@ conformance-subset: deps ## The fixed subset of conformance cases (46, every tag
 .PHONY: conformance-upstream
 conformance-upstream: deps ## The upstream Kubernetes e2e suite, unchanged, on a fresh local cluster: the specs of test/upstream/focus.txt but test/upstream/skip.txt; prints N passed, M failed, K skipped and writes JUnit XML (UPSTREAM_PROCS, UPSTREAM_KEEP=1, ARTIFACTS).
 	hack/conformance-upstream.sh
+
+.PHONY: conformance-upstream-list
+conformance-upstream-list: ## List the upstream specs make conformance-upstream selects (UPSTREAM_FOCUS=test/upstream/ci.txt: those make test runs); no cluster.
+	UPSTREAM_LIST=1 hack/conformance-upstream.sh
 
 ##@ Benchmarks
 

@@ -7,8 +7,9 @@
 # (registry.k8s.io/e2e-test-images/agnhost:<VERSION>) so manifests written for the upstream
 # e2e tests run unchanged without a registry.
 #
-# Prints the directory holding `agnhost` and `VERSION` (the image tag the e2e framework of
-# this Kubernetes release uses) on stdout (last line); progress goes to stderr.
+# Prints the directory holding `agnhost`, `VERSION` (the image tag the e2e framework of
+# this Kubernetes release uses) and the porter's `localhost.crt`/`localhost.key` (upstream's
+# image has them at /) on stdout (last line); progress goes to stderr.
 #
 # Version: K8S_VERSION of hack/versions.env (the environment's wins).
 set -euo pipefail
@@ -17,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BIN_DIR="${CACHE_ROOT}/agnhost/${K8S_VERSION}"
 WORK_DIR="${CACHE_ROOT}/build/agnhost-${K8S_VERSION}"
 
-if have_files "${BIN_DIR}" agnhost VERSION; then
+if have_files "${BIN_DIR}" agnhost VERSION localhost.crt localhost.key; then
   echo "${BIN_DIR}"
   exit 0
 fi
@@ -37,6 +38,9 @@ tmp="${BIN_DIR}/.tmp"
 rm -rf "${tmp}"; mkdir -p "${tmp}"
 go build -trimpath -ldflags "-s -w -X main.Version=${version}" -o "${tmp}/agnhost" k8s.io/kubernetes/test/images/agnhost >&2
 echo "${version}" > "${tmp}/VERSION"
+cp "${module_dir}/test/images/agnhost/porter/localhost.crt" "${module_dir}/test/images/agnhost/porter/localhost.key" "${tmp}/"
+chmod 0644 "${tmp}/localhost.crt" "${tmp}/localhost.key"
+mv "${tmp}/localhost.crt" "${tmp}/localhost.key" "${BIN_DIR}/"
 mv "${tmp}/VERSION" "${BIN_DIR}/VERSION"
 mv "${tmp}/agnhost" "${BIN_DIR}/agnhost"
 rmdir "${tmp}"

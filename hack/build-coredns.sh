@@ -22,10 +22,22 @@ BIN_DIR="${CACHE_ROOT}/tools/coredns-${COREDNS_VERSION}"
 WORK_DIR="${CACHE_ROOT}/build/coredns-${COREDNS_VERSION}"
 
 # The plugins compiled in, in plugin.cfg's order (which is the order they run in): what
-# test/cluster's Corefile uses, plus log and bind for looking into it by hand.
-PLUGINS=(reload bind ready health errors log cache kubernetes loop)
+# test/cluster's Corefile uses, plus log and bind for looking into it by hand, and hosts and
+# forward, which the upstream e2e DNS tests' own CoreDNS pods (/coredns in the agnhost
+# image) configure.
+PLUGINS=(reload bind ready health errors log hosts cache forward kubernetes loop)
 
-if have_files "${BIN_DIR}" coredns; then
+# has_plugins BINARY — true when BINARY was built with every plugin of PLUGINS (a cached
+# build from an older plugin list is rebuilt).
+has_plugins() {
+  local have p
+  have="$("$1" -plugins 2>/dev/null)" || return 1
+  for p in "${PLUGINS[@]}"; do
+    grep -qx "${p}" <<<"${have}" || return 1
+  done
+}
+
+if have_files "${BIN_DIR}" coredns && has_plugins "${BIN_DIR}/coredns"; then
   echo "${BIN_DIR}"
   exit 0
 fi
@@ -54,10 +66,7 @@ go run directives_generate.go >&2
 go build -trimpath -tags grpcnotrace \
   -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=${COREDNS_VERSION}" \
   -o "${BIN_DIR}/coredns.tmp" . >&2
-plugins="$("${BIN_DIR}/coredns.tmp" -plugins)"
-for p in kubernetes health ready cache loop reload errors; do
-  grep -qx "${p}" <<<"${plugins}" || { log "the built coredns lacks plugin ${p}:"$'\n'"${plugins}"; exit 1; }
-done
+has_plugins "${BIN_DIR}/coredns.tmp" || { log "the built coredns lacks one of ${PLUGINS[*]}:"$'\n'"$("${BIN_DIR}/coredns.tmp" -plugins)"; exit 1; }
 mv "${BIN_DIR}/coredns.tmp" "${BIN_DIR}/coredns"
 
 have_files "${BIN_DIR}" coredns || { log "coredns is still missing in ${BIN_DIR}"; exit 1; }

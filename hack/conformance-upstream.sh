@@ -5,9 +5,11 @@
 # its reason), with ginkgo parallelism for 2 CPUs, writes the JUnit XML and prints
 # "N passed, M failed, K skipped". Root, like the local cluster.
 #
-# Environment: UPSTREAM_PROCS (ginkgo --procs, default 3), UPSTREAM_CLUSTER (cluster name,
-# default upstream), UPSTREAM_KEEP=1 (leave the cluster up), ARTIFACTS (where the JUnit XML
-# goes, default $TRELLIS_CACHE/upstream).
+# Environment: UPSTREAM_FOCUS (the focus file, default test/upstream/focus.txt; `make test`
+# gives test/upstream/ci.txt), UPSTREAM_PROCS (ginkgo --procs, default 3), UPSTREAM_CLUSTER
+# (cluster name, default upstream), UPSTREAM_KEEP=1 (leave the cluster up), UPSTREAM_LIST=1
+# (only list the selected specs: no cluster), ARTIFACTS (where the JUnit XML goes, default
+# $TRELLIS_CACHE/upstream).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,16 +23,26 @@ mkdir -p "${artifacts}"
 # One regular expression from the lines of a file (comments and blank lines left out;
 # skip.txt: the pattern before the tab).
 patterns() { grep -v '^\s*\(#\|$\)' "$1" | cut -f1 | paste -sd'|'; }
-focus="$(patterns test/upstream/focus.txt)"
+focus_file="${UPSTREAM_FOCUS:-test/upstream/focus.txt}"
+focus="$(patterns "${focus_file}")"
 skip="$(patterns test/upstream/skip.txt)"
+
+if [[ "${UPSTREAM_LIST:-0}" == 1 ]]; then
+  "${bin}/ginkgo" --dry-run -v --focus="${focus}" --skip="${skip}" --no-color "${bin}/e2e.test" -- \
+    --kubeconfig=/dev/null --provider=local | sed -n 's/^\(\[sig-network\] .*\)$/\1/p' | sort -u
+  exit 0
+fi
 
 go run ./hack/localcluster up --name "${name}" --nodes 3 --cni trellis --dns
 if [[ "${UPSTREAM_KEEP:-0}" != 1 ]]; then
   trap 'go run ./hack/localcluster down --name "${name}"' EXIT
 fi
 kubeconfig="$(go run ./hack/localcluster kubeconfig --name "${name}")"
+# The framework's RunHostCmd and friends shell out to kubectl (of the same release).
+PATH="$(hack/build-k8s.sh | tail -1):${PATH}"
+export PATH
 
-log "running upstream e2e ($(basename "${bin}")): focus '${focus}', skip '${skip}'"
+log "running upstream e2e ($(basename "${bin}")) of ${focus_file}: focus '${focus}', skip '${skip}'"
 rc=0
 "${bin}/ginkgo" --procs="${UPSTREAM_PROCS:-3}" --focus="${focus}" --skip="${skip}" \
   --timeout=2h --output-dir="${artifacts}" --junit-report=junit.xml --silence-skips \

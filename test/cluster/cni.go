@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/trellis-net/trellis/test/cluster/node"
 	"github.com/trellis-net/trellis/test/cluster/topology"
@@ -100,6 +101,37 @@ func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 		return err
 	}
 	p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml: done")
+	return nil
+}
+
+// routeControlPlaneToPods routes each node's pod block (its NodeNetwork's spec.podCIDR)
+// from the control plane's namespace to that node. On a real cluster the API server runs
+// on a node of the pod network and reaches pods for `kubectl port-forward`-less proxying
+// (pods/proxy, services/proxy) and webhooks; here the control plane is a host of its own,
+// so it gets the routes a Direct-mode peer would have.
+func (c *Cluster) routeControlPlaneToPods(ctx context.Context) error {
+	out, err := c.Kubectl(ctx, "get", "nodenetworks.network.trellis.dev",
+		"-o", `jsonpath={range .items[*]}{.metadata.name}{" "}{.spec.podCIDR}{"\n"}{end}`)
+	if err != nil {
+		return fmt.Errorf("reading the pod blocks: %w", err)
+	}
+	blocks := map[string]netip.Prefix{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		name, cidr, _ := strings.Cut(line, " ")
+		if b, err := netip.ParsePrefix(cidr); err == nil {
+			blocks[name] = b
+		}
+	}
+	l := c.Network
+	for _, n := range c.Nodes {
+		b, ok := blocks[n.Name]
+		if !ok {
+			return fmt.Errorf("node %s has no pod block in its NodeNetwork yet", n.Name)
+		}
+		if err := topology.AddRoute(ctx, l.ControlPlane.NetNS, b, l.NextHop(l.ControlPlane, n.Host)); err != nil {
+			return fmt.Errorf("routing %s's pods from the control plane: %w", n.Name, err)
+		}
+	}
 	return nil
 }
 

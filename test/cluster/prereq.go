@@ -19,7 +19,8 @@ type tools struct {
 	k8sBin     string // etcd, kube-*, kubelet, kubectl
 	cniPlugins string // reference plugins
 	agnhost    string // agnhost + VERSION
-	// With Options.DNS: coredns (hack/build-coredns.sh) and its version.
+	// coredns (hack/build-coredns.sh) and its version: cluster DNS with Options.DNS, and
+	// /coredns of the agnhost image.
 	coreDNS, coreDNSVersion string
 }
 
@@ -76,10 +77,11 @@ func findTools(ctx context.Context, opts Options) (tools, error) {
 	if err != nil {
 		return t, err
 	}
-	t.agnhost, err = ensureBuilt(ctx, opts, root, "build-agnhost.sh", v.AgnhostDir(cache), "agnhost", "VERSION")
-	if err != nil || !opts.DNS {
+	t.agnhost, err = ensureBuilt(ctx, opts, root, "build-agnhost.sh", v.AgnhostDir(cache), "agnhost", "VERSION", "localhost.crt", "localhost.key")
+	if err != nil {
 		return t, err
 	}
+	// Always: agnhost holds /coredns, as upstream's does.
 	if t.coreDNSVersion, err = coreDNSVersion(root); err != nil {
 		return t, err
 	}

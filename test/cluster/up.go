@@ -125,6 +125,12 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 		if err := wait(ctx, opts.WaitReady, running, p); err != nil {
 			return failed(err)
 		}
+		if c.CNI == CNITrellis {
+			if err := c.routeControlPlaneToPods(ctx); err != nil {
+				return failed(err)
+			}
+			p.detail("control plane: routes to every node's pod block")
+		}
 	}
 	if c.DNS {
 		// CoreDNS needs the pod network: with CNINone (or not waiting) it is only deployed.

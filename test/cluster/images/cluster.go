@@ -17,7 +17,8 @@ const (
 	PauseImage = "registry.k8s.io/pause:3.10.2"
 	// AgnhostImage is agnhost built from k8s.io/kubernetes (hack/build-agnhost.sh) under
 	// its upstream name and the tag the e2e framework of K8S_VERSION (hack/versions.env)
-	// uses, so e2e-style manifests run unchanged; the binary is /agnhost, as upstream.
+	// uses, so e2e manifests run unchanged: /agnhost, /coredns and the shell and tools
+	// upstream's image holds, on a Debian userspace (upstream.go).
 	AgnhostImage = "registry.k8s.io/e2e-test-images/agnhost:" + AgnhostVersion
 	// AgnhostVersion must equal test/images/agnhost/VERSION of the Kubernetes release
 	// (Build checks it against what hack/build-agnhost.sh built).
@@ -70,12 +71,14 @@ type Sources struct {
 	// Trellis adds TrellisImage (its Go sources must compile).
 	Trellis bool
 	// CoreDNSDir, when set, holds coredns (hack/build-coredns.sh) of CoreDNSVersion: the
-	// archive then has CoreDNSImage(CoreDNSVersion) too.
+	// archive then has CoreDNSImage(CoreDNSVersion) too, and agnhost has it as /coredns
+	// (upstream's DNS tests run their own CoreDNS in agnhost).
 	CoreDNSDir, CoreDNSVersion string
 }
 
-// Build returns an archive with PauseImage, AgnhostImage, (with src.Trellis)
-// TrellisImage and (with src.CoreDNSDir) CoreDNS, and whether it came from the cache.
+// Build returns an archive with PauseImage, the upstream e2e images (AgnhostImage,
+// GlibcDNSTestingImage, BusyBoxImage, NginxImage), (with src.Trellis) TrellisImage and
+// (with src.CoreDNSDir) CoreDNS, and whether it came from the cache.
 func Build(ctx context.Context, src Sources) (string, bool, error) {
 	version, err := os.ReadFile(filepath.Join(src.AgnhostDir, "VERSION"))
 	if err != nil {
@@ -98,13 +101,12 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 			Layers:     []Layer{{Files: []File{{Path: "/pause", Source: filepath.Join(binDir, "pause")}}}},
 			Entrypoint: []string{"/pause"},
 		},
-		{
-			Name:       AgnhostImage,
-			Layers:     []Layer{{Files: []File{{Path: "/agnhost", Source: filepath.Join(src.AgnhostDir, "agnhost")}}}},
-			Entrypoint: []string{"/agnhost"},
-			Cmd:        []string{"pause"},
-		},
 	}
+	upstream, err := upstreamSpecs(ctx, src.CacheDir, src.AgnhostDir, src.CoreDNSDir)
+	if err != nil {
+		return "", false, err
+	}
+	specs = append(specs, upstream...)
 	if src.Trellis {
 		rootfs, err := DebianRootfs(ctx, src.CacheDir, debianPackages, iptablesAlternatives)
 		if err != nil {
