@@ -67,7 +67,7 @@ test: deps manifests generate bundle catalog vet ## Run every test: unit, real k
 	hack/build-agnhost.sh >/dev/null
 	go test -tags e2e $(GO_TEST_FLAGS) ./test/e2e/...
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
-	UPSTREAM_FOCUS=test/upstream/ci.txt hack/conformance-upstream.sh
+	UPSTREAM_FOCUS=test/upstream/ci.txt UPSTREAM_DIRECT=0 hack/conformance-upstream.sh
 
 .PHONY: verify
 verify: manifests generate bundle catalog ## Fail if generated files (CRDs, RBAC, deep copies, OLM bundle and catalog) are out of date.
