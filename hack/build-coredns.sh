@@ -8,7 +8,7 @@
 # copied into a scratch directory and built there with -mod=mod (its own go.mod and
 # go.sum: nothing of this repository's module graph). CoreDNS chooses its plugins at
 # compile time (plugin.cfg, then `go generate`): the copy keeps only the plugins the
-# local cluster's Corefile uses (PLUGINS below), so the cloud backends (AWS, Azure, GCP,
+# local cluster's Corefile and the upstream e2e DNS tests' own CoreDNS pods use (PLUGINS below), so the cloud backends (AWS, Azure, GCP,
 # etcd ...) are neither downloaded nor compiled. About 2 minutes cold on 2 cores.
 #
 # Prints the directory holding `coredns` on stdout (last line); progress goes to stderr.
@@ -21,7 +21,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 BIN_DIR="${CACHE_ROOT}/tools/coredns-${COREDNS_VERSION}"
 WORK_DIR="${CACHE_ROOT}/build/coredns-${COREDNS_VERSION}"
 
-# The plugins compiled in, in plugin.cfg's order (which is the order they run in): what
+# The plugins compiled in (plugin.cfg's order, kept by the grep below, is the order they run in): what
 # test/cluster's Corefile uses, plus log and bind for looking into it by hand, and hosts and
 # forward, which the upstream e2e DNS tests' own CoreDNS pods (/coredns in the agnhost
 # image) configure.

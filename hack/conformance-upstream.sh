@@ -17,13 +17,20 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bin="$(hack/build-e2e.sh | tail -1)"
 hack/build-agnhost.sh >/dev/null
+# The specs' own CoreDNS pods need plugins an older cached build may lack: rebuilt then.
+hack/build-coredns.sh >/dev/null
 name="${UPSTREAM_CLUSTER:-upstream}"
 artifacts="${ARTIFACTS:-${CACHE_ROOT}/upstream}"
 mkdir -p "${artifacts}"
 
 # One regular expression from the lines of a file (comments and blank lines left out;
 # skip.txt: the pattern before the tab).
-patterns() { grep -v '^\s*\(#\|$\)' "$1" | cut -f1 | paste -sd'|'; }
+patterns() {
+  local p
+  p="$(grep -v '^\s*\(#\|$\)' "$1" | cut -f1 | paste -sd'|')" || true
+  [[ -n "${p}" ]] || { log "$1 has no patterns"; exit 1; }
+  echo "${p}"
+}
 focus_file="${UPSTREAM_FOCUS:-test/upstream/focus.txt}"
 focus="$(patterns "${focus_file}")"
 skip="$(patterns test/upstream/skip.txt)"
@@ -46,11 +53,12 @@ export PATH
 
 # run_suite FOCUS SKIP REPORT — one ginkgo run; --num-nodes because the framework only
 # counts the nodes on ginkgo process 1 (the others would skip "Requires at least 2 nodes").
+# REPORT also prefixes the framework's own report files, so the passes keep theirs apart.
 run_suite() {
   "${bin}/ginkgo" --procs="${UPSTREAM_PROCS:-3}" --focus="$1" --skip="$2" \
     --timeout=2h --output-dir="${artifacts}" --junit-report="$3" --silence-skips \
     "${bin}/e2e.test" -- --kubeconfig="${kubeconfig}" --provider=local --num-nodes="${nodes}" \
-    --report-dir="${artifacts}"
+    --report-dir="${artifacts}" --report-prefix="${3%.xml}-"
 }
 
 log "running upstream e2e ($(basename "${bin}")) of ${focus_file}: focus '${focus}', skip '${skip}'"
@@ -65,15 +73,21 @@ log "JUnit XML: ${artifacts}/junit.xml"
 if [[ "${UPSTREAM_DIRECT:-1}" == 1 ]] && [[ -n "$(patterns test/upstream/direct.txt)" ]]; then
   direct="$(patterns test/upstream/direct.txt)"
   log "switching the cluster to Direct routing for the specs of test/upstream/direct.txt"
-  kubectl --kubeconfig="${kubeconfig}" patch clusternetwork default --type=merge -p '{"spec":{"encapsulation":"Direct"}}' >/dev/null
-  for _ in $(seq 1 60); do
-    modes="$(kubectl --kubeconfig="${kubeconfig}" get nodenetworks -o jsonpath='{.items[*].status.encapsulation}')"
-    [[ "$(tr ' ' '\n' <<<"${modes}" | grep -cx Direct)" == "${nodes}" ]] && break
-    sleep 2
-  done
-  log "node encapsulation: ${modes}"
-  run_suite "${direct}" "" junit-direct.xml || rc=$?
-  go run ./hack/junitsum -focus "${direct}" "${artifacts}/junit-direct.xml" || rc=1
-  log "JUnit XML (Direct pass): ${artifacts}/junit-direct.xml"
+  k() { kubectl --kubeconfig="${kubeconfig}" "$@"; }
+  # Switched: the ClusterNetwork observed the change and finished rolling it out, and every
+  # node's agent reports Direct and Ready (as test/e2e's live-switch test waits).
+  if k patch clusternetwork default --type=merge -p '{"spec":{"encapsulation":"Direct"}}' >/dev/null &&
+    k wait clusternetwork/default --for=condition=Progressing=False --timeout=3m >/dev/null &&
+    k wait nodenetworks --all --for=jsonpath='{.status.encapsulation}'=Direct --timeout=3m >/dev/null &&
+    k wait nodenetworks --all --for=condition=Ready --timeout=3m >/dev/null; then
+    log "every node routes Direct and is Ready"
+    run_suite "${direct}" "" junit-direct.xml || rc=$?
+    go run ./hack/junitsum -focus "${direct}" "${artifacts}/junit-direct.xml" || rc=1
+    log "JUnit XML (Direct pass): ${artifacts}/junit-direct.xml"
+  else
+    log "FAIL: the cluster did not switch to Direct routing within 3 minutes; the Direct pass did not run"
+    k get clusternetwork,nodenetworks -o wide >&2 || true
+    rc=1
+  fi
 fi
 exit "${rc}"

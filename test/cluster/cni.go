@@ -105,10 +105,11 @@ func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 }
 
 // routeControlPlaneToPods routes each node's pod block (its NodeNetwork's spec.podCIDR)
-// from the control plane's namespace to that node. On a real cluster the API server runs
-// on a node of the pod network and reaches pods for `kubectl port-forward`-less proxying
-// (pods/proxy, services/proxy) and webhooks; here the control plane is a host of its own,
-// so it gets the routes a Direct-mode peer would have.
+// from the control plane's namespace (and the router's, for a node behind it) to that
+// node. On a real cluster the API server runs on a node of the pod network and reaches
+// pods (pods/proxy, services/proxy, webhooks); here the control plane is a host of its
+// own, so it gets static routes to the blocks, set once when Up finds every node Ready
+// (a node added later by a test is not routed from the control plane).
 func (c *Cluster) routeControlPlaneToPods(ctx context.Context) error {
 	out, err := c.Kubectl(ctx, "get", "nodenetworks.network.trellis.dev",
 		"-o", `jsonpath={range .items[*]}{.metadata.name}{" "}{.spec.podCIDR}{"\n"}{end}`)
@@ -130,6 +131,11 @@ func (c *Cluster) routeControlPlaneToPods(ctx context.Context) error {
 		}
 		if err := topology.AddRoute(ctx, l.ControlPlane.NetNS, b, l.NextHop(l.ControlPlane, n.Host)); err != nil {
 			return fmt.Errorf("routing %s's pods from the control plane: %w", n.Name, err)
+		}
+		if l.Router != nil && n.Subnet != l.ControlPlane.Subnet {
+			if err := topology.AddRoute(ctx, l.Router.NetNS, b, n.IP); err != nil {
+				return fmt.Errorf("routing %s's pods from the router: %w", n.Name, err)
+			}
 		}
 	}
 	return nil

@@ -18,7 +18,7 @@ type tools struct {
 	moduleRoot string // this repository
 	k8sBin     string // etcd, kube-*, kubelet, kubectl
 	cniPlugins string // reference plugins
-	agnhost    string // agnhost + VERSION
+	agnhost    string // agnhost, VERSION, the porter's localhost.crt/key
 	// coredns (hack/build-coredns.sh) and its version: cluster DNS with Options.DNS, and
 	// /coredns of the agnhost image.
 	coreDNS, coreDNSVersion string

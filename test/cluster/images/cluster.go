@@ -63,7 +63,7 @@ type Sources struct {
 	ModuleRoot string
 	// CacheDir keeps built binaries, Debian packages, root file systems and archives.
 	CacheDir string
-	// AgnhostDir holds agnhost and VERSION (hack/build-agnhost.sh).
+	// AgnhostDir holds agnhost, VERSION and the porter's localhost.crt/key (hack/build-agnhost.sh).
 	AgnhostDir string
 	// CNIPluginsDir holds the reference plugins (hack/build-runtime-tools.sh); portmap and
 	// loopback go into the Trellis image.

@@ -38,10 +38,8 @@ func DebianRootfs(ctx context.Context, cacheDir string, roots []string, alternat
 		}
 	}
 	if len(missing) > 0 {
-		cmd := exec.CommandContext(ctx, "apt-get", append([]string{"download", "-q"}, missing...)...)
-		cmd.Dir = debDir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("apt-get download %s: %w: %s", strings.Join(missing, " "), err, out)
+		if err := downloadDebs(ctx, debDir, missing); err != nil {
+			return "", err
 		}
 	}
 	h := sha256.New()
@@ -55,8 +53,16 @@ func DebianRootfs(ctx context.Context, cacheDir string, roots []string, alternat
 	if _, err := os.Stat(rootfs); err == nil {
 		return rootfs, nil
 	}
-	tmp := rootfs + ".tmp"
-	_ = os.RemoveAll(tmp)
+	// A directory of its own, renamed into place whole: two cluster builds may unpack the
+	// same root file system at once, and a half-unpacked one must never be taken as done.
+	tmp, err := os.MkdirTemp(cacheDir, ".rootfs-")
+	if err != nil {
+		return "", fmt.Errorf("unpacking a root file system: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return "", err
+	}
 	// Merged /usr: the top-level directories are symlinks into /usr, and extraction keeps
 	// them (libc6 still ships /lib/... and /lib64/...).
 	for _, d := range []string{"usr/bin", "usr/sbin", "usr/lib", "usr/lib64"} {
@@ -87,9 +93,40 @@ func DebianRootfs(ctx context.Context, cacheDir string, roots []string, alternat
 		}
 	}
 	if err := os.Rename(tmp, rootfs); err != nil {
+		if _, serr := os.Stat(rootfs); serr == nil {
+			return rootfs, nil // unpacked concurrently
+		}
 		return "", fmt.Errorf("storing %s: %w", rootfs, err)
 	}
 	return rootfs, nil
+}
+
+// downloadDebs fetches pkgs' candidate .debs into debDir: into a directory of its own
+// first, then each renamed into place, so a concurrent build never sees a partial file.
+func downloadDebs(ctx context.Context, debDir string, pkgs []string) error {
+	tmp, err := os.MkdirTemp(debDir, ".download-")
+	if err != nil {
+		return fmt.Errorf("downloading Debian packages: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o755); err != nil { // as debDir, whatever the umask
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "apt-get", append([]string{"download", "-q"}, pkgs...)...)
+	cmd.Dir = tmp
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("apt-get download %s: %w: %s", strings.Join(pkgs, " "), err, out)
+	}
+	debs, err := os.ReadDir(tmp)
+	if err != nil {
+		return err
+	}
+	for _, d := range debs {
+		if err := os.Rename(filepath.Join(tmp, d.Name()), filepath.Join(debDir, d.Name())); err != nil {
+			return fmt.Errorf("storing %s: %w", d.Name(), err)
+		}
+	}
+	return nil
 }
 
 // dependencyClosure asks apt-cache for roots and their recursive Depends/PreDepends.

@@ -212,6 +212,7 @@ func treeOf(files map[string]string) map[string]treeEntry {
 
 // stageTree writes tree into a directory of cacheDir named after name and a hash of the
 // tree (so concurrent cluster builds share it and a change makes a new one) and returns it.
+// It is built aside and renamed into place whole, so a concurrent build never sees half.
 func stageTree(cacheDir, name string, tree map[string]treeEntry) (string, error) {
 	paths := make([]string, 0, len(tree))
 	for p := range tree {
@@ -249,8 +250,21 @@ func stageTree(cacheDir, name string, tree map[string]treeEntry) (string, error)
 			return "", fmt.Errorf("staging %s: %w", name, err)
 		}
 	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return "", err
+	// The modes the image gets, whatever this process's umask: unprivileged containers
+	// (nginx's workers, agnhost's uid 1000) read /etc/passwd and walk these directories.
+	err = filepath.WalkDir(tmp, func(path string, d os.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir():
+			return os.Chmod(path, 0o755)
+		case d.Type().IsRegular():
+			return os.Chmod(path, 0o644)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("staging %s: %w", name, err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		if _, serr := os.Stat(dir); serr == nil {
