@@ -92,13 +92,19 @@ func DebianRootfs(ctx context.Context, cacheDir string, roots []string, alternat
 			return "", fmt.Errorf("setting alternative %s: %w", link, err)
 		}
 	}
-	if err := os.Rename(tmp, rootfs); err != nil {
-		if _, serr := os.Stat(rootfs); serr == nil {
-			return rootfs, nil // unpacked concurrently
+	return rootfs, publishDir(tmp, rootfs)
+}
+
+// publishDir renames tmp, a directory built aside, to dir; when another build got there
+// first (the same content: dir is named after it) that one is kept.
+func publishDir(tmp, dir string) error {
+	if err := os.Rename(tmp, dir); err != nil {
+		if _, serr := os.Stat(dir); serr == nil {
+			return nil
 		}
-		return "", fmt.Errorf("storing %s: %w", rootfs, err)
+		return fmt.Errorf("storing %s: %w", dir, err)
 	}
-	return rootfs, nil
+	return nil
 }
 
 // downloadDebs fetches pkgs' candidate .debs into debDir: into a directory of its own

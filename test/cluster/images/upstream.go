@@ -266,11 +266,5 @@ func stageTree(cacheDir, name string, tree map[string]treeEntry) (string, error)
 	if err != nil {
 		return "", fmt.Errorf("staging %s: %w", name, err)
 	}
-	if err := os.Rename(tmp, dir); err != nil {
-		if _, serr := os.Stat(dir); serr == nil {
-			return dir, nil // built concurrently
-		}
-		return "", fmt.Errorf("storing %s: %w", dir, err)
-	}
-	return dir, nil
+	return dir, publishDir(tmp, dir)
 }
