@@ -79,6 +79,26 @@ type NodePolicyStatus struct {
 	// fully honour (those fail closed).
 	// +optional
 	Message string `json:"message,omitempty"`
+	// ClusterNetworkPolicies are the ClusterNetworkPolicies (policy.networking.k8s.io)
+	// whose rules this node's kernel holds, each at the generation programmed, with what of
+	// it could not be programmed here. The operator gathers them into each policy's
+	// Programmed condition.
+	// +listType=map
+	// +listMapKey=name
+	// +optional
+	ClusterNetworkPolicies []ClusterPolicyProgress `json:"clusterNetworkPolicies,omitempty"`
+}
+
+// ClusterPolicyProgress is one ClusterNetworkPolicy as a node's kernel holds it.
+type ClusterPolicyProgress struct {
+	// Name of the ClusterNetworkPolicy.
+	Name string `json:"name"`
+	// Generation of the policy's spec the node holds.
+	Generation int64 `json:"generation"`
+	// Message names what of the policy the node could not program or does not enforce
+	// (those parts fail closed: an Accept rule matches nothing, a Deny or Pass rule all).
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // NodeIPAMStatus is the use of a node's pod block.
