@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
@@ -79,13 +81,20 @@ type PodChain struct {
 	Chain     string
 	// Policies are the NetworkPolicies that select the pod for this direction.
 	Policies []types.NamespacedName
+	// ClusterPolicies are the ClusterNetworkPolicies whose rules the chain holds.
+	ClusterPolicies []string
+	// TailChain, when set, is the pod's second chain for this direction: the
+	// NetworkPolicy and Baseline tiers, where an Admin Pass goes.
+	TailChain string
 }
 
 // Problem is an input Compile could not fully honour (an invalid selector, say), with the
 // object it came from. Compile fails closed: a rule it can't read allows nothing.
 type Problem struct {
-	Policy  types.NamespacedName
-	Message string
+	// Policy is the NetworkPolicy, or ClusterPolicy the ClusterNetworkPolicy, it is about.
+	Policy        types.NamespacedName
+	ClusterPolicy string
+	Message       string
 }
 
 // Ruleset is the desired state Compile computes.
@@ -125,29 +134,37 @@ func (c *compiler) compile(st State) *Ruleset {
 			continue // not a known pod of this node: its veth is an unknown interface
 		}
 		in, out := c.selecting(pod)
+		admin, baseline := c.clusterSelecting(pod)
+		inTiers := tiers{nps: in, admin: clusterRules(admin, Ingress), baseline: clusterRules(baseline, Ingress)}
+		outTiers := tiers{nps: out, admin: clusterRules(admin, Egress), baseline: clusterRules(baseline, Egress)}
 		// The pod's own node always reaches it and is always reachable from it (as the
 		// NetworkPolicy documentation states: kubelet probes, node-local DNS caches and
 		// host-network agents); policy governs the pod's traffic with everything else.
-		toHost = append(toHost, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
-		if len(in) > 0 {
-			ch := Chain{Name: podChainName(ingressPrefix, ep.Pod)}
-			ch.Rules = c.podRules(pod, ep, in, Ingress)
-			ingress = append(ingress, ch)
-			toPod = append(toPod, fmt.Sprintf("-o %s -g %s", ep.Interface, ch.Name))
-			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Ingress, Chain: ch.Name, Policies: policyNames(in)})
+		// ClusterNetworkPolicy has no such exception: a pod under cluster egress rules
+		// goes through its egress chain to its own node too (where NetworkPolicy's tier
+		// lets the node through).
+		if outTiers.cluster() {
+			toHost = append(toHost, fmt.Sprintf("-i %s -g %s", ep.Interface, podChainName(egressPrefix, ep.Pod)))
+		} else {
+			toHost = append(toHost, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
+		}
+		if !inTiers.empty() {
+			chains, pc := c.podChains(pod, ep, inTiers, Ingress)
+			ingress = append(ingress, chains...)
+			toPod = append(toPod, fmt.Sprintf("-o %s -g %s", ep.Interface, pc.Chain))
+			c.rs.PodChains = append(c.rs.PodChains, pc)
 		} else {
 			toPod = append(toPod, fmt.Sprintf("-o %s -j RETURN", ep.Interface))
 		}
-		if len(out) > 0 {
-			ch := Chain{Name: podChainName(egressPrefix, ep.Pod)}
-			ch.Rules = c.podRules(pod, ep, out, Egress)
-			egress = append(egress, ch)
-			fromPod = append(fromPod, fmt.Sprintf("-i %s -g %s", ep.Interface, ch.Name))
-			c.rs.PodChains = append(c.rs.PodChains, PodChain{Pod: ep.Pod, Direction: Egress, Chain: ch.Name, Policies: policyNames(out)})
+		if !outTiers.empty() {
+			chains, pc := c.podChains(pod, ep, outTiers, Egress)
+			egress = append(egress, chains...)
+			fromPod = append(fromPod, fmt.Sprintf("-i %s -g %s", ep.Interface, pc.Chain))
+			c.rs.PodChains = append(c.rs.PodChains, pc)
 		} else {
 			fromPod = append(fromPod, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
 		}
-		if len(in) > 0 || len(out) > 0 {
+		if !inTiers.empty() || !outTiers.empty() {
 			isolated = append(isolated, ep.IP.String())
 		}
 		c.rs.Endpoints = append(c.rs.Endpoints, ep)
@@ -219,6 +236,11 @@ type compiler struct {
 	// policies by namespace, sorted by name.
 	policies map[string][]*networkingv1.NetworkPolicy
 	sets     map[string]*Set
+	// clusterPolicies are every ClusterNetworkPolicy in evaluation order (tier apart);
+	// subjects their subjects, read once.
+	clusterPolicies []*policyv1beta1.ClusterNetworkPolicy
+	subjects        map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector
+	nodes           []*Node
 	// memo, when set, holds pod-derived set members from earlier syncs (incremental).
 	memo *setMemo
 }
@@ -228,8 +250,10 @@ func newCompiler(st State, memo *setMemo) *compiler {
 		rs: &Ruleset{}, pods: make(map[types.NamespacedName]*Pod, len(st.Endpoints)), namespaces: map[string]*Namespace{},
 		sets: map[string]*Set{}, setNames: map[string]string{},
 		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{}, policies: map[string][]*networkingv1.NetworkPolicy{},
-		memo: memo,
+		memo: memo, subjects: map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector{}, nodes: st.Nodes,
 	}
+	c.clusterPolicies = slices.Clone(st.ClusterPolicies)
+	sortClusterPolicies(c.clusterPolicies)
 	// Only endpoints' pods are looked up: a map of this node's pods, not the cluster's.
 	local := make(map[types.NamespacedName]bool, len(st.Endpoints))
 	for _, ep := range st.Endpoints {
@@ -344,15 +368,14 @@ func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress bool) {
 	return ingress, egress
 }
 
-// podRules is the chain of one isolated pod for one direction: traffic with itself always
-// passes (a pod reaching itself through a Service), each allowed (peer, port) pair RETURNs,
-// the rest is dropped.
-func (c *compiler) podRules(pod *Pod, ep Endpoint, policies []*networkingv1.NetworkPolicy, dir Direction) []string {
-	self, peerDir := "-s", "src"
+// npRules are the NetworkPolicy tier of one isolated pod for one direction: a RETURN for
+// each allowed (peer, port) pair; the caller drops the rest.
+func (c *compiler) npRules(pod *Pod, policies []*networkingv1.NetworkPolicy, dir Direction) []string {
+	peerDir := "src"
 	if dir == Egress {
-		self, peerDir = "-d", "dst"
+		peerDir = "dst"
 	}
-	rules := []string{fmt.Sprintf("%s %s/32 -m comment --comment \"trellis: a pod is never blocked from itself\" -j RETURN", self, ep.IP)}
+	var rules []string
 	seen := map[string]bool{}
 	for _, np := range policies {
 		for i, r := range policyRules(np, dir) {
@@ -376,10 +399,7 @@ func (c *compiler) podRules(pod *Pod, ep Endpoint, policies []*networkingv1.Netw
 			}
 			for _, pm := range peerMatches {
 				for _, port := range portMatches {
-					// In the order iptables-save prints a rule (protocol before the
-					// matches), so the kernel's copy reads back identical.
-					proto, rest := splitProtocol(port)
-					r := strings.Join(slices.DeleteFunc([]string{proto, pm, rest, "-j RETURN"}, func(s string) bool { return s == "" }), " ")
+					r := ruleString(pm, port, "", "-j RETURN")
 					if r == "-j RETURN" {
 						r = fmt.Sprintf("-m comment --comment \"trellis: %s allows all\" -j RETURN", where)
 					}
@@ -391,7 +411,17 @@ func (c *compiler) podRules(pod *Pod, ep Endpoint, policies []*networkingv1.Netw
 			}
 		}
 	}
-	return append(rules, fmt.Sprintf("-m comment --comment \"trellis: %s of %s/%s not allowed by policy\" -j DROP", dir, pod.Namespace, pod.Name))
+	return rules
+}
+
+// ruleString assembles a rule in the order iptables-save prints it (the protocol before
+// the matches, the comment after them), so the kernel's copy reads back identical.
+func ruleString(peer, port, comment, target string) string {
+	proto, rest := splitProtocol(port)
+	if comment != "" {
+		comment = fmt.Sprintf("-m comment --comment \"%s\"", comment)
+	}
+	return strings.Join(slices.DeleteFunc([]string{proto, peer, rest, comment, target}, func(s string) bool { return s == "" }), " ")
 }
 
 // splitProtocol splits a port match into its "-p proto" and the rest.
@@ -462,16 +492,21 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 			return "", false
 		}
 	}
-	key := "pods|ns=" + np.Namespace + "|" + podSel.String()
+	return fmt.Sprintf("-m set --match-set %s %s", c.selectorSet(np.Namespace, nsSel, podSel), dir), true
+}
+
+// selectorSet is the hash:ip set of the peer pods podSel selects in the namespaces nsSel
+// selects, or, with a nil nsSel, in namespace ns.
+func (c *compiler) selectorSet(ns string, nsSel, podSel labels.Selector) string {
+	key := "pods|ns=" + ns + "|" + podSel.String()
 	if nsSel != nil {
 		key = "pods|nssel=" + nsSel.String() + "|" + podSel.String()
 	}
 	if name, ok := c.setNames[key]; ok { // the same selector in another rule or policy
-		return fmt.Sprintf("-m set --match-set %s %s", name, dir), true
+		return name
 	}
 	var def podSetDef
 	if nsSel == nil { // pods of the policy's own namespace
-		ns := np.Namespace
 		def = podSetDef{namespace: ns, comment: fmt.Sprintf("pods of namespace %s matching {%s}", ns, podSel),
 			entries: func(p *Pod, _ map[string]*Namespace) []string {
 				if p.Namespace == ns && podSel.Matches(labels.Set(p.Labels)) {
@@ -489,7 +524,7 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 				return nil
 			}}
 	}
-	return fmt.Sprintf("-m set --match-set %s %s", c.podSet(key, SetIP, def), dir), true
+	return c.podSet(key, SetIP, def)
 }
 
 // ipBlockSet is the hash:net set of an ipBlock: the prefixes of its CIDR minus its excepts

@@ -48,6 +48,8 @@ type Status struct {
 	IsolatedIngress, IsolatedEgress int
 	Rules, Sets, SetMembers         int
 	Problems                        []Problem
+	// ClusterPolicies are the ClusterNetworkPolicies the kernel holds (when Enforced).
+	ClusterPolicies []ClusterPolicyState
 }
 
 // Engine keeps this node's policy rules equal to what the cluster's NetworkPolicies say.
@@ -63,8 +65,10 @@ type Engine struct {
 	// default lists through Reader. The pods must not be modified.
 	ListPods func(ctx context.Context) ([]*corev1.Pod, error)
 	NodeName string
-	Applier  Applier
-	Log      logr.Logger
+	// Cluster, when set, gives the ClusterNetworkPolicies (and nodes for their peers).
+	Cluster ClusterPolicySource
+	Applier Applier
+	Log     logr.Logger
 	// SetupTimeout bounds how long a new pod waits to appear in the cache.
 	SetupTimeout time.Duration
 	// ResyncPeriod bounds how long drift in the kernel lasts (others' rules in front of
@@ -377,7 +381,7 @@ func (e *Engine) sync(ctx context.Context) error {
 		// the loop, so that a pod's ADD doesn't wait for a walk over the conntrack table.
 		e.cleaner.submit(applied, ifaces)
 	}
-	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems}
+	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: clusterPolicyStates(st, applied)}
 	for _, pc := range applied.PodChains {
 		if pc.Direction == Ingress {
 			status.IsolatedIngress++
@@ -441,9 +445,12 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 			if pc.Pod != p {
 				continue
 			}
+			msg := fmt.Sprintf("the rules it gives pod %s could not be programmed, so the pod's %s traffic is dropped: %v", p, pc.Direction, perr)
 			for _, np := range pc.Policies {
-				final.Problems = append(final.Problems, Problem{Policy: np,
-					Message: fmt.Sprintf("the rules it gives pod %s could not be programmed, so the pod's %s traffic is dropped: %v", p, pc.Direction, perr)})
+				final.Problems = append(final.Problems, Problem{Policy: np, Message: msg})
+			}
+			for _, name := range pc.ClusterPolicies {
+				final.Problems = append(final.Problems, Problem{ClusterPolicy: name, Message: msg})
 			}
 		}
 	}
@@ -457,6 +464,10 @@ func (e *Engine) reportProblems(st State, rs *Ruleset) {
 	for _, p := range rs.Problems {
 		seen[p] = true
 		if e.reported[p] {
+			continue
+		}
+		if p.ClusterPolicy != "" {
+			e.Log.Info("a ClusterNetworkPolicy can't be enforced as written; the part named fails closed", "clusterNetworkPolicy", p.ClusterPolicy, "problem", p.Message)
 			continue
 		}
 		e.Log.Info("a NetworkPolicy rule can't be enforced as written; it allows nothing", "policy", p.Policy, "problem", p.Message)
@@ -497,6 +508,16 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	var nps networkingv1.NetworkPolicyList
 	if err := e.Reader.List(ctx, &nps, client.UnsafeDisableDeepCopy); err != nil {
 		return st, nil, nil, false, fmt.Errorf("listing network policies: %w", err)
+	}
+	if e.Cluster != nil {
+		if st.ClusterPolicies, err = e.Cluster.ClusterPolicies(ctx); err != nil {
+			return st, nil, nil, false, err
+		}
+		if needsNodes(st.ClusterPolicies) {
+			if st.Nodes, err = e.Cluster.Nodes(ctx); err != nil {
+				return st, nil, nil, false, err
+			}
+		}
 	}
 	wired, err := e.Wired()
 	if err != nil {

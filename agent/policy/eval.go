@@ -159,13 +159,19 @@ func (e *evaluator) match(rule string) (matched bool, target string, gotoChain b
 		case "-g":
 			target, gotoChain = next(), true
 		case "-m":
-			if m := next(); m == "tcp" || m == "udp" || m == "sctp" || m == "comment" || m == "set" || m == "conntrack" {
+			if m := next(); m == "tcp" || m == "udp" || m == "sctp" || m == "comment" || m == "set" || m == "conntrack" || m == "addrtype" {
 				continue
 			} else {
 				return false, "", false, fmt.Errorf("unknown match %s", m)
 			}
 		case "--comment":
 			next()
+		case "--dst-type":
+			// Only LOCAL is written: an address of this node, i.e. the INPUT path.
+			if v := next(); v != "LOCAL" {
+				return false, "", false, fmt.Errorf("address type %s is not understood", v)
+			}
+			matched = matched && e.p.ToHost
 		case "--ctstate":
 			// A first packet is NEW.
 			v := next()

@@ -30,6 +30,9 @@ func (rs *Ruleset) cutOff(pods map[types.NamespacedName]bool) *Ruleset {
 	for _, pc := range rs.PodChains {
 		if pods[pc.Pod] {
 			cut[pc.Chain] = pc.Pod
+			if pc.TailChain != "" {
+				cut[pc.TailChain] = pc.Pod
+			}
 		}
 	}
 	out := *rs

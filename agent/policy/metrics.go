@@ -92,6 +92,9 @@ func (m *Metrics) Observe(st Status, rs *Ruleset, took time.Duration) {
 		chains := make(map[string]PodChain, len(rs.PodChains))
 		for _, pc := range rs.PodChains {
 			chains[pc.Chain] = pc
+			if pc.TailChain != "" {
+				chains[pc.TailChain] = pc
+			}
 		}
 		m.mu.Lock()
 		m.chain = chains
@@ -140,7 +143,7 @@ func DropCounts(save string) map[string]uint64 {
 			continue
 		}
 		f := strings.Fields(rule)
-		if len(f) < 2 || f[0] != "-A" || !(strings.HasPrefix(f[1], ingressPrefix) || strings.HasPrefix(f[1], egressPrefix)) {
+		if len(f) < 2 || f[0] != "-A" || !(strings.HasPrefix(f[1], ingressPrefix) || strings.HasPrefix(f[1], egressPrefix) || strings.HasPrefix(f[1], ingressTailPrefix) || strings.HasPrefix(f[1], egressTailPrefix)) {
 			continue
 		}
 		pkts, _, _ := strings.Cut(strings.TrimPrefix(counters, "["), ":")

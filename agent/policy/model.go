@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // Port is a container port a pod declares (named ports resolve against these).
@@ -81,6 +82,15 @@ type Namespace struct {
 	Labels map[string]string
 }
 
+// Node is what policy needs of a node: ClusterNetworkPolicy egress peers select nodes by
+// label and match their addresses.
+type Node struct {
+	Name   string
+	Labels map[string]string
+	// IPs are the node's InternalIP and ExternalIP addresses (IPv4).
+	IPs []netip.Addr
+}
+
 // Endpoint is a pod wired on this node: its address and the host end of its veth.
 type Endpoint struct {
 	Pod       types.NamespacedName
@@ -93,6 +103,11 @@ type State struct {
 	Pods       []*Pod
 	Namespaces []*Namespace
 	Policies   []*networkingv1.NetworkPolicy
+	// ClusterPolicies are the ClusterNetworkPolicies (policy.networking.k8s.io): the Admin
+	// tier is evaluated before the NetworkPolicies, the Baseline tier after them.
+	ClusterPolicies []*policyv1beta1.ClusterNetworkPolicy
+	// Nodes are the cluster's nodes; only ClusterNetworkPolicy node peers read them.
+	Nodes []*Node
 	// Endpoints are this node's pods with their veths; only these get chains.
 	Endpoints []Endpoint
 	// peers, when set, is Peers(Pods), computed once by the engine.

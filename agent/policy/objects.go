@@ -9,6 +9,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
 // MirrorAnnotation marks a static pod's mirror in the API server; its value is the UID the
@@ -118,4 +119,42 @@ func NamespaceFrom(n *corev1.Namespace) *Namespace {
 // String names a pod chain for people: namespace/pod and direction.
 func (pc PodChain) String() string {
 	return fmt.Sprintf("%s %s (%s)", pc.Pod, pc.Direction, pc.Chain)
+}
+
+// TrimNode keeps a node's name, labels and addresses (ClusterNetworkPolicy node peers):
+// its status heartbeats then change nothing the agent holds.
+func TrimNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{TypeMeta: n.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+	}, Status: corev1.NodeStatus{Addresses: n.Status.Addresses}}, nil
+}
+
+// TrimClusterNetworkPolicy drops managed fields, annotations and status (the operator
+// writes conditions there: they change nothing on the node).
+func TrimClusterNetworkPolicy(obj any) (any, error) {
+	p, ok := obj.(*policyv1beta1.ClusterNetworkPolicy)
+	if !ok {
+		return obj, nil
+	}
+	p.ManagedFields, p.Annotations = nil, nil
+	p.Status = policyv1beta1.ClusterNetworkPolicyStatus{}
+	return p, nil
+}
+
+// NodeFrom converts a (trimmed) node: its InternalIP and ExternalIP addresses.
+func NodeFrom(n *corev1.Node) *Node {
+	out := &Node{Name: n.Name, Labels: n.Labels}
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil && !slices.Contains(out.IPs, ip.Unmap()) {
+			out.IPs = append(out.IPs, ip.Unmap())
+		}
+	}
+	return out
 }

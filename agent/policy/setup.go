@@ -14,11 +14,12 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 )
@@ -46,6 +47,8 @@ func CacheOptions() map[client.Object]cache.ByObject {
 		&corev1.Pod{}:                 {Transform: TrimPod},
 		&corev1.Namespace{}:           {Transform: TrimNamespace},
 		&networkingv1.NetworkPolicy{}: {Transform: TrimNetworkPolicy},
+		// Read only once the API is installed (the informer starts on the first list).
+		&policyv1beta1.ClusterNetworkPolicy{}: {Transform: TrimClusterNetworkPolicy},
 	}
 }
 
@@ -67,8 +70,23 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	if err := m.Register(metrics.Registry); err != nil {
 		return fmt.Errorf("registering policy metrics: %w", err)
 	}
+	nodes, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: TrimNode}},
+	})
+	if err != nil {
+		return fmt.Errorf("making the node cache: %w", err)
+	}
+	if err := mgr.Add(nodes); err != nil {
+		return err
+	}
+	src := &apiSource{cache: mgr.GetCache(), nodes: nodes, mapper: mgr.GetRESTMapper(), log: log.WithName("cluster-policy")}
+	// Known before the first sync, so that a pod wired right after the agent starts is
+	// under the cluster's Admin rules from its first packet.
+	src.installed.Store(src.apiInstalled())
 	e := &Engine{
-		Reader: mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
+		Cluster: src,
+		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
 		StateDir: o.StateDir,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
@@ -76,7 +94,11 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 			reporter.set(st)
 		},
 	}
+	src.trigger = e.Trigger
 	if err := mgr.Add(e); err != nil {
+		return err
+	}
+	if err := mgr.Add(src); err != nil {
 		return err
 	}
 	if err := mgr.AddReadyzCheck("network-policy", func(*http.Request) error { return e.Ready() }); err != nil {
@@ -99,22 +121,9 @@ func Watch(mgr manager.Manager, e *Engine) error {
 // nothing policy looks at (the trimmed object is the same but for its resourceVersion)
 // are ignored.
 func watch(ctx context.Context, c cache.Cache, e *Engine) error {
-	handler := toolscache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { e.Trigger() },
-		UpdateFunc: func(o, n any) {
-			if !samePolicyView(o, n) {
-				e.Trigger()
-			}
-		},
-		DeleteFunc: func(any) { e.Trigger() },
-	}
 	for _, obj := range []client.Object{&corev1.Pod{}, &corev1.Namespace{}, &networkingv1.NetworkPolicy{}} {
-		inf, err := c.GetInformer(ctx, obj)
-		if err != nil {
-			return fmt.Errorf("watching %T: %w", obj, err)
-		}
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return fmt.Errorf("watching %T: %w", obj, err)
+		if err := watchInformer(ctx, c, obj, e.Trigger); err != nil {
+			return err
 		}
 	}
 	<-ctx.Done()
@@ -183,6 +192,11 @@ func (r *statusReporter) set(st Status) {
 	ps := &v1alpha1.NodePolicyStatus{Enforced: st.Enforced, Backend: r.backend()}
 	if st.Enforced {
 		ps.IsolatedPods = v1alpha1.PolicyDirections{Ingress: int32(st.IsolatedIngress), Egress: int32(st.IsolatedEgress)}
+		for _, cp := range st.ClusterPolicies {
+			ps.ClusterNetworkPolicies = append(ps.ClusterNetworkPolicies, v1alpha1.ClusterPolicyProgress{
+				Name: cp.Name, Generation: cp.Generation, Message: strings.Join(cp.Problems, "; "),
+			})
+		}
 	}
 	switch {
 	case st.Err != nil:
@@ -190,6 +204,10 @@ func (r *statusReporter) set(st Status) {
 	case len(st.Problems) > 0:
 		var msgs []string
 		for _, p := range st.Problems {
+			if p.ClusterPolicy != "" {
+				msgs = append(msgs, fmt.Sprintf("ClusterNetworkPolicy %s: %s", p.ClusterPolicy, p.Message))
+				continue
+			}
 			msgs = append(msgs, fmt.Sprintf("NetworkPolicy %s: %s", p.Policy, p.Message))
 		}
 		ps.Message = "rules that can't be read allow nothing: " + strings.Join(msgs, "; ")

@@ -1,0 +1,124 @@
+package policy_test
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/policy"
+)
+
+func shopPods(app string) cnp.ClusterNetworkPolicySubject {
+	return cnp.ClusterNetworkPolicySubject{Pods: &cnp.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}}
+}
+
+func fromApp(app string) []cnp.ClusterNetworkPolicyIngressPeer {
+	return []cnp.ClusterNetworkPolicyIngressPeer{{Pods: &cnp.NamespacedPod{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}}}}
+}
+
+func tcp(port int32) []cnp.ClusterNetworkPolicyProtocol {
+	return []cnp.ClusterNetworkPolicyProtocol{{TCP: &cnp.ClusterNetworkPolicyProtocolTCP{DestinationPort: &cnp.Port{Number: port}}}}
+}
+
+// The tiers in a real kernel, for both iptables backends: an Admin Deny beats a
+// NetworkPolicy allow, a Pass defers to it, a Baseline Deny applies where no
+// NetworkPolicy isolates; the rules (a Pass's second chain, the node path) read back
+// identical, so a second apply and a restarted agent's first apply write nothing; and
+// an established connection a new Admin Deny denies stops.
+func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newNode(t, backend, "web", "db", "cache")
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			// db's NetworkPolicy admits web and cache on 7000 and 7001.
+			dbPolicy := policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{}})
+			cluster := []*cnp.ClusterNetworkPolicy{
+				{ObjectMeta: metav1.ObjectMeta{Name: "admin", Generation: 1}, Spec: cnp.ClusterNetworkPolicySpec{
+					Tier: cnp.AdminTier, Priority: 10, Subject: shopPods("db"),
+					Ingress: []cnp.ClusterNetworkPolicyIngressRule{
+						{Action: cnp.ClusterNetworkPolicyRuleActionPass, From: fromApp("web"), Protocols: tcp(7000)},
+						{Action: cnp.ClusterNetworkPolicyRuleActionDeny, From: fromApp("web")},
+					},
+				}},
+				{ObjectMeta: metav1.ObjectMeta{Name: "baseline", Generation: 1}, Spec: cnp.ClusterNetworkPolicySpec{
+					Tier: cnp.BaselineTier, Priority: 10, Subject: shopPods("web"),
+					Ingress: []cnp.ClusterNetworkPolicyIngressRule{{Action: cnp.ClusterNetworkPolicyRuleActionDeny, From: fromApp("cache")}},
+					Egress: []cnp.ClusterNetworkPolicyEgressRule{{Action: cnp.ClusterNetworkPolicyRuleActionDeny,
+						To: []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{"0.0.0.0/0"}}}, Protocols: tcp(7001)}},
+				}},
+			}
+			st := n.state(dbPolicy)
+			st.ClusterPolicies = cluster
+			if !n.apply(a, st) {
+				t.Fatal("the first apply wrote nothing")
+			}
+			for _, c := range []struct {
+				from, to string
+				port     int
+				ok       bool
+			}{
+				{"web", "db", 7000, true},     // Admin Pass, then the NetworkPolicy allows
+				{"web", "db", 7001, false},    // Admin Deny beats the NetworkPolicy's allow
+				{"cache", "db", 7001, true},   // no Admin rule: the NetworkPolicy allows
+				{"cache", "web", 7000, false}, // Baseline Deny: no NetworkPolicy isolates web
+				{"db", "web", 7000, true},
+				{"web", "cache", 7000, true}, {"web", "cache", 7001, false}, // Baseline egress Deny to 0.0.0.0/0 on 7001
+			} {
+				if err := n.dial(c.from, c.to, c.port); (err == nil) != c.ok {
+					t.Errorf("%s -> %s:%d: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, n.save(backend))
+				}
+			}
+			before := n.save(backend)
+			if n.apply(a, st) {
+				t.Error("a second apply of the same state wrote")
+			}
+			restarted := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			if n.apply(restarted, st) {
+				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, n.save(backend))
+			}
+
+			// An established cache -> db connection; an Admin Deny of cache ends it.
+			var conn net.Conn
+			must(t, n.pods["cache"].ns.Do(func(ns.NetNS) error {
+				var err error
+				conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(n.pods["db"].ip, 7000).String(), time.Second)
+				return err
+			}))
+			defer conn.Close()
+			cluster[0].Spec.Ingress = append(cluster[0].Spec.Ingress, cnp.ClusterNetworkPolicyIngressRule{Action: cnp.ClusterNetworkPolicyRuleActionDeny, From: fromApp("cache")})
+			cluster[0].Generation++
+			rs := policy.Compile(st)
+			must(t, n.ns.Do(func(ns.NetNS) error {
+				if _, err := restarted.Apply(rs, true); err != nil {
+					return err
+				}
+				ifaces := map[netip.Addr]string{}
+				for _, e := range st.Endpoints {
+					ifaces[e.IP] = e.Interface
+				}
+				removed, err := policy.DeleteDeniedConnections(rs, ifaces)
+				if err == nil && removed == 0 {
+					t.Error("no conntrack entry removed for the connection the Admin Deny denies")
+				}
+				return err
+			}))
+			_ = conn.SetDeadline(time.Now().Add(700 * time.Millisecond))
+			buf := make([]byte, 2)
+			if _, err := conn.Write([]byte("x\n")); err == nil {
+				if _, err := conn.Read(buf); err == nil {
+					t.Error("the established connection still works after an Admin Deny")
+				}
+			}
+			if err := n.dial("cache", "db", 7000); err == nil {
+				t.Error("cache -> db:7000 allowed after the Admin Deny")
+			}
+		})
+	}
+}
