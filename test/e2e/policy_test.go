@@ -283,6 +283,10 @@ spec:
 		waitCNIConfigInEffect(ctx, t, c, node.Name, "ConflistFirst", "")
 	})
 
+	t.Run("ClusterNetworkPolicy", func(t *testing.T) {
+		testClusterNetworkPolicy(ctx, t, c, serverNode, server, client, friend, tcpAddr)
+	})
+
 	// Last: the agents' calls through everything above, against their ClusterRole.
 	t.Run("AgentRoleIsWhatItCalls", func(t *testing.T) { checkAgentRole(t, c) })
 }
