@@ -1,7 +1,8 @@
-// Package policy enforces Kubernetes NetworkPolicy (networking.k8s.io/v1) on a node with
-// iptables and ipsets. Compile is a pure function from what the agent sees (pods,
-// namespaces, policies, this node's pod endpoints) to the desired filter-table chains and
-// ipsets; the agent applies them by difference.
+// Package policy enforces Kubernetes NetworkPolicy (networking.k8s.io/v1) and
+// ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1, its Admin and Baseline tiers) on
+// a node with iptables and ipsets. Compile is a pure function from what the agent sees
+// (pods, namespaces, nodes, policies, this node's pod endpoints) to the desired
+// filter-table chains and ipsets; the agent applies them by difference.
 //
 // Layout of what Compile produces, in the filter table:
 //
@@ -10,8 +11,12 @@
 //	           to a pod veth (-o trl+)   ─► TRELLIS-TO-POD   ─► -o <veth> ─► TRELLIS-I-<pod>
 //	INPUT   ─► TRELLIS-INPUT: pod to this node is the pod's egress too.
 //
-// A pod gets a chain for a direction only when a policy isolates it for that direction;
-// the chain RETURNs what some rule allows and DROPs the rest. Selector memberships,
+// A pod gets a chain for a direction only when a policy isolates it for that direction or
+// a ClusterNetworkPolicy has rules for it there: the Admin tier's rules first (Accept
+// RETURNs, Deny DROPs, Pass skips to the next tier), then the NetworkPolicy tier (RETURN
+// what some rule allows, DROP the rest) or, when no NetworkPolicy isolates the pod, the
+// Baseline tier's rules (tiers.go). A pod under cluster egress rules also reaches its own
+// node through its egress chain (TRELLIS-POD-TO-HOST jumps there). Selector memberships,
 // ipBlocks and named ports of remote pods are ipsets, so a packet's cost depends on the
 // rules of the policies selecting its pod, never on the number of policies in the cluster,
 // and a pod coming, going or changing labels changes set members, not chains.

@@ -1,14 +1,21 @@
 package policy
 
 import (
+	"context"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // Helpers that write ClusterNetworkPolicies the way an admin does.
@@ -269,5 +276,62 @@ func TestClusterNetworkPolicyChains(t *testing.T) {
 	states := clusterPolicyStates(st, rs)
 	if len(states) != 2 || states[0].Name != "deny" || states[0].Generation != 1 {
 		t.Errorf("states %+v", states)
+	}
+}
+
+// staticSource is a ClusterPolicySource with fixed contents that counts node listings.
+type staticSource struct {
+	policies  []*cnp.ClusterNetworkPolicy
+	nodes     []*Node
+	nodeCalls atomic.Int32
+}
+
+func (s *staticSource) ClusterPolicies(context.Context) ([]*cnp.ClusterNetworkPolicy, error) {
+	return s.policies, nil
+}
+
+func (s *staticSource) Nodes(context.Context) ([]*Node, error) {
+	s.nodeCalls.Add(1)
+	return s.nodes, nil
+}
+
+// A pod wired under an Admin Deny is under it when the CNI hook answers (policy before the
+// first packet), the sync's status names the policy at its generation, and nodes are only
+// listed for a policy with a node peer.
+func TestEngineClusterPolicies(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"ns": "shop"}}}
+	src := &staticSource{policies: []*cnp.ClusterNetworkPolicy{
+		cnpolicy("deny-egress", admin, 1, nsSubject("shop"), nil, []cnp.ClusterNetworkPolicyEgressRule{
+			out(deny, []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{"0.0.0.0/0"}}}),
+		}),
+	}}
+	src.policies[0].Generation = 3
+	var mu sync.Mutex
+	var last Status
+	e, rec, c := newEngine(t, func(e *Engine) {
+		e.Cluster = src
+		e.OnSync = func(st Status, _ *Ruleset, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
+	}, ns)
+	if err := c.Create(context.Background(), pod("shop", "web", "u-web", "node1", "", map[string]string{"app": "web"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+		Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web", PodUID: "u-web", IP: "10.244.1.7", HostInterface: "trlweb",
+	}); err != nil {
+		t.Fatalf("the hook refused the pod: %v", err)
+	}
+	rs := rec.ruleset()
+	allowed, err := rs.Allowed(Packet{Src: netip.MustParseAddr("10.244.1.7"), Dst: netip.MustParseAddr("198.51.100.1"), Protocol: "tcp", DstPort: 443, InInterface: "trlweb"})
+	if err != nil || allowed {
+		t.Errorf("web -> 198.51.100.1 allowed=%v (%v) when the hook answered, want the Admin Deny in force\n%s", allowed, err, dump(rs))
+	}
+	mu.Lock()
+	got := last.ClusterPolicies
+	mu.Unlock()
+	if len(got) != 1 || got[0].Name != "deny-egress" || got[0].Generation != 3 || len(got[0].Problems) != 0 {
+		t.Errorf("status ClusterPolicies %+v, want deny-egress at generation 3", got)
+	}
+	if n := src.nodeCalls.Load(); n != 0 {
+		t.Errorf("nodes listed %d times with no node peer", n)
 	}
 }
