@@ -105,7 +105,7 @@ func TestClusterNetworkPolicyTiers(t *testing.T) {
 		}, []*networkingv1.NetworkPolicy{npAllowFromY}, []tierProbe{
 			{"y/b", "x/a", "tcp", 80, false, false}, {"y/remote", "x/a", "tcp", 80, false, false},
 			{"z/b", "x/a", "tcp", 80, false, false}, // the NetworkPolicy isolates x/a
-			{"z/b", "x/b", "tcp", 80, false, true}, // x/b: no NetworkPolicy, no matching Admin rule
+			{"z/b", "x/b", "tcp", 80, false, true},  // x/b: no NetworkPolicy, no matching Admin rule
 			{"y/b", "x/b", "tcp", 80, false, false},
 		}, nil},
 		{"an Admin Accept beats a NetworkPolicy deny", []*cnp.ClusterNetworkPolicy{
