@@ -54,7 +54,9 @@ type conntrackFilter struct {
 	ev *Evaluator
 	// ifaces maps this node's pod addresses to their veths.
 	ifaces map[netip.Addr]string
-	err    error
+	// local are this node's own addresses: a pod's connection to one took the INPUT path.
+	local map[netip.Addr]bool
+	err   error
 }
 
 var protocols = map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
@@ -78,7 +80,8 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if src == dst {
 		return false
 	}
-	allowed, err := f.ev.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: int(flow.Reverse.SrcPort), InInterface: in, OutInterface: out})
+	allowed, err := f.ev.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: int(flow.Reverse.SrcPort), InInterface: in, OutInterface: out,
+		ToHost: out == "" && f.local[dst]})
 	if err != nil {
 		f.err = err
 		return false
@@ -90,7 +93,16 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // node's pods that rs denies, so a new denial also stops established connections (their
 // next packet is NEW, and dropped). It returns how many it removed.
 func DeleteDeniedConnections(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error) {
-	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: ifaces}
+	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: ifaces, local: map[netip.Addr]bool{}}
+	addrs, err := netlinksafe.AddrList(nil, unix.AF_INET)
+	if err != nil {
+		return 0, fmt.Errorf("listing the node's addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			f.local[ip] = true
+		}
+	}
 	n, err := netlinksafe.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
 	if err != nil {
 		return n, fmt.Errorf("deleting denied conntrack entries: %w", err)

@@ -122,3 +122,56 @@ func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
 		})
 	}
 }
+
+// Cluster egress rules govern a pod's traffic to its own node (the INPUT path): an Admin
+// Deny of the node's address stops it; under a NetworkPolicy default-deny egress the node
+// stays reachable (NetworkPolicy's own-node exception, in its tier), and a conntrack
+// clean-up doesn't cut the pod's established connection to its node.
+func TestKernelClusterPolicyOwnNode(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newNode(t, backend, "web")
+			nodeIP, otherIP := n.underlay(t)
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			denyOut := policyFor("deny-out", map[string]string{"app": "web"}, nil)
+			denyOut.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+			baseline := &cnp.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "baseline"}, Spec: cnp.ClusterNetworkPolicySpec{
+				Tier: cnp.BaselineTier, Priority: 1, Subject: shopPods("web"),
+				Egress: []cnp.ClusterNetworkPolicyEgressRule{{Action: cnp.ClusterNetworkPolicyRuleActionDeny,
+					To: []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{cnp.CIDR(otherIP.String() + "/32")}}}}},
+			}}
+			st := n.state(denyOut)
+			st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{baseline}
+			n.apply(a, st)
+			conn, err := n.dialIn(t, "web", netip.AddrPortFrom(nodeIP, 7000))
+			if err != nil {
+				t.Fatalf("web under default-deny egress and cluster egress rules can't reach its own node %s: %v", nodeIP, err)
+			}
+			defer conn.Close()
+			rs := policy.Compile(st)
+			must(t, n.ns.Do(func(ns.NetNS) error {
+				ifaces := map[netip.Addr]string{}
+				for _, e := range st.Endpoints {
+					ifaces[e.IP] = e.Interface
+				}
+				removed, err := policy.DeleteDeniedConnections(rs, ifaces)
+				if err == nil && removed != 0 {
+					t.Errorf("the conntrack clean-up removed %d entries: the connection to the node is allowed", removed)
+				}
+				return err
+			}))
+			// An Admin Deny of the node's own address.
+			admin := &cnp.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "admin"}, Spec: cnp.ClusterNetworkPolicySpec{
+				Tier: cnp.AdminTier, Priority: 1, Subject: shopPods("web"),
+				Egress: []cnp.ClusterNetworkPolicyEgressRule{{Action: cnp.ClusterNetworkPolicyRuleActionDeny,
+					To: []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{cnp.CIDR(nodeIP.String() + "/32")}}}}},
+			}}
+			st.ClusterPolicies = append(st.ClusterPolicies, admin)
+			n.apply(a, st)
+			if c, err := n.dialIn(t, "web", netip.AddrPortFrom(nodeIP, 7000)); err == nil {
+				c.Close()
+				t.Errorf("web reached its own node %s through an Admin Deny of its address", nodeIP)
+			}
+		})
+	}
+}
