@@ -179,6 +179,14 @@ conformance-upstream: deps ## The upstream Kubernetes e2e suite, unchanged, on a
 conformance-upstream-list: ## List the upstream specs make conformance-upstream selects (UPSTREAM_FOCUS=test/upstream/ci.txt: those make test runs); no cluster.
 	UPSTREAM_LIST=1 hack/conformance-upstream.sh
 
+.PHONY: conformance-cnp
+conformance-cnp: deps ## The upstream ClusterNetworkPolicy conformance suite (network-policy-api, standard profile + NamedPorts, EgressNodePeers) on a fresh local cluster "cnp"; prints N passed, M failed, K skipped, E exempt (no kernel SCTP) and writes the ConformanceReport YAML (CNP_RUN, CNP_KEEP=1, ARTIFACTS).
+	hack/conformance-cnp.sh
+
+.PHONY: conformance-cnp-list
+conformance-cnp-list: ## List the ClusterNetworkPolicy conformance tests make conformance-cnp runs (the skipped ones marked); no cluster.
+	CNP_LIST=1 hack/conformance-cnp.sh
+
 ##@ Benchmarks
 
 BENCH_CNI_FLAGS ?=

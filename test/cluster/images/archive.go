@@ -49,7 +49,10 @@ type Layer struct {
 // Spec is one image.
 type Spec struct {
 	// Name is the full reference containerd gets (io.containerd.image.name).
-	Name       string
+	Name string
+	// Aliases are more references to the same image (the same manifest and blobs, one
+	// more index entry each), for manifests that name an older tag of it.
+	Aliases    []string
 	Layers     []Layer
 	Entrypoint []string
 	Cmd        []string
@@ -88,14 +91,16 @@ func Archive(cacheDir string, specs []Spec) (path string, cached bool, err error
 		if err != nil {
 			return "", false, fmt.Errorf("building image %s: %w", s.Name, err)
 		}
-		err = p.AppendImage(img,
-			layout.WithAnnotations(map[string]string{
-				"io.containerd.image.name":          s.Name,
-				"org.opencontainers.image.ref.name": s.Name[strings.LastIndex(s.Name, ":")+1:],
-			}),
-			layout.WithPlatform(v1.Platform{OS: "linux", Architecture: goruntime.GOARCH}))
-		if err != nil {
-			return "", false, fmt.Errorf("writing image %s: %w", s.Name, err)
+		for _, name := range append([]string{s.Name}, s.Aliases...) {
+			err = p.AppendImage(img,
+				layout.WithAnnotations(map[string]string{
+					"io.containerd.image.name":          name,
+					"org.opencontainers.image.ref.name": name[strings.LastIndex(name, ":")+1:],
+				}),
+				layout.WithPlatform(v1.Platform{OS: "linux", Architecture: goruntime.GOARCH}))
+			if err != nil {
+				return "", false, fmt.Errorf("writing image %s: %w", name, err)
+			}
 		}
 	}
 	tmp := filepath.Join(work, "images.tar")
@@ -132,7 +137,7 @@ func prune(dir, prefix string, keep int) {
 func contentKey(specs []Spec) (string, error) {
 	h := sha256.New()
 	for _, s := range specs {
-		meta, _ := json.Marshal([]any{s.Name, s.Entrypoint, s.Cmd, s.Env, s.User})
+		meta, _ := json.Marshal([]any{s.Name, s.Aliases, s.Entrypoint, s.Cmd, s.Env, s.User})
 		h.Write(meta)
 		for _, l := range s.Layers {
 			entries, err := l.entries()

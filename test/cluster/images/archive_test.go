@@ -89,6 +89,67 @@ func TestArchiveCache(t *testing.T) {
 	}
 }
 
+// TestArchiveAliases: an alias is one more index entry naming the same manifest, and a
+// new alias makes a new archive.
+func TestArchiveAliases(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin")
+	if err := os.WriteFile(bin, []byte("#!/bin/true\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := Spec{Name: "example.test/thing:v2", Layers: []Layer{{Files: []File{{Path: "/thing", Source: bin}}}}}
+	cache := filepath.Join(dir, "cache")
+	plain, _, err := Archive(cache, []Spec{spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Aliases = []string{"example.test/thing:v1"}
+	aliased, cached, err := Archive(cache, []Spec{spec})
+	if err != nil || cached || aliased == plain {
+		t.Fatalf("with an alias: %s cached=%v err=%v, want a new archive", aliased, cached, err)
+	}
+	index := readIndex(t, aliased)
+	refs := map[string]string{}
+	for _, m := range index.Manifests {
+		refs[m.Annotations["io.containerd.image.name"]] = m.Digest
+	}
+	if len(refs) != 2 || refs["example.test/thing:v2"] == "" || refs["example.test/thing:v1"] != refs["example.test/thing:v2"] {
+		t.Errorf("index entries %v, want v1 and v2 naming one manifest", refs)
+	}
+}
+
+type ociIndex struct {
+	Manifests []struct {
+		Digest      string            `json:"digest"`
+		Annotations map[string]string `json:"annotations"`
+	} `json:"manifests"`
+}
+
+// readIndex returns the index.json of an archive Archive wrote.
+func readIndex(t *testing.T, archive string) ociIndex {
+	t.Helper()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatalf("no index.json in %s: %v", archive, err)
+		}
+		if h.Name == "index.json" {
+			var index ociIndex
+			data, _ := io.ReadAll(tr)
+			if err := json.Unmarshal(data, &index); err != nil {
+				t.Fatal(err)
+			}
+			return index
+		}
+	}
+}
+
 func TestLayerEntriesParentsFirst(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(src, nil, 0o644); err != nil {

@@ -23,6 +23,11 @@ const (
 	// AgnhostVersion must equal test/images/agnhost/VERSION of the Kubernetes release
 	// (Build checks it against what hack/build-agnhost.sh built).
 	AgnhostVersion = "2.66.1"
+	// AgnhostCNPImage is AgnhostImage again under the tag the ClusterNetworkPolicy
+	// conformance suite (sigs.k8s.io/network-policy-api/conformance, base/manifests.yaml)
+	// names, so its pods run `/bin/bash -c "/agnhost ..."` in this image unchanged and
+	// nothing is pulled (`make conformance-cnp`). Same manifest and blobs, one more name.
+	AgnhostCNPImage = "registry.k8s.io/e2e-test-images/agnhost:2.45"
 	// TrellisVersion is the version the binaries report and the tag of TrellisImage; it is
 	// what config/manager's kustomization pins, so `kubectl apply -k config/default`
 	// finds the image on the nodes.

@@ -120,6 +120,7 @@ func upstreamSpecs(ctx context.Context, cacheDir, agnhostDir, coreDNS string) ([
 	}
 	agnhost := Spec{
 		Name:       AgnhostImage,
+		Aliases:    []string{AgnhostCNPImage},
 		Layers:     []Layer{{Dir: rootfs}, {Dir: etc}, {Dir: agnhostExtra}, {Files: append(agnhostFiles, dnsFiles...)}},
 		Entrypoint: []string{"/agnhost"},
 		Cmd:        []string{"pause"},

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -47,11 +48,16 @@ func TestUpstreamImagesRunWhatTheTestsExec(t *testing.T) {
 	for _, s := range specs {
 		byName[s.Name] = s
 	}
+	// The ClusterNetworkPolicy conformance suite's pods name agnhost by an older tag.
+	if !slices.Contains(byName[AgnhostImage].Aliases, AgnhostCNPImage) {
+		t.Errorf("%s lacks the alias %s", AgnhostImage, AgnhostCNPImage)
+	}
 	// The commands as the tests write them (test/e2e/network, framework/network, dns_common).
 	cases := map[string][][]string{
 		AgnhostImage: {
 			sh(`/bin/sh -c 'echo hostName | nc -w 1 -u 127.0.0.1 8081; true'`),
 			sh(`/bin/bash -c 'for i in $(seq 1 2); do echo -n $i; done; echo'`),
+			{"/bin/bash", "-c", "test -x /agnhost"}, // the CNP conformance base: /bin/bash -c "/agnhost ..."
 			sh(`curl --version`),
 			sh(`curl -g -q -s --max-time 1 'http://127.0.0.1:1/dial?request=hostname' || test $? -eq 7`),
 			sh(`dig -v`),
