@@ -32,9 +32,24 @@ help: ## Show the targets.
 
 ##@ Development
 
+# The ClusterNetworkPolicy CRD (policy.networking.k8s.io) is not ours: it is copied as
+# released from the sigs.k8s.io/network-policy-api module go.mod names, one file per
+# channel. config/crd installs the standard channel; the experimental one is the component
+# config/crd/network-policy-api/experimental (config/experimental). Bump the module in
+# go.mod and `make manifests` brings the new CRDs.
+NPAPI_MODULE := sigs.k8s.io/network-policy-api
+NPAPI_CRD := policy.networking.k8s.io_clusternetworkpolicies.yaml
+NPAPI_DIR := config/crd/network-policy-api
+
 .PHONY: manifests
-manifests: ## Generate CRDs and the operator's ClusterRole/Role from the markers.
+manifests: ## Generate CRDs and the operator's ClusterRole/Role from the markers; copy the ClusterNetworkPolicy CRDs from the network-policy-api module.
 	$(CONTROLLER_GEN) rbac:roleName=trellis-operator crd paths=./... output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	@go mod download $(NPAPI_MODULE) || exit 1; \
+	src=$$(go list -m -f '{{.Dir}}' $(NPAPI_MODULE)); \
+	test -n "$$src" || { echo "go list -m $(NPAPI_MODULE) gives no module directory"; exit 1; }; \
+	for ch in standard experimental; do \
+		install -D -m 0644 "$$src/config/crd/$$ch/$(NPAPI_CRD)" "$(NPAPI_DIR)/$$ch/$(NPAPI_CRD)" || exit 1; \
+	done
 
 .PHONY: generate
 generate: ## Generate DeepCopy methods.

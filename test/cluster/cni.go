@@ -84,16 +84,18 @@ func (c *Cluster) addReferenceRoutes(ctx context.Context) error {
 	return nil
 }
 
-// installTrellis installs Trellis exactly as README.md tells users: the operator with
-// `kubectl apply -k config/default`, then the sample ClusterNetwork. The operator renders
-// the agent DaemonSet; the agents install the CNI.
+// installTrellis installs Trellis exactly as README.md tells users: the operator and the
+// CRDs (the ClusterNetworkPolicy CRD's standard channel among them) with `kubectl apply -k
+// config/default`, then the sample ClusterNetwork. The operator renders the agent
+// DaemonSet; the agents install the CNI.
 func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 	if _, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.ModuleRoot, "config", "default")); err != nil {
 		return err
 	}
 	p.detail("kubectl apply -k config/default: done")
 	if _, err := c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/clusternetworks.network.trellis.dev", "crd/nodenetworks.network.trellis.dev"); err != nil {
+		"crd/clusternetworks.network.trellis.dev", "crd/nodenetworks.network.trellis.dev",
+		"crd/clusternetworkpolicies.policy.networking.k8s.io"); err != nil {
 		return err
 	}
 	sample := filepath.Join(c.ModuleRoot, "config", "samples", "network_v1alpha1_clusternetwork.yaml")

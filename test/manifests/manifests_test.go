@@ -93,7 +93,7 @@ func TestDefaultInstall(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"CustomResourceDefinition/clusternetworks.network.trellis.dev", "CustomResourceDefinition/nodenetworks.network.trellis.dev", "Namespace/trellis-system"} {
+	for _, want := range []string{"CustomResourceDefinition/clusternetworks.network.trellis.dev", "CustomResourceDefinition/nodenetworks.network.trellis.dev", cnpCRD, "Namespace/trellis-system"} {
 		if objs[want] == nil {
 			t.Errorf("config/default lacks %s", want)
 		}

@@ -1,5 +1,5 @@
 // Package testenv starts a real kube-apiserver and etcd (built by hack/build-k8s.sh) with
-// the Trellis CRDs installed, for integration tests.
+// the Trellis CRDs and the ClusterNetworkPolicy CRD installed, for integration tests.
 package testenv
 
 import (
@@ -64,7 +64,20 @@ func AssetsDir() (string, error) {
 	return dir, nil
 }
 
-// Start starts etcd and kube-apiserver with the CRDs of config/crd/bases installed.
+// CRDPaths are the CRDs Start installs: Trellis's own (config/crd/bases) and the
+// ClusterNetworkPolicy CRD of sigs.k8s.io/network-policy-api in its experimental channel.
+// config/default installs the standard channel; the experimental one holds every field of
+// it and more (egress to nodes, domain names), so a test may create any policy the agent
+// handles: with the standard CRD the API server would silently drop the experimental
+// fields of a test's policy.
+func CRDPaths() []string {
+	return []string{
+		filepath.Join(RepoRoot(), "config", "crd", "bases"),
+		filepath.Join(RepoRoot(), "config", "crd", "network-policy-api", "experimental", "policy.networking.k8s.io_clusternetworkpolicies.yaml"),
+	}
+}
+
+// Start starts etcd and kube-apiserver with the CRDs of CRDPaths installed.
 func Start() (*envtest.Environment, *rest.Config, error) {
 	return StartWith(nil)
 }
@@ -77,7 +90,7 @@ func StartWith(configure func(*envtest.APIServer)) (*envtest.Environment, *rest.
 		return nil, nil, err
 	}
 	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
+		CRDDirectoryPaths:     CRDPaths(),
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: dir,
 	}

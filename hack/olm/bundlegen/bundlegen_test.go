@@ -204,3 +204,39 @@ func TestDockerfileLabelsAreTheAnnotations(t *testing.T) {
 		}
 	}
 }
+
+// A CRD serving several versions (ClusterNetworkPolicy: v1beta1 stored, v1alpha2 served) is
+// owned in each: OLM keys owned APIs by group, version and kind. The storage version comes
+// first; a version no longer served is left out; the base's displayName applies to all.
+func TestOwnedCRDsListsEveryServedVersion(t *testing.T) {
+	version := func(n string, served, storage bool) object {
+		return object{"name": n, "served": served, "storage": storage, "schema": object{"openAPIV3Schema": object{
+			"description": "Policy " + n + ".",
+			"properties":  object{"spec": object{"properties": object{"priority": object{"type": "integer"}}}},
+		}}}
+	}
+	crd := obj("CustomResourceDefinition", "policies.example.com", map[string]any{"spec": object{
+		"names":    object{"kind": "Policy"},
+		"versions": []any{version("v1alpha1", false, false), version("v1alpha2", true, false), version("v1beta1", true, true)},
+	}})
+	base := []any{object{"name": "policies.example.com", "displayName": "Cluster Policy"}}
+	owned, err := ownedCRDs([]object{crd}, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, o := range owned {
+		o := o.(object)
+		got = append(got, str(o["version"])+" "+str(o["displayName"])+" "+str(o["description"]))
+		if d, _ := o["specDescriptors"].([]any); len(d) != 1 {
+			t.Errorf("%s: spec descriptors %v, want priority's", o["version"], d)
+		}
+	}
+	if want := []string{"v1beta1 Cluster Policy Policy v1beta1.", "v1alpha2 Cluster Policy Policy v1alpha2."}; !reflect.DeepEqual(got, want) {
+		t.Errorf("owned %q, want %q", got, want)
+	}
+	crd["spec"].(object)["versions"] = []any{version("v1beta1", false, true)}
+	if _, err := ownedCRDs([]object{crd}, base); err == nil || !strings.Contains(err.Error(), "not served") {
+		t.Errorf("a storage version that is not served: error %v", err)
+	}
+}

@@ -21,11 +21,12 @@ var descriptorsByName = map[string]string{
 
 const conditionsDescriptor = "urn:alm:descriptor:io.kubernetes.conditions"
 
-// ownedCRDs is the CSV's customresourcedefinitions.owned: one entry per CRD, for its storage
-// version, with spec and status descriptors derived from the schema so a new API field
-// shows up without editing the base. Entries of base (matched by CRD name) supply
-// displayName, description and resources, and their descriptors (matched by path) win over
-// the derived ones; a base entry for a CRD or path that no longer exists is an error.
+// ownedCRDs is the CSV's customresourcedefinitions.owned: one entry per served version of
+// each CRD (OLM keys owned APIs by group, version and kind), the storage version first, with
+// spec and status descriptors derived from that version's schema so a new API field shows up
+// without editing the base. Entries of base (matched by CRD name) supply displayName,
+// description and resources for every version, and their descriptors (matched by path) win
+// over the derived ones; a base entry for a CRD or path that no longer exists is an error.
 func ownedCRDs(crds []object, base []any) ([]any, error) {
 	baseByName := map[string]object{}
 	for _, b := range base {
@@ -39,36 +40,38 @@ func ownedCRDs(crds []object, base []any) ([]any, error) {
 		b := baseByName[crdName]
 		delete(baseByName, crdName)
 		kind, _ := nested[string](crd, "spec", "names", "kind")
-		version, schema, err := storageVersion(crd)
+		versions, err := servedVersions(crd)
 		if err != nil {
 			return nil, err
 		}
-		entry := object{
-			"name":        crdName,
-			"kind":        kind,
-			"version":     version,
-			"displayName": splitWords(kind),
-			"description": oneLine(str(schema["description"])),
-		}
-		for _, k := range []string{"displayName", "description", "resources"} {
-			if v, ok := b[k]; ok {
-				entry[k] = v
+		for _, v := range versions {
+			entry := object{
+				"name":        crdName,
+				"kind":        kind,
+				"version":     v.name,
+				"displayName": splitWords(kind),
+				"description": oneLine(str(v.schema["description"])),
 			}
-		}
-		for _, section := range []string{"spec", "status"} {
-			sub, _ := nested[object](schema, "properties", section)
-			derived := descriptors(sub, "", "", section == "spec", descriptorDepth)
-			key := section + "Descriptors"
-			overrides, _ := b[key].([]any)
-			merged, err := mergeDescriptors(derived, overrides)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %s of %s: %w", baseCSVPath, key, crdName, err)
+			for _, k := range []string{"displayName", "description", "resources"} {
+				if val, ok := b[k]; ok {
+					entry[k] = val
+				}
 			}
-			if len(merged) > 0 {
-				entry[key] = merged
+			for _, section := range []string{"spec", "status"} {
+				sub, _ := nested[object](v.schema, "properties", section)
+				derived := descriptors(sub, "", "", section == "spec", descriptorDepth)
+				key := section + "Descriptors"
+				overrides, _ := b[key].([]any)
+				merged, err := mergeDescriptors(derived, overrides)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %s of %s %s: %w", baseCSVPath, key, crdName, v.name, err)
+				}
+				if len(merged) > 0 {
+					entry[key] = merged
+				}
 			}
+			owned = append(owned, entry)
 		}
-		owned = append(owned, entry)
 	}
 	for n := range baseByName {
 		return nil, fmt.Errorf("%s: owned CRD %q is not rendered by config/default: remove it or fix its name", baseCSVPath, n)
@@ -76,17 +79,34 @@ func ownedCRDs(crds []object, base []any) ([]any, error) {
 	return owned, nil
 }
 
-// storageVersion returns the name and schema of the CRD's storage version.
-func storageVersion(crd object) (string, object, error) {
+type crdVersion struct {
+	name   string
+	schema object
+}
+
+// servedVersions returns the CRD's served versions, the storage version first, the others in
+// the CRD's order. A CRD whose storage version is not served, or that has none, is an error.
+func servedVersions(crd object) ([]crdVersion, error) {
 	versions, _ := nested[[]any](crd, "spec", "versions")
+	var storage *crdVersion
+	var others []crdVersion
 	for _, v := range versions {
 		v, _ := v.(object)
-		if v["storage"] == true {
-			schema, _ := nested[object](v, "schema", "openAPIV3Schema")
-			return str(v["name"]), schema, nil
+		schema, _ := nested[object](v, "schema", "openAPIV3Schema")
+		cv := crdVersion{str(v["name"]), schema}
+		switch {
+		case v["storage"] == true && v["served"] != true:
+			return nil, fmt.Errorf("CRD %s: storage version %s is not served", name(crd), cv.name)
+		case v["storage"] == true:
+			storage = &cv
+		case v["served"] == true:
+			others = append(others, cv)
 		}
 	}
-	return "", nil, fmt.Errorf("CRD %s has no storage version", name(crd))
+	if storage == nil {
+		return nil, fmt.Errorf("CRD %s has no storage version", name(crd))
+	}
+	return append([]crdVersion{*storage}, others...), nil
 }
 
 // descriptors walks an object schema: one descriptor per field, descending into objects
