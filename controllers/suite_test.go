@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/controllers"
 	"github.com/trellis-net/trellis/test/testenv"
@@ -39,7 +40,13 @@ var (
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true), zap.Level(zapLevel())))
-	os.Exit(testenv.Run(m, func(c *rest.Config, cl client.Client) { cfg, k8s = c, cl }))
+	os.Exit(testenv.Run(m, func(c *rest.Config, cl client.Client) {
+		cfg, k8s = c, cl
+		// The scheme cmd/manager builds: the shared one plus ClusterNetworkPolicy.
+		if err := policyv1beta1.Install(cl.Scheme()); err != nil {
+			panic(err)
+		}
+	}))
 }
 
 // startOperator runs the real manager, wired as cmd/manager wires it, until stop is called.
@@ -71,6 +78,9 @@ func startOperatorOn(t *testing.T, c *rest.Config, cacheOpts cache.Options) (sto
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatalf("setting up the controller: %v", err)
+	}
+	if _, err := controllers.SetupClusterPolicyStatus(mgr); err != nil {
+		t.Fatalf("setting up the ClusterNetworkPolicy status controller: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

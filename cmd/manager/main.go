@@ -10,6 +10,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/controllers"
 	"github.com/trellis-net/trellis/internal/metricsserving"
@@ -43,6 +44,10 @@ func run(metrics metricsserving.Options, probeAddr string, leaderElect bool, lea
 	if err != nil {
 		return err
 	}
+	// ClusterNetworkPolicy (policy.networking.k8s.io), whose status the operator reports.
+	if err := policyv1beta1.Install(scheme); err != nil {
+		return err
+	}
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metrics.Server(),
@@ -62,6 +67,14 @@ func run(metrics metricsserving.Options, probeAddr string, leaderElect bool, lea
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ClusterNetwork controller: %w", err)
+	}
+	// The ClusterNetworkPolicy CRD is not in every cluster: without it there is nothing to
+	// report on (install it and restart the operator to get the policies' conditions).
+	if started, err := controllers.SetupClusterPolicyStatus(mgr); err != nil {
+		return fmt.Errorf("setting up the ClusterNetworkPolicy status controller: %w", err)
+	} else if !started {
+		ctrl.Log.Info("the API server does not serve ClusterNetworkPolicy; its status controller is not started (install the CRD and restart the operator)",
+			"gvk", controllers.ClusterNetworkPolicyGVK.String())
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return err

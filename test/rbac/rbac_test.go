@@ -39,6 +39,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
@@ -63,11 +64,12 @@ var grantedUnused = map[string]string{
 // unscopedWrites are writes the roles may grant on any name, each with why (besides
 // audit.NamelessWrites).
 var unscopedWrites = map[string]string{
-	"network.trellis.dev nodenetworks create":          "one per node, named after the node",
-	"network.trellis.dev nodenetworks delete":          "one per node, named after the node",
-	"network.trellis.dev clusternetworks/status patch": "a ClusterNetwork not named default is told so on its status",
-	"network.trellis.dev nodenetworks/status patch":    "held to grant the agent, whose admission policy limits it to its own node",
-	"coordination.k8s.io leases create":                "client-go's leader election creates the Lease with a POST, whose name RBAC can't see",
+	"network.trellis.dev nodenetworks create":                      "one per node, named after the node",
+	"network.trellis.dev nodenetworks delete":                      "one per node, named after the node",
+	"network.trellis.dev clusternetworks/status patch":             "a ClusterNetwork not named default is told so on its status",
+	"network.trellis.dev nodenetworks/status patch":                "held to grant the agent, whose admission policy limits it to its own node",
+	"coordination.k8s.io leases create":                            "client-go's leader election creates the Lease with a POST, whose name RBAC can't see",
+	"policy.networking.k8s.io clusternetworkpolicies/status patch": "every ClusterNetworkPolicy, whatever its name, gets the operator's Programmed and FullyEnforced conditions",
 }
 
 func TestOperatorLeastPrivilege(t *testing.T) {
@@ -85,6 +87,9 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 			// Owner references with blockOwnerDeletion need update on the owner's finalizers.
 			Append("enable-admission-plugins", "OwnerReferencesPermissionEnforcement")
 	})
+	if err := policyv1beta1.Install(admin.Scheme()); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -212,6 +217,23 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 		}
 		if c := meta.FindStatusCondition(other.Status.Conditions, v1alpha1.ConditionDegraded); c == nil || c.Reason != "NotDefault" {
 			return fmt.Errorf("conditions %v", other.Status.Conditions)
+		}
+		return nil
+	})
+
+	// A ClusterNetworkPolicy gets the operator's conditions (no agent runs here: NoNodes).
+	cnp := &policyv1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny-all"},
+		Spec: policyv1beta1.ClusterNetworkPolicySpec{Tier: policyv1beta1.AdminTier, Priority: 1,
+			Subject: policyv1beta1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{}}}}
+	if err := admin.Create(ctx, cnp); err != nil {
+		t.Fatalf("creating a ClusterNetworkPolicy: %v", err)
+	}
+	eventually(t, "ClusterNetworkPolicy deny-all reports NoNodes", func() error {
+		if err := admin.Get(ctx, client.ObjectKeyFromObject(cnp), cnp); err != nil {
+			return err
+		}
+		if c := meta.FindStatusCondition(cnp.Status.Conditions, "Programmed"); c == nil || c.Reason != "NoNodes" {
+			return fmt.Errorf("conditions %v", cnp.Status.Conditions)
 		}
 		return nil
 	})
