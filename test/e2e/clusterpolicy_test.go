@@ -112,7 +112,9 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 		tcpEcho(t, nodeNS, 9300) // a host-network server on the server pod's node
 		nodeAddr := netip.AddrPortFrom(node, 9300).String()
 		waitAllowed(t, friend.NetNS, nodeAddr, 10*time.Second)
-		egress := fmt.Sprintf("  egress:\n  - action: Deny\n    to:\n    - networks: [%s/32]\n  - action: Deny\n    to:\n    - nodes: {matchLabels: {kubernetes.io/hostname: %s}}\n", server.IP, serverNode.Name)
+		// nodes peers are of the experimental channel; the local cluster installs the
+		// standard one (config/default): the node by its address.
+		egress := fmt.Sprintf("  egress:\n  - action: Deny\n    to:\n    - networks: [%s/32]\n  - action: Deny\n    to:\n    - networks: [%s/32]\n", server.IP, node)
 		applyCNP(ctx, t, c, "egress-deny", "Admin", 10, "  subject:\n    pods:\n      namespaceSelector: {}\n      podSelector: {matchLabels: {role: friend}}\n", egress)
 		defer deleteCNP(ctx, t, c, "egress-deny")
 		waitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
