@@ -14,6 +14,7 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 )
 
@@ -31,9 +32,12 @@ type ClusterPolicySource interface {
 var clusterPolicyGVK = policyv1beta1.SchemeGroupVersion.WithKind("ClusterNetworkPolicy")
 
 // apiSource reads ClusterNetworkPolicies through the agent's cache once their API is
-// installed (checked when the agent starts, then every APIPollPeriod until it is), and
-// nodes through a cache of its own, started on the first policy with a node peer: an
-// agent of a cluster without node peers never holds every Node.
+// installed, and nodes through a cache of its own, started on the first policy with a node
+// peer: an agent of a cluster without node peers never holds every Node. Whether the API
+// is installed is asked of the API server (discovery) before the first sync and, while it
+// isn't, every APIPollPeriod; until the answer is known a sync fails (the kernel keeps the
+// rules it has), so an API server unreachable at the agent's start can't make a restarted
+// agent drop the cluster's Admin rules.
 type apiSource struct {
 	cache  cache.Cache // the agent's
 	nodes  cache.Cache // all nodes, trimmed (TrimNode)
@@ -42,22 +46,68 @@ type apiSource struct {
 	trigger func()
 	log     logr.Logger
 
-	installed atomic.Bool
+	state     atomic.Int32 // apiUnknown, apiAbsent, apiInstalled
+	watchOnce sync.Once
+	watchErr  error
 	nodesOnce sync.Once
 	nodesErr  error
+}
+
+const (
+	apiUnknown int32 = iota
+	apiAbsent
+	apiInstalled
+)
+
+// ClusterPolicyWatcher is a ClusterPolicySource that watches what it reads: a runnable
+// of the manager whose cache it reads.
+type ClusterPolicyWatcher interface {
+	ClusterPolicySource
+	manager.Runnable
+}
+
+// NewClusterPolicySource is the source Setup gives trellis-agent's engine, for a program
+// that builds its Engine itself (the policy benchmark): the ClusterNetworkPolicies in c
+// (the cache of the Engine's Reader, with CacheOptions) once their API is installed —
+// asked before the first sync, then every APIPollPeriod until it is — and the nodes in nodes (a cache of Nodes trimmed by TrimNode, added to the manager;
+// its informer starts on the first node peer). trigger asks the engine for a sync
+// (Engine.Trigger). Add the source to the manager: it watches.
+func NewClusterPolicySource(c, nodes cache.Cache, mapper meta.RESTMapper, trigger func(), log logr.Logger) ClusterPolicyWatcher {
+	return &apiSource{cache: c, nodes: nodes, mapper: mapper, trigger: trigger, log: log}
 }
 
 // APIPollPeriod is how often an agent that found no ClusterNetworkPolicy API looks again.
 var APIPollPeriod = 30 * time.Second
 
-func (s *apiSource) apiInstalled() bool {
+// check asks the API server whether the API is installed and records the answer; an
+// error (the API server unreachable) leaves it unknown.
+func (s *apiSource) check() (int32, error) {
 	_, err := s.mapper.RESTMapping(schema.GroupKind{Group: clusterPolicyGVK.Group, Kind: clusterPolicyGVK.Kind}, clusterPolicyGVK.Version)
-	return err == nil
+	switch {
+	case err == nil:
+		s.state.Store(apiInstalled)
+		return apiInstalled, nil
+	case meta.IsNoMatchError(err):
+		s.state.CompareAndSwap(apiUnknown, apiAbsent)
+		return apiAbsent, nil
+	default:
+		return apiUnknown, fmt.Errorf("asking the API server whether ClusterNetworkPolicy (%s) is installed: %w", clusterPolicyGVK.GroupVersion(), err)
+	}
 }
 
 func (s *apiSource) ClusterPolicies(ctx context.Context) ([]*policyv1beta1.ClusterNetworkPolicy, error) {
-	if !s.installed.Load() {
+	state := s.state.Load()
+	if state == apiUnknown {
+		var err error
+		if state, err = s.check(); err != nil {
+			return nil, err
+		}
+	}
+	if state != apiInstalled {
 		return nil, nil
+	}
+	if err := s.watch(ctx); err != nil {
+		return nil, err
 	}
 	var l policyv1beta1.ClusterNetworkPolicyList
 	if err := s.cache.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
@@ -68,6 +118,17 @@ func (s *apiSource) ClusterPolicies(ctx context.Context) ([]*policyv1beta1.Clust
 		out[i] = &l.Items[i]
 	}
 	return out, nil
+}
+
+// watch makes every change of a ClusterNetworkPolicy trigger a sync (once).
+func (s *apiSource) watch(ctx context.Context) error {
+	s.watchOnce.Do(func() {
+		s.watchErr = watchInformer(ctx, s.cache, &policyv1beta1.ClusterNetworkPolicy{}, s.trigger)
+		if s.watchErr == nil {
+			s.log.Info("enforcing ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1)")
+		}
+	})
+	return s.watchErr
 }
 
 func (s *apiSource) Nodes(ctx context.Context) ([]*Node, error) {
@@ -86,22 +147,24 @@ func (s *apiSource) Nodes(ctx context.Context) ([]*Node, error) {
 	return out, nil
 }
 
-// Start watches the ClusterNetworkPolicies once their API is there (a runnable of the
-// agent's manager).
+// Start looks for the API until it is installed, then watches the policies (a runnable
+// of the agent's manager).
 func (s *apiSource) Start(ctx context.Context) error {
 	logged := false
 	for {
-		if s.apiInstalled() {
-			if err := watchInformer(ctx, s.cache, &policyv1beta1.ClusterNetworkPolicy{}, s.trigger); err != nil {
+		state, err := s.check()
+		if err != nil {
+			s.log.Error(err, "retrying", "in", APIPollPeriod)
+		}
+		if state == apiInstalled {
+			if err := s.watch(ctx); err != nil {
 				return err
 			}
-			s.installed.Store(true)
-			s.log.Info("enforcing ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1)")
 			s.trigger()
 			<-ctx.Done()
 			return nil
 		}
-		if !logged {
+		if state == apiAbsent && !logged {
 			s.log.Info("the ClusterNetworkPolicy API (policy.networking.k8s.io/v1beta1) is not installed; looking again periodically", "every", APIPollPeriod)
 			logged = true
 		}

@@ -81,9 +81,6 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 		return err
 	}
 	src := &apiSource{cache: mgr.GetCache(), nodes: nodes, mapper: mgr.GetRESTMapper(), log: log.WithName("cluster-policy")}
-	// Known before the first sync, so that a pod wired right after the agent starts is
-	// under the cluster's Admin rules from its first packet.
-	src.installed.Store(src.apiInstalled())
 	e := &Engine{
 		Cluster: src,
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
