@@ -73,8 +73,12 @@ deps: ## Install what the tests need (apt packages; k8s binaries, crictl, refere
 	hack/build-coredns.sh >/dev/null
 	hack/build-e2e.sh >/dev/null
 
+# The ClusterNetworkPolicy conformance tests make test runs (make conformance-cnp runs all):
+# both tiers with NetworkPolicy, priorities, TCP and UDP rules, the experimental named ports.
+CNP_CI ?= CNPAdminTierIntegration|CNPAdminTierPriorityField|CNPAdminTierIngressNamedPort|CNPAdminTierEgressNamedPort|CNPBaselineTierIngressTCP|CNPBaselineTierEgressUDP
+
 .PHONY: test
-test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset, the upstream [sig-network] subset (test/upstream/ci.txt).
+test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset, the upstream [sig-network] subset (test/upstream/ci.txt), the ClusterNetworkPolicy conformance subset (CNP_CI).
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) validate-bundle
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_TIME) ./cni/plugin/
@@ -83,6 +87,7 @@ test: deps manifests generate bundle catalog vet ## Run every test: unit, real k
 	go test -tags e2e $(GO_TEST_FLAGS) ./test/e2e/...
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
 	UPSTREAM_FOCUS=test/upstream/ci.txt UPSTREAM_DIRECT=0 hack/conformance-upstream.sh
+	CNP_RUN='$(CNP_CI)' ARTIFACTS=$(TRELLIS_CACHE)/cnp-ci hack/conformance-cnp.sh
 
 .PHONY: verify
 verify: manifests generate bundle catalog ## Fail if generated files (CRDs, RBAC, deep copies, OLM bundle and catalog) are out of date.
