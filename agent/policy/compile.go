@@ -535,17 +535,22 @@ func (c *compiler) ipBlockSet(b *networkingv1.IPBlock) (string, error) {
 	if err != nil || len(prefixes) == 0 {
 		return "", err
 	}
+	return c.netSet("ipBlock", prefixes), nil
+}
+
+// netSet registers the hash:net set of prefixes (what is the kind of peer they come
+// from, for the comment). Named by what it holds: peers written differently that cover
+// the same addresses share one set, and the name doesn't depend on which policy came first.
+func (c *compiler) netSet(what string, prefixes []netip.Prefix) string {
 	members := make([]string, len(prefixes))
 	for i, p := range prefixes {
 		members[i] = p.String()
 	}
-	// Named by what it holds: blocks written differently that cover the same addresses
-	// share one set, and the name doesn't depend on which policy came first.
-	comment := "ipBlock " + strings.Join(members[:min(len(members), 4)], " ")
+	comment := what + " " + strings.Join(members[:min(len(members), 4)], " ")
 	if len(members) > 4 {
 		comment += fmt.Sprintf(" and %d more prefixes", len(members)-4)
 	}
-	return c.set("net|"+strings.Join(members, ","), SetNet, members, comment), nil
+	return c.set("net|"+strings.Join(members, ","), SetNet, members, comment)
 }
 
 // portMatches are the iptables matches for one NetworkPolicyPort. A named port resolves,

@@ -233,24 +233,34 @@ func TestEstablishedConnectionDenied(t *testing.T) {
 	st := n.state(deny)
 	rs := policy.Compile(st)
 	must(t, n.ns.Do(func(ns.NetNS) error {
-		if _, err := a.Apply(rs, true); err != nil {
-			return err
-		}
-		ifaces := map[netip.Addr]string{}
-		for _, e := range st.Endpoints {
-			ifaces[e.IP] = e.Interface
-		}
-		removed, err := policy.DeleteDeniedConnections(rs, ifaces)
-		if err == nil && removed == 0 {
-			t.Error("no conntrack entry removed for the denied connection")
-		}
+		_, err := a.Apply(rs, true)
 		return err
 	}))
+	if n.deleteDenied(st, rs) == 0 {
+		t.Error("no conntrack entry removed for the denied connection")
+	}
 	for i := range 3 {
 		if err := roundTrip(); err == nil {
 			t.Fatalf("round trip %d on the denied connection still works", i)
 		}
 	}
+}
+
+// deleteDenied runs the conntrack clean-up of rs on the node and returns how many entries
+// it removed.
+func (n *node) deleteDenied(st policy.State, rs *policy.Ruleset) uint {
+	n.t.Helper()
+	ifaces := map[netip.Addr]string{}
+	for _, e := range st.Endpoints {
+		ifaces[e.IP] = e.Interface
+	}
+	var removed uint
+	must(n.t, n.ns.Do(func(ns.NetNS) error {
+		var err error
+		removed, err = policy.DeleteDeniedConnections(rs, ifaces)
+		return err
+	}))
+	return removed
 }
 
 func echo(t *testing.T, pod ns.NetNS, port int) {

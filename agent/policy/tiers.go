@@ -370,15 +370,7 @@ func (c *compiler) networksSet(networks []policyv1beta1.CIDR) (string, error) {
 			outer = append(outer, p)
 		}
 	}
-	members := make([]string, len(outer))
-	for i, p := range outer {
-		members[i] = p.String()
-	}
-	comment := "networks " + strings.Join(members[:min(len(members), 4)], " ")
-	if len(members) > 4 {
-		comment += fmt.Sprintf(" and %d more prefixes", len(members)-4)
-	}
-	return c.set("net|"+strings.Join(members, ","), SetNet, members, comment), nil
+	return c.netSet("networks", outer), nil
 }
 
 // clusterPorts are the port matches of r ("" for every port and protocol). ok is false

@@ -96,19 +96,12 @@ func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
 			cluster[0].Generation++
 			rs := policy.Compile(st)
 			must(t, n.ns.Do(func(ns.NetNS) error {
-				if _, err := restarted.Apply(rs, true); err != nil {
-					return err
-				}
-				ifaces := map[netip.Addr]string{}
-				for _, e := range st.Endpoints {
-					ifaces[e.IP] = e.Interface
-				}
-				removed, err := policy.DeleteDeniedConnections(rs, ifaces)
-				if err == nil && removed == 0 {
-					t.Error("no conntrack entry removed for the connection the Admin Deny denies")
-				}
+				_, err := restarted.Apply(rs, true)
 				return err
 			}))
+			if n.deleteDenied(st, rs) == 0 {
+				t.Error("no conntrack entry removed for the connection the Admin Deny denies")
+			}
 			_ = conn.SetDeadline(time.Now().Add(700 * time.Millisecond))
 			buf := make([]byte, 2)
 			if _, err := conn.Write([]byte("x\n")); err == nil {
@@ -148,18 +141,9 @@ func TestKernelClusterPolicyOwnNode(t *testing.T) {
 				t.Fatalf("web under default-deny egress and cluster egress rules can't reach its own node %s: %v", nodeIP, err)
 			}
 			defer conn.Close()
-			rs := policy.Compile(st)
-			must(t, n.ns.Do(func(ns.NetNS) error {
-				ifaces := map[netip.Addr]string{}
-				for _, e := range st.Endpoints {
-					ifaces[e.IP] = e.Interface
-				}
-				removed, err := policy.DeleteDeniedConnections(rs, ifaces)
-				if err == nil && removed != 0 {
-					t.Errorf("the conntrack clean-up removed %d entries: the connection to the node is allowed", removed)
-				}
-				return err
-			}))
+			if removed := n.deleteDenied(st, policy.Compile(st)); removed != 0 {
+				t.Errorf("the conntrack clean-up removed %d entries: the connection to the node is allowed", removed)
+			}
 			// An Admin Deny of the node's own address.
 			admin := &cnp.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "admin"}, Spec: cnp.ClusterNetworkPolicySpec{
 				Tier: cnp.AdminTier, Priority: 1, Subject: shopPods("web"),
