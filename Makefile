@@ -233,7 +233,7 @@ bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin 
 BENCH_POLICY_FLAGS ?=
 
 .PHONY: bench-policy
-bench-policy: ## NetworkPolicy at 1,000 and 10,000 pods (1,000 policies) side by side: full sync, label change/pod add/policy add -> enforced p50/p99, CNI ADD with vs without 100,000 conntrack entries, RSS, throughput with vs without policy, goals PASS/MISS (root; real API server; own netns). Options: BENCH_POLICY_FLAGS="-sizes 1000,10000 -policies 1000 -changes 20 -conntrack 100000 -repeat 3 -profile-dir DIR" (-pods N = -sizes N).
+bench-policy: ## NetworkPolicy at 1,000 and 10,000 pods (1,000 NetworkPolicies, 100 ClusterNetworkPolicies) side by side: full sync, label change/pod add/policy add/CNP add/CNP rule edit/CNP priority edit -> enforced p50/p99, CNI ADD with vs without 100,000 conntrack entries, RSS, throughput with vs without policy, goals PASS/MISS (root; real API server; own netns). Options: BENCH_POLICY_FLAGS="-sizes 1000,10000 -policies 1000 -cnps 100 -changes 20 -conntrack 100000 -repeat 3 -profile-dir DIR" (-pods N = -sizes N).
 	@hack/install-deps.sh && hack/build-k8s.sh >/dev/null && \
 	tmp="$${TMPDIR:-/tmp}/trlbp-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \

@@ -22,8 +22,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/agent/policy"
@@ -41,6 +43,9 @@ type event struct {
 	Sets       int     `json:"sets"`
 	SetEntries int     `json:"setEntries"`
 	Isolated   int     `json:"isolated"`
+	// ClusterPolicies the sync held, and the first problem of one (none expected).
+	ClusterPolicies int    `json:"clusterPolicies"`
+	ClusterProblem  string `json:"clusterProblem,omitempty"`
 }
 
 func (e event) duration() time.Duration { return time.Duration(e.Seconds * float64(time.Second)) }
@@ -59,7 +64,7 @@ type agentOptions struct {
 const hookTimeout = 10 * time.Second
 
 // runAgent is the agent side (-agent): the policy engine as trellis-agent runs it (the same
-// cache transforms, engine, kernel applier and CNI hook server; the pods are wired before
+// cache transforms, engine, ClusterNetworkPolicy source, kernel applier and CNI hook server; the pods are wired before
 // it starts), reporting each sync on stdout. With remove, it takes every policy rule and
 // set away and exits.
 func runAgent(o agentOptions, node string) (err error) {
@@ -95,6 +100,17 @@ func runAgent(o agentOptions, node string) (err error) {
 	if err != nil {
 		return fmt.Errorf("creating the agent's manager: %w", err)
 	}
+	// The ClusterNetworkPolicies and nodes as Setup reads them for trellis-agent.
+	nodes, err := cache.New(mgr.GetConfig(), cache.Options{
+		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
+		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: policy.TrimNode}},
+	})
+	if err != nil {
+		return fmt.Errorf("making the node cache: %w", err)
+	}
+	if err := mgr.Add(nodes); err != nil {
+		return err
+	}
 	var mu sync.Mutex
 	out := json.NewEncoder(os.Stdout)
 	e := &policy.Engine{
@@ -106,12 +122,23 @@ func runAgent(o agentOptions, node string) (err error) {
 			if st.Err != nil {
 				ev.Error = st.Err.Error()
 			}
+			ev.ClusterPolicies = len(st.ClusterPolicies)
+			for _, cp := range st.ClusterPolicies {
+				if len(cp.Problems) > 0 && ev.ClusterProblem == "" {
+					ev.ClusterProblem = cp.Name + ": " + cp.Problems[0]
+				}
+			}
 			mu.Lock()
 			_ = out.Encode(ev)
 			mu.Unlock()
 		},
 	}
+	src := policy.NewClusterPolicySource(mgr.GetCache(), nodes, mgr.GetRESTMapper(), e.Trigger, logr.Discard())
+	e.Cluster = src
 	if err := mgr.Add(e); err != nil {
+		return err
+	}
+	if err := mgr.Add(src); err != nil {
 		return err
 	}
 	if o.hook != "" {

@@ -1,10 +1,12 @@
 // Command bench-policy measures the NetworkPolicy engine at scale (make bench-policy): a
 // real API server holding, one size after another (-sizes, default 1,000 then 10,000), that
-// many pods and -policies policies; a node network namespace with real pods wired by the
+// many pods, -policies NetworkPolicies and -cnps ClusterNetworkPolicies (both tiers; the
+// standard-channel CRD installed); a node network namespace with real pods wired by the
 // CNI plugin's veth code; and the agent's policy engine as its own process in that
 // namespace, restarted for each size. Per size it prints the full sync time from agent
-// start; p50/p99 of the time from a label change / a pod add / a policy add to enforcement
-// (probed between real pods), -changes of each; p50/p99 of what a CNI ADD waits for (the
+// start; p50/p99 of the time from a label change / a pod add / a policy add / a CNP add / a
+// CNP rule edit / a CNP priority edit to enforcement (probed between real pods), -changes
+// of each; p50/p99 of what a CNI ADD waits for (the
 // policy hook, EnsurePod) with the node's conntrack table nearly empty and holding
 // -conntrack entries; the rules and set entries; the agent's RSS; and pod-to-pod
 // throughput through the policy chains against the same path with policy removed. One
@@ -38,6 +40,7 @@ const base = "trlbp-"
 type options struct {
 	sizes      []int
 	policies   int
+	cnps       int
 	changes    int
 	conntrack  int
 	duration   time.Duration
@@ -57,7 +60,8 @@ func main() {
 	pods := flag.Int("pods", 0, "measure this one pod count (the same as -sizes N)")
 	var o options
 	flag.IntVar(&o.policies, "policies", 1000, "NetworkPolicies in the cluster, the same at every size")
-	flag.IntVar(&o.changes, "changes", minChanges, fmt.Sprintf("label changes, pod adds, policy adds and CNI ADDs (each, without and with the conntrack table) per size; the latency goals need >= %d", minChanges))
+	flag.IntVar(&o.cnps, "cnps", 100, "ClusterNetworkPolicies in the cluster (Admin and Baseline), the same at every size, beside the probes' own")
+	flag.IntVar(&o.changes, "changes", minChanges, fmt.Sprintf("label changes, pod adds, policy adds, CNP adds, CNP rule and priority edits and CNI ADDs (each, without and with the conntrack table) per size; the latency goals need >= %d", minChanges))
 	flag.IntVar(&o.conntrack, "conntrack", 100000, "conntrack entries in the node namespace for the CNI ADD comparison")
 	flag.DurationVar(&o.duration, "duration", 3*time.Second, "length of each iperf3 run")
 	flag.IntVar(&o.repeat, "repeat", 3, "iperf3 runs per side (alternating), per size")
@@ -123,17 +127,22 @@ func run(o options) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
 	defer cancel()
 
-	fmt.Printf("starting a real kube-apiserver and etcd; sizes %v pods, %d policies\n", o.sizes, o.policies)
+	fmt.Printf("starting a real kube-apiserver and etcd; sizes %v pods, %d NetworkPolicies, %d ClusterNetworkPolicies\n", o.sizes, o.policies, o.cnps)
 	env, cfg, err := testenv.Start()
 	if err != nil {
 		return err
 	}
 	defer env.Stop()
+	crd, err := installCRD(cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("ClusterNetworkPolicy CRD (standard channel): %s\n", crd)
 	c, err := testenv.NewClient(cfg)
 	if err != nil {
 		return err
 	}
-	if err := populateFixed(ctx, c, o.policies); err != nil {
+	if err := populateFixed(ctx, c, o.policies, o.cnps); err != nil {
 		return err
 	}
 
@@ -167,7 +176,7 @@ func run(o options) error {
 		}
 		have = size
 		m := &measurer{c: c, n: n, o: o, access: agentOptions{access: accessFile, hook: filepath.Join(dir, "hook.sock")},
-			f: &figures{pods: size, policies: o.policies, ctTarget: o.conntrack}}
+			f: &figures{pods: size, policies: o.policies, cnps: o.cnps, ctTarget: o.conntrack}}
 		if o.profileDir != "" && size == o.sizes[len(o.sizes)-1] {
 			m.access.cpuProfile = filepath.Join(o.profileDir, fmt.Sprintf("agent-%d.cpu.pprof", size))
 			m.access.heapProfile = filepath.Join(o.profileDir, fmt.Sprintf("agent-%d.heap.pprof", size))
@@ -186,9 +195,10 @@ func run(o options) error {
 	return nil
 }
 
-// populateFixed creates what every size shares: the namespaces, the policies and the real
-// pods' objects (but late's, which the run creates and deletes).
-func populateFixed(ctx context.Context, c client.Client, nPolicies int) error {
+// populateFixed creates what every size shares: the namespaces, the NetworkPolicies, the
+// ClusterNetworkPolicies and the real pods' objects (but late's, which the run creates and
+// deletes).
+func populateFixed(ctx context.Context, c client.Client, nPolicies, nCNPs int) error {
 	for _, ns := range syntheticNamespaces() {
 		if err := c.Create(ctx, ns); err != nil {
 			return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
@@ -208,7 +218,7 @@ func populateFixed(ctx context.Context, c client.Client, nPolicies int) error {
 			return fmt.Errorf("creating NetworkPolicy %s/%s: %w", np.Namespace, np.Name, err)
 		}
 	}
-	return nil
+	return createClusterPolicies(ctx, c, nCNPs)
 }
 
 // createPods creates pods 16 at a time (the API server is the bottleneck, not the client).

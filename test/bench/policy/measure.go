@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/internal/cnicontract"
@@ -21,9 +22,11 @@ type sample struct{ took, sync time.Duration }
 
 // figures are one size's measurements.
 type figures struct {
-	pods, policies                 int
+	pods, policies, cnps           int
 	fullSync, fullSyncEngine       time.Duration
 	label, podAdd, policyAdd       []sample
+	cnpAdd, cnpRuleEdit, cnpPrio   []sample // ClusterNetworkPolicy add, rule edit, priority edit
+	cnpHeld                        int      // ClusterNetworkPolicies in the first sync
 	addPlain, addConntrack         []sample // CNI ADD: the policy hook's answer
 	ctTarget                       int      // -conntrack
 	ctPlain, ctFilled              int      // conntrack entries in the node namespace then
@@ -61,11 +64,19 @@ func (m *measurer) size(ctx context.Context) (err error) {
 	}
 	f.fullSync, f.fullSyncEngine = time.Since(m.ag.started), first.duration()
 	f.rules, f.sets, f.entries, f.isolated = first.Rules, first.Sets, first.SetEntries, first.Isolated
+	// The full sync counts only if it held every ClusterNetworkPolicy, each enforced.
+	f.cnpHeld = first.ClusterPolicies
+	if want := f.cnps + len(probeClusterPolicies()); f.cnpHeld != want {
+		return fmt.Errorf("the agent's first sync held %d ClusterNetworkPolicies, want %d", f.cnpHeld, want)
+	}
+	if first.ClusterProblem != "" {
+		return fmt.Errorf("a ClusterNetworkPolicy is not enforced as written: %s", first.ClusterProblem)
+	}
 	if _, err := m.ag.settle(0); err != nil {
 		return err
 	}
 	f.rssAfterSync = rss(m.ag.cmd.Process.Pid)
-	fmt.Printf("%d pods: full sync %v; %d label changes, pod adds, policy adds\n", f.pods, f.fullSync.Round(time.Millisecond), m.o.changes)
+	fmt.Printf("%d pods: full sync %v; %d label changes, pod adds, policy adds, CNP adds, CNP rule edits, CNP priority edits\n", f.pods, f.fullSync.Round(time.Millisecond), m.o.changes)
 
 	// Each kind of change, undone between two, so every one is the same change.
 	if err := m.labelChanges(ctx); err != nil {
@@ -76,6 +87,22 @@ func (m *measurer) size(ctx context.Context) (err error) {
 	}
 	if err := m.policyAdds(ctx); err != nil {
 		return fmt.Errorf("policy adds: %w", err)
+	}
+	if err := m.cnpAdds(ctx); err != nil {
+		return fmt.Errorf("ClusterNetworkPolicy adds: %w", err)
+	}
+	if f.cnpRuleEdit, err = m.cnpEdits(ctx, probePorts, func(deny bool) map[string]any {
+		return map[string]any{"ingress": probePortsRules(deny)}
+	}); err != nil {
+		return fmt.Errorf("ClusterNetworkPolicy rule edits: %w", err)
+	}
+	if f.cnpPrio, err = m.cnpEdits(ctx, probeDeny, func(deny bool) map[string]any {
+		if deny {
+			return map[string]any{"priority": probeDenyAhead}
+		}
+		return map[string]any{"priority": probeDenyRest}
+	}); err != nil {
+		return fmt.Errorf("ClusterNetworkPolicy priority edits: %w", err)
 	}
 
 	fmt.Printf("%d pods: %d CNI ADDs (policy hook) with the node's conntrack table as it is\n", f.pods, m.o.changes)
@@ -175,7 +202,7 @@ func (m *measurer) labelChanges(ctx context.Context) error {
 	}
 	grant, revoke := label(`"`+grantedVal+`"`), label("null")
 	// A previous size left it granted: start from revoked.
-	if m.n.connects("client", "server") {
+	if m.n.connectsWithin("client", "server", confirmTimeout) {
 		if _, err := m.change("client", "server", false, revoke); err != nil {
 			return fmt.Errorf("revoking before the first change: %w", err)
 		}
@@ -249,6 +276,72 @@ func (m *measurer) policyAdds(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// cnpAdds creates an Admin ClusterNetworkPolicy denying open's ingress from the real
+// namespace and deletes it again, timing the create until client no longer reaches open.
+func (m *measurer) cnpAdds(ctx context.Context) error {
+	for i := range m.o.changes {
+		if err := m.n.expect("client", "open", true); err != nil {
+			return fmt.Errorf("before add %d: %w", i+1, err)
+		}
+		p := isolateOpenAdmin()
+		s, err := m.change("client", "open", false, func() error {
+			if err := m.c.Create(ctx, p); err != nil {
+				return fmt.Errorf("creating ClusterNetworkPolicy %s: %w", p.Name, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("add %d: %w", i+1, err)
+		}
+		m.f.cnpAdd = append(m.f.cnpAdd, s)
+		if _, err := m.change("client", "open", true, func() error {
+			if err := m.c.Delete(ctx, p); err != nil {
+				return fmt.Errorf("deleting ClusterNetworkPolicy %s: %w", p.Name, err)
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("deleting the policy after add %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+// cnpEdits edits ClusterNetworkPolicy name (a merge patch of the spec fields spec(deny)
+// gives) so that client no longer reaches open, and back, in turn, timing each edit until
+// the probe shows it; it leaves client reaching open.
+func (m *measurer) cnpEdits(ctx context.Context, name string, spec func(deny bool) map[string]any) ([]sample, error) {
+	edit := func(deny bool) func() error {
+		return func() error {
+			patch, err := specPatch(spec(deny))
+			if err != nil {
+				return err
+			}
+			if err := m.c.Patch(ctx, &policyv1beta1.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name}}, patch); err != nil {
+				return fmt.Errorf("patching ClusterNetworkPolicy %s: %w", name, err)
+			}
+			return nil
+		}
+	}
+	if err := m.n.expect("client", "open", true); err != nil {
+		return nil, fmt.Errorf("before the first edit: %w", err)
+	}
+	var out []sample
+	for i := range m.o.changes {
+		deny := i%2 == 0
+		s, err := m.change("client", "open", !deny, edit(deny))
+		if err != nil {
+			return nil, fmt.Errorf("edit %d (deny=%v): %w", i+1, deny, err)
+		}
+		out = append(out, s)
+	}
+	if m.o.changes%2 == 1 {
+		if _, err := m.change("client", "open", true, edit(false)); err != nil {
+			return nil, fmt.Errorf("undoing the last edit: %w", err)
+		}
+	}
+	return out, nil
 }
 
 // cniAdds times what a CNI ADD waits for, the way the plugin does it: late's Pod object

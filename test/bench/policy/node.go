@@ -123,10 +123,17 @@ func (n *node) cleanup() {
 
 // connects tells whether from reaches to's probe port now: one attempt of at most 10 ms
 // (a veth round trip takes microseconds), so a denied probe costs little time.
-func (n *node) connects(from, to string) bool {
+func (n *node) connects(from, to string) bool { return n.connectsWithin(from, to, probeTimeout) }
+
+// probeTimeout bounds a timing probe; confirmTimeout a probe that confirms a denial or
+// checks a state: on a loaded machine an allowed connection can take longer than 10 ms,
+// and a denial is only ever a timeout (policy drops).
+const probeTimeout, confirmTimeout = 10 * time.Millisecond, 100 * time.Millisecond
+
+func (n *node) connectsWithin(from, to string, timeout time.Duration) bool {
 	ok := false
 	_ = inNetns(n.podNS(from), func() error {
-		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(realPodIP(slices.Index(realPods, to)), probePort).String(), 10*time.Millisecond)
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(realPodIP(slices.Index(realPods, to)), probePort).String(), timeout)
 		if err == nil {
 			c.Close()
 			ok = true
@@ -136,19 +143,26 @@ func (n *node) connects(from, to string) bool {
 	return ok
 }
 
+// expect checks the state from -> to (a denial confirmed with the longer timeout).
 func (n *node) expect(from, to string, want bool) error {
-	if got := n.connects(from, to); got != want {
+	if got := n.connects(from, to) || n.connectsWithin(from, to, confirmTimeout); got != want {
 		return fmt.Errorf("%s -> %s: connects=%v, want %v", from, to, got, want)
 	}
 	return nil
 }
 
-// until probes from -> to until it connects (want) or not, and returns the time since t0.
+// until probes from -> to until it connects (want) or not, and returns the time since t0
+// at the first probe that showed it. A denial is confirmed by a probe with the longer
+// timeout (not counted): a timing probe that merely timed out on a busy machine would end
+// the measurement before the change was enforced.
 func (n *node) until(from, to string, want bool, t0 time.Time) (time.Duration, error) {
 	deadline := t0.Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if n.connects(from, to) == want {
-			return time.Since(t0), nil
+		if got := n.connects(from, to); got == want {
+			took := time.Since(t0)
+			if want || !n.connectsWithin(from, to, confirmTimeout) {
+				return took, nil
+			}
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -58,6 +58,7 @@ func TestReportMarksMissedGoals(t *testing.T) {
 	ok := func(pods int) *figures {
 		return &figures{pods: pods, policies: 1000, ctTarget: 100000, fullSync: time.Second,
 			label: samples(20, 50*time.Millisecond), podAdd: samples(20, 50*time.Millisecond), policyAdd: samples(20, 50*time.Millisecond),
+			cnps: 100, cnpHeld: 104, cnpAdd: samples(20, 60*time.Millisecond), cnpRuleEdit: samples(20, 60*time.Millisecond), cnpPrio: samples(20, 60*time.Millisecond),
 			addPlain: samples(20, 40*time.Millisecond), addConntrack: samples(20, 44*time.Millisecond),
 			rssAfterSync: 40 << 10, rssPeak: 45 << 10, withPolicy: []float64{9e9}, withoutPolicy: []float64{10e9}}
 	}
@@ -66,10 +67,12 @@ func TestReportMarksMissedGoals(t *testing.T) {
 	large.podAdd = append(samples(19, 50*time.Millisecond), sample{took: 300 * time.Millisecond})
 	large.rssPeak = 60 << 10 // under 64 MiB: met at 10,000, would miss at 1,000
 	large.policyAdd = samples(19, 50*time.Millisecond)
+	large.cnpPrio = append(samples(19, 60*time.Millisecond), sample{took: 400 * time.Millisecond})
+	large.cnpAdd = samples(20, 120*time.Millisecond)
 	var b strings.Builder
 	report(&b, []*figures{small, large})
 	out := b.String()
-	for _, want := range []string{"1,000 pods", "10,000 pods", "= 0.90", "1.10 (n 20, 20)"} {
+	for _, want := range []string{"1,000 pods", "10,000 pods", "= 0.90", "1.10 (n 20, 20)", "1,000 NetworkPolicies and 100 ClusterNetworkPolicies", "100 ClusterNetworkPolicies (67 Admin, 33 Baseline, 20 of them on this node's pods; and the probes' 4)"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("report lacks %q:\n%s", want, out)
 		}
@@ -86,6 +89,7 @@ func TestReportMarksMissedGoals(t *testing.T) {
 	want := map[string]string{
 		"full sync": "MISS (10,000) ", "label change": "PASS PASS ", "pod add": "PASS MISS (10,000) ",
 		"policy add": "MISS (10,000) MISS (10,000) ", "CNI ADD": "PASS ", "agent RSS": "PASS ", "throughput with": "PASS ",
+		"CNP add": "MISS (10,000) PASS ", "CNP rule": "PASS PASS ", "CNP priority": "PASS MISS (10,000) ",
 	}
 	for k, v := range want {
 		if verdicts[k] != v {

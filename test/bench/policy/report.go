@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
 
@@ -136,6 +138,9 @@ func report(w io.Writer, all []*figures) {
 	rows = append(rows, latencyRows("label change", func(f *figures) []sample { return f.label })...)
 	rows = append(rows, latencyRows("pod add", func(f *figures) []sample { return f.podAdd })...)
 	rows = append(rows, latencyRows("policy add", func(f *figures) []sample { return f.policyAdd })...)
+	rows = append(rows, latencyRows("CNP add", func(f *figures) []sample { return f.cnpAdd })...)
+	rows = append(rows, latencyRows("CNP rule edit", func(f *figures) []sample { return f.cnpRuleEdit })...)
+	rows = append(rows, latencyRows("CNP priority edit", func(f *figures) []sample { return f.cnpPrio })...)
 	rows = append(rows,
 		row{"CNI ADD hook p50 / p99 (table as is)", func(f *figures) string {
 			return fmt.Sprintf("%s / %s (%s entries)", ms(pct(f.addPlain, 50, false)), ms(pct(f.addPlain, 99, false)), thousands(f.ctPlain))
@@ -151,6 +156,7 @@ func report(w io.Writer, all []*figures) {
 		row{"rules / ipsets / set entries", func(f *figures) string {
 			return fmt.Sprintf("%d / %d / %d", f.rules, f.sets, f.entries)
 		}, "", nil},
+		row{"ClusterNetworkPolicies in the full sync", func(f *figures) string { return thousands(f.cnpHeld) }, "", nil},
 		row{"agent RSS after full sync / peak", func(f *figures) string {
 			return mib(f.rssAfterSync) + " / " + mib(f.rssPeak)
 		}, fmt.Sprintf("< %d MiB to %s pods, < %d to %s", goalRSSSmall>>10, thousands(podsSmallGoal), goalRSSLarge>>10, thousands(goalPodsMax)), func(f *figures) verdict {
@@ -164,8 +170,8 @@ func report(w io.Writer, all []*figures) {
 		row{"wall time of the size", func(f *figures) string { return f.wall.Round(time.Second).String() }, "", nil},
 	)
 
-	fmt.Fprintf(w, "\nNetworkPolicy at scale: %d policies at every size; node: %d real pods, %d isolated chains; p99 is nearest-rank (of fewer than 100 samples, the largest)\n\n",
-		all[0].policies, len(realPods), all[0].isolated)
+	fmt.Fprintf(w, "\nNetworkPolicy at scale: %s NetworkPolicies and %s ClusterNetworkPolicies (%s) at every size; node: %d real pods, %d isolated chains; p99 is nearest-rank (of fewer than 100 samples, the largest)\n\n",
+		thousands(all[0].policies), thousands(all[0].cnps), cnpMix(all[0].cnps), len(realPods), all[0].isolated)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	head := []string{"metric"}
 	for _, f := range all {
@@ -216,4 +222,20 @@ func gbits(v []float64) []string {
 		out = append(out, fmt.Sprintf("%.2f", x/1e9))
 	}
 	return out
+}
+
+// cnpMix describes the n synthetic ClusterNetworkPolicies and the probes' own.
+func cnpMix(n int) string {
+	admin, baseline, onReal := 0, 0, 0
+	for _, p := range syntheticClusterPolicies(n) {
+		if p.Spec.Tier == policyv1beta1.AdminTier {
+			admin++
+		} else {
+			baseline++
+		}
+		if s := p.Spec.Subject; s.Namespaces != nil && s.Namespaces.MatchLabels["team"] == "real" || s.Pods != nil && s.Pods.NamespaceSelector.MatchLabels["team"] == "real" {
+			onReal++
+		}
+	}
+	return fmt.Sprintf("%d Admin, %d Baseline, %d of them on this node's pods; and the probes' %d", admin, baseline, onReal, len(probeClusterPolicies()))
 }
