@@ -13,7 +13,7 @@ import (
 
 // Scope is every filter-table chain the policy engine owns (names or name prefixes), so
 // its syncs leave the node's other trellis chains (NAT, anti-spoofing) alone.
-var Scope = []string{ChainForward, ChainInput, ChainFromPod, ChainToPod, ChainPodToHost, ingressPrefix, egressPrefix, ingressTailPrefix, egressTailPrefix}
+var Scope = []string{ChainForward, ChainInput, ChainOutput, ChainFromPod, ChainToPod, ChainPodToHost, ingressPrefix, egressPrefix, ingressTailPrefix, egressTailPrefix}
 
 // applyTimeout bounds one apply (ipset and iptables restores).
 const applyTimeout = 60 * time.Second

@@ -46,12 +46,14 @@ type apiSource struct {
 	trigger func()
 	log     logr.Logger
 
-	state     atomic.Int32 // apiUnknown, apiAbsent, apiInstalled
-	watchOnce sync.Once
-	watchErr  error
-	nodesOnce sync.Once
-	nodesErr  error
+	state atomic.Int32 // apiUnknown, apiAbsent, apiInstalled
+	// Informers watched so far; a failed attempt is tried again on the next call.
+	mu                     sync.Mutex
+	watching, nodesWatched bool
 }
+
+// informerTimeout bounds how long a sync waits for an informer to start and fill.
+const informerTimeout = 30 * time.Second
 
 const (
 	apiUnknown int32 = iota
@@ -120,22 +122,31 @@ func (s *apiSource) ClusterPolicies(ctx context.Context) ([]*policyv1beta1.Clust
 	return out, nil
 }
 
-// watch makes every change of a ClusterNetworkPolicy trigger a sync (once).
+// watch makes every change of a ClusterNetworkPolicy trigger a sync (once it succeeded).
 func (s *apiSource) watch(ctx context.Context) error {
-	s.watchOnce.Do(func() {
-		s.watchErr = watchInformer(ctx, s.cache, &policyv1beta1.ClusterNetworkPolicy{}, s.trigger)
-		if s.watchErr == nil {
-			s.log.Info("enforcing ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1)")
-		}
-	})
-	return s.watchErr
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.watching {
+		return nil
+	}
+	if err := watchInformer(ctx, s.cache, &policyv1beta1.ClusterNetworkPolicy{}, s.trigger); err != nil {
+		return err
+	}
+	s.watching = true
+	s.log.Info("enforcing ClusterNetworkPolicies (policy.networking.k8s.io/v1beta1)")
+	return nil
 }
 
 func (s *apiSource) Nodes(ctx context.Context) ([]*Node, error) {
-	s.nodesOnce.Do(func() { s.nodesErr = watchInformer(ctx, s.nodes, &corev1.Node{}, s.trigger) })
-	if s.nodesErr != nil {
-		return nil, s.nodesErr
+	s.mu.Lock()
+	if !s.nodesWatched {
+		if err := watchInformer(ctx, s.nodes, &corev1.Node{}, s.trigger); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		s.nodesWatched = true
 	}
+	s.mu.Unlock()
 	var l corev1.NodeList
 	if err := s.nodes.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
@@ -178,6 +189,10 @@ func (s *apiSource) Start(ctx context.Context) error {
 
 // watchInformer makes every change of obj's kind in c that policy can see trigger a sync.
 func watchInformer(ctx context.Context, c cache.Cache, obj client.Object, trigger func()) error {
+	// A new informer is filled before GetInformer returns: bounded, so a slow list fails
+	// this sync (retried) rather than holding the policy loop.
+	ctx, cancel := context.WithTimeout(ctx, informerTimeout)
+	defer cancel()
 	inf, err := c.GetInformer(ctx, obj)
 	if err != nil {
 		return fmt.Errorf("watching %T: %w", obj, err)

@@ -30,6 +30,9 @@ const (
 	ChainToPod   = "TRELLIS-TO-POD"
 	// ChainPodToHost lets this node's known pods reach the node itself.
 	ChainPodToHost = "TRELLIS-POD-TO-HOST"
+	// ChainOutput keeps the node's own packets from picking up, mid-stream, a connection
+	// of an isolated pod whose tracking was removed.
+	ChainOutput = "TRELLIS-OUTPUT"
 
 	ingressPrefix = "TRELLIS-I-" // + hash: a pod's ingress chain
 	egressPrefix  = "TRELLIS-E-" // + hash: a pod's egress chain
@@ -115,6 +118,7 @@ type Ruleset struct {
 var Jumps = []struct{ Chain, Target string }{
 	{"FORWARD", ChainForward},
 	{"INPUT", ChainInput},
+	{"OUTPUT", ChainOutput},
 }
 
 // Compile computes the filter-table chains and ipsets that enforce st's policies on st's
@@ -199,6 +203,13 @@ func (c *compiler) compile(st State) *Ruleset {
 		Chain{Name: ChainInput, Rules: []string{
 			established,
 			fmt.Sprintf("-i %s -j %s", veths, ChainPodToHost),
+		}},
+		// A pod's connection to its own node whose tracking a policy change removed: the
+		// node's next segment to the pod (OUTPUT, where no policy chain looks) would be
+		// tracked as a NEW connection from the node, and the pod's denied packets would
+		// pass as its replies.
+		Chain{Name: ChainOutput, Rules: []string{
+			fmt.Sprintf("-o %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m set --match-set %s dst -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths, isolatedSet),
 		}},
 		Chain{Name: ChainFromPod, Rules: fromPod},
 		Chain{Name: ChainToPod, Rules: toPod},
@@ -380,7 +391,7 @@ func (c *compiler) npRules(pod *Pod, policies []*networkingv1.NetworkPolicy, dir
 	for _, np := range policies {
 		for i, r := range policyRules(np, dir) {
 			peers, ports := r.peers, r.ports
-			where := fmt.Sprintf("%s/%s %s[%d]", np.Namespace, np.Name, dir, i)
+			where := fmt.Sprintf("%s/%s %s[%d]", np.Namespace, commentName(np.Name), dir, i)
 			peerMatches := []string{""} // no peers: every peer
 			if len(peers) > 0 {
 				peerMatches = nil

@@ -41,7 +41,7 @@ func (rs *Ruleset) cutOff(pods map[types.NamespacedName]bool) *Ruleset {
 	for _, c := range rs.Chains {
 		if p, ok := cut[c.Name]; ok {
 			c = Chain{Name: c.Name, Rules: []string{fmt.Sprintf(
-				"-m comment --comment \"trellis: the rules of %s could not be programmed; dropped until they are\" -j DROP", p)}}
+				"-m comment --comment \"trellis: the rules of %s/%s could not be programmed; dropped until they are\" -j DROP", p.Namespace, commentName(p.Name))}}
 		}
 		for _, r := range c.Rules {
 			for _, name := range referencedSets(r) {

@@ -77,6 +77,9 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if in == "" && out == "" {
 		return false // not a pod of this node: not ours to judge
 	}
+	if f.local[src] {
+		return false // the node's own connection to a pod (OUTPUT): no policy chain sees it
+	}
 	if src == dst {
 		return false
 	}

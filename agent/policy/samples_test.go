@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
+	"sigs.k8s.io/yaml"
 )
 
 // The ClusterNetworkPolicy samples (config/samples) do what their comments say, with
@@ -72,4 +72,3 @@ func TestClusterNetworkPolicySamples(t *testing.T) {
 		}
 	}
 }
-

@@ -164,7 +164,7 @@ func (c *compiler) podChains(pod *Pod, ep Endpoint, t tiers, dir Direction) ([]C
 			tail = append(tail, "-m addrtype --dst-type LOCAL -m comment --comment \"trellis: NetworkPolicy never blocks a pod's own node\" -j RETURN")
 		}
 		tail = append(tail, c.npRules(pod, t.nps, dir)...)
-		tail = append(tail, fmt.Sprintf("-m comment --comment \"trellis: %s of %s/%s not allowed by policy\" -j DROP", dir, pod.Namespace, pod.Name))
+		tail = append(tail, fmt.Sprintf("-m comment --comment \"trellis: %s of %s/%s not allowed by policy\" -j DROP", dir, pod.Namespace, commentName(pod.Name)))
 	} else {
 		tail = append(tail, c.tierRules(pod, t.baseline, dir, "RETURN")...)
 	}
@@ -188,6 +188,17 @@ func (c *compiler) podChains(pod *Pod, ep Endpoint, t tiers, dir Direction) ([]C
 	}
 	rules = append(rules, fmt.Sprintf("-g %s", pc.TailChain))
 	return []Chain{{Name: pc.Chain, Rules: rules}, {Name: pc.TailChain, Rules: tail}}, pc
+}
+
+// commentName is name as rule comments carry it: iptables takes comments of at most 255
+// bytes, and an object name may have 253, so a long one is cut and keeps a hash of the
+// whole (the rule still names its policy unambiguously).
+func commentName(name string) string {
+	const max = 64
+	if len(name) <= max {
+		return name
+	}
+	return name[:max-9] + "~" + strings.ToLower(hashName(name, 8))
 }
 
 func appendOnce(s []string, v string) []string {
@@ -224,15 +235,14 @@ func (c *compiler) tierRules(pod *Pod, rules []clusterRule, dir Direction, pass 
 			c.clusterProblem(r.cnp, "spec.%s[%d].action %q is unknown: the rule denies all traffic", dir, r.index, r.action)
 			target = "-j DROP"
 		}
-		comment := fmt.Sprintf("trellis: %s/%s %s[%d] %s", strings.ToLower(string(r.cnp.Spec.Tier)), r.cnp.Name, dir, r.index, r.action)
+		comment := fmt.Sprintf("trellis: %s/%s %s[%d] %s", strings.ToLower(string(r.cnp.Spec.Tier)), commentName(r.cnp.Name), dir, r.index, r.action)
 		peers, peersOK := c.clusterPeers(r, dir)
 		ports, portsOK := c.clusterPorts(r, pod, dir)
 		if !peersOK || !portsOK {
 			if r.action == policyv1beta1.ClusterNetworkPolicyRuleActionAccept {
-				// An Accept rule that can't be read matches nothing.
-				if !peersOK && len(peers) == 0 || !portsOK && len(ports) == 0 {
-					continue
-				}
+				// An Accept rule that can't be read matches nothing, its readable peers
+				// and protocols included (the API's "fail closed" for Accept).
+				continue
 			} else {
 				// A Deny or Pass rule that can't be read is a Deny of everything.
 				add(ruleString("", "", comment+" (fails closed: denies all)", "-j DROP"))
@@ -315,7 +325,9 @@ func (c *compiler) clusterPeers(r clusterRule, dir Direction) (matches []string,
 				match(set)
 			}
 		case len(p.DomainNames) > 0:
-			fail(j, "domainNames are not enforced by Trellis: the peer matches nothing")
+			// A field of the API Trellis doesn't enforce (not one it can't read): this
+			// peer matches nothing, the rule's other peers still do. Reported.
+			c.clusterProblem(r.cnp, "spec.%s[%d].%s[%d]: domainNames are not enforced by Trellis: the peer matches nothing", dir, r.index, peersField(dir), j)
 		}
 	}
 	return matches, ok

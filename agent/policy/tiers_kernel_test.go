@@ -3,6 +3,7 @@ package policy_test
 import (
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -157,5 +158,74 @@ func TestKernelClusterPolicyOwnNode(t *testing.T) {
 				t.Errorf("web reached its own node %s through an Admin Deny of its address", nodeIP)
 			}
 		})
+	}
+}
+
+// A pod's connection to its own node that an Admin Deny now denies stays stopped once its
+// conntrack entry is removed, even when the node speaks next: the node's segment (OUTPUT,
+// where no policy chain looks) must not start a new tracked connection whose replies the
+// pod's denied packets would then pass as.
+func TestKernelOwnNodeConnectionNotPickedUpByTheNode(t *testing.T) {
+	backend := netfilter.NFT
+	n := newNode(t, backend, "web")
+	nodeIP, _ := n.underlay(t)
+	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+	// A server on the node that speaks every 50 ms (a watch, a stream).
+	var ln net.Listener
+	must(t, n.ns.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(nodeIP, 7100).String())
+		return err
+	}))
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for range 200 {
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write([]byte("tick\n"))
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	st := n.state()
+	st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "watch-allowed"}, Spec: cnp.ClusterNetworkPolicySpec{
+		Tier: cnp.AdminTier, Priority: 1, Subject: shopPods("web"),
+		Egress: []cnp.ClusterNetworkPolicyEgressRule{{Action: cnp.ClusterNetworkPolicyRuleActionDeny,
+			To: []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{"192.0.2.0/24"}}}}},
+	}}}
+	n.apply(a, st)
+	conn, err := n.dialIn(t, "web", netip.AddrPortFrom(nodeIP, 7100))
+	if err != nil {
+		t.Fatalf("web -> its node before the Deny: %v", err)
+	}
+	defer conn.Close()
+	var mu sync.Mutex
+	var last time.Time
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := conn.Read(buf); err != nil {
+				return
+			}
+			mu.Lock()
+			last = time.Now()
+			mu.Unlock()
+		}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	st.ClusterPolicies[0].Spec.Egress[0].To[0].Networks = []cnp.CIDR{cnp.CIDR(nodeIP.String() + "/32")}
+	n.apply(a, st)
+	if n.deleteDenied(st, policy.Compile(st)) == 0 {
+		t.Fatal("no conntrack entry removed for the connection the Deny denies")
+	}
+	cleaned := time.Now()
+	time.Sleep(1500 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if last.After(cleaned.Add(200 * time.Millisecond)) {
+		t.Errorf("the denied connection to the node still carried data %v after its tracking was removed: the node's segments picked it up again", last.Sub(cleaned))
 	}
 }

@@ -335,3 +335,58 @@ func TestEngineClusterPolicies(t *testing.T) {
 		t.Errorf("nodes listed %d times with no node peer", n)
 	}
 }
+
+// An Accept rule that can't be read in part matches nothing at all (the API's fail-closed
+// for Accept): its readable peer doesn't let traffic skip the Deny after it.
+func TestClusterNetworkPolicyPartlyUnreadableAccept(t *testing.T) {
+	st := tierWorld()
+	bad := metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "ns", Operator: "In"}}}
+	st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{
+		cnpolicy("accept", admin, 1, nsSubject("x"), []cnp.ClusterNetworkPolicyIngressRule{
+			in(accept, []cnp.ClusterNetworkPolicyIngressPeer{fromNS("y")[0], {Namespaces: &bad}}),
+		}, nil),
+		cnpolicy("deny", admin, 2, nsSubject("x"), []cnp.ClusterNetworkPolicyIngressRule{in(deny, fromNS("y"))}, nil),
+	}
+	rs := Compile(st)
+	if ok, err := rs.Allowed(Packet{Src: podIP(st, "y/b"), Dst: podIP(st, "x/a"), Protocol: "tcp", DstPort: 80, InInterface: "trlyb", OutInterface: "trlxa"}); err != nil || ok {
+		t.Errorf("y/b -> x/a allowed=%v (%v): a partly unreadable Accept let it past the Deny\n%s", ok, err, dump(rs))
+	}
+	if len(rs.Problems) != 1 || rs.Problems[0].ClusterPolicy != "accept" {
+		t.Errorf("problems %+v, want the unreadable peer of accept", rs.Problems)
+	}
+}
+
+// Object names of any valid length make rules the kernel takes (iptables comments hold at
+// most 255 bytes; names up to 253).
+func TestLongNamesFitComments(t *testing.T) {
+	st := tierWorld()
+	long := strings.Repeat("a", 250)
+	st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{
+		cnpolicy(long, admin, 1, nsSubject("x"), []cnp.ClusterNetworkPolicyIngressRule{
+			in(deny, []cnp.ClusterNetworkPolicyIngressPeer{{}}), in(accept, fromNS("y")),
+		}, nil),
+	}
+	p := np("x", long, nil, onlyIngress, []networkingv1.NetworkPolicyIngressRule{{}}, nil)
+	st.Policies = []*networkingv1.NetworkPolicy{p}
+	st.Pods[0].Name = strings.Repeat("p", 250)
+	st.Endpoints[0].Pod = st.Pods[0].Key()
+	rs := Compile(st)
+	ks, err := kernelState(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.Validate(); err != nil {
+		t.Errorf("the kernel would refuse the rules of long names: %v", err)
+	}
+	if err := rs.cutOff(rs.isolatedPods()).validate(); err != nil {
+		t.Errorf("the kernel would refuse the cut-off rules of long names: %v", err)
+	}
+}
+
+func (rs *Ruleset) validate() error {
+	ks, err := kernelState(rs)
+	if err != nil {
+		return err
+	}
+	return ks.Validate()
+}
