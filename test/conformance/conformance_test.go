@@ -368,6 +368,13 @@ func preflight(t *testing.T, k *Kube, resources *probe.Resources) {
 		for _, port := range append(slices.Clone(Ports), 82) {
 			cmd := []string{"/agnhost", "connect", net.JoinHostPort(to.IP, strconv.Itoa(port)), "--timeout=1s", "--protocol=" + proto}
 			_, stderr, cmdErr, err := k.ExecuteRemoteCommand(from.Namespace, from.Name, from.Containers[0].Name, cmd)
+			// A pod shows Running when its containers started, not once each server has
+			// bound its port (the pods have no readiness probes): a served port refused at
+			// first is asked again for up to 10 s before it counts.
+			for try := 0; err == nil && port != 82 && cmdErr != nil && strings.HasPrefix(stderr, "REFUSED") && try < 10; try++ {
+				time.Sleep(time.Second)
+				_, stderr, cmdErr, err = k.ExecuteRemoteCommand(from.Namespace, from.Name, from.Containers[0].Name, cmd)
+			}
 			switch {
 			case err != nil:
 				t.Fatalf("preflight: %v", err)
