@@ -175,13 +175,12 @@ func (c *compiler) podChains(pod *Pod, ep Endpoint, t tiers, dir Direction) ([]C
 	}
 	rules := []string{fmt.Sprintf("%s %s/32 -m comment --comment \"trellis: a pod is never blocked from itself\" -j RETURN", self, ep.IP)}
 	rules = append(rules, c.tierRules(pod, t.admin, dir, passTarget)...)
-	for _, r := range t.admin {
-		pc.ClusterPolicies = appendOnce(pc.ClusterPolicies, r.cnp.Name)
+	held := t.admin
+	if len(t.nps) == 0 { // the Baseline rules are in the chain only where no NetworkPolicy decides
+		held = append(slices.Clip(held), t.baseline...)
 	}
-	for _, r := range t.baseline {
-		if len(t.nps) == 0 {
-			pc.ClusterPolicies = appendOnce(pc.ClusterPolicies, r.cnp.Name)
-		}
+	for _, r := range held {
+		pc.ClusterPolicies = appendOnce(pc.ClusterPolicies, r.cnp.Name)
 	}
 	if pc.TailChain == "" {
 		return []Chain{{Name: pc.Chain, Rules: append(rules, tail...)}}, pc
