@@ -111,10 +111,11 @@ validate-bundle: ## Validate bundle/ with operator-framework/api (its own module
 ##@ Build
 
 .PHONY: build
-build: ## Build trellis-operator, trellis-agent and trellis into bin/.
+build: ## Build trellis-operator, trellis-agent, trellis (the CNI plugin) and kubectl-trellis into bin/.
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/trellis-operator ./cmd/manager
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/trellis-agent ./cmd/agent
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/trellis ./cmd/cni
+	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-trellis ./cmd/kubectl-trellis
 
 .PHONY: run
 run: manifests generate ## Run the operator against the cluster in ~/.kube/config.

@@ -1,0 +1,12 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/trellis-net/trellis/cli"
+)
+
+// commands are the subcommands, one package under cli/ each.
+func commands(f *cli.Factory) []*cobra.Command {
+	return []*cobra.Command{}
+}
