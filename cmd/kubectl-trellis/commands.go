@@ -4,9 +4,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trellis-net/trellis/cli"
+	"github.com/trellis-net/trellis/cli/status"
 )
 
 // commands are the subcommands, one package under cli/ each.
 func commands(f *cli.Factory) []*cobra.Command {
-	return []*cobra.Command{}
+	return []*cobra.Command{
+		status.NewCommand(f),
+	}
 }
