@@ -117,6 +117,18 @@ build: ## Build trellis-operator, trellis-agent, trellis (the CNI plugin) and ku
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/trellis ./cmd/cni
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-trellis ./cmd/kubectl-trellis
 
+# The kubectl plugin is released as a binary per platform, as krew and users download it.
+CLI_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+.PHONY: dist-cli
+dist-cli: ## Build kubectl-trellis for CLI_PLATFORMS into _output/dist (a .tar.gz each, and SHA256SUMS).
+	@rm -rf _output/dist && mkdir -p _output/dist
+	@set -e; for p in $(CLI_PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; d=_output/dist/kubectl-trellis_$${os}_$${arch}; mkdir -p $$d; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(LDFLAGS)" -o $$d/kubectl-trellis ./cmd/kubectl-trellis; \
+		tar -C $$d -czf $$d.tar.gz kubectl-trellis; rm -rf $$d; echo "_output/dist/kubectl-trellis_$${os}_$${arch}.tar.gz"; \
+	done
+	@cd _output/dist && sha256sum *.tar.gz > SHA256SUMS
+
 .PHONY: run
 run: manifests generate ## Run the operator against the cluster in ~/.kube/config.
 	RELATED_IMAGE_AGENT=$(IMG) go run ./cmd/manager
