@@ -38,7 +38,7 @@ func healthy() Snapshot {
 		nn := v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: v1alpha1.NodeNetworkSpec{PodCIDR: []string{"10.244.1.0/24", "10.244.2.0/24"}[i]},
 			Status: v1alpha1.NodeNetworkStatus{AgentVersion: "v1", Encapsulation: v1alpha1.EncapsulationVXLAN,
-				NetworkPolicy: v1alpha1.NodePolicyStatus{Enforced: true, Backend: "iptables-nft"},
+				NetworkPolicy: v1alpha1.NodePolicyStatus{Enforced: true, Backend: "nft"},
 				IPAM:          v1alpha1.NodeIPAMStatus{InUse: 3, Capacity: 253},
 				Conditions: []metav1.Condition{
 					cond("Ready", "True", "Programmed", ""),

@@ -47,7 +47,7 @@ func Render(w io.Writer, r Report) {
 		}
 		policy := "not enforced"
 		if n.PolicyEnforced {
-			policy = fmt.Sprintf("%s, isolated %d in/%d eg", n.PolicyBackend, n.IsolatedIngress, n.IsolatedEgress)
+			policy = fmt.Sprintf("iptables-%s, isolated %d in/%d eg", n.PolicyBackend, n.IsolatedIngress, n.IsolatedEgress)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\n", n.Name, firstWord(n.NodeReady), agent, dash(n.AgentVersion),
 			network, n.CNIConfig, policy, dash(n.Offload), n.PodsInUse, n.PodsCapacity)
