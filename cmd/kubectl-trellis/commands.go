@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trellis-net/trellis/cli"
+	"github.com/trellis-net/trellis/cli/connectivity"
 	"github.com/trellis-net/trellis/cli/status"
 )
 
@@ -11,5 +12,6 @@ import (
 func commands(f *cli.Factory) []*cobra.Command {
 	return []*cobra.Command{
 		status.NewCommand(f),
+		connectivity.NewCommand(f),
 	}
 }
