@@ -42,7 +42,28 @@ type NetworkPolicy struct {
 	// SetupTimeout bounds how long a new pod's setup waits for its policies, a Go
 	// duration ("10s").
 	SetupTimeout string `json:"setupTimeout,omitempty"`
+	// DenyLogs is spec.networkPolicy.denyLogs.
+	DenyLogs DenyLogs `json:"denyLogs"`
 }
+
+// DenyLogs settings: which namespaces' denied connection attempts the agent logs, and
+// how many lines a second at most.
+type DenyLogs struct {
+	// Mode is Annotated, All or Off (api/v1alpha1 DenyLogsMode); "" (an operator that
+	// predates deny logs) is Annotated.
+	Mode string `json:"mode,omitempty"`
+	// LinesPerSecond bounds the node's deny log lines; 0 (an older operator) is 100.
+	LinesPerSecond int32 `json:"linesPerSecond,omitempty"`
+}
+
+// Deny log modes (api/v1alpha1 DenyLogsMode).
+const (
+	DenyLogsAnnotated = "Annotated"
+	DenyLogsAll       = "All"
+	DenyLogsOff       = "Off"
+	// DefaultDenyLogLines is spec.networkPolicy.denyLogs.linesPerSecond's default.
+	DefaultDenyLogLines = 100
+)
 
 // PolicySetupTimeout is NetworkPolicy.SetupTimeout parsed (validated by Load).
 func (c *Config) PolicySetupTimeout() time.Duration {
@@ -113,6 +134,19 @@ func Load(path string) (*Config, error) {
 	case TXChecksumOffloadAuto, TXChecksumOffloadEnabled, TXChecksumOffloadDisabled:
 	default:
 		return nil, fmt.Errorf("agent configuration %s: vxlan.txChecksumOffload %q: want Auto, Enabled or Disabled (the operator renders it from spec.vxlan.txChecksumOffload)", path, c.VXLAN.TXChecksumOffload)
+	}
+	switch c.NetworkPolicy.DenyLogs.Mode {
+	case "":
+		c.NetworkPolicy.DenyLogs.Mode = DenyLogsAnnotated
+	case DenyLogsAnnotated, DenyLogsAll, DenyLogsOff:
+	default:
+		return nil, fmt.Errorf("agent configuration %s: networkPolicy.denyLogs.mode %q: want Annotated, All or Off (the operator renders it from spec.networkPolicy.denyLogs.mode)", path, c.NetworkPolicy.DenyLogs.Mode)
+	}
+	switch l := c.NetworkPolicy.DenyLogs.LinesPerSecond; {
+	case l == 0:
+		c.NetworkPolicy.DenyLogs.LinesPerSecond = DefaultDenyLogLines
+	case l < 0 || l > 10000:
+		return nil, fmt.Errorf("agent configuration %s: networkPolicy.denyLogs.linesPerSecond %d: want 1 to 10000", path, l)
 	}
 	if c.NetworkPolicy.Enabled {
 		if d, err := time.ParseDuration(c.NetworkPolicy.SetupTimeout); err != nil || d <= 0 {

@@ -16,18 +16,20 @@ import (
 // agent acting on it: "file (from the repository root) TestName[/subtest]". A field
 // nothing reads must not be rendered: editing it would restart every agent for nothing.
 var consumers = map[string]string{
-	"podCIDRs":                   "agent/nodenet/nodenet_test.go TestConfigTakesEffect/podCIDRs and natOutgoing",
-	"encapsulation":              "agent/nodenet/nodenet_test.go TestConfigTakesEffect/encapsulation Direct",
-	"vxlan.port":                 "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and txChecksumOffload",
-	"vxlan.vni":                  "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and txChecksumOffload",
-	"vxlan.txChecksumOffload":    "agent/nodenet/offload_test.go TestChecksumOffloadSelfTest",
-	"mtu":                        "agent/nodenet/nodenet_test.go TestConfigTakesEffect/mtu",
-	"natOutgoing":                "agent/nodenet/nodenet_test.go TestConfigTakesEffect/natOutgoing off",
-	"logLevel":                   "agent/options/options_test.go TestConfigLogLevel",
-	"nodeIPInterface":            "agent/nodenet/nodenet_test.go TestConfigTakesEffect/nodeIPInterface",
-	"removeOtherCNIConfigs":      "agent/nodenet/nodenet_test.go TestConfigTakesEffect/removeOtherCNIConfigs",
-	"networkPolicy.enabled":      "agent/nodenet/conflist_test.go TestConflistRoundTrip",
-	"networkPolicy.setupTimeout": "agent/nodenet/conflist_test.go TestConflistRoundTrip",
+	"podCIDRs":                              "agent/nodenet/nodenet_test.go TestConfigTakesEffect/podCIDRs and natOutgoing",
+	"encapsulation":                         "agent/nodenet/nodenet_test.go TestConfigTakesEffect/encapsulation Direct",
+	"vxlan.port":                            "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and txChecksumOffload",
+	"vxlan.vni":                             "agent/nodenet/nodenet_test.go TestConfigTakesEffect/vxlan port, VNI and txChecksumOffload",
+	"vxlan.txChecksumOffload":               "agent/nodenet/offload_test.go TestChecksumOffloadSelfTest",
+	"mtu":                                   "agent/nodenet/nodenet_test.go TestConfigTakesEffect/mtu",
+	"natOutgoing":                           "agent/nodenet/nodenet_test.go TestConfigTakesEffect/natOutgoing off",
+	"logLevel":                              "agent/options/options_test.go TestConfigLogLevel",
+	"nodeIPInterface":                       "agent/nodenet/nodenet_test.go TestConfigTakesEffect/nodeIPInterface",
+	"removeOtherCNIConfigs":                 "agent/nodenet/nodenet_test.go TestConfigTakesEffect/removeOtherCNIConfigs",
+	"networkPolicy.enabled":                 "agent/nodenet/conflist_test.go TestConflistRoundTrip",
+	"networkPolicy.setupTimeout":            "agent/nodenet/conflist_test.go TestConflistRoundTrip",
+	"networkPolicy.denyLogs.mode":           "agent/policy/denylog_test.go TestDenyLogsRendering",
+	"networkPolicy.denyLogs.linesPerSecond": "agent/policy/denylog_test.go TestDenyLogsRendering",
 }
 
 func TestEveryFieldHasAnEffect(t *testing.T) {

@@ -112,6 +112,9 @@ type Ruleset struct {
 	// sorted by interface.
 	Endpoints []Endpoint
 	Problems  []Problem
+	// DenyLogRules are the deny log rules by NFLOG prefix (nil when no pod's denied
+	// packets are logged).
+	DenyLogRules map[string]DenyLogRule
 }
 
 // Jumps are the rules trellis puts into the built-in chains, first in each.
@@ -154,7 +157,7 @@ func (c *compiler) compile(st State) *Ruleset {
 		}
 		if !inTiers.empty() {
 			chains, pc := c.podChains(pod, ep, inTiers, Ingress)
-			ingress = append(ingress, chains...)
+			ingress = append(ingress, c.logged(pod, chains, pc)...)
 			toPod = append(toPod, fmt.Sprintf("-o %s -g %s", ep.Interface, pc.Chain))
 			c.rs.PodChains = append(c.rs.PodChains, pc)
 		} else {
@@ -162,7 +165,7 @@ func (c *compiler) compile(st State) *Ruleset {
 		}
 		if !outTiers.empty() {
 			chains, pc := c.podChains(pod, ep, outTiers, Egress)
-			egress = append(egress, chains...)
+			egress = append(egress, c.logged(pod, chains, pc)...)
 			fromPod = append(fromPod, fmt.Sprintf("-i %s -g %s", ep.Interface, pc.Chain))
 			c.rs.PodChains = append(c.rs.PodChains, pc)
 		} else {
@@ -252,6 +255,7 @@ type compiler struct {
 	clusterPolicies []*policyv1beta1.ClusterNetworkPolicy
 	subjects        map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector
 	nodes           []*Node
+	denyLog         DenyLog
 	// memo, when set, holds pod-derived set members from earlier syncs (incremental).
 	memo *setMemo
 }
@@ -262,6 +266,7 @@ func newCompiler(st State, memo *setMemo) *compiler {
 		sets: map[string]*Set{}, setNames: map[string]string{},
 		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		memo: memo, subjects: map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector{}, nodes: st.Nodes,
+		denyLog: st.DenyLog,
 	}
 	c.clusterPolicies = slices.Clone(st.ClusterPolicies)
 	sortClusterPolicies(c.clusterPolicies)

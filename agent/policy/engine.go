@@ -88,6 +88,8 @@ type Engine struct {
 	DeleteDenied func(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error)
 	// OnSync, when set, is told each sync's outcome (status reporting, metrics).
 	OnSync func(Status, *Ruleset, time.Duration)
+	// DenyLog says whose denied packets are logged (off when zero).
+	DenyLog DenyLog
 	// Recorder, when set, gets a warning event on a NetworkPolicy whose rule can't be
 	// enforced as written (once per distinct problem).
 	Recorder events.EventRecorder
@@ -532,6 +534,7 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 		st.Policies = append(st.Policies, &nps.Items[i])
 	}
 	st.Pods = e.view.pods(pods)
+	st.DenyLog = e.DenyLog
 
 	e.mu.Lock()
 	now := time.Now()

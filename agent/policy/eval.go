@@ -171,15 +171,19 @@ func (e *evaluator) match(args []string) (matched bool, target string, gotoChain
 		switch a {
 		case "-j":
 			target = next()
+			if target == "NFLOG" {
+				target = "" // a deny log: non-terminal, the rule after it decides
+			}
 		case "-g":
 			target, gotoChain = next(), true
 		case "-m":
-			if m := next(); m == "tcp" || m == "udp" || m == "sctp" || m == "comment" || m == "set" || m == "conntrack" || m == "addrtype" {
+			if m := next(); m == "tcp" || m == "udp" || m == "sctp" || m == "comment" || m == "set" || m == "conntrack" || m == "addrtype" || m == "hashlimit" {
 				continue
 			} else {
 				return false, "", false, fmt.Errorf("unknown match %s", m)
 			}
-		case "--comment":
+		case "--comment", "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-name", "--nflog-prefix", "--nflog-group", "--nflog-size":
+			// A rate limit only decides whether a deny log is sent, never a verdict.
 			next()
 		case "--dst-type":
 			// Only LOCAL is written: an address of this node, i.e. the INPUT path.

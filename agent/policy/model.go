@@ -85,6 +85,8 @@ func (p *Pod) Addressable() bool {
 type Namespace struct {
 	Name   string
 	Labels map[string]string
+	// DenyLogs is the namespace's DenyLogAnnotation ("true", "false" or "").
+	DenyLogs string
 }
 
 // Node is what policy needs of a node: ClusterNetworkPolicy egress peers select nodes by
@@ -115,6 +117,8 @@ type State struct {
 	Nodes []*Node
 	// Endpoints are this node's pods with their veths; only these get chains.
 	Endpoints []Endpoint
+	// DenyLog says whose denied packets are logged.
+	DenyLog DenyLog
 	// peers, when set, is Peers(Pods), computed once by the engine.
 	peers []*Pod
 }

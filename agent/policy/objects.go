@@ -55,14 +55,18 @@ func TrimPod(obj any) (any, error) {
 	return out, nil
 }
 
-// TrimNamespace keeps a namespace's name and labels.
+// TrimNamespace keeps a namespace's name, labels and deny log annotation.
 func TrimNamespace(obj any) (any, error) {
 	n, ok := obj.(*corev1.Namespace)
 	if !ok {
 		return obj, nil
 	}
+	var annotations map[string]string
+	if v, ok := n.Annotations[DenyLogAnnotation]; ok {
+		annotations = map[string]string{DenyLogAnnotation: v}
+	}
 	return &corev1.Namespace{TypeMeta: n.TypeMeta, ObjectMeta: metav1.ObjectMeta{
-		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+		Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels, Annotations: annotations,
 	}}, nil
 }
 
@@ -113,7 +117,7 @@ func PodFrom(p *corev1.Pod) *Pod {
 
 // NamespaceFrom converts a namespace.
 func NamespaceFrom(n *corev1.Namespace) *Namespace {
-	return &Namespace{Name: n.Name, Labels: n.Labels}
+	return &Namespace{Name: n.Name, Labels: n.Labels, DenyLogs: n.Annotations[DenyLogAnnotation]}
 }
 
 // String names a pod chain for people: namespace/pod and direction.

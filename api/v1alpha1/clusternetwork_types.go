@@ -196,6 +196,47 @@ type NetworkPolicySpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('5m')",message="spec.networkPolicy.setupTimeout must be a duration between 1s and 5m, e.g. 10s"
 	// +optional
 	SetupTimeout *metav1.Duration `json:"setupTimeout,omitempty"`
+
+	// DenyLogs: a line in the node agent's log for each connection attempt a policy
+	// denies (docs/deny-logs.md).
+	// +kubebuilder:default={}
+	// +optional
+	DenyLogs DenyLogsSpec `json:"denyLogs,omitzero"`
+}
+
+// DenyLogsAnnotation on a namespace switches deny logs on ("true") or off ("false") for
+// the pods of that namespace (see DenyLogsMode).
+const DenyLogsAnnotation = "network.trellis.dev/deny-logs"
+
+// DenyLogsMode says which namespaces' denied connection attempts are logged.
+// +kubebuilder:validation:Enum=Annotated;All;Off
+type DenyLogsMode string
+
+const (
+	// DenyLogsAnnotated logs in the namespaces annotated network.trellis.dev/deny-logs: "true".
+	DenyLogsAnnotated DenyLogsMode = "Annotated"
+	// DenyLogsAll logs in every namespace but those annotated network.trellis.dev/deny-logs: "false".
+	DenyLogsAll DenyLogsMode = "All"
+	// DenyLogsOff logs nothing, whatever the namespaces say.
+	DenyLogsOff DenyLogsMode = "Off"
+)
+
+// DenyLogsSpec configures deny logs.
+type DenyLogsSpec struct {
+	// Mode: Annotated logs in namespaces annotated network.trellis.dev/deny-logs: "true";
+	// All in every namespace but those annotated "false"; Off nowhere.
+	// +kubebuilder:default=Annotated
+	// +optional
+	Mode DenyLogsMode `json:"mode,omitempty"`
+
+	// LinesPerSecond bounds the deny log lines each node writes per second (the kernel
+	// passes at most this many denied packets a second to the agent, which writes at most
+	// this many lines).
+	// +kubebuilder:default=100
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	LinesPerSecond int32 `json:"linesPerSecond,omitempty"`
 }
 
 // AgentSpec configures the node agent DaemonSet.

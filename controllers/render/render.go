@@ -78,6 +78,10 @@ func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) (agentconfig.Config, error) 
 		NetworkPolicy: agentconfig.NetworkPolicy{
 			Enabled:      *spec.NetworkPolicy.Enabled,
 			SetupTimeout: spec.NetworkPolicy.SetupTimeout.Duration.String(),
+			DenyLogs: agentconfig.DenyLogs{
+				Mode:           string(spec.NetworkPolicy.DenyLogs.Mode),
+				LinesPerSecond: spec.NetworkPolicy.DenyLogs.LinesPerSecond,
+			},
 		},
 	}, nil
 }
@@ -87,16 +91,18 @@ func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) (agentconfig.Config, error) 
 func defaulted(spec *v1alpha1.ClusterNetworkSpec) error {
 	var unset []string
 	for field, isUnset := range map[string]bool{
-		"spec.encapsulation":              spec.Encapsulation == "",
-		"spec.vxlan.port":                 spec.VXLAN.Port == 0,
-		"spec.vxlan.vni":                  spec.VXLAN.VNI == 0,
-		"spec.vxlan.txChecksumOffload":    spec.VXLAN.TXChecksumOffload == "",
-		"spec.natOutgoing":                spec.NATOutgoing == nil,
-		"spec.networkPolicy.enabled":      spec.NetworkPolicy.Enabled == nil,
-		"spec.networkPolicy.setupTimeout": spec.NetworkPolicy.SetupTimeout == nil,
-		"spec.agent.logLevel":             spec.Agent.LogLevel == "",
-		"spec.agent.imagePullPolicy":      spec.Agent.ImagePullPolicy == "",
-		"spec.rollout.maxUnavailable":     spec.Rollout.MaxUnavailable == nil,
+		"spec.encapsulation":                         spec.Encapsulation == "",
+		"spec.vxlan.port":                            spec.VXLAN.Port == 0,
+		"spec.vxlan.vni":                             spec.VXLAN.VNI == 0,
+		"spec.vxlan.txChecksumOffload":               spec.VXLAN.TXChecksumOffload == "",
+		"spec.natOutgoing":                           spec.NATOutgoing == nil,
+		"spec.networkPolicy.enabled":                 spec.NetworkPolicy.Enabled == nil,
+		"spec.networkPolicy.setupTimeout":            spec.NetworkPolicy.SetupTimeout == nil,
+		"spec.networkPolicy.denyLogs.mode":           spec.NetworkPolicy.DenyLogs.Mode == "",
+		"spec.networkPolicy.denyLogs.linesPerSecond": spec.NetworkPolicy.DenyLogs.LinesPerSecond == 0,
+		"spec.agent.logLevel":                        spec.Agent.LogLevel == "",
+		"spec.agent.imagePullPolicy":                 spec.Agent.ImagePullPolicy == "",
+		"spec.rollout.maxUnavailable":                spec.Rollout.MaxUnavailable == nil,
 	} {
 		if isUnset {
 			unset = append(unset, field)

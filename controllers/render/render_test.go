@@ -169,7 +169,7 @@ func TestConfigIsTheDefaultedSpec(t *testing.T) {
 	}
 	want := agentconfig.Config{PodCIDRs: []string{"10.244.0.0/16"}, Encapsulation: "VXLAN",
 		VXLAN: agentconfig.VXLAN{Port: 4789, VNI: 1, TXChecksumOffload: "Auto"}, NATOutgoing: true, LogLevel: "info",
-		NetworkPolicy: agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}}
+		NetworkPolicy: agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s", DenyLogs: agentconfig.DenyLogs{Mode: "Annotated", LinesPerSecond: 100}}}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("agent configuration of the defaulted spec\n%+v\nwant\n%+v", cfg, want)
 	}

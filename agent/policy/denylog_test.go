@@ -1,0 +1,145 @@
+package policy
+
+import (
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
+	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
+)
+
+// denyLogWorld is world() with x/a isolated for ingress by a NetworkPolicy that lets only
+// namespace y in on TCP 80, x/b under an Admin Deny from namespace z, and x's namespace
+// annotated as given.
+func denyLogWorld(annotation string, mode string) State {
+	st := world()
+	st.Policies = []*networkingv1.NetworkPolicy{np("x", "web", map[string]string{"pod": "a"}, nil,
+		[]networkingv1.NetworkPolicyIngressRule{{
+			From:  []networkingv1.NetworkPolicyPeer{{NamespaceSelector: pods(map[string]string{"ns": "y"})}},
+			Ports: []networkingv1.NetworkPolicyPort{{Port: port(80)}},
+		}}, nil)}
+	st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{cnpolicy("no-z", cnp.AdminTier, 10, podSubject("x", "b"),
+		[]cnp.ClusterNetworkPolicyIngressRule{in(cnp.ClusterNetworkPolicyRuleActionDeny, fromNS("z"))}, nil)}
+	st.Namespaces[0].DenyLogs = annotation
+	st.DenyLog = DenyLog{Mode: mode, LinesPerSecond: 100}
+	return st
+}
+
+// Off, the chains are exactly what they are without deny logs: no rule in any packet's path.
+func TestDenyLogsOffChangeNothing(t *testing.T) {
+	plain := Compile(denyLogWorld("", ""))
+	plain.DenyLogRules = nil
+	for _, tc := range []struct{ name, annotation, mode string }{
+		{"mode Off, namespace annotated true", "true", DenyLogOff},
+		{"mode Annotated, namespace not annotated", "", DenyLogAnnotated},
+		{"mode Annotated, namespace annotated false", "false", DenyLogAnnotated},
+		{"mode All, namespace annotated false", "false", DenyLogAll},
+		{"mode Annotated, namespace annotated yes (only true switches on)", "yes", DenyLogAnnotated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := Compile(denyLogWorld(tc.annotation, tc.mode))
+			if !reflect.DeepEqual(rs.Chains, plain.Chains) {
+				t.Errorf("chains differ from the chains without deny logs:\n%s\nwant\n%s", dump(rs), dump(plain))
+			}
+			if len(rs.DenyLogRules) != 0 {
+				t.Errorf("DenyLogRules = %v, want none", rs.DenyLogRules)
+			}
+		})
+	}
+}
+
+func TestDenyLogsRendering(t *testing.T) {
+	for _, tc := range []struct{ name, annotation, mode string }{
+		{"mode Annotated, namespace annotated true", "true", DenyLogAnnotated},
+		{"mode All, namespace not annotated", "", DenyLogAll},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := denyLogWorld(tc.annotation, tc.mode)
+			rs := Compile(st)
+			plain := Compile(denyLogWorld("", DenyLogOff))
+			// Each DROP of x's pod chains has an NFLOG twin right before it; nothing else changes.
+			var logs int
+			for i, c := range rs.Chains {
+				var without []string
+				for j, r := range c.Rules {
+					if !strings.Contains(r, "-j NFLOG") {
+						without = append(without, r)
+						continue
+					}
+					logs++
+					if !strings.HasPrefix(c.Name, ingressPrefix) && !strings.HasPrefix(c.Name, egressPrefix) {
+						t.Errorf("chain %s: a deny log outside a pod chain: %s", c.Name, r)
+					}
+					if j+1 >= len(c.Rules) || !strings.HasSuffix(c.Rules[j+1], "-j DROP") {
+						t.Errorf("chain %s rule %d: the deny log is not followed by its DROP: %s", c.Name, j, r)
+						continue
+					}
+					matches, _ := strings.CutSuffix(c.Rules[j+1], "-j DROP")
+					want := matches + "-m hashlimit --hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name trl-deny-100 -j NFLOG --nflog-prefix \"" + c.Name + " " + strconv.Itoa(j) + "\" --nflog-group 7425 --nflog-size 128"
+					if r != want {
+						t.Errorf("chain %s rule %d:\n%s\nwant\n%s", c.Name, j, r, want)
+					}
+				}
+				if !reflect.DeepEqual(Chain{Name: c.Name, Rules: without}, plain.Chains[i]) {
+					t.Errorf("chain %s without its deny logs is not the chain without deny logs:\n%q\n%q", c.Name, without, plain.Chains[i].Rules)
+				}
+			}
+			if logs != 2 || len(rs.DenyLogRules) != 2 {
+				t.Fatalf("%d deny log rules, %d resolvable, want 2 (x/a's NetworkPolicy drop, x/b's Admin Deny):\n%s", logs, len(rs.DenyLogRules), dump(rs))
+			}
+			got := map[types.NamespacedName]DenyLogRule{}
+			for _, d := range rs.DenyLogRules {
+				got[d.Pod] = d
+			}
+			a, b := got[types.NamespacedName{Namespace: "x", Name: "a"}], got[types.NamespacedName{Namespace: "x", Name: "b"}]
+			if a.Direction != Ingress || a.Rule != "not allowed by NetworkPolicy" || a.ClusterPolicy != "" ||
+				!reflect.DeepEqual(a.Policies, []types.NamespacedName{{Namespace: "x", Name: "web"}}) {
+				t.Errorf("x/a's deny log stands for %+v, want ingress, NetworkPolicy x/web", a)
+			}
+			if b.Direction != Ingress || b.ClusterPolicy != "no-z" || b.Rule != "admin/no-z ingress[0] Deny" {
+				t.Errorf("x/b's deny log stands for %+v, want ingress, admin/no-z ingress[0] Deny", b)
+			}
+			// The evaluator reads every rule and gives the verdicts it gives without logs.
+			for _, from := range []string{"y/a", "z/a", "x/c"} {
+				for _, to := range []string{"x/a", "x/b"} {
+					p := Packet{Src: podIP(st, from), Dst: podIP(st, to), Protocol: "tcp", DstPort: 80,
+						InInterface: iface(st, podIP(st, from)), OutInterface: iface(st, podIP(st, to))}
+					on, err := rs.Allowed(p)
+					if err != nil {
+						t.Fatalf("%s -> %s: %v", from, to, err)
+					}
+					off, _ := plain.Allowed(p)
+					if on != off {
+						t.Errorf("%s -> %s: allowed %v with deny logs, %v without", from, to, on, off)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestDenyLogOn(t *testing.T) {
+	ns := func(v string) *Namespace { return &Namespace{Name: "n", DenyLogs: v} }
+	for _, tc := range []struct {
+		d    DenyLog
+		ns   *Namespace
+		want bool
+	}{
+		{DenyLog{Mode: DenyLogAnnotated, LinesPerSecond: 1}, ns("true"), true},
+		{DenyLog{Mode: DenyLogAnnotated, LinesPerSecond: 1}, ns(""), false},
+		{DenyLog{Mode: DenyLogAnnotated, LinesPerSecond: 1}, nil, false},
+		{DenyLog{Mode: DenyLogAll, LinesPerSecond: 1}, ns(""), true},
+		{DenyLog{Mode: DenyLogAll, LinesPerSecond: 1}, nil, true},
+		{DenyLog{Mode: DenyLogAll, LinesPerSecond: 1}, ns("false"), false},
+		{DenyLog{Mode: DenyLogOff, LinesPerSecond: 1}, ns("true"), false},
+		{DenyLog{Mode: DenyLogAll}, ns("true"), false}, // no bound: nothing
+		{DenyLog{}, ns("true"), false},
+	} {
+		if got := tc.d.On(tc.ns); got != tc.want {
+			t.Errorf("%+v.On(%+v) = %v, want %v", tc.d, tc.ns, got, tc.want)
+		}
+	}
+}
