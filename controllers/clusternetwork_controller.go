@@ -81,6 +81,9 @@ type ClusterNetworkReconciler struct {
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=list;watch
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,resourceNames=trellis-agent,verbs=create;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=list;watch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,resourceNames=trellis-agent-authentication-reader,verbs=create;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles,resourceNames=extension-apiserver-authentication-reader,verbs=bind
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=list;watch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,resourceNames=trellis-agent-node-restriction,verbs=create;patch
 // +kubebuilder:rbac:groups="",namespace=trellis-system,resources=configmaps;serviceaccounts,verbs=list;watch
@@ -585,6 +588,7 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&corev1.ServiceAccount{}).
 		Owns(&rbacv1.ClusterRole{}).
 		Owns(&rbacv1.ClusterRoleBinding{}).
+		Owns(&rbacv1.RoleBinding{}).
 		Owns(&admissionregistrationv1.ValidatingAdmissionPolicy{}).
 		Owns(&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}).
 		Watches(&corev1.Node{}, toDefault, builder.WithPredicates(nodeMembership), builder.OnlyMetadata).
@@ -606,6 +610,8 @@ func CacheOptions() cache.Options {
 		&corev1.Pod{}:                {Namespaces: inNamespace, Label: labels.SelectorFromSet(render.AgentPodLabels)},
 		&rbacv1.ClusterRole{}:        {Label: ours},
 		&rbacv1.ClusterRoleBinding{}: {Label: ours},
+		// The agent's one binding outside trellis-system: reading the client CA (kube-system).
+		&rbacv1.RoleBinding{}:                                       {Namespaces: map[string]cache.Config{"kube-system": {}}, Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: {Label: ours},
 		// Managed fields are bookkeeping the operator never reads, a good part of each object.

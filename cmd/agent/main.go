@@ -18,10 +18,13 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/agent/cnimetrics"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/agent/diagnostics"
+	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/ipamstatus"
 	"github.com/trellis-net/trellis/agent/nodenet"
@@ -140,14 +143,28 @@ func run(o *options.Options, node uninstall.Node) error {
 	if err != nil {
 		return err
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	restCfg := ctrl.GetConfigOrDie()
+	// The node's diagnostics (kubectl trellis sysdump) beside /metrics, behind the same
+	// authentication (tokens and client certificates) and authorisation.
+	diag := &diagnostics.Collector{NodeName: nodeName, Version: version.Version, CNIConfDir: node.CNIConfDir,
+		Gatherer: metrics.Registry, Log: ctrl.Log.WithName("diagnostics")}
+	metricsServer, authn, err := o.Metrics.DelegatedServer(restCfg, map[string]http.Handler{report.Path: diag.Handler()})
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
 		Cache:                  cache.Options{ByObject: byObject(policy.CacheOptions(), nodenet.CacheOptions(nodeName))},
-		Metrics:                o.Metrics.Server(),
+		Metrics:                metricsServer,
 		HealthProbeBindAddress: o.HealthAddr,
 	})
 	if err != nil {
 		return fmt.Errorf("creating manager: %w", err)
+	}
+	if authn != nil {
+		if err := mgr.Add(authn); err != nil {
+			return err
+		}
 	}
 	r.Client = mgr.GetClient()
 	if err := r.SetupWithManager(mgr); err != nil {
@@ -169,6 +186,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	if err := policy.Setup(mgr, policy.Options{
 		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
 		Socket: cnicontract.DefaultPolicySocket, StateDir: cnicontract.DefaultEndpointsDir,
+		DenyLog: policy.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
 	}, ctrl.Log.WithName("policy")); err != nil {
 		return err
 	}

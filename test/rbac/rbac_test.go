@@ -59,6 +59,7 @@ var grantedUnused = map[string]string{
 	" events patch":      "client-go's core events recorder (leader election's) patches an event it records again within minutes",
 	" namespaces create": "the operator creates trellis-system when it runs elsewhere (OLM installs it into the namespace the user picks)",
 	"network.trellis.dev clusternetworks/finalizers update": "authorises the blockOwnerDeletion owner references the operator sets (OwnerReferencesPermissionEnforcement admission), not a request",
+	"rbac.authorization.k8s.io roles bind":                  "lets the operator bind the agent to the built-in Role kube-system/extension-apiserver-authentication-reader (RBAC's escalation check), not a request; the operator never reads the client CA itself",
 }
 
 // unscopedWrites are writes the roles may grant on any name, each with why (besides

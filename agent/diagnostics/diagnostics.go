@@ -1,0 +1,389 @@
+// Package diagnostics is the agent's read-only view of the node's trellis state for bug
+// reports (`kubectl trellis sysdump`): a fixed set of items, each read from the kernel or
+// the node's files, never a shell or a command the caller chooses. It is served on the
+// agent's metrics server behind the same authentication and authorisation as /metrics
+// (internal/metricsserving), bounded in size per item and in time per request.
+package diagnostics
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/agent/cniinstall"
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/diagnostics/report"
+	"github.com/trellis-net/trellis/agent/ipset"
+	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+// Bounds: an item is cut at MaxItemBytes (and marked so); a whole request stops waiting
+// for commands after RequestTimeout.
+const (
+	MaxItemBytes   = 4 << 20
+	RequestTimeout = 30 * time.Second
+)
+
+// cniPluginRouteProtocol marks the CNI plugin's routes to pods (agent/datapath uses 202
+// for routes to peers' blocks).
+const cniPluginRouteProtocol netlink.RouteProtocol = 201
+
+// Collector reads the node's state.
+type Collector struct {
+	NodeName, Version string
+	// CNIConfDir is the node's CNI configuration directory as the agent sees it.
+	CNIConfDir string
+	// Gatherer is the agent's metrics registry (controller-runtime's).
+	Gatherer prometheus.Gatherer
+	Log      logr.Logger
+
+	busy chan struct{}
+}
+
+// Handler serves GET report.Path with the node's Report as JSON. One collection runs at a
+// time per node; a second caller waits for it (or its own deadline).
+func (c *Collector) Handler() http.Handler {
+	c.busy = make(chan struct{}, 1)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			http.Error(w, "only GET", http.StatusMethodNotAllowed)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), RequestTimeout)
+		defer cancel()
+		select {
+		case c.busy <- struct{}{}:
+			defer func() { <-c.busy }()
+		case <-ctx.Done():
+			http.Error(w, "another diagnostics collection is still running on this node", http.StatusServiceUnavailable)
+			return
+		}
+		rep := c.Collect(ctx)
+		w.Header().Set("Content-Type", "application/json")
+		if err := json.NewEncoder(w).Encode(rep); err != nil {
+			c.Log.V(1).Info("writing diagnostics", "err", err.Error())
+		}
+	})
+}
+
+// Collect reads every item; an item that fails says why in its Error.
+func (c *Collector) Collect(ctx context.Context) report.Report {
+	rep := report.Report{Node: c.NodeName, Version: c.Version, CollectedAt: time.Now().UTC()}
+	add := func(file string, content string, err error) {
+		it := report.Item{File: file, Content: content}
+		if len(it.Content) > MaxItemBytes {
+			it.Content, it.Truncated = it.Content[:MaxItemBytes], true
+		}
+		if err != nil {
+			it.Error = err.Error()
+		}
+		rep.Items = append(rep.Items, it)
+	}
+	c.cni(add)
+	c.iptables(ctx, add)
+	out, err := c.ipsets(ctx)
+	add("ipset.txt", out, err)
+	out, err = routes()
+	add("routes.txt", out, err)
+	out, err = vxlan()
+	add("vxlan.txt", out, err)
+	out, err = links()
+	add("links.txt", out, err)
+	out, err = c.metrics()
+	add("metrics.txt", out, err)
+	return rep
+}
+
+// cni: the directory's configurations in the order the runtime considers them (it uses
+// the first), and each one's content.
+func (c *Collector) cni(add func(string, string, error)) {
+	entries, err := os.ReadDir(c.CNIConfDir)
+	if err != nil {
+		add("cni/order.txt", "", fmt.Errorf("reading the CNI conf dir %s: %w", c.CNIConfDir, err))
+		return
+	}
+	first, _ := cniinstall.FirstConfig(c.CNIConfDir)
+	var order strings.Builder
+	fmt.Fprintf(&order, "# %s in lexical order; the runtime uses the first *.conf, *.conflist or *.json\n", c.CNIConfDir)
+	for _, e := range entries {
+		ext := filepath.Ext(e.Name())
+		isConf := !e.IsDir() && (ext == ".conf" || ext == ".conflist" || ext == ".json")
+		mark := "  "
+		switch {
+		case e.Name() == first:
+			mark = "* "
+		case !isConf:
+			mark = "- "
+		}
+		note := ""
+		switch {
+		case e.Name() == first && e.Name() == cniinstall.ConflistName:
+			note = "  (in use: trellis's)"
+		case e.Name() == first:
+			note = "  (in use: NOT trellis's, " + cniinstall.ConflistName + " is ignored)"
+		case !isConf:
+			note = "  (not a network configuration)"
+		}
+		fmt.Fprintf(&order, "%s%s%s\n", mark, e.Name(), note)
+		if isConf {
+			b, err := readBounded(filepath.Join(c.CNIConfDir, e.Name()))
+			add("cni/"+e.Name(), string(b), err)
+		}
+	}
+	if first == "" {
+		order.WriteString("(no network configuration: the node's runtime reports the network plugin not ready)\n")
+	}
+	add("cni/order.txt", order.String(), nil)
+}
+
+func readBounded(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, MaxItemBytes+1))
+}
+
+// iptables: the backend trellis writes to, and per table trellis's chains and the jumps
+// into them. Every table is listed in one iptables-save run without -t (with -t, the legacy
+// variant would load a table that isn't there).
+func (c *Collector) iptables(ctx context.Context, add func(string, string, error)) {
+	b, err := netfilter.DetectBackend()
+	if err != nil {
+		add("iptables/backend.txt", "", err)
+		return
+	}
+	save, err := run(ctx, b.Save)
+	var summary strings.Builder
+	fmt.Fprintf(&summary, "backend: %s (%s)\n", b.Mode, b.Save)
+	tables, byTable := FilterIPTablesSave(save)
+	fmt.Fprintf(&summary, "tables with trellis chains: %s\n", strings.Join(tables, ", "))
+	add("iptables/backend.txt", summary.String(), err)
+	for _, t := range tables {
+		add("iptables/"+t+".txt", byTable[t], nil)
+	}
+}
+
+func (c *Collector) ipsets(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ipset", "list")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("ipset list: %w", err)
+	}
+	var b bytes.Buffer
+	ferr := FilterIPSetList(out, &capped{w: &b, left: MaxItemBytes}, ipset.Prefix)
+	_, _ = io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return b.String(), fmt.Errorf("ipset list: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	if errors.Is(ferr, errCapped) {
+		ferr = nil
+	}
+	return b.String(), ferr
+}
+
+var errCapped = errors.New("output cut at the size bound")
+
+type capped struct {
+	w    io.Writer
+	left int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if len(p) > c.left {
+		p = p[:c.left]
+		_, _ = c.w.Write(p)
+		c.left = 0
+		return len(p), errCapped
+	}
+	c.left -= len(p)
+	return c.w.Write(p)
+}
+
+func run(ctx context.Context, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var out, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &capped{w: &out, left: 64 << 20}, &stderr
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(stderr.String()))
+	}
+	return out.String(), nil
+}
+
+// linkNames maps interface indexes to names.
+func linkNames() map[int]string {
+	names := map[int]string{}
+	if ls, err := netlinksafe.LinkList(); err == nil {
+		for _, l := range ls {
+			names[l.Attrs().Index] = l.Attrs().Name
+		}
+	}
+	return names
+}
+
+// routes: the main table's routes trellis made, like `ip route show proto 201/202`.
+func routes() (string, error) {
+	names := linkNames()
+	var b strings.Builder
+	for _, p := range []struct {
+		proto netlink.RouteProtocol
+		what  string
+	}{{datapath.RouteProtocol, "routes to peer nodes' pod blocks (agent)"}, {cniPluginRouteProtocol, "routes to this node's pods (CNI plugin)"}} {
+		rs, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: p.proto, Table: unix.RT_TABLE_MAIN},
+			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return b.String(), fmt.Errorf("listing routes of protocol %d: %w", p.proto, err)
+		}
+		fmt.Fprintf(&b, "# proto %d: %s, %d\n", p.proto, p.what, len(rs))
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Dst.String() < rs[j].Dst.String() })
+		for _, r := range rs {
+			b.WriteString(formatRoute(r, names) + "\n")
+		}
+	}
+	return b.String(), nil
+}
+
+func formatRoute(r netlink.Route, names map[int]string) string {
+	s := "default"
+	if r.Dst != nil {
+		s = r.Dst.String()
+	}
+	if r.Gw != nil {
+		s += " via " + r.Gw.String()
+	}
+	if n, ok := names[r.LinkIndex]; ok {
+		s += " dev " + n
+	} else if r.LinkIndex != 0 {
+		s += fmt.Sprintf(" dev if%d", r.LinkIndex)
+	}
+	s += fmt.Sprintf(" proto %d scope %s", r.Protocol, r.Scope)
+	if r.Src != nil {
+		s += " src " + r.Src.String()
+	}
+	if r.Flags&int(netlink.FLAG_ONLINK) != 0 {
+		s += " onlink"
+	}
+	if r.MTU != 0 {
+		s += fmt.Sprintf(" mtu %d", r.MTU)
+	}
+	return s
+}
+
+// vxlan: the VXLAN device's settings, FDB (peer VTEP MAC -> peer node IP) and neighbour
+// (peer block gateway -> VTEP MAC) entries.
+func vxlan() (string, error) {
+	l, err := netlinksafe.LinkByName(datapath.VXLANDevice)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return fmt.Sprintf("no %s device (Direct mode, or the datapath isn't set up)\n", datapath.VXLANDevice), nil
+		}
+		return "", fmt.Errorf("reading %s: %w", datapath.VXLANDevice, err)
+	}
+	var b strings.Builder
+	a := l.Attrs()
+	fmt.Fprintf(&b, "%s: mtu %d state %s mac %s", a.Name, a.MTU, a.OperState, a.HardwareAddr)
+	if v, ok := l.(*netlink.Vxlan); ok {
+		fmt.Fprintf(&b, " vni %d port %d local %s learning %v", v.VxlanId, v.Port, v.SrcAddr, v.Learning)
+	}
+	b.WriteString("\n# fdb (bridge fdb show dev " + a.Name + ")\n")
+	fdb, err := netlink.NeighList(a.Index, unix.AF_BRIDGE)
+	if err != nil {
+		return b.String(), fmt.Errorf("listing the FDB of %s: %w", a.Name, err)
+	}
+	for _, n := range fdb {
+		fmt.Fprintf(&b, "%s dst %s %s\n", n.HardwareAddr, n.IP, neighState(n.State))
+	}
+	b.WriteString("# neighbours (ip neigh show dev " + a.Name + ")\n")
+	nb, err := netlink.NeighList(a.Index, netlink.FAMILY_V4)
+	if err != nil {
+		return b.String(), fmt.Errorf("listing the neighbours of %s: %w", a.Name, err)
+	}
+	for _, n := range nb {
+		fmt.Fprintf(&b, "%s lladdr %s %s\n", n.IP, n.HardwareAddr, neighState(n.State))
+	}
+	return b.String(), nil
+}
+
+func neighState(s int) string {
+	var out []string
+	for _, st := range []struct {
+		bit  int
+		name string
+	}{{netlink.NUD_PERMANENT, "PERMANENT"}, {netlink.NUD_REACHABLE, "REACHABLE"}, {netlink.NUD_STALE, "STALE"},
+		{netlink.NUD_NOARP, "NOARP"}, {netlink.NUD_FAILED, "FAILED"}, {netlink.NUD_INCOMPLETE, "INCOMPLETE"}} {
+		if s&st.bit != 0 {
+			out = append(out, st.name)
+		}
+	}
+	return strings.Join(out, ",")
+}
+
+// links: trellis's devices (the VXLAN device, the pods' host veths) with their addresses.
+func links() (string, error) {
+	ls, err := netlinksafe.LinkList()
+	if err != nil {
+		return "", fmt.Errorf("listing links: %w", err)
+	}
+	var b strings.Builder
+	for _, l := range ls {
+		a := l.Attrs()
+		if a.Name != datapath.VXLANDevice && !strings.HasPrefix(a.Name, cnicontract.HostVethPrefix) {
+			continue
+		}
+		fmt.Fprintf(&b, "%d: %s <%s> mtu %d state %s type %s mac %s\n", a.Index, a.Name, a.Flags, a.MTU, a.OperState, l.Type(), a.HardwareAddr)
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_V4)
+		if err != nil {
+			fmt.Fprintf(&b, "    (addresses: %v)\n", err)
+			continue
+		}
+		for _, ad := range addrs {
+			fmt.Fprintf(&b, "    inet %s\n", ad.IPNet)
+		}
+	}
+	return b.String(), nil
+}
+
+// metrics: the agent's own metrics, from its registry, in Prometheus' text format.
+func (c *Collector) metrics() (string, error) {
+	if c.Gatherer == nil {
+		return "", errors.New("no metrics registry")
+	}
+	mfs, err := c.Gatherer.Gather()
+	var b bytes.Buffer
+	enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if e := enc.Encode(mf); e != nil {
+			return b.String(), fmt.Errorf("encoding metrics: %w", e)
+		}
+	}
+	return b.String(), err
+}
