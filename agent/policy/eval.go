@@ -109,6 +109,8 @@ type evaluator struct {
 	chains map[string][][]string
 	sets   map[string]*indexedSet
 	p      Packet
+	// matched, when set, is told of every rule that matches (Trace).
+	matched func(chain string, rule int, target string)
 }
 
 // run evaluates a chain; it returns "DROP" or "" (fell through or RETURNed).
@@ -120,13 +122,16 @@ func (e *evaluator) run(chain string, depth int) (string, error) {
 	if !ok {
 		return "", fmt.Errorf("jump to missing chain %s", chain)
 	}
-	for _, r := range rules {
+	for i, r := range rules {
 		match, target, gotoChain, err := e.match(r)
 		if err != nil {
 			return "", fmt.Errorf("chain %s rule %q: %w", chain, strings.Join(r, " "), err)
 		}
 		if !match {
 			continue
+		}
+		if e.matched != nil {
+			e.matched(chain, i, target)
 		}
 		switch target {
 		case "RETURN":

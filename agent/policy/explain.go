@@ -1,0 +1,349 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/types"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
+)
+
+// What `kubectl trellis explain` needs: a node's rules compiled as that node's agent
+// compiles them, from the API server's objects alone, and for a packet the rule that
+// decided and the policy rules it stands for. The verdict is the evaluator's (the same
+// one that judges conntrack entries), so it can't disagree with Compile's rules.
+
+// NodeView is one node's policy rules as its agent computes them from st: its endpoints
+// are the pods the API server shows on the node with an address of their own (the agent
+// attributes a veth without the plugin's announcement the same way), each given an
+// interface name of its own (the real veth names are the runtime's; the rules depend on
+// them only as names).
+type NodeView struct {
+	Node  string
+	Rules *Ruleset
+	st    State
+	ev    *Evaluator
+	ifs   map[types.NamespacedName]string
+	pods  map[types.NamespacedName]*Pod
+}
+
+// CompileNode compiles node's rules from st (its Endpoints are ignored).
+func CompileNode(st State, node string) *NodeView {
+	wired := map[netip.Addr]string{}
+	for _, p := range st.Pods {
+		if p.NodeName == node && !p.HostNetwork && !p.Finished && p.IP.IsValid() {
+			wired[p.IP] = cnicontract.HostVethPrefix + strings.ToLower(hashName(p.IP.String(), 12))
+		}
+	}
+	st.Endpoints, st.Pods = endpoints(node, st.Pods, wired, nil, time.Time{}, 0)
+	st.peers = nil
+	v := &NodeView{Node: node, st: st, ifs: map[types.NamespacedName]string{}, pods: map[types.NamespacedName]*Pod{}}
+	for _, ep := range st.Endpoints {
+		v.ifs[ep.Pod] = ep.Interface
+	}
+	for _, p := range st.Pods {
+		v.pods[p.Key()] = p
+	}
+	v.Rules = Compile(st)
+	v.ev = v.Rules.Evaluator()
+	return v
+}
+
+// Interface is the host interface the rules give pod on this node, "" when the pod is no
+// endpoint of this node (another node's, host network, no address, finished).
+func (v *NodeView) Interface(pod types.NamespacedName) string { return v.ifs[pod] }
+
+// Allowed is the evaluator's verdict on p with this node's rules.
+func (v *NodeView) Allowed(p Packet) (bool, error) { return v.ev.Allowed(p) }
+
+// Trace is Ruleset.Trace with this node's rules.
+func (v *NodeView) Trace(p Packet) (Trace, error) { return v.Rules.traceWith(v.ev, p) }
+
+// Reasons a side of a connection is decided as it is.
+const (
+	// ReasonNotIsolated: no policy selects the pod for this direction.
+	ReasonNotIsolated = "NotIsolated"
+	// ReasonAllowedByRule: a NetworkPolicy rule allows it.
+	ReasonAllowedByRule = "AllowedByNetworkPolicy"
+	// ReasonNoRuleAllows: NetworkPolicies isolate the pod and none of their rules allows it.
+	ReasonNoRuleAllows = "NoRuleAllows"
+	// ReasonClusterAccept, ReasonClusterDeny: a ClusterNetworkPolicy rule decided.
+	ReasonClusterAccept = "ClusterNetworkPolicyAccept"
+	ReasonClusterDeny   = "ClusterNetworkPolicyDeny"
+	// ReasonClusterPass: an Admin Pass rule matched and nothing after it decides.
+	ReasonClusterPass = "ClusterNetworkPolicyPass"
+	// ReasonNoClusterRule: only ClusterNetworkPolicy rules apply and none matched.
+	ReasonNoClusterRule = "NoClusterNetworkPolicyRuleMatched"
+	// ReasonSelf: a pod's traffic to itself is never blocked.
+	ReasonSelf = "Self"
+	// ReasonOwnNode: a pod and its own node always reach each other (NetworkPolicy).
+	ReasonOwnNode = "OwnNode"
+	// ReasonUnknownInterface: the rules don't know the pod's interface (they drop it).
+	ReasonUnknownInterface = "UnknownInterface"
+)
+
+// Side is how one node's rules judge one direction (a pod's egress, or its ingress) of a
+// connection.
+type Side struct {
+	Node      string    `json:"node"`
+	Pod       string    `json:"pod"`
+	Direction Direction `json:"direction"`
+	Allowed   bool      `json:"allowed"`
+	// Policies are the NetworkPolicies that isolate the pod for this direction.
+	Policies []string `json:"networkPolicies"`
+	// ClusterPolicies are the ClusterNetworkPolicies whose subject is the pod and that have
+	// rules for this direction, in evaluation order (Admin, then Baseline).
+	ClusterPolicies []ClusterPolicyRef `json:"clusterNetworkPolicies"`
+	// Chain is the pod's chain for this direction ("" when it has none).
+	Chain    string   `json:"chain,omitempty"`
+	Decision Decision `json:"decision"`
+	// Path are the chains the packet went through on this node.
+	Path []string `json:"path"`
+}
+
+// ClusterPolicyRef is a ClusterNetworkPolicy that applies to a pod.
+type ClusterPolicyRef struct {
+	Name     string `json:"name"`
+	Tier     string `json:"tier"`
+	Priority int32  `json:"priority"`
+	// Ignored: a Baseline policy is not evaluated for a pod a NetworkPolicy isolates.
+	Ignored bool `json:"ignored,omitempty"`
+}
+
+// Decision is the rule that decided a side, and the policy rules it stands for.
+type Decision struct {
+	Reason string `json:"reason"`
+	// Chain and Rule: the deciding rule as the kernel holds it ("" when a chain ended).
+	Chain string `json:"chain,omitempty"`
+	Rule  string `json:"rule,omitempty"`
+	// Sources are the policy rules the deciding rule was compiled from.
+	Sources []RuleRef `json:"sources,omitempty"`
+	// Peers say what the sets the rule matched on hold (the peer that matched).
+	Peers []string `json:"matchedPeers,omitempty"`
+}
+
+// RuleRef names one rule of a policy.
+type RuleRef struct {
+	// NetworkPolicy (namespace/name) or ClusterNetworkPolicy (name).
+	NetworkPolicy string `json:"networkPolicy,omitempty"`
+	ClusterPolicy string `json:"clusterNetworkPolicy,omitempty"`
+	Tier          string `json:"tier,omitempty"`
+	// Direction and Index: the rule is spec.<direction>[Index].
+	Direction Direction `json:"direction"`
+	Index     int       `json:"index"`
+	// Peer and Port index the rule's from/to and ports that matched; -1 when the rule
+	// lists none (every peer, every port). ClusterNetworkPolicy rules give -1 for both.
+	Peer   int    `json:"peer"`
+	Port   int    `json:"port"`
+	Action string `json:"action,omitempty"`
+}
+
+func (r RuleRef) String() string {
+	if r.ClusterPolicy != "" {
+		return fmt.Sprintf("ClusterNetworkPolicy %s (%s tier) spec.%s[%d], action %s", r.ClusterPolicy, r.Tier, r.Direction, r.Index, r.Action)
+	}
+	s := fmt.Sprintf("NetworkPolicy %s spec.%s[%d]", r.NetworkPolicy, r.Direction, r.Index)
+	if r.Peer >= 0 {
+		s += fmt.Sprintf(".%s[%d]", peersField(r.Direction), r.Peer)
+	}
+	if r.Port >= 0 {
+		s += fmt.Sprintf(".ports[%d]", r.Port)
+	}
+	return s
+}
+
+// Explain judges p with this node's rules for pod's dir side: p must reach only that
+// side's chain (for egress, no OutInterface; for ingress, no InInterface), so that each side
+// is explained on its own.
+func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (Side, error) {
+	side := Side{Node: v.Node, Pod: pod.String(), Direction: dir, Policies: []string{}, ClusterPolicies: []ClusterPolicyRef{}}
+	tr, err := v.Trace(p)
+	if err != nil {
+		return side, fmt.Errorf("evaluating the rules of node %s: %w", v.Node, err)
+	}
+	side.Allowed = tr.Allowed
+	c := newCompiler(v.st, nil)
+	podObj := v.pods[pod]
+	var nps []*networkingv1.NetworkPolicy
+	if podObj != nil {
+		in, out := c.selecting(podObj)
+		nps = in
+		if dir == Egress {
+			nps = out
+		}
+		for _, np := range nps {
+			side.Policies = append(side.Policies, np.Namespace+"/"+np.Name)
+		}
+		admin, baseline := c.clusterSelecting(podObj)
+		for _, p := range slices.Concat(admin, baseline) {
+			if len(clusterRules([]*policyv1beta1.ClusterNetworkPolicy{p}, dir)) == 0 {
+				continue
+			}
+			side.ClusterPolicies = append(side.ClusterPolicies, ClusterPolicyRef{
+				Name: p.Name, Tier: string(p.Spec.Tier), Priority: p.Spec.Priority,
+				Ignored: p.Spec.Tier == policyv1beta1.BaselineTier && len(nps) > 0,
+			})
+		}
+	}
+	own := map[string]bool{}
+	for _, pc := range v.Rules.PodChains {
+		if pc.Pod == pod && pc.Direction == dir {
+			side.Chain = pc.Chain
+			own[pc.Chain] = true
+			if pc.TailChain != "" {
+				own[pc.TailChain] = true
+			}
+		}
+	}
+	for _, s := range tr.Steps {
+		if len(side.Path) == 0 {
+			side.Path = append(side.Path, s.Chain)
+		}
+		if s.Target != "RETURN" && s.Target != "DROP" && s.Target != "" {
+			side.Path = append(side.Path, s.Target)
+		}
+	}
+	if len(side.Path) == 0 {
+		side.Path = []string{ChainForward}
+		if p.ToHost {
+			side.Path[0] = ChainInput
+		}
+	}
+	// The deciding rule: the last RETURN or DROP in the pod's own chains or, for a pod
+	// without one, in the dispatch chain that let it through.
+	var decided *TraceStep
+	for i := len(tr.Steps) - 1; i >= 0; i-- {
+		s := &tr.Steps[i]
+		if s.Target != "RETURN" && s.Target != "DROP" {
+			continue
+		}
+		if own[s.Chain] || s.Chain == ChainPodToHost || (side.Chain == "" && (s.Chain == ChainFromPod || s.Chain == ChainToPod)) ||
+			strings.Contains(s.Comment, "unknown pod interface") {
+			decided = s
+			break
+		}
+	}
+	d := &side.Decision
+	if decided == nil {
+		switch {
+		case side.Chain != "":
+			// The pod's chain ended: only Baseline rules (or none) apply and none matched.
+			d.Reason = ReasonNoClusterRule
+		default:
+			d.Reason = ReasonNotIsolated
+		}
+		return side, nil
+	}
+	if decided.Chain != ChainFromPod && decided.Chain != ChainToPod && decided.Chain != ChainPodToHost {
+		// A dispatch rule names the pod's veth, which here is a stand-in: not shown.
+		d.Chain, d.Rule = decided.Chain, decided.Rule
+	}
+	for _, s := range decided.Sets {
+		if s.Comment != "" {
+			d.Peers = append(d.Peers, s.Comment)
+		}
+	}
+	switch cm := decided.Comment; {
+	case strings.Contains(cm, "unknown pod interface"):
+		d.Reason = ReasonUnknownInterface
+	case decided.Chain == ChainPodToHost || strings.Contains(cm, "never blocks a pod's own node"):
+		d.Reason = ReasonOwnNode
+	case side.Chain == "":
+		d.Reason = ReasonNotIsolated
+	case strings.Contains(cm, "never blocked from itself"):
+		d.Reason = ReasonSelf
+	case strings.Contains(cm, "not allowed by policy"):
+		d.Reason = ReasonNoRuleAllows
+	case clusterComment.MatchString(cm):
+		ref := v.clusterRuleRef(cm)
+		d.Sources = []RuleRef{ref}
+		switch {
+		case decided.Target == "DROP":
+			d.Reason = ReasonClusterDeny
+		case ref.Action == string(policyv1beta1.ClusterNetworkPolicyRuleActionPass):
+			d.Reason = ReasonClusterPass
+		default:
+			d.Reason = ReasonClusterAccept
+		}
+	case decided.Target == "RETURN" && podObj != nil:
+		d.Reason = ReasonAllowedByRule
+		d.Sources = npSources(c, podObj, nps, dir)[decided.Rule]
+	default:
+		d.Reason = "Rule"
+	}
+	return side, nil
+}
+
+// clusterComment reads a tier rule's comment: "trellis: admin/NAME ingress[2] Deny".
+var clusterComment = regexp.MustCompile(`^trellis: (admin|baseline)/(\S+) (ingress|egress)\[(\d+)\] (\S+)`)
+
+func (v *NodeView) clusterRuleRef(comment string) RuleRef {
+	m := clusterComment.FindStringSubmatch(comment)
+	idx, _ := strconv.Atoi(m[4])
+	ref := RuleRef{ClusterPolicy: m[2], Direction: Direction(m[3]), Index: idx, Peer: -1, Port: -1, Action: m[5]}
+	for _, p := range v.st.ClusterPolicies {
+		if commentName(p.Name) == m[2] && strings.EqualFold(string(p.Spec.Tier), m[1]) {
+			ref.ClusterPolicy, ref.Tier = p.Name, string(p.Spec.Tier)
+		}
+	}
+	if strings.Contains(comment, "fails closed") {
+		ref.Action = "Deny (the rule can't be read: it fails closed)"
+	}
+	return ref
+}
+
+// npSources maps each RETURN rule of pod's NetworkPolicy tier for dir to the policy rules
+// (with the peer and port) it was compiled from: npRules' loop, recording where each rule
+// comes from. Rules shared by several policies (npRules writes a rule once) list them all.
+func npSources(c *compiler, pod *Pod, policies []*networkingv1.NetworkPolicy, dir Direction) map[string][]RuleRef {
+	peerDir := "src"
+	if dir == Egress {
+		peerDir = "dst"
+	}
+	type match struct {
+		m string
+		i int
+	}
+	out := map[string][]RuleRef{}
+	for _, np := range policies {
+		for i, r := range policyRules(np, dir) {
+			where := fmt.Sprintf("%s/%s %s[%d]", np.Namespace, commentName(np.Name), dir, i)
+			peers := []match{{"", -1}}
+			if len(r.peers) > 0 {
+				peers = nil
+				for j := range r.peers {
+					if m, ok := c.peerMatch(np, &r.peers[j], peerDir, where); ok {
+						peers = append(peers, match{m, j})
+					}
+				}
+			}
+			ports := []match{{"", -1}}
+			if len(r.ports) > 0 {
+				ports = nil
+				for j := range r.ports {
+					for _, m := range c.portMatches(np, pod, &r.ports[j], dir, where) {
+						ports = append(ports, match{m, j})
+					}
+				}
+			}
+			for _, pm := range peers {
+				for _, port := range ports {
+					rule := ruleString(pm.m, port.m, "", "-j RETURN")
+					if rule == "-j RETURN" {
+						rule = fmt.Sprintf("-m comment --comment \"trellis: %s allows all\" -j RETURN", where)
+					}
+					out[rule] = append(out[rule], RuleRef{NetworkPolicy: np.Namespace + "/" + np.Name, Direction: dir, Index: i, Peer: pm.i, Port: port.i})
+				}
+			}
+		}
+	}
+	return out
+}

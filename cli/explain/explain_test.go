@@ -1,0 +1,352 @@
+package explain
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/agent/policy"
+)
+
+// The cluster of the table: node1 holds x/a and x/c, node2 x/b, y/a and a host-network
+// pod; z/p has no address yet.
+func snapshot(nps []*networkingv1.NetworkPolicy, cnps []*policyv1beta1.ClusterNetworkPolicy) *Snapshot {
+	pod := func(ns, name, node, ip string, labels map[string]string, ports ...policy.Port) *policy.Pod {
+		p := &policy.Pod{Namespace: ns, Name: name, NodeName: node, Labels: labels, Ports: ports}
+		if ip != "" {
+			p.IP = netip.MustParseAddr(ip)
+		}
+		return p
+	}
+	host := pod("kube-system", "agent", "node2", "198.51.100.12", nil)
+	host.HostNetwork = true
+	ns := func(name string) *policy.Namespace {
+		return &policy.Namespace{Name: name, Labels: map[string]string{"kubernetes.io/metadata.name": name}}
+	}
+	ready, notReady := true, false
+	name, proto, port := "web", corev1.ProtocolTCP, int32(80)
+	return &Snapshot{
+		Pods: []*policy.Pod{
+			pod("x", "a", "node1", "10.244.1.2", map[string]string{"app": "a"}),
+			pod("x", "b", "node2", "10.244.2.2", map[string]string{"app": "b"}, policy.Port{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}),
+			pod("x", "c", "node1", "10.244.1.3", map[string]string{"app": "c"}, policy.Port{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}),
+			pod("y", "a", "node2", "10.244.2.3", map[string]string{"app": "a"}),
+			pod("z", "p", "node1", "", nil),
+			host,
+		},
+		Namespaces:      []*policy.Namespace{ns("x"), ns("y"), ns("z"), ns("kube-system")},
+		Policies:        nps,
+		ClusterPolicies: cnps,
+		Nodes: []*policy.Node{
+			{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr("198.51.100.11")}},
+			{Name: "node2", IPs: []netip.Addr{netip.MustParseAddr("198.51.100.12")}},
+		},
+		Services: []corev1.Service{{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "web"},
+			Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.20", Ports: []corev1.ServicePort{
+				{Name: "web", Protocol: corev1.ProtocolTCP, Port: 8080, TargetPort: intstr.FromString("http")},
+			}},
+		}},
+		EndpointSlices: []discoveryv1.EndpointSlice{{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "x", Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: &name, Protocol: &proto, Port: &port}},
+			Endpoints: []discoveryv1.Endpoint{
+				{Addresses: []string{"10.244.2.2"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "x", Name: "b"}},
+				{Addresses: []string{"10.244.1.3"}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}, TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "x", Name: "c"}},
+				{Addresses: []string{"10.244.1.9"}, Conditions: discoveryv1.EndpointConditions{Ready: &notReady}},
+			},
+		}},
+	}
+}
+
+func np(ns, name string, types []networkingv1.PolicyType, sel map[string]string, in []networkingv1.NetworkPolicyIngressRule, out []networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: sel}, PolicyTypes: types, Ingress: in, Egress: out,
+		},
+	}
+}
+
+var (
+	ingressOnly = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	egressOnly  = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	denyIngress = np("x", "default-deny", ingressOnly, nil, nil, nil)
+	denyEgress  = np("y", "deny-egress", egressOnly, nil, nil, nil)
+	tcp         = corev1.ProtocolTCP
+	p80         = intstr.FromInt32(80)
+	httpPort    = intstr.FromString("http")
+	allowFromA  = np("x", "allow-a", ingressOnly, map[string]string{"app": "b"}, []networkingv1.NetworkPolicyIngressRule{{
+		From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "c"}}}, {PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "a"}}}},
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p80}},
+	}}, nil)
+	allowHTTPFromAll = np("x", "allow-http", ingressOnly, map[string]string{"app": "c"}, []networkingv1.NetworkPolicyIngressRule{{
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &httpPort}},
+	}}, nil)
+	allowEgressToNet = np("y", "to-net", egressOnly, nil, nil, []networkingv1.NetworkPolicyEgressRule{{
+		To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "203.0.113.0/24"}}},
+	}})
+)
+
+func admin(name string, prio int32, subjectNS string, action policyv1beta1.ClusterNetworkPolicyRuleAction, fromNS string) *policyv1beta1.ClusterNetworkPolicy {
+	return &policyv1beta1.ClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: policyv1beta1.ClusterNetworkPolicySpec{
+			Tier: policyv1beta1.AdminTier, Priority: prio,
+			Subject: policyv1beta1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": subjectNS}}},
+			Ingress: []policyv1beta1.ClusterNetworkPolicyIngressRule{{
+				Action: action,
+				From:   []policyv1beta1.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": fromNS}}}},
+			}},
+		},
+	}
+}
+
+// side is what a test expects of one side: nil when it is not evaluated.
+type side struct {
+	allowed  bool
+	reason   string
+	policies string // comma-joined
+	source   string // a substring of the first source, "" for none
+	peer     string // a substring of a matched peer
+}
+
+func TestExplain(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		nps      []*networkingv1.NetworkPolicy
+		cnps     []*policyv1beta1.ClusterNetworkPolicy
+		disabled bool
+		from, to string
+		verdict  string
+		egress   *side
+		ingress  *side
+		notes    []string // substrings of the result's or the paths' notes
+		paths    int
+	}{
+		{name: "no policy, across nodes", from: "x/a", to: "x/b:80", verdict: Allowed,
+			egress:  &side{allowed: true, reason: policy.ReasonNotIsolated},
+			ingress: &side{allowed: true, reason: policy.ReasonNotIsolated}},
+		{name: "default deny and an allow rule: the allowed peer", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
+			from: "x/a", to: "x/b:80/tcp", verdict: Allowed,
+			egress: &side{allowed: true, reason: policy.ReasonNotIsolated},
+			ingress: &side{allowed: true, reason: policy.ReasonAllowedByRule, policies: "x/allow-a,x/default-deny",
+				source: "NetworkPolicy x/allow-a spec.ingress[0].from[1].ports[0]", peer: "pods of namespace x matching {app=a}"}},
+		{name: "default deny and an allow rule: another port", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
+			from: "x/a", to: "x/b:81", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.ReasonNoRuleAllows, policies: "x/allow-a,x/default-deny"}},
+		{name: "default deny: a peer no rule names, same node as nothing", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
+			from: "y/a", to: "x/b:80", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.ReasonNoRuleAllows}},
+		{name: "same node, a named port", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
+			from: "x/a", to: "x/c:http", verdict: Allowed,
+			egress:  &side{allowed: true, reason: policy.ReasonNotIsolated},
+			ingress: &side{allowed: true, reason: policy.ReasonAllowedByRule, policies: "x/allow-http,x/default-deny", source: "x/allow-http spec.ingress[0].ports[0]"}},
+		{name: "same node, denied", nps: []*networkingv1.NetworkPolicy{denyIngress},
+			from: "x/a", to: "pod/x/c:80", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.ReasonNoRuleAllows, policies: "x/default-deny"}},
+		{name: "egress denied, ingress explained anyway", nps: []*networkingv1.NetworkPolicy{denyEgress, denyIngress},
+			from: "y/a", to: "x/b:80", verdict: Denied,
+			egress:  &side{allowed: false, reason: policy.ReasonNoRuleAllows, policies: "y/deny-egress"},
+			ingress: &side{allowed: false, reason: policy.ReasonNoRuleAllows, policies: "x/default-deny"}},
+		{name: "egress to an ipBlock outside the cluster", nps: []*networkingv1.NetworkPolicy{allowEgressToNet},
+			from: "y/a", to: "203.0.113.9:443/tcp", verdict: Allowed,
+			egress: &side{allowed: true, reason: policy.ReasonAllowedByRule, source: "y/to-net spec.egress[0].to[0]", peer: "ipBlock 203.0.113.0/24"},
+			notes:  []string{noteExternalDst}},
+		{name: "egress to another address outside", nps: []*networkingv1.NetworkPolicy{allowEgressToNet},
+			from: "y/a", to: "192.0.2.1:443", verdict: Denied,
+			egress: &side{allowed: false, reason: policy.ReasonNoRuleAllows}},
+		{name: "egress-isolated pod to its own node", nps: []*networkingv1.NetworkPolicy{denyEgress},
+			from: "y/a", to: "198.51.100.12:10250", verdict: Allowed,
+			egress: &side{allowed: true, reason: policy.ReasonOwnNode}, notes: []string{noteHost}},
+		{name: "egress-isolated pod to another node", nps: []*networkingv1.NetworkPolicy{denyEgress},
+			from: "y/a", to: "198.51.100.11:10250", verdict: Denied,
+			egress: &side{allowed: false, reason: policy.ReasonNoRuleAllows}},
+		{name: "from outside the cluster", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
+			from: "192.0.2.50", to: "x/b:80", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.ReasonNoRuleAllows}, notes: []string{noteExternalSrc}},
+		{name: "host network to a pod of its node", nps: []*networkingv1.NetworkPolicy{denyIngress},
+			from: "kube-system/agent", to: "x/b:80", verdict: Allowed, notes: []string{noteHostSrc, noteOwnNode}},
+		{name: "host network to a pod of another node", nps: []*networkingv1.NetworkPolicy{denyIngress},
+			from: "kube-system/agent", to: "x/c:80", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.ReasonNoRuleAllows}},
+		{name: "a pod to itself", nps: []*networkingv1.NetworkPolicy{denyIngress},
+			from: "x/b", to: "x/b:80", verdict: Allowed, notes: []string{noteSelf}},
+		{name: "an Admin Deny before an allowing NetworkPolicy", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
+			cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("no-x", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionDeny, "x")},
+			from: "x/a", to: "x/b:80", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.ReasonClusterDeny, source: "ClusterNetworkPolicy no-x (Admin tier) spec.ingress[0], action Deny"}},
+		{name: "an Admin Accept over a default deny", nps: []*networkingv1.NetworkPolicy{denyIngress},
+			cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("from-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionAccept, "y")},
+			from: "y/a", to: "x/b:80", verdict: Allowed,
+			ingress: &side{allowed: true, reason: policy.ReasonClusterAccept, source: "from-y"}},
+		{name: "an Admin Pass to the NetworkPolicies", nps: []*networkingv1.NetworkPolicy{denyIngress},
+			cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("pass-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionPass, "y")},
+			from: "y/a", to: "x/b:80", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.ReasonNoRuleAllows, policies: "x/default-deny"}},
+		{name: "an Admin Pass with nothing after it", cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("pass-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionPass, "y")},
+			from: "y/a", to: "x/b:80", verdict: Allowed,
+			ingress: &side{allowed: true, reason: policy.ReasonClusterPass}},
+		{name: "Admin rules that don't match", cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("no-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionDeny, "y")},
+			from: "x/a", to: "x/b:80", verdict: Allowed,
+			ingress: &side{allowed: true, reason: policy.ReasonNoClusterRule}},
+		{name: "a Service: one endpoint allowed, one denied, one not ready", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
+			from: "y/a", to: "svc/x/web", verdict: Partial, paths: 3},
+		{name: "a Service's cluster IP", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
+			from: "y/a", to: "10.96.0.20:8080", verdict: Partial, paths: 3, notes: []string{"cluster IP of service x/web"}},
+		{name: "policy enforcement off", nps: []*networkingv1.NetworkPolicy{denyIngress}, disabled: true,
+			from: "x/a", to: "x/b:80", verdict: Allowed, notes: []string{"enforcement is off"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := snapshot(tc.nps, tc.cnps)
+			s.PolicyDisabled = tc.disabled
+			q, err := ParseQuery(tc.from, tc.to, "", "", "default")
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Explain(q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			Render(&b, res)
+			t.Logf("\n%s", b.String())
+			if res.Verdict != tc.verdict {
+				t.Errorf("verdict %s, want %s", res.Verdict, tc.verdict)
+			}
+			want := 1
+			if tc.paths > 0 {
+				want = tc.paths
+			}
+			if len(res.Paths) != want {
+				t.Fatalf("%d paths, want %d", len(res.Paths), want)
+			}
+			notes := strings.Join(res.Notes, "\n")
+			for _, p := range res.Paths {
+				notes += "\n" + p.EgressNote + "\n" + p.IngressNote
+			}
+			for _, n := range tc.notes {
+				if !strings.Contains(notes, n) {
+					t.Errorf("no note says %q; notes:\n%s", n, notes)
+				}
+			}
+			if tc.paths > 0 {
+				checkService(t, res)
+				return
+			}
+			p := res.Paths[0]
+			checkSide(t, "egress", p.Egress, tc.egress)
+			checkSide(t, "ingress", p.Ingress, tc.ingress)
+		})
+	}
+}
+
+// checkService: through x/web (targetPort "http", port 80), x/b is isolated by the
+// default deny only, x/c allows http from anyone; the not-ready endpoint is outside.
+func checkService(t *testing.T, res *Result) {
+	t.Helper()
+	got := map[string]Path{}
+	for _, p := range res.Paths {
+		got[p.To.Name+p.To.IP] = p
+		if p.Port != 80 {
+			t.Errorf("endpoint %s: port %d, want the target port 80", p.To, p.Port)
+		}
+	}
+	if p := got["x/b10.244.2.2"]; p.Allowed || !p.Ready || p.Ingress == nil || p.Ingress.Decision.Reason != policy.ReasonNoRuleAllows {
+		t.Errorf("endpoint x/b: %+v", p)
+	}
+	if p := got["x/c10.244.1.3"]; !p.Allowed || !p.Ready || p.Ingress == nil || p.Ingress.Decision.Reason != policy.ReasonAllowedByRule {
+		t.Errorf("endpoint x/c: %+v", p)
+	}
+	if p := got["10.244.1.9"]; p.Ready || p.To.Kind != EndpointExternal {
+		t.Errorf("the not-ready endpoint: %+v", p)
+	}
+}
+
+func checkSide(t *testing.T, dir string, got *policy.Side, want *side) {
+	t.Helper()
+	if want == nil {
+		return
+	}
+	if got == nil {
+		t.Fatalf("%s: not evaluated", dir)
+	}
+	if got.Allowed != want.allowed || got.Decision.Reason != want.reason {
+		t.Errorf("%s: allowed %v by %s, want %v by %s", dir, got.Allowed, got.Decision.Reason, want.allowed, want.reason)
+	}
+	if want.policies != "" && strings.Join(got.Policies, ",") != want.policies {
+		t.Errorf("%s: isolated by %v, want %s", dir, got.Policies, want.policies)
+	}
+	if want.source != "" && (len(got.Decision.Sources) == 0 || !strings.Contains(got.Decision.Sources[0].String(), want.source)) {
+		t.Errorf("%s: decided by %v, want %q", dir, got.Decision.Sources, want.source)
+	}
+	if want.peer != "" && !strings.Contains(strings.Join(got.Decision.Peers, "\n"), want.peer) {
+		t.Errorf("%s: matched peers %v, want %q", dir, got.Decision.Peers, want.peer)
+	}
+}
+
+func TestExplainRefuses(t *testing.T) {
+	s := snapshot(nil, nil)
+	for _, tc := range []struct{ from, to, want string }{
+		{"z/p", "x/b:80", "no IPv4 address yet"},
+		{"x/a", "z/p:80", "no IPv4 address yet"},
+		{"x/nope", "x/b:80", "pod x/nope not found"},
+		{"x/a", "x/b:grpc", `no TCP port named "grpc"`},
+		{"x/a", "svc/x/web:9", "has no port 9"},
+		{"x/a", "svc/x/nope", "service x/nope not found"},
+	} {
+		q, err := ParseQuery(tc.from, tc.to, "", "", "default")
+		if err != nil {
+			t.Fatalf("%s -> %s: %v", tc.from, tc.to, err)
+		}
+		if _, err := s.Explain(q); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s -> %s: %v, want an error saying %q", tc.from, tc.to, err, tc.want)
+		}
+	}
+}
+
+func TestParseQuery(t *testing.T) {
+	for _, tc := range []struct {
+		from, to, port, proto string
+		want                  string // From|To|Port|Protocol, or "error: substring"
+	}{
+		{"web", "db:5432", "", "", "shop/web|shop/db|5432|"},
+		{"pod/web", "pod/other/db:5432/UDP", "", "", "shop/web|other/db|5432|udp"},
+		{"ns2/web", "svc/db", "", "", "ns2/web|service/shop/db||"},
+		{"web", "service/other/db:postgres", "", "", "shop/web|service/other/db|postgres|"},
+		{"10.0.0.1", "10.0.0.2:53/udp", "", "", "10.0.0.1|10.0.0.2|53|udp"},
+		{"web", "10.0.0.2", "53", "UDP", "shop/web|10.0.0.2|53|udp"},
+		{"web", "db", "http", "", "shop/web|shop/db|http|"},
+		{"web", "db", "", "", "error: which port?"},
+		{"web", "db:80", "81", "", "error: --port 81 and the destination's port 80 differ"},
+		{"web", "db:80/tcp", "", "udp", "error: differ"},
+		{"web", "db:80", "", "icmp", "error: --protocol \"icmp\""},
+		{"web", "db:70000", "", "", "error: want 1-65535"},
+		{"web", "10.0.0.2:http", "", "", "error: a port name needs a pod or a Service"},
+		{"svc/db", "web:80", "", "", "error: a Service opens no connections"},
+		{"a/b/c", "web:80", "", "", "error: want [pod/][NAMESPACE/]NAME"},
+		{"web", "fd00::1", "80", "", "error: IPv4 only"},
+	} {
+		q, err := ParseQuery(tc.from, tc.to, tc.port, tc.proto, "shop")
+		var got string
+		if err != nil {
+			got = "error: " + err.Error()
+			if !strings.HasPrefix(tc.want, "error: ") || !strings.Contains(got, strings.TrimPrefix(tc.want, "error: ")) {
+				t.Errorf("%s %s --port=%s --protocol=%s: %s, want %s", tc.from, tc.to, tc.port, tc.proto, got, tc.want)
+			}
+			continue
+		}
+		got = strings.Join([]string{q.From.String(), q.To.String(), q.Port, q.Protocol}, "|")
+		if got != tc.want {
+			t.Errorf("%s %s --port=%s --protocol=%s: %s, want %s", tc.from, tc.to, tc.port, tc.proto, got, tc.want)
+		}
+	}
+}
