@@ -383,6 +383,15 @@ func (r *runner) createPolicy(ctx context.Context, p *networkingv1.NetworkPolicy
 	return nil
 }
 
+// cutOff turns a check that failed because the run was interrupted into one that did
+// not run: an interrupted check proves nothing about the network.
+func cutOff(ctx context.Context, res Result) Result {
+	if ctx.Err() != nil && res.Status != Pass {
+		res.Status, res.Detail = Skip, "not run: interrupted"
+	}
+	return res
+}
+
 // runAll runs checks (the plan) with parallel at a time, the NetworkPolicy sequence beside
 // them in order, and returns results in the plan's order. done is called after each.
 func (r *runner) runAll(ctx context.Context, checks []Check, parallel int, done func()) []Result {
@@ -411,7 +420,7 @@ func (r *runner) runAll(ctx context.Context, checks []Check, parallel int, done 
 				results[i] = Result{Check: c, Status: Skip, Detail: "not run: interrupted"}
 				return
 			}
-			results[i] = r.run(ctx, c)
+			results[i] = cutOff(ctx, r.run(ctx, c))
 			done()
 		}()
 	}
@@ -419,7 +428,7 @@ func (r *runner) runAll(ctx context.Context, checks []Check, parallel int, done 
 	go func() {
 		defer wg.Done()
 		for j, res := range r.policySteps(ctx, policyChecks) {
-			results[policyIdx[j]] = res
+			results[policyIdx[j]] = cutOff(ctx, res)
 			done()
 		}
 	}()

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -16,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -129,7 +131,7 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	if parent == nil {
 		parent = context.Background()
 	}
-	ctx, stopSignals := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	ctx, stopSignals := interruptible(parent)
 	defer stopSignals()
 	cs, err := f.Clientset()
 	if err != nil {
@@ -279,6 +281,41 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 		return couldNotRun(cleanErr)
 	}
 	return nil
+}
+
+// interruptible is parent, cancelled by the first ^C (SIGINT) or SIGTERM; stop restores
+// the default handling, so that a second ^C during the cleanup ends the program. Once
+// interrupted, client-go's complaints about the exec streams we cut are dropped: they
+// would bury the cleanup's messages.
+func interruptible(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(parent)
+	var interrupted atomic.Bool
+	handlers := utilruntime.ErrorHandlers
+	utilruntime.ErrorHandlers = []utilruntime.ErrorHandler{func(ctx context.Context, err error, msg string, kv ...any) {
+		if interrupted.Load() {
+			return
+		}
+		for _, h := range handlers {
+			h(ctx, err, msg, kv...)
+		}
+	}}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigs:
+			interrupted.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			signal.Stop(sigs)
+			cancel()
+		})
+	}
 }
 
 // selectNodes returns the nodes to test, sorted: those named (each must exist), else
