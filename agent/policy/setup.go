@@ -38,6 +38,8 @@ type Options struct {
 	// StateDir keeps the plugin's announcements across agent restarts
 	// (cnicontract.DefaultEndpointsDir).
 	StateDir string
+	// DenyLog is spec.networkPolicy.denyLogs.
+	DenyLog DenyLog
 }
 
 // CacheOptions trims what the agent's cache keeps of the objects policy reads: pods,
@@ -80,14 +82,21 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	if err := mgr.Add(nodes); err != nil {
 		return err
 	}
+	denyLogs, err := setupDenyLogs(mgr, o.DenyLog, log.WithName("deny"))
+	if err != nil {
+		return err
+	}
 	src := &apiSource{cache: mgr.GetCache(), nodes: nodes, mapper: mgr.GetRESTMapper(), log: log.WithName("cluster-policy")}
 	e := &Engine{
 		Cluster: src,
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
-		StateDir: o.StateDir,
+		StateDir: o.StateDir, DenyLog: o.DenyLog,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
 			m.Observe(st, rs, took)
+			if denyLogs != nil {
+				denyLogs.SetRules(rs)
+			}
 			reporter.set(st)
 		},
 	}

@@ -1,0 +1,233 @@
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/trellis-net/trellis/agent/denylog"
+)
+
+// DenyLogger writes one line in the agent's log for each connection attempt a pod chain
+// denies, from the packets the deny log rules (withDenyLogs) send to the NFLOG group: the
+// rule's prefix says which pod, direction and rule; the addresses say who talked to whom.
+type DenyLogger struct {
+	Group          uint16
+	LinesPerSecond int
+	Log            logr.Logger
+	// PodByIP names the pod holding an address (ok false for none: a node, an address
+	// outside the cluster).
+	PodByIP func(netip.Addr) (types.NamespacedName, bool)
+	// Open binds the NFLOG group (default denylog.Open; tests open it in a namespace).
+	Open func(group uint16) (*denylog.Reader, error)
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+
+	mu      sync.Mutex
+	rules   map[string]DenyLogRule
+	limiter *denylog.Limiter
+
+	logged     *prometheus.CounterVec
+	suppressed *prometheus.CounterVec
+	once       sync.Once
+}
+
+func (d *DenyLogger) init() {
+	d.once.Do(func() {
+		if d.Open == nil {
+			d.Open = denylog.Open
+		}
+		if d.Now == nil {
+			d.Now = time.Now
+		}
+		if d.Group == 0 {
+			d.Group = DefaultNFLOGGroup
+		}
+		d.limiter = denylog.NewLimiter(d.LinesPerSecond, denylog.DefaultWindow)
+		d.logged = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trellis_policy_denied_connections_logged_total",
+			Help: "Connection attempts a policy denied that got a deny log line, by the pod whose chain denied them and direction (only where deny logs are on).",
+		}, []string{"namespace", "pod", "direction"})
+		d.suppressed = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "trellis_policy_deny_logs_suppressed_total",
+			Help: "Denied packets the kernel sent for deny logs that made no line: repeat (the same attempt again), rate (the agent's lines-per-second bound), overflow (lost in a full socket buffer).",
+		}, []string{"reason"})
+		for _, r := range []string{denylog.SuppressedRepeat, denylog.SuppressedRate, "overflow"} {
+			d.suppressed.WithLabelValues(r)
+		}
+	})
+}
+
+// Register adds the deny log metrics to r.
+func (d *DenyLogger) Register(r prometheus.Registerer) error {
+	d.init()
+	return errors.Join(r.Register(d.logged), r.Register(d.suppressed))
+}
+
+// SetRules takes the deny log rules of the Ruleset the kernel now holds (the engine's OnSync).
+func (d *DenyLogger) SetRules(rs *Ruleset) {
+	if rs == nil {
+		return
+	}
+	d.mu.Lock()
+	d.rules = rs.DenyLogRules
+	d.mu.Unlock()
+}
+
+// Start reads the NFLOG group until ctx ends. It never stops the agent: a group it can't
+// bind (another program holds it) is retried.
+func (d *DenyLogger) Start(ctx context.Context) error {
+	d.init()
+	backoff := time.Second
+	for {
+		r, err := d.Open(d.Group)
+		if err != nil {
+			d.Log.Error(err, "deny logs: can't read the NFLOG group; retrying", "group", d.Group, "retryIn", backoff)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, time.Minute)
+			continue
+		}
+		backoff = time.Second
+		d.Log.Info("deny logs: reading denied packets", "group", d.Group, "linesPerSecond", d.LinesPerSecond)
+		stop := context.AfterFunc(ctx, r.Close)
+		d.read(ctx, r)
+		stop()
+		r.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+func (d *DenyLogger) read(ctx context.Context, r *denylog.Reader) {
+	for {
+		pkts, err := r.Read()
+		if errors.Is(err, denylog.ErrOverflow) {
+			d.suppressed.WithLabelValues("overflow").Inc()
+			continue
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				d.Log.Error(err, "deny logs: reading the NFLOG group")
+			}
+			return
+		}
+		for _, p := range pkts {
+			d.Handle(p)
+		}
+	}
+}
+
+// Handle turns one logged packet into a line, unless it repeats an attempt already logged
+// or the bound is reached.
+func (d *DenyLogger) Handle(p denylog.Packet) {
+	d.init()
+	d.mu.Lock()
+	rule, known := d.rules[p.Prefix]
+	ok, why := d.limiter.Admit(p, d.Now())
+	d.mu.Unlock()
+	if !ok {
+		d.suppressed.WithLabelValues(why).Inc()
+		return
+	}
+	kv := []any{"direction", string(rule.Direction), "pod", rule.Pod.String()}
+	if !known {
+		// Rules changed between the drop and now; the packet is still a denied attempt.
+		kv = []any{"chainRule", p.Prefix}
+	}
+	kv = append(kv, "src", p.Src.String())
+	if pod, ok := d.podByIP(p.Src); ok {
+		kv = append(kv, "srcPod", pod.String())
+	}
+	kv = append(kv, "dst", p.Dst.String())
+	if pod, ok := d.podByIP(p.Dst); ok {
+		kv = append(kv, "dstPod", pod.String())
+	}
+	kv = append(kv, "protocol", p.Protocol)
+	if p.DstPort != 0 {
+		kv = append(kv, "port", int(p.DstPort))
+	}
+	if known {
+		if len(rule.Policies) > 0 {
+			names := make([]string, len(rule.Policies))
+			for i, np := range rule.Policies {
+				names[i] = np.String()
+			}
+			kv = append(kv, "policies", names)
+		}
+		if len(rule.ClusterPolicies) > 0 {
+			kv = append(kv, "clusterNetworkPolicies", rule.ClusterPolicies)
+		}
+		kv = append(kv, "rule", rule.Rule)
+		d.logged.WithLabelValues(rule.Pod.Namespace, rule.Pod.Name, string(rule.Direction)).Inc()
+	}
+	d.Log.Info("connection denied", kv...)
+}
+
+func (d *DenyLogger) podByIP(a netip.Addr) (types.NamespacedName, bool) {
+	if d.PodByIP == nil || !a.IsValid() {
+		return types.NamespacedName{}, false
+	}
+	return d.PodByIP(a)
+}
+
+// String names the logger for the manager's logs.
+func (d *DenyLogger) String() string { return fmt.Sprintf("deny logs (NFLOG group %d)", d.Group) }
+
+// podIPIndex indexes the agent's pod cache by IPv4 address (deny log lines name pods).
+const podIPIndex = "trellis.podIP"
+
+// setupDenyLogs adds the DenyLogger to the agent's manager unless deny logs are off.
+func setupDenyLogs(mgr manager.Manager, o DenyLog, log logr.Logger) (*DenyLogger, error) {
+	if o.Mode == "" || o.Mode == DenyLogOff || o.LinesPerSecond <= 0 {
+		return nil, nil
+	}
+	err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podIPIndex, func(obj client.Object) []string {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.Spec.HostNetwork {
+			return nil // a host-network pod's address is its node's
+		}
+		if ip := PodFrom(p).IP; ip.IsValid() {
+			return []string{ip.String()}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("indexing pods by address for deny logs: %w", err)
+	}
+	c := mgr.GetCache()
+	d := &DenyLogger{Group: o.group(), LinesPerSecond: o.LinesPerSecond, Log: log,
+		PodByIP: func(a netip.Addr) (types.NamespacedName, bool) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			var pods corev1.PodList
+			if err := c.List(ctx, &pods, client.MatchingFields{podIPIndex: a.String()}, client.UnsafeDisableDeepCopy); err != nil {
+				return types.NamespacedName{}, false
+			}
+			for _, p := range pods.Items {
+				if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+					return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}, true
+				}
+			}
+			return types.NamespacedName{}, false
+		}}
+	if err := d.Register(metrics.Registry); err != nil {
+		return nil, fmt.Errorf("registering deny log metrics: %w", err)
+	}
+	return d, mgr.Add(d)
+}
