@@ -1,0 +1,108 @@
+package denylog
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink/nl"
+)
+
+// message builds an NFULNL_MSG_PACKET body as the kernel sends it.
+func message(prefix string, hook uint8, in, out uint32, payload []byte) []byte {
+	b := []byte{2, 0, 0x1d, 0x01} // nfgenmsg: AF_INET, v0, group 7425
+	add := func(typ int, v []byte) { b = append(b, nl.NewRtAttr(typ, v).Serialize()...) }
+	add(attrPacketHdr, []byte{0x08, 0x00, hook, 0})
+	if in != 0 {
+		add(attrInDev, be32(in))
+	}
+	if out != 0 {
+		add(attrOutDev, be32(out))
+	}
+	add(attrPrefix, append([]byte(prefix), 0))
+	add(attrPayload, payload)
+	return b
+}
+
+func ipv4(proto byte, src, dst string, l4 []byte) []byte {
+	h := make([]byte, 20)
+	h[0] = 0x45
+	binary.BigEndian.PutUint16(h[2:], uint16(20+len(l4)))
+	h[9] = proto
+	s, d := netip.MustParseAddr(src).As4(), netip.MustParseAddr(dst).As4()
+	copy(h[12:], s[:])
+	copy(h[16:], d[:])
+	return append(h, l4...)
+}
+
+func tcp(sport, dport uint16, flags byte) []byte {
+	b := make([]byte, 20)
+	binary.BigEndian.PutUint16(b, sport)
+	binary.BigEndian.PutUint16(b[2:], dport)
+	b[12], b[13] = 5<<4, flags
+	return b
+}
+
+func TestParseMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		msg  []byte
+		ok   bool
+		want Packet
+	}{
+		{"TCP SYN forwarded to a pod", message("TRELLIS-I-ABC 2", HookForward, 7, 9, ipv4(6, "10.244.1.5", "10.244.1.6", tcp(40000, 80, 0x02))), true,
+			Packet{Prefix: "TRELLIS-I-ABC 2", Hook: HookForward, InIfindex: 7, OutIfindex: 9, Src: netip.MustParseAddr("10.244.1.5"), Dst: netip.MustParseAddr("10.244.1.6"), Protocol: "tcp", SrcPort: 40000, DstPort: 80, SYN: true}},
+		{"TCP ACK is no SYN", message("p 0", HookForward, 7, 9, ipv4(6, "10.0.0.1", "10.0.0.2", tcp(1, 2, 0x12))), true,
+			Packet{Prefix: "p 0", Hook: HookForward, InIfindex: 7, OutIfindex: 9, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp", SrcPort: 1, DstPort: 2}},
+		{"UDP to the node (INPUT)", message("p 1", HookLocalIn, 7, 0, ipv4(17, "10.0.0.1", "198.51.100.1", []byte{0x30, 0x39, 0, 53, 0, 9, 0, 0})), true,
+			Packet{Prefix: "p 1", Hook: HookLocalIn, InIfindex: 7, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("198.51.100.1"), Protocol: "udp", SrcPort: 12345, DstPort: 53}},
+		{"ICMP has no ports", message("p 3", HookForward, 1, 2, ipv4(1, "10.0.0.1", "10.0.0.2", []byte{8, 0, 0, 0})), true,
+			Packet{Prefix: "p 3", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "icmp"}},
+		{"truncated TCP header keeps addresses", message("p 4", HookForward, 1, 2, ipv4(6, "10.0.0.1", "10.0.0.2", []byte{0, 1})), true,
+			Packet{Prefix: "p 4", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp"}},
+		{"IPv6 payload is not read", message("p 5", HookForward, 1, 2, []byte{0x60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}), false, Packet{}},
+		{"no payload", message("p 6", HookForward, 1, 2, nil), false, Packet{}},
+		{"short message", []byte{2, 0}, false, Packet{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := ParseMessage(tc.msg)
+			if ok != tc.ok {
+				t.Fatalf("ok = %v, want %v", ok, tc.ok)
+			}
+			if ok && got != tc.want {
+				t.Errorf("got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLimiter(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	syn := func(sport uint16) Packet {
+		return Packet{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp", SrcPort: sport, DstPort: 80}
+	}
+	l := NewLimiter(3, 30*time.Second)
+	for _, step := range []struct {
+		name string
+		p    Packet
+		at   time.Duration
+		ok   bool
+		why  string
+	}{
+		{"first attempt", syn(1), 0, true, ""},
+		{"its retransmitted SYN", syn(1), time.Second, false, SuppressedRepeat},
+		{"again 7 s later", syn(1), 7 * time.Second, false, SuppressedRepeat},
+		{"another attempt (new source port)", syn(2), 7 * time.Second, true, ""},
+		{"a third", syn(3), 7 * time.Second, true, ""},
+		{"a fourth (the bucket holds one second's worth: 3)", syn(4), 7 * time.Second, true, ""},
+		{"a fifth in the same second: over the bound", syn(5), 7 * time.Second, false, SuppressedRate},
+		{"the fifth a second later", syn(5), 8 * time.Second, true, ""},
+		{"the first 5-tuple after the window: a new attempt", syn(1), 31 * time.Second, true, ""},
+	} {
+		ok, why := l.Admit(step.p, t0.Add(step.at))
+		if ok != step.ok || why != step.why {
+			t.Errorf("%s: Admit = %v, %q, want %v, %q", step.name, ok, why, step.ok, step.why)
+		}
+	}
+}
