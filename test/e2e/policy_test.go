@@ -288,6 +288,8 @@ spec:
 	})
 
 	// Last: the agents' calls through everything above, against their ClusterRole.
+	t.Run("DenyLogs", func(t *testing.T) { testDenyLogs(ctx, t, c, pods, tcpAddr) })
+
 	t.Run("AgentRoleIsWhatItCalls", func(t *testing.T) { checkAgentRole(t, c) })
 }
 
