@@ -1,0 +1,91 @@
+package policy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Every rule the NetworkPolicy tier RETURNs on is traced back to a policy rule by
+// npSources: if npRules changes how it writes a rule, explain would lose the policy that
+// allows a connection, and this fails.
+func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	p80, named, end := intstr.FromInt32(80), intstr.FromString("http"), int32(90)
+	peers := []networkingv1.NetworkPolicyPeer{
+		{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "a"}}},
+		{NamespaceSelector: &metav1.LabelSelector{}},
+		{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "x"}}, PodSelector: &metav1.LabelSelector{}},
+		{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}},
+	}
+	ports := []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p80, EndPort: &end}, {Protocol: &udp}, {Port: &named}, {Protocol: &tcp, Port: &p80}}
+	mk := func(name string, in []networkingv1.NetworkPolicyIngressRule, out []networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+		return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: name}, Spec: networkingv1.NetworkPolicySpec{
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}, Ingress: in, Egress: out,
+		}}
+	}
+	st := State{
+		Pods: []*Pod{
+			{Namespace: "x", Name: "a", NodeName: "n1", IP: netip.MustParseAddr("10.244.1.2"), Labels: map[string]string{"app": "a"}, Ports: []Port{{Name: "http", Protocol: tcp, Port: 8080}}},
+			{Namespace: "x", Name: "b", NodeName: "n1", IP: netip.MustParseAddr("10.244.1.3"), Labels: map[string]string{"app": "b"}},
+			{Namespace: "y", Name: "c", NodeName: "n2", IP: netip.MustParseAddr("10.244.2.2"), Ports: []Port{{Name: "http", Protocol: tcp, Port: 80}}},
+		},
+		Namespaces: []*Namespace{{Name: "x", Labels: map[string]string{"team": "x"}}, {Name: "y"}},
+		Policies: []*networkingv1.NetworkPolicy{
+			mk("peers-and-ports", []networkingv1.NetworkPolicyIngressRule{{From: peers, Ports: ports}}, []networkingv1.NetworkPolicyEgressRule{{To: peers, Ports: ports}}),
+			mk("all", []networkingv1.NetworkPolicyIngressRule{{}}, []networkingv1.NetworkPolicyEgressRule{{}}),
+			mk("ports-only", []networkingv1.NetworkPolicyIngressRule{{Ports: ports}}, []networkingv1.NetworkPolicyEgressRule{{Ports: ports}}),
+			mk("same-as-first", []networkingv1.NetworkPolicyIngressRule{{From: peers[:1], Ports: ports[3:]}}, nil),
+		},
+	}
+	v := CompileNode(st, "n1")
+	rules := map[string][]string{}
+	for _, c := range v.Rules.Chains {
+		rules[c.Name] = c.Rules
+	}
+	checked := 0
+	for _, pc := range v.Rules.PodChains {
+		pod := v.pods[pc.Pod]
+		c := newCompiler(v.st, nil)
+		in, out := c.selecting(pod)
+		nps := in
+		if pc.Direction == Egress {
+			nps = out
+		}
+		sources := npSources(c, pod, nps, pc.Direction)
+		for _, r := range rules[pc.Chain] {
+			if !strings.HasSuffix(r, "-j RETURN") || strings.Contains(r, "never blocked") {
+				continue
+			}
+			checked++
+			if len(sources[r]) == 0 {
+				t.Errorf("%s: rule %q is traced back to no policy rule", pc, r)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("only %d rules checked", checked)
+	}
+	// A rule two policies write once is listed under both.
+	c := newCompiler(v.st, nil)
+	a := v.pods[st.Pods[0].Key()]
+	in, _ := c.selecting(a)
+	shared := 0
+	for _, refs := range npSources(c, a, in, Ingress) {
+		names := map[string]bool{}
+		for _, r := range refs {
+			names[r.NetworkPolicy] = true
+		}
+		if names["x/peers-and-ports"] && names["x/same-as-first"] {
+			shared++
+		}
+	}
+	if shared == 0 {
+		t.Error("no rule lists both policies that give it")
+	}
+}
