@@ -113,10 +113,17 @@ func runAgent(o agentOptions, node string) (err error) {
 	}
 	var mu sync.Mutex
 	out := json.NewEncoder(os.Stdout)
+	denyLogs := &policy.DenyLogger{LinesPerSecond: benchDenyLogLines, Log: logr.Discard()}
+	if err := mgr.Add(denyLogs); err != nil {
+		return err
+	}
 	e := &policy.Engine{
 		Reader: mgr.GetCache(), ListPods: policy.InformerPods(mgr.GetCache()), NodeName: node, Applier: &policy.KernelApplier{}, Log: logr.Discard(),
 		SetupTimeout: hookTimeout,
-		OnSync: func(st policy.Status, _ *policy.Ruleset, took time.Duration) {
+		// Deny logs on everywhere: the flood row measures the allowed path beside them.
+		DenyLog: policy.DenyLog{Mode: policy.DenyLogAll, LinesPerSecond: benchDenyLogLines},
+		OnSync: func(st policy.Status, rs *policy.Ruleset, took time.Duration) {
+			denyLogs.SetRules(rs)
 			ev := event{Kind: "sync", OK: st.Err == nil, Seconds: took.Seconds(), Rules: st.Rules, Sets: st.Sets,
 				SetEntries: st.SetMembers, Isolated: st.IsolatedIngress + st.IsolatedEgress}
 			if st.Err != nil {

@@ -35,7 +35,11 @@ type figures struct {
 	rssAfterSync, rssPeak          int // KiB; peak over full sync, the changes and the plain ADDs
 	rssPeakConntrack               int // KiB; peak while the table held -conntrack entries
 	withPolicy, withoutPolicy      []float64
-	wall                           time.Duration
+	// Allowed throughput with deny logs on, under a flood of denied packets and without;
+	// floodPPS the flood's datagrams a second.
+	underFlood, noFlood []float64
+	floodPPS            []float64
+	wall                time.Duration
 }
 
 // measurer runs one size on the shared API server and node namespace.
@@ -137,6 +141,26 @@ func (m *measurer) size(ctx context.Context) (err error) {
 	}
 	if err := m.n.flushConntrack(); err != nil {
 		return err
+	}
+
+	// Allowed throughput (deny logs on for every namespace) with a flood of denied
+	// datagrams from another pod at the same server, and without, alternating.
+	fmt.Printf("%d pods: throughput under a flood of denied packets, %d runs each way\n", f.pods, m.o.repeat)
+	for range m.o.repeat {
+		bps, err := m.n.iperf(ctx, m.o.duration)
+		if err != nil {
+			return fmt.Errorf("iperf3 without a flood: %w", err)
+		}
+		f.noFlood = append(f.noFlood, bps)
+		stop, sent := m.n.flood("open", "server", floodPort)
+		t0 := time.Now()
+		bps, err = m.n.iperf(ctx, m.o.duration)
+		stop()
+		f.floodPPS = append(f.floodPPS, float64(sent())/time.Since(t0).Seconds())
+		if err != nil {
+			return fmt.Errorf("iperf3 under a flood: %w", err)
+		}
+		f.underFlood = append(f.underFlood, bps)
 	}
 
 	// Throughput client -> server through the policy chains, and with policy removed,

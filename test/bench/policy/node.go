@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -288,4 +289,42 @@ func (n *node) flushConntrack() error {
 		}
 		return nil
 	})
+}
+
+// benchDenyLogLines is the bench agent's deny log bound (the ClusterNetwork default).
+const benchDenyLogLines = 100
+
+// floodPort is a UDP port the server's policy denies to every pod.
+const floodPort = 9
+
+// flood sends UDP datagrams from pod from to pod to's port as fast as one goroutine can,
+// from a new source port every 64 datagrams (each a new connection attempt), until stop.
+func (n *node) flood(from, to string, port int) (stop func(), sent func() int64) {
+	var count atomic.Int64
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(realPodIP(slices.Index(realPods, to)), uint16(port)))
+	go func() {
+		defer close(finished)
+		_ = inNetns(n.podNS(from), func() error {
+			for {
+				c, err := net.DialUDP("udp", nil, dst)
+				if err != nil {
+					return err
+				}
+				for range 64 {
+					if _, err := c.Write([]byte("flood")); err == nil {
+						count.Add(1)
+					}
+				}
+				c.Close()
+				select {
+				case <-done:
+					return nil
+				default:
+				}
+			}
+		})
+	}()
+	return func() { close(done); <-finished }, count.Load
 }
