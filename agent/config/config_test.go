@@ -29,7 +29,7 @@ var consumers = map[string]string{
 	"networkPolicy.enabled":                 "agent/nodenet/conflist_test.go TestConflistRoundTrip",
 	"networkPolicy.setupTimeout":            "agent/nodenet/conflist_test.go TestConflistRoundTrip",
 	"networkPolicy.denyLogs.mode":           "agent/policy/denylog_test.go TestDenyLogsRendering",
-	"networkPolicy.denyLogs.linesPerSecond": "agent/policy/denylog_test.go TestDenyLogsRendering",
+	"networkPolicy.denyLogs.linesPerSecond": "agent/policy/denylog_kernel_test.go TestDenyLogsKernel",
 }
 
 func TestEveryFieldHasAnEffect(t *testing.T) {

@@ -122,6 +122,8 @@ func TestDenyLogsKernel(t *testing.T) {
 				t.Fatalf("%d deny log lines for one denied attempt and one allowed connection, want 1: %v", len(lines), lines)
 			}
 			l := lines[0]
+			b, _ := json.Marshal(l)
+			t.Logf("deny log line: %s", b)
 			want := map[string]any{
 				"direction": "ingress", "pod": "shop/web", "src": n.pods["other"].ip.String(), "srcPod": "shop/other",
 				"dst": n.pods["web"].ip.String(), "dstPod": "shop/web", "protocol": "tcp", "port": float64(7000),
