@@ -97,10 +97,10 @@ func (r *runner) expectConnect(ctx context.Context, from, addr string) (Status, 
 		if err != nil {
 			detail = err.Error()
 		}
-		last = detail
+		last = keep(ctx, last, detail)
 		select {
 		case <-ctx.Done():
-			return Fail, fmt.Sprintf("no connection in %d attempts over %v: %s", tries, r.checkTimeout, last)
+			return Fail, fmt.Sprintf("%s (%d attempts in %v)", last, tries, r.checkTimeout)
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
@@ -119,7 +119,7 @@ func (r *runner) expectBlocked(ctx context.Context, from, addr string, hold int)
 		ok, detail, err := r.attempt(ctx, from, addr)
 		switch {
 		case err != nil:
-			last = err.Error()
+			last = keep(ctx, last, err.Error())
 		case ok:
 			blocked = 0
 			connected++
@@ -140,6 +140,15 @@ func (r *runner) expectBlocked(ctx context.Context, from, addr string, hold int)
 		case <-time.After(300 * time.Millisecond):
 		}
 	}
+}
+
+// keep is the failure a check reports: the newest one, unless that is only the check's
+// own time running out mid-attempt and an earlier attempt said what was wrong.
+func keep(ctx context.Context, last, latest string) string {
+	if ctx.Err() != nil && last != "" {
+		return last
+	}
+	return latest
 }
 
 func firstWord(s string) string {
@@ -222,13 +231,13 @@ head -c $((m - %d)) /dev/zero | socat -b 65536 -t 2 - UDP4:%s,mtudiscover=2 2>&1
 		mtu, reply := parseMTUOutput(res.Stdout)
 		switch {
 		case err != nil:
-			last = err.Error()
+			last = keep(ctx, last, err.Error())
 		case mtu <= ipUDPHeaders:
 			last = fmt.Sprintf("could not read the pod's MTU: %s", strings.TrimSpace(res.Stdout+" "+res.Stderr))
 		case reply == strconv.Itoa(mtu-ipUDPHeaders):
 			return Pass, fmt.Sprintf("%d-byte packet (the pod MTU), DF set, arrived whole", mtu)
 		case reply == "":
-			last = fmt.Sprintf("no answer to a %d-byte packet (the pod MTU) with DF set: the path between the nodes carries less than the pod MTU, or drops the traffic", mtu)
+			last = fmt.Sprintf("no answer to a %d-byte packet (the pod MTU) with DF set: the path between the nodes drops it (it carries less than the pod MTU, or, if pod → pod between these nodes fails too, nothing at all)", mtu)
 		default:
 			last = fmt.Sprintf("a %d-byte packet (the pod MTU) with DF set: %s", mtu, reply)
 		}
@@ -271,7 +280,7 @@ func (r *runner) dns(ctx context.Context, from, node string) (Status, string) {
 		tries++
 		res, err := r.exec.run(ctx, from, "", "sh", "-c", script)
 		if err != nil {
-			last = err.Error()
+			last = keep(ctx, last, err.Error())
 		} else {
 			kubeOut, ownOut, _ := strings.Cut(res.Stdout, "---")
 			kubeIPs, ownIPs := addrs(kubeOut), addrs(ownOut)

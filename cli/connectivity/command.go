@@ -75,7 +75,7 @@ packet exactly the pod MTU with DF set across nodes; DNS (when Service kube-syst
 exists); NetworkPolicy: a default-deny ingress blocks, an allow by label opens, the block
 holds after a relabel. Checks run in parallel, each with --check-timeout.
 
-It uses your kubeconfig and RBAC only: list nodes; list, create, patch, delete namespaces;
+It uses your kubeconfig and RBAC only: list nodes; get, list, create, patch, delete namespaces;
 in its namespace create/list/patch/delete pods, create pods/exec, services and
 networkpolicies.
 
@@ -124,8 +124,12 @@ func (o Options) validate() error {
 	return nil
 }
 
-// couldNotRun is an error that stopped the test before its checks.
-func couldNotRun(err error) error { return &cli.ExitError{Code: ExitCouldNotRun, Err: err} }
+// couldNotRun says what stopped the test (the plugin's main prints no ExitError) and
+// exits ExitCouldNotRun.
+func couldNotRun(f *cli.Factory, err error) error {
+	fmt.Fprintln(f.ErrOut, "Error:", err)
+	return &cli.ExitError{Code: ExitCouldNotRun, Err: err}
+}
 
 func run(parent context.Context, f *cli.Factory, o Options) error {
 	if parent == nil {
@@ -135,40 +139,40 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	defer stopSignals()
 	cs, err := f.Clientset()
 	if err != nil {
-		return couldNotRun(err)
+		return couldNotRun(f, err)
 	}
 	rc, err := f.RESTConfig()
 	if err != nil {
-		return couldNotRun(err)
+		return couldNotRun(f, err)
 	}
 	interrupted := func() error {
 		fmt.Fprintln(f.ErrOut, "interrupted")
 		return &cli.ExitError{Code: ExitInterrupted, Err: errors.New("interrupted")}
 	}
 
+	ns, err := newNamespaceName()
+	if err != nil {
+		return couldNotRun(f, err)
+	}
+	if err := checkPermissions(ctx, cs, ns); err != nil {
+		return couldNotRun(f, err)
+	}
 	nodes, err := selectNodes(ctx, cs, o.Nodes, f)
 	if err != nil {
 		if ctx.Err() != nil {
 			return interrupted()
 		}
-		return couldNotRun(err)
-	}
-	ns, err := newNamespaceName()
-	if err != nil {
-		return couldNotRun(err)
-	}
-	if err := checkPermissions(ctx, cs, ns); err != nil {
-		return couldNotRun(err)
+		return couldNotRun(f, err)
 	}
 	if err := removeLeftovers(ctx, cs, f); err != nil {
 		if ctx.Err() != nil {
 			return interrupted()
 		}
-		return couldNotRun(err)
+		return couldNotRun(f, err)
 	}
 
 	if err := createNamespace(ctx, cs, ns); err != nil {
-		return couldNotRun(err)
+		return couldNotRun(f, err)
 	}
 	// From here on everything is in ns: deleting it (also after ^C) removes it all.
 	cleanedUp := false
@@ -200,13 +204,14 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	cfg := Config{Image: o.Image, HostPort: o.HostPort}
 	m := BuildManifests(cfg, ns, nodes)
 	done := f.Progress("deploying %d probe pods on %d node(s) in namespace %s", len(m.Pods), len(nodes), ns)
-	if err := deploy(ctx, cs, m); err != nil {
+	services, err := deploy(ctx, cs, m)
+	if err != nil {
 		if ctx.Err() != nil {
 			_ = cleanup()
 			return interrupted()
 		}
 		_ = cleanup()
-		return couldNotRun(err)
+		return couldNotRun(f, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, o.PodTimeout)
 	probes, err := waitReady(wctx, cs, ns, m, func(ready, total int) {
@@ -219,7 +224,7 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 			return interrupted()
 		}
 		_ = cleanup()
-		return couldNotRun(err)
+		return couldNotRun(f, err)
 	}
 	done()
 
@@ -228,15 +233,7 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 		clusterIPs: map[string]string{}, hostPort: o.HostPort, checkTimeout: o.CheckTimeout,
 	}
 	for _, n := range nodes {
-		svc, err := cs.CoreV1().Services(ns).Get(ctx, serviceName(n), metav1.GetOptions{})
-		if err != nil {
-			_ = cleanup()
-			if ctx.Err() != nil {
-				return interrupted()
-			}
-			return couldNotRun(fmt.Errorf("reading Service %s/%s: %w", ns, serviceName(n), permissionHint(err)))
-		}
-		r.clusterIPs[n] = svc.Spec.ClusterIP
+		r.clusterIPs[n] = services[serviceName(n)]
 	}
 	r.dnsSkip = dnsSkipReason(ctx, cs)
 	if r.dnsSkip == "" {
@@ -278,7 +275,7 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	case !rep.OK():
 		return &cli.ExitError{Code: ExitFailed, Err: fmt.Errorf("%d checks failed", rep.Summary().Failed)}
 	case cleanErr != nil:
-		return couldNotRun(cleanErr)
+		return couldNotRun(f, cleanErr)
 	}
 	return nil
 }

@@ -243,11 +243,12 @@ func (p permission) String() string {
 	return p.Verb + " " + r
 }
 
-// Permissions are what the test needs: its namespace (create, delete, and patch for the
-// heartbeat), nodes (to place probes), and in its namespace pods, pods/exec, Services and
+// Permissions are what the test needs: its namespace (create, get and delete, patch for
+// the heartbeat, list to find leftovers), nodes (to place probes), and in its namespace pods, pods/exec, Services and
 // NetworkPolicies.
 var Permissions = []permission{
 	{Verb: "list", Resource: "nodes"},
+	{Verb: "get", Resource: "namespaces"},
 	{Verb: "list", Resource: "namespaces"},
 	{Verb: "create", Resource: "namespaces"},
 	{Verb: "patch", Resource: "namespaces"},
@@ -262,7 +263,7 @@ var Permissions = []permission{
 }
 
 // errPermissions is the start of the error when the user's RBAC refuses something.
-const rbacHelp = "the connectivity test runs with your kubeconfig's RBAC and needs: list nodes; list, create, patch and delete namespaces; in its own namespace (" + NamespacePrefix + "*): create, list, patch and delete pods, create pods/exec, create services and networkpolicies (see docs/kubectl-trellis/connectivity.md)"
+const rbacHelp = "the connectivity test runs with your kubeconfig's RBAC and needs: list nodes; get, list, create, patch and delete namespaces; in its own namespace (" + NamespacePrefix + "*): create, list, patch and delete pods, create pods/exec, create services and networkpolicies (see docs/kubectl-trellis/connectivity.md)"
 
 // checkPermissions asks the API server (SelfSubjectAccessReview) whether the user may do
 // everything the test does, so a refusal is one clear error before anything is made.
@@ -400,19 +401,22 @@ func deleteNamespace(ctx context.Context, cs kubernetes.Interface, ns string) er
 	}
 }
 
-// deploy creates the Services and pods of m.
-func deploy(ctx context.Context, cs kubernetes.Interface, m Manifests) error {
+// deploy creates the Services and pods of m and returns the Services' ClusterIPs by name.
+func deploy(ctx context.Context, cs kubernetes.Interface, m Manifests) (map[string]string, error) {
+	clusterIPs := map[string]string{}
 	for _, s := range m.Services {
-		if _, err := cs.CoreV1().Services(s.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating Service %s/%s: %w", s.Namespace, s.Name, permissionHint(err))
+		created, err := cs.CoreV1().Services(s.Namespace).Create(ctx, s, metav1.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("creating Service %s/%s: %w", s.Namespace, s.Name, permissionHint(err))
 		}
+		clusterIPs[s.Name] = created.Spec.ClusterIP
 	}
 	for _, p := range m.Pods {
 		if _, err := cs.CoreV1().Pods(p.Namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating pod %s/%s on node %s: %w", p.Namespace, p.Name, p.Spec.NodeName, permissionHint(err))
+			return nil, fmt.Errorf("creating pod %s/%s on node %s: %w", p.Namespace, p.Name, p.Spec.NodeName, permissionHint(err))
 		}
 	}
-	return nil
+	return clusterIPs, nil
 }
 
 // Probe is a running probe pod.

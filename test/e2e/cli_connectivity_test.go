@@ -112,6 +112,25 @@ func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 		assertNoTestNamespace(ctx, t, env, rep.Namespace)
 	})
 
+	t.Run("Forbidden", func(t *testing.T) {
+		// A user whose RBAC lacks what the test needs (the namespace's default
+		// ServiceAccount can do none of it) gets one error listing it all, and nothing
+		// is made.
+		before := testNamespaces(ctx, t, env)
+		r := env.kubectlTrellis(ctx, t, "connectivity", "test", "--image", images.AgnhostImage, "--as", "system:serviceaccount:default:default")
+		if r.Code != connectivity.ExitCouldNotRun {
+			t.Errorf("exit %d, want %d", r.Code, connectivity.ExitCouldNotRun)
+		}
+		for _, want := range []string{"your RBAC does not allow:", "list nodes", "create namespaces", "create pods/exec", "create networkpolicies", "docs/kubectl-trellis/connectivity.md"} {
+			if !strings.Contains(r.Stderr, want) {
+				t.Errorf("stderr lacks %q", want)
+			}
+		}
+		if after := testNamespaces(ctx, t, env); after != before {
+			t.Errorf("test namespaces before: %q, after: %q", before, after)
+		}
+	})
+
 	t.Run("Interrupted", func(t *testing.T) {
 		p := startKubectlTrellis(ctx, t, env, "connectivity", "test", "--image", images.AgnhostImage)
 		// Mid-way: the probes are up and the checks (NetworkPolicies among them) running.
@@ -285,6 +304,24 @@ func assertNoTestNamespace(ctx context.Context, t *testing.T, env *cliEnv, ns st
 			t.Errorf("namespace %s of a connectivity test left behind", n.Name)
 		}
 	}
+}
+
+// testNamespaces lists the connectivity test's namespaces, comma-separated.
+func testNamespaces(ctx context.Context, t *testing.T, env *cliEnv) string {
+	t.Helper()
+	cs, err := env.c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: connectivity.LabelTest + "=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, n := range list.Items {
+		names = append(names, n.Name)
+	}
+	return strings.Join(names, ",")
 }
 
 // runningPlugin is `kubectl trellis` started in the background (to be signalled).
