@@ -82,73 +82,120 @@ func networkFailure(detail string) bool {
 	return false
 }
 
-// expectConnect retries a connection until it works or the check's time is up.
+// budget is how long a check retries. It fails once its time (--check-timeout) has
+// passed and at least minVerdicts attempts ran to their end in the pod (the connection
+// was made, refused or timed out there): an exec slowed by a busy API server or kubelet
+// is not held against the network. hardFactor times its time bounds it all.
+type budget struct {
+	start      time.Time
+	soft, hard time.Duration
+	tries, ran int
+}
+
+const (
+	minVerdicts = 2
+	hardFactor  = 4
+)
+
+func newBudget(soft time.Duration) *budget {
+	return &budget{start: time.Now(), soft: soft, hard: hardFactor * soft}
+}
+
+func (b *budget) exhausted() bool {
+	el := time.Since(b.start)
+	return el >= b.hard || (el >= b.soft && b.ran >= minVerdicts)
+}
+
+func (b *budget) String() string {
+	return fmt.Sprintf("%d attempts in %v", b.tries, time.Since(b.start).Round(100*time.Millisecond))
+}
+
+// verdict is what a failed check reports: what the network said, else why the exec
+// into the probe did not complete.
+func verdict(lastNet, lastExec string, b *budget) string {
+	if lastNet != "" {
+		return fmt.Sprintf("%s (%s)", lastNet, b)
+	}
+	return fmt.Sprintf("the exec into the probe did not complete: %s (%s)", lastExec, b)
+}
+
+// pause waits between attempts; false when ctx ended.
+func pause(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
+}
+
+// expectConnect retries a connection until it works or the check's budget is spent.
 func (r *runner) expectConnect(ctx context.Context, from, addr string) (Status, string) {
-	ctx, cancel := context.WithTimeout(ctx, r.checkTimeout)
+	b := newBudget(r.checkTimeout)
+	ctx, cancel := context.WithTimeout(ctx, b.hard)
 	defer cancel()
-	tries := 0
-	var last string
+	var lastNet, lastExec string
 	for {
-		tries++
+		b.tries++
 		ok, detail, err := r.attempt(ctx, from, addr)
-		if ok {
+		switch {
+		case ok:
 			return Pass, ""
+		case err != nil:
+			lastExec = err.Error()
+		default:
+			b.ran++
+			lastNet = detail
 		}
-		if err != nil {
-			detail = err.Error()
-		}
-		last = keep(ctx, last, detail)
-		select {
-		case <-ctx.Done():
-			return Fail, fmt.Sprintf("%s (%d attempts in %v)", last, tries, r.checkTimeout)
-		case <-time.After(500 * time.Millisecond):
+		if b.exhausted() || !pause(ctx, 500*time.Millisecond) {
+			return Fail, verdict(lastNet, lastExec, b)
 		}
 	}
 }
 
 // expectBlocked waits until connections from from to addr fail for hold attempts in a
 // row (the policy may take a moment to reach the node), failing if they still connect
-// when the check's time is up. An exec that broke off proves nothing either way and is
-// tried again.
+// when the check's budget is spent. An exec that broke off proves nothing either way
+// and is tried again.
 func (r *runner) expectBlocked(ctx context.Context, from, addr string, hold int) (Status, string) {
-	ctx, cancel := context.WithTimeout(ctx, r.checkTimeout+time.Duration(hold)*connectTimeout)
+	b := newBudget(r.checkTimeout + time.Duration(hold)*connectTimeout)
+	ctx, cancel := context.WithTimeout(ctx, b.hard)
 	defer cancel()
 	blocked, connected := 0, 0
-	var last string
+	var lastNet, lastExec string
 	for {
+		b.tries++
 		ok, detail, err := r.attempt(ctx, from, addr)
 		switch {
 		case err != nil:
-			last = keep(ctx, last, err.Error())
+			lastExec = err.Error()
 		case ok:
+			b.ran++
 			blocked = 0
 			connected++
-			last = "connected"
+			lastNet = "connected"
 		case networkFailure(detail):
+			b.ran++
 			blocked++
-			last = detail
 			if blocked >= hold {
 				return Pass, fmt.Sprintf("blocked %d times in a row (%s)", blocked, firstWord(detail))
 			}
-			continue
+			if ctx.Err() == nil {
+				continue // the next attempt at once: a streak is what counts
+			}
 		default:
-			last = detail
+			// agnhost could not try (DNS, bad arguments): no verdict either way.
+			b.ran++
+			blocked = 0
+			lastNet = detail
 		}
-		select {
-		case <-ctx.Done():
-			return Fail, fmt.Sprintf("not blocked: %d connections still went through within %v (last: %s)", connected, r.checkTimeout, last)
-		case <-time.After(300 * time.Millisecond):
+		if (b.exhausted() && blocked == 0) || !pause(ctx, 300*time.Millisecond) {
+			if connected > 0 {
+				return Fail, fmt.Sprintf("not blocked: %d connections went through (%s)", connected, b)
+			}
+			return Fail, verdict(lastNet, lastExec, b)
 		}
 	}
-}
-
-// keep is the failure a check reports: the newest one, unless that is only the check's
-// own time running out mid-attempt and an earlier attempt said what was wrong.
-func keep(ctx context.Context, last, latest string) string {
-	if ctx.Err() != nil && last != "" {
-		return last
-	}
-	return latest
 }
 
 func firstWord(s string) string {
@@ -218,33 +265,34 @@ func (r *runner) run(ctx context.Context, c Check) Result {
 // can't carry it drops it (or the sender's kernel refuses it with "Message too long"
 // once an ICMP frag-needed came back), and no size comes back.
 func (r *runner) fullMTU(ctx context.Context, from, addr string) (Status, string) {
-	ctx, cancel := context.WithTimeout(ctx, r.checkTimeout)
+	b := newBudget(r.checkTimeout)
+	ctx, cancel := context.WithTimeout(ctx, b.hard)
 	defer cancel()
 	script := fmt.Sprintf(`m=$(cat /sys/class/net/eth0/mtu) || exit 3
 echo "mtu $m"
 head -c $((m - %d)) /dev/zero | socat -b 65536 -t 2 - UDP4:%s,mtudiscover=2 2>&1`, ipUDPHeaders, addr)
-	tries := 0
-	var last string
+	var lastNet, lastExec string
 	for {
-		tries++
+		b.tries++
 		res, err := r.exec.run(ctx, from, "", "sh", "-c", script)
 		mtu, reply := parseMTUOutput(res.Stdout)
 		switch {
 		case err != nil:
-			last = keep(ctx, last, err.Error())
+			lastExec = err.Error()
 		case mtu <= ipUDPHeaders:
-			last = fmt.Sprintf("could not read the pod's MTU: %s", strings.TrimSpace(res.Stdout+" "+res.Stderr))
+			b.ran++
+			lastNet = fmt.Sprintf("could not read the pod's MTU: %s", strings.TrimSpace(res.Stdout+" "+res.Stderr))
 		case reply == strconv.Itoa(mtu-ipUDPHeaders):
 			return Pass, fmt.Sprintf("%d-byte packet (the pod MTU), DF set, arrived whole", mtu)
 		case reply == "":
-			last = fmt.Sprintf("no answer to a %d-byte packet (the pod MTU) with DF set: the path between the nodes drops it (it carries less than the pod MTU, or, if pod → pod between these nodes fails too, nothing at all)", mtu)
+			b.ran++
+			lastNet = fmt.Sprintf("no answer to a %d-byte packet (the pod MTU) with DF set: the path between the nodes drops it (it carries less than the pod MTU, or, if pod → pod between these nodes fails too, nothing at all)", mtu)
 		default:
-			last = fmt.Sprintf("a %d-byte packet (the pod MTU) with DF set: %s", mtu, reply)
+			b.ran++
+			lastNet = fmt.Sprintf("a %d-byte packet (the pod MTU) with DF set: %s", mtu, reply)
 		}
-		select {
-		case <-ctx.Done():
-			return Fail, fmt.Sprintf("%s (%d attempts)", last, tries)
-		case <-time.After(500 * time.Millisecond):
+		if b.exhausted() || !pause(ctx, 500*time.Millisecond) {
+			return Fail, verdict(lastNet, lastExec, b)
 		}
 	}
 }
@@ -262,7 +310,8 @@ func parseMTUOutput(out string) (mtu int, reply string) {
 // dns resolves, from pod from, kubernetes.default and the test's own Service of the next
 // node by their full names, with the pod's resolver (dig, in the agnhost image).
 func (r *runner) dns(ctx context.Context, from, node string) (Status, string) {
-	ctx, cancel := context.WithTimeout(ctx, r.checkTimeout)
+	b := newBudget(r.checkTimeout)
+	ctx, cancel := context.WithTimeout(ctx, b.hard)
 	defer cancel()
 	target := r.nodes[0]
 	for i, n := range r.nodes {
@@ -274,29 +323,27 @@ func (r *runner) dns(ctx context.Context, from, node string) (Status, string) {
 	own := serviceName(target) + "." + r.ns + ".svc." + r.domain
 	wantOwn := r.clusterIPs[target]
 	script := fmt.Sprintf("dig +short +time=2 +tries=1 A %s; echo ---; dig +short +time=2 +tries=1 A %s", kube, own)
-	tries := 0
-	var last string
+	var lastNet, lastExec string
 	for {
-		tries++
+		b.tries++
 		res, err := r.exec.run(ctx, from, "", "sh", "-c", script)
 		if err != nil {
-			last = keep(ctx, last, err.Error())
+			lastExec = err.Error()
 		} else {
+			b.ran++
 			kubeOut, ownOut, _ := strings.Cut(res.Stdout, "---")
 			kubeIPs, ownIPs := addrs(kubeOut), addrs(ownOut)
 			switch {
 			case len(kubeIPs) == 0:
-				last = fmt.Sprintf("%s did not resolve: %s", kube, strings.TrimSpace(kubeOut+" "+res.Stderr))
+				lastNet = fmt.Sprintf("%s did not resolve: %s", kube, strings.TrimSpace(kubeOut+" "+res.Stderr))
 			case !contains(ownIPs, wantOwn):
-				last = fmt.Sprintf("%s resolved to %v, want %s: %s", own, ownIPs, wantOwn, strings.TrimSpace(ownOut+" "+res.Stderr))
+				lastNet = fmt.Sprintf("%s resolved to %v, want %s: %s", own, ownIPs, wantOwn, strings.TrimSpace(ownOut+" "+res.Stderr))
 			default:
 				return Pass, fmt.Sprintf("%s → %s, %s → %s", kube, strings.Join(kubeIPs, ","), own, wantOwn)
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return Fail, fmt.Sprintf("%s (%d attempts)", last, tries)
-		case <-time.After(500 * time.Millisecond):
+		if b.exhausted() || !pause(ctx, 500*time.Millisecond) {
+			return Fail, verdict(lastNet, lastExec, b)
 		}
 	}
 }

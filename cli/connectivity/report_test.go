@@ -254,3 +254,27 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+func TestBudgetExhausted(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		elapsed time.Duration
+		ran     int
+		want    bool
+	}{
+		{"in time", 5 * time.Second, 3, false},
+		{"time up, the network answered twice", 11 * time.Second, 2, true},
+		// Slow execs (a busy API server or kubelet) don't fail the network...
+		{"time up, execs never completed", 11 * time.Second, 0, false},
+		{"time up, one verdict only", 30 * time.Second, 1, false},
+		// ...until the hard bound.
+		{"hard bound", 41 * time.Second, 0, true},
+	} {
+		b := newBudget(10 * time.Second)
+		b.start = time.Now().Add(-tc.elapsed)
+		b.ran = tc.ran
+		if got := b.exhausted(); got != tc.want {
+			t.Errorf("%s: exhausted() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
