@@ -78,6 +78,9 @@ func TestNetworkPolicyConformance(t *testing.T) {
 	}
 	defer k.Close()
 	removeLeftovers(ctx, t, k)
+	// `kubectl trellis explain` must agree with every probe (explain_check_test.go).
+	check := newExplainCheck(c.Kubeconfig)
+	k.OnProbe = check.record
 
 	t0 := time.Now()
 	layoutForIPBlocks(ctx, t, k)
@@ -116,7 +119,20 @@ func TestNetworkPolicyConformance(t *testing.T) {
 		t.Run(fmt.Sprintf("%03d_%s", cs.Index, strings.ReplaceAll(cs.Key, "/", "-")), func(t *testing.T) {
 			start := time.Now()
 			rep := Evaluate(cs, execute(interp, cs), time.Since(start))
+			compared, diffs, unconfirmed := check.finish(k)
+			if len(diffs) > 0 {
+				rep.Passed = false
+				rep.Notes = append(rep.Notes, fmt.Sprintf("kubectl trellis explain disagrees with %d of %d probes:\n  %s", len(diffs), compared, strings.Join(diffs, "\n  ")))
+			}
 			reports = append(reports, rep)
+			if len(diffs) > 0 {
+				t.Errorf("kubectl trellis explain disagrees with %d of the %d probes:\n  %s", len(diffs), compared, strings.Join(diffs, "\n  "))
+			} else {
+				t.Logf("kubectl trellis explain agrees with all %d probes", compared)
+			}
+			if unconfirmed > 0 {
+				t.Logf("kubectl trellis explain: %d probe timeouts where it says ALLOWED were not confirmed (a new probe connected)", unconfirmed)
+			}
 			if rep.Passed {
 				t.Log(rep.Line())
 				for _, n := range rep.Notes {
@@ -132,6 +148,10 @@ func TestNetworkPolicyConformance(t *testing.T) {
 	summary := Summarize(reports, took)
 	total, failedSetups := k.Probes()
 	t.Logf("conformance (cyclonus %s, CNI %s, %s):\n%s%d probes sent, %d could not be set up", cyclonusVersion, cni, mode, summary, total, failedSetups)
+	t.Logf("kubectl trellis explain: %d verdicts compared with probes, %d differ (%d probe timeouts not confirmed by a new probe)", check.compared, check.differing, check.unconfirmed)
+	if check.compared == 0 {
+		t.Error("kubectl trellis explain: no verdict was compared with a probe")
+	}
 	props := map[string]string{
 		"cyclonus": cyclonusVersion, "cni": string(cni), "mode": string(mode), "nodes": strconv.Itoa(len(nodes)),
 	}

@@ -43,6 +43,50 @@ type Kube struct {
 	netns map[string]*podNetns // by namespace/name
 
 	probes, failedSetups atomic.Int64
+	// generation counts the changes made through Kube (policies, labels, pods,
+	// namespaces, services): probes of one generation see the same API objects.
+	generation atomic.Int64
+	// OnProbe, when set, is told of every probe that ran: its generation, source pod,
+	// probe and agnhost's result (nil: connected).
+	OnProbe func(generation int64, namespace, pod string, p Probe, result error)
+}
+
+// changed records a change of the cluster's objects (see generation).
+func (k *Kube) changed() { k.generation.Add(1) }
+
+func (k *Kube) CreateNamespace(ns *corev1.Namespace) (*corev1.Namespace, error) {
+	defer k.changed()
+	return k.Kubernetes.CreateNamespace(ns)
+}
+
+func (k *Kube) SetNamespaceLabels(ns string, labels map[string]string) (*corev1.Namespace, error) {
+	defer k.changed()
+	return k.Kubernetes.SetNamespaceLabels(ns, labels)
+}
+
+func (k *Kube) DeleteNetworkPolicy(ns, name string) error {
+	defer k.changed()
+	return k.Kubernetes.DeleteNetworkPolicy(ns, name)
+}
+
+func (k *Kube) DeleteAllNetworkPoliciesInNamespace(ns string) error {
+	defer k.changed()
+	return k.Kubernetes.DeleteAllNetworkPoliciesInNamespace(ns)
+}
+
+func (k *Kube) CreateService(svc *corev1.Service) (*corev1.Service, error) {
+	defer k.changed()
+	return k.Kubernetes.CreateService(svc)
+}
+
+func (k *Kube) DeleteService(ns, name string) error {
+	defer k.changed()
+	return k.Kubernetes.DeleteService(ns, name)
+}
+
+func (k *Kube) SetPodLabels(ns, pod string, labels map[string]string) (*corev1.Pod, error) {
+	defer k.changed()
+	return k.Kubernetes.SetPodLabels(ns, pod, labels)
 }
 
 type podNetns struct {
@@ -106,6 +150,7 @@ func (k *Kube) NodeFor(namespace, name string) string {
 
 // CreatePod creates cyclonus's pod on the cluster's agnhost image, pinned to NodeFor.
 func (k *Kube) CreatePod(pod *corev1.Pod) (*corev1.Pod, error) {
+	defer k.changed()
 	pod = pod.DeepCopy()
 	for i := range pod.Spec.Containers {
 		pod.Spec.Containers[i].Image = k.image
@@ -118,12 +163,14 @@ func (k *Kube) CreatePod(pod *corev1.Pod) (*corev1.Pod, error) {
 
 // DeletePod deletes the pod and forgets its network namespace.
 func (k *Kube) DeletePod(namespace, name string) error {
+	defer k.changed()
 	k.forget(namespace, name)
 	return k.Kubernetes.DeletePod(namespace, name)
 }
 
 // DeleteNamespace deletes the namespace and forgets its pods' network namespaces.
 func (k *Kube) DeleteNamespace(namespace string) error {
+	defer k.changed()
 	k.mu.Lock()
 	for key, p := range k.netns {
 		if strings.HasPrefix(key, namespace+"/") {
@@ -138,6 +185,7 @@ func (k *Kube) DeleteNamespace(namespace string) error {
 // CreateNetworkPolicy creates the policy and replaces *policy, which cyclonus's
 // TestCaseState already holds for the oracle, with what the API server stored.
 func (k *Kube) CreateNetworkPolicy(policy *networkingv1.NetworkPolicy) (*networkingv1.NetworkPolicy, error) {
+	defer k.changed()
 	stored, err := k.Kubernetes.CreateNetworkPolicy(policy)
 	if err != nil {
 		return stored, err
@@ -147,6 +195,7 @@ func (k *Kube) CreateNetworkPolicy(policy *networkingv1.NetworkPolicy) (*network
 
 // UpdateNetworkPolicy is CreateNetworkPolicy's counterpart for updates.
 func (k *Kube) UpdateNetworkPolicy(policy *networkingv1.NetworkPolicy) (*networkingv1.NetworkPolicy, error) {
+	defer k.changed()
 	stored, err := k.Kubernetes.UpdateNetworkPolicy(policy)
 	if err != nil {
 		return stored, err
@@ -189,6 +238,9 @@ func (k *Kube) ExecuteRemoteCommand(namespace, pod, container string, command []
 	}); err != nil {
 		k.failedSetups.Add(1)
 		return "", "", nil, fmt.Errorf("probe from %s/%s: entering its network namespace: %w", namespace, pod, err)
+	}
+	if k.OnProbe != nil {
+		k.OnProbe(k.generation.Load(), namespace, pod, p, probeErr)
 	}
 	if probeErr != nil {
 		return "", probeErr.Error() + "\n", fmt.Errorf("command terminated with exit code 1: %w", probeErr), nil
