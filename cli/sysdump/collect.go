@@ -14,6 +14,7 @@ import (
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -193,6 +194,10 @@ func (c *collector) log(ctx context.Context, pod, container string, previous boo
 	b, err := c.cs.CoreV1().Pods(cli.Namespace).GetLogs(pod, &corev1.PodLogOptions{
 		Container: container, Previous: previous, LimitBytes: &c.o.LogBytes, Timestamps: true,
 	}).DoRaw(ctx)
+	if apierrors.IsForbidden(err) {
+		// The log endpoint's refusal has no message of its own ("unknown").
+		err = fmt.Errorf("forbidden: you need get on pods/log in namespace %s: %w", cli.Namespace, err)
+	}
 	if err != nil {
 		c.fail(file, err)
 		return
@@ -372,8 +377,8 @@ func (c *collector) hints() []string {
 	}
 	sort.Strings(out)
 	for _, e := range c.a.Errors() {
-		if strings.Contains(e, "forbidden") && !strings.Contains(strings.Join(out, "\n"), "read access") {
-			out = append(out, "Some objects or logs were refused by RBAC (see above): sysdump reads them with your credentials only.")
+		if strings.Contains(strings.ToLower(e), "forbidden") {
+			out = append(out, "Some objects or logs were refused by RBAC (listed above): sysdump reads them with your credentials only; docs/kubectl-trellis/sysdump.md lists the permissions it uses.")
 			break
 		}
 	}
