@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes"
@@ -49,6 +50,9 @@ func (e *podExec) run(ctx context.Context, pod, container string, cmd ...string)
 		return execResult{}, fmt.Errorf("exec in pod %s: %w", pod, err)
 	}
 	var stdout, stderr bytes.Buffer
+	// The stream's own log lines (a ping on a connection we closed) would interleave
+	// with the report; what matters comes back as the error.
+	ctx = logr.NewContext(ctx, logr.Discard())
 	err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr})
 	res := execResult{Stdout: stdout.String(), Stderr: stderr.String()}
 	var exit utilexec.ExitError

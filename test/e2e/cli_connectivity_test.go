@@ -148,6 +148,10 @@ func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 		if s := "interrupted: removing namespace " + ns; !strings.Contains(p.stderr.String(), s) {
 			t.Errorf("stderr does not say %q", s)
 		}
+		// Only the test's own words: no log lines of the exec streams it cut.
+		if l := regexp.MustCompile(`(?m)^[EWI]\d{4} .*$`).FindString(p.stderr.String()); l != "" {
+			t.Errorf("a log line among the progress: %s", l)
+		}
 		assertNoTestNamespace(ctx, t, env, ns)
 	})
 }
