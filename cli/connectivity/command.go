@@ -197,6 +197,14 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 		return nil
 	}
 	defer func() { _ = cleanup() }()
+	// setupFailed ends a run whose probes could not be set up, after the cleanup.
+	setupFailed := func(err error) error {
+		_ = cleanup()
+		if ctx.Err() != nil {
+			return interrupted()
+		}
+		return couldNotRun(f, err)
+	}
 	hbCtx, stopHeartbeat := context.WithCancel(ctx)
 	defer stopHeartbeat()
 	go heartbeat(hbCtx, cs, ns)
@@ -206,12 +214,7 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	done := f.Progress("deploying %d probe pods on %d node(s) in namespace %s", len(m.Pods), len(nodes), ns)
 	services, err := deploy(ctx, cs, m)
 	if err != nil {
-		if ctx.Err() != nil {
-			_ = cleanup()
-			return interrupted()
-		}
-		_ = cleanup()
-		return couldNotRun(f, err)
+		return setupFailed(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, o.PodTimeout)
 	probes, err := waitReady(wctx, cs, ns, m, func(ready, total int) {
@@ -219,12 +222,7 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	})
 	cancel()
 	if err != nil {
-		if ctx.Err() != nil {
-			_ = cleanup()
-			return interrupted()
-		}
-		_ = cleanup()
-		return couldNotRun(f, err)
+		return setupFailed(err)
 	}
 	done()
 

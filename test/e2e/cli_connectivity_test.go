@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -38,7 +39,13 @@ func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 	want := len(connectivity.Plan(nodes))
 
 	t.Run("Text", func(t *testing.T) {
+		// A namespace as a run killed outright (SIGKILL) leaves it: labelled, its
+		// heartbeat ten minutes old. This run must remove it.
+		leftover := leaveNamespace(ctx, t, env, time.Now().Add(-10*time.Minute))
 		r := env.kubectlTrellis(ctx, t, "connectivity", "test", "--image", images.AgnhostImage)
+		if s := "removing namespace " + leftover + ", left by an earlier run"; !strings.Contains(r.Stderr, s) {
+			t.Errorf("stderr does not say %q", s)
+		}
 		if r.Code != 0 {
 			t.Errorf("exit %d, want 0", r.Code)
 		}
@@ -308,6 +315,27 @@ func assertNoTestNamespace(ctx context.Context, t *testing.T, env *cliEnv, ns st
 			t.Errorf("namespace %s of a connectivity test left behind", n.Name)
 		}
 	}
+}
+
+// leaveNamespace makes a namespace as a connectivity test run makes it, with heartbeat
+// as its last sign of life, and returns its name.
+func leaveNamespace(ctx context.Context, t *testing.T, env *cliEnv, heartbeat time.Time) string {
+	t.Helper()
+	cs, err := env.c.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		GenerateName: connectivity.NamespacePrefix,
+		Labels:       map[string]string{connectivity.LabelTest: "true"},
+		Annotations:  map[string]string{connectivity.AnnotationHeartbeat: heartbeat.UTC().Format(time.RFC3339)},
+	}}
+	created, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+	return created.Name
 }
 
 // testNamespaces lists the connectivity test's namespaces, comma-separated.
