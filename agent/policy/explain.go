@@ -67,27 +67,28 @@ func (v *NodeView) Allowed(p Packet) (bool, error) { return v.ev.Allowed(p) }
 // Trace is Ruleset.Trace with this node's rules.
 func (v *NodeView) Trace(p Packet) (Trace, error) { return v.Rules.traceWith(v.ev, p) }
 
-// Reasons a side of a connection is decided as it is.
+// Why a side of a connection is decided as it is (explain's reasons: not conditions, so
+// not Reason* names, which docs/conditions.md lists).
 const (
-	// ReasonNotIsolated: no policy selects the pod for this direction.
-	ReasonNotIsolated = "NotIsolated"
-	// ReasonAllowedByRule: a NetworkPolicy rule allows it.
-	ReasonAllowedByRule = "AllowedByNetworkPolicy"
-	// ReasonNoRuleAllows: NetworkPolicies isolate the pod and none of their rules allows it.
-	ReasonNoRuleAllows = "NoRuleAllows"
-	// ReasonClusterAccept, ReasonClusterDeny: a ClusterNetworkPolicy rule decided.
-	ReasonClusterAccept = "ClusterNetworkPolicyAccept"
-	ReasonClusterDeny   = "ClusterNetworkPolicyDeny"
-	// ReasonClusterPass: an Admin Pass rule matched and nothing after it decides.
-	ReasonClusterPass = "ClusterNetworkPolicyPass"
-	// ReasonNoClusterRule: only ClusterNetworkPolicy rules apply and none matched.
-	ReasonNoClusterRule = "NoClusterNetworkPolicyRuleMatched"
-	// ReasonSelf: a pod's traffic to itself is never blocked.
-	ReasonSelf = "Self"
-	// ReasonOwnNode: a pod and its own node always reach each other (NetworkPolicy).
-	ReasonOwnNode = "OwnNode"
-	// ReasonUnknownInterface: the rules don't know the pod's interface (they drop it).
-	ReasonUnknownInterface = "UnknownInterface"
+	// WhyNotIsolated: no policy selects the pod for this direction.
+	WhyNotIsolated = "NotIsolated"
+	// WhyAllowedByRule: a NetworkPolicy rule allows it.
+	WhyAllowedByRule = "AllowedByNetworkPolicy"
+	// WhyNoRuleAllows: NetworkPolicies isolate the pod and none of their rules allows it.
+	WhyNoRuleAllows = "NoRuleAllows"
+	// WhyClusterAccept, WhyClusterDeny: a ClusterNetworkPolicy rule decided.
+	WhyClusterAccept = "ClusterNetworkPolicyAccept"
+	WhyClusterDeny   = "ClusterNetworkPolicyDeny"
+	// WhyClusterPass: an Admin Pass rule matched and nothing after it decides.
+	WhyClusterPass = "ClusterNetworkPolicyPass"
+	// WhyNoClusterRule: only ClusterNetworkPolicy rules apply and none matched.
+	WhyNoClusterRule = "NoClusterNetworkPolicyRuleMatched"
+	// WhySelf: a pod's traffic to itself is never blocked.
+	WhySelf = "Self"
+	// WhyOwnNode: a pod and its own node always reach each other (NetworkPolicy).
+	WhyOwnNode = "OwnNode"
+	// WhyUnknownInterface: the rules don't know the pod's interface (they drop it).
+	WhyUnknownInterface = "UnknownInterface"
 )
 
 // Side is how one node's rules judge one direction (a pod's egress, or its ingress) of a
@@ -236,9 +237,9 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 		switch {
 		case side.Chain != "":
 			// The pod's chain ended: only Baseline rules (or none) apply and none matched.
-			d.Reason = ReasonNoClusterRule
+			d.Reason = WhyNoClusterRule
 		default:
-			d.Reason = ReasonNotIsolated
+			d.Reason = WhyNotIsolated
 		}
 		return side, nil
 	}
@@ -253,28 +254,28 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 	}
 	switch cm := decided.Comment; {
 	case strings.Contains(cm, "unknown pod interface"):
-		d.Reason = ReasonUnknownInterface
+		d.Reason = WhyUnknownInterface
 	case decided.Chain == ChainPodToHost || strings.Contains(cm, "never blocks a pod's own node"):
-		d.Reason = ReasonOwnNode
+		d.Reason = WhyOwnNode
 	case side.Chain == "":
-		d.Reason = ReasonNotIsolated
+		d.Reason = WhyNotIsolated
 	case strings.Contains(cm, "never blocked from itself"):
-		d.Reason = ReasonSelf
+		d.Reason = WhySelf
 	case strings.Contains(cm, "not allowed by policy"):
-		d.Reason = ReasonNoRuleAllows
+		d.Reason = WhyNoRuleAllows
 	case clusterComment.MatchString(cm):
 		ref := v.clusterRuleRef(cm)
 		d.Sources = []RuleRef{ref}
 		switch {
 		case decided.Target == "DROP":
-			d.Reason = ReasonClusterDeny
+			d.Reason = WhyClusterDeny
 		case ref.Action == string(policyv1beta1.ClusterNetworkPolicyRuleActionPass):
-			d.Reason = ReasonClusterPass
+			d.Reason = WhyClusterPass
 		default:
-			d.Reason = ReasonClusterAccept
+			d.Reason = WhyClusterAccept
 		}
 	case decided.Target == "RETURN" && podObj != nil:
-		d.Reason = ReasonAllowedByRule
+		d.Reason = WhyAllowedByRule
 		d.Sources = npSources(c, podObj, nps, dir)[decided.Rule]
 	default:
 		d.Reason = "Rule"

@@ -73,25 +73,25 @@ func renderSide(w io.Writer, title string, e Endpoint, s *policy.Side, note stri
 func decisionText(s *policy.Side) string {
 	dir := string(s.Direction)
 	switch s.Decision.Reason {
-	case policy.ReasonNotIsolated:
+	case policy.WhyNotIsolated:
 		return fmt.Sprintf("no policy selects the pod for %s", dir)
-	case policy.ReasonAllowedByRule:
+	case policy.WhyAllowedByRule:
 		return "a NetworkPolicy rule allows it"
-	case policy.ReasonNoRuleAllows:
+	case policy.WhyNoRuleAllows:
 		return "no rule of the NetworkPolicies isolating the pod allows it"
-	case policy.ReasonClusterAccept:
+	case policy.WhyClusterAccept:
 		return "a ClusterNetworkPolicy Accept rule"
-	case policy.ReasonClusterDeny:
+	case policy.WhyClusterDeny:
 		return "a ClusterNetworkPolicy Deny rule"
-	case policy.ReasonClusterPass:
+	case policy.WhyClusterPass:
 		return "a ClusterNetworkPolicy Pass rule, and no NetworkPolicy or Baseline rule after it"
-	case policy.ReasonNoClusterRule:
+	case policy.WhyNoClusterRule:
 		return "no ClusterNetworkPolicy rule matches and no NetworkPolicy isolates the pod"
-	case policy.ReasonSelf:
+	case policy.WhySelf:
 		return "a pod is never blocked from itself"
-	case policy.ReasonOwnNode:
+	case policy.WhyOwnNode:
 		return "a pod and its own node always reach each other (NetworkPolicy)"
-	case policy.ReasonUnknownInterface:
+	case policy.WhyUnknownInterface:
 		return "the rules don't know the pod's interface"
 	}
 	return s.Decision.Reason

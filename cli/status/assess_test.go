@@ -59,7 +59,7 @@ func readyPod(name, node, container, image string) corev1.Pod {
 func TestAssess(t *testing.T) {
 	guide := ParseGuide(docs.Conditions)
 	for _, tc := range []struct {
-		name  string
+		name   string
 		break_ func(*Snapshot)
 		// healthy is the verdict; want are (object, text) pairs some problem must hold:
 		// its object, and text in its summary or next step.

@@ -134,10 +134,10 @@ spec:
 			t.Fatalf("verdict %s to %+v with %d paths, want DENIED to pod %s/db", res.Verdict, res.To, len(res.Paths), explainNS)
 		}
 		in := res.Paths[0].Ingress
-		if in == nil || in.Decision.Reason != policy.ReasonNoRuleAllows || in.Node != node2 || strings.Join(in.Policies, ",") != explainNS+"/db-from-web,"+explainNS+"/default-deny" {
+		if in == nil || in.Decision.Reason != policy.WhyNoRuleAllows || in.Node != node2 || strings.Join(in.Policies, ",") != explainNS+"/db-from-web,"+explainNS+"/default-deny" {
 			t.Errorf("ingress side %+v, want NoRuleAllows on %s by both policies", in, node2)
 		}
-		if eg := res.Paths[0].Egress; eg == nil || !eg.Allowed || eg.Decision.Reason != policy.ReasonNotIsolated {
+		if eg := res.Paths[0].Egress; eg == nil || !eg.Allowed || eg.Decision.Reason != policy.WhyNotIsolated {
 			t.Errorf("egress side %+v, want allowed, not isolated", eg)
 		}
 		if !strings.Contains(r.Stderr, "reading pods") {
