@@ -4,6 +4,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/trellis-net/trellis/cli"
+	"github.com/trellis-net/trellis/cli/connectivity"
 	"github.com/trellis-net/trellis/cli/explain"
 	"github.com/trellis-net/trellis/cli/status"
 	"github.com/trellis-net/trellis/cli/sysdump"
@@ -14,6 +15,7 @@ func commands(f *cli.Factory) []*cobra.Command {
 	return []*cobra.Command{
 		status.NewCommand(f),
 		sysdump.NewCommand(f),
+		connectivity.NewCommand(f),
 		explain.NewCommand(f),
 	}
 }
