@@ -58,6 +58,18 @@ type agentOptions struct {
 	hook string
 	// cpuProfile, heapProfile: files written when the agent is told to stop (SIGTERM).
 	cpuProfile, heapProfile string
+	// denyLogsOff runs the engine with deny logs off (no NFLOG rule): the flood row's
+	// other side.
+	denyLogsOff bool
+}
+
+// denyLog is the engine's deny logging: on in every namespace, unless the flood row's
+// other side asks for it off.
+func denyLog(o agentOptions) policy.DenyLog {
+	if o.denyLogsOff {
+		return policy.DenyLog{}
+	}
+	return policy.DenyLog{Mode: policy.DenyLogAll, LinesPerSecond: benchDenyLogLines}
 }
 
 // hookTimeout is the agent's SetupTimeout and bounds one hook call on both sides.
@@ -121,7 +133,7 @@ func runAgent(o agentOptions, node string) (err error) {
 		Reader: mgr.GetCache(), ListPods: policy.InformerPods(mgr.GetCache()), NodeName: node, Applier: &policy.KernelApplier{}, Log: logr.Discard(),
 		SetupTimeout: hookTimeout,
 		// Deny logs on everywhere: the flood row measures the allowed path beside them.
-		DenyLog: policy.DenyLog{Mode: policy.DenyLogAll, LinesPerSecond: benchDenyLogLines},
+		DenyLog: denyLog(o),
 		OnSync: func(st policy.Status, rs *policy.Ruleset, took time.Duration) {
 			denyLogs.SetRules(rs)
 			ev := event{Kind: "sync", OK: st.Err == nil, Seconds: took.Seconds(), Rules: st.Rules, Sets: st.Sets,
@@ -241,6 +253,9 @@ func startAgent(netns string, o agentOptions) (*agentProc, error) {
 		}
 	}
 	a := &agentProc{newEv: make(chan struct{}, 1), done: make(chan struct{})}
+	if o.denyLogsOff {
+		args = append(args, "-deny-logs-off")
+	}
 	a.cmd = exec.Command("ip", args...)
 	a.cmd.Stderr = os.Stderr
 	out, err := a.cmd.StdoutPipe()

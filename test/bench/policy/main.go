@@ -56,6 +56,7 @@ func main() {
 	flag.StringVar(&ao.hook, "hook", "", "internal: the policy hook's socket")
 	flag.StringVar(&ao.cpuProfile, "cpuprofile", "", "internal: write the agent's CPU profile here")
 	flag.StringVar(&ao.heapProfile, "heapprofile", "", "internal: write the agent's heap profile here")
+	flag.BoolVar(&ao.denyLogsOff, "deny-logs-off", false, "internal: with -agent, deny logs off")
 	sizes := flag.String("sizes", "1000,10000", "pod counts, measured one after another on the same API server (a column each)")
 	pods := flag.Int("pods", 0, "measure this one pod count (the same as -sizes N)")
 	var o options

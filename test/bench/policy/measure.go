@@ -37,9 +37,9 @@ type figures struct {
 	withPolicy, withoutPolicy      []float64
 	// Allowed throughput with deny logs on, under a flood of denied packets and without;
 	// floodPPS the flood's datagrams a second.
-	underFlood, noFlood []float64
-	floodPPS            []float64
-	wall                time.Duration
+	underFlood, underFloodNoLogs, noFlood []float64
+	floodPPS                              []float64
+	wall                                  time.Duration
 }
 
 // measurer runs one size on the shared API server and node namespace.
@@ -143,24 +143,54 @@ func (m *measurer) size(ctx context.Context) (err error) {
 		return err
 	}
 
-	// Allowed throughput (deny logs on for every namespace) with a flood of denied
-	// datagrams from another pod at the same server, and without, alternating.
-	fmt.Printf("%d pods: throughput under a flood of denied packets, %d runs each way\n", f.pods, m.o.repeat)
+	// Allowed throughput under a flood of denied datagrams from another pod at the same
+	// server: with deny logs on for every namespace, with them off (the agent restarted
+	// without them: the NFLOG rules go), and without a flood, alternating. On vs off is
+	// what logging costs the allowed path; flood vs none is what the flood itself costs
+	// (its sender shares this machine's CPUs with iperf3, so that is never 1).
+	fmt.Printf("%d pods: throughput under a flood of denied packets (deny logs on, off) and without, %d runs each\n", f.pods, m.o.repeat)
+	underFlood := func(into *[]float64) error {
+		stop, sent := m.n.flood("open", "server", floodPort)
+		t0 := time.Now()
+		bps, err := m.n.iperf(ctx, m.o.duration)
+		stop()
+		f.floodPPS = append(f.floodPPS, float64(sent())/time.Since(t0).Seconds())
+		if err != nil {
+			return fmt.Errorf("iperf3 under a flood: %w", err)
+		}
+		*into = append(*into, bps)
+		return nil
+	}
+	restart := func(o agentOptions) error {
+		err := m.ag.stop()
+		m.ag = nil
+		if err != nil {
+			return err
+		}
+		if m.ag, err = startAgent(m.n.name, o); err != nil {
+			return err
+		}
+		_, err = m.ag.waitSync(60 * time.Second)
+		return err
+	}
 	for range m.o.repeat {
 		bps, err := m.n.iperf(ctx, m.o.duration)
 		if err != nil {
 			return fmt.Errorf("iperf3 without a flood: %w", err)
 		}
 		f.noFlood = append(f.noFlood, bps)
-		stop, sent := m.n.flood("open", "server", floodPort)
-		t0 := time.Now()
-		bps, err = m.n.iperf(ctx, m.o.duration)
-		stop()
-		f.floodPPS = append(f.floodPPS, float64(sent())/time.Since(t0).Seconds())
-		if err != nil {
-			return fmt.Errorf("iperf3 under a flood: %w", err)
+		if err := underFlood(&f.underFlood); err != nil {
+			return err
 		}
-		f.underFlood = append(f.underFlood, bps)
+		if err := restart(agentOptions{access: m.access.access, denyLogsOff: true}); err != nil {
+			return err
+		}
+		if err := underFlood(&f.underFloodNoLogs); err != nil {
+			return err
+		}
+		if err := restart(agentOptions{access: m.access.access}); err != nil {
+			return err
+		}
 	}
 
 	// Throughput client -> server through the policy chains, and with policy removed,
