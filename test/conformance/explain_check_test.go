@@ -21,20 +21,30 @@ import (
 // sends, it asks explain — its own entry points (Load with a user's kubeconfig,
 // ParseQuery, Explain), as the command does — about the same source pod, address, port and
 // protocol, with the API objects of the moment, and the case fails where explain's
-// verdict differs from what the probe met. The last probe of each (source, destination,
-// port, protocol) in a case counts (a step that differs from the oracle is probed again;
-// the retry is the one cyclonus judges). A probe that connected or was refused reached
-// its destination, so policy allowed it; one that timed out did not.
+// verdict differs from what the probe met. Every step of a case is compared (a case
+// creates, updates and deletes policies step by step; each step changes the objects, so
+// its probes have their own generation of Kube): within a step, the last probe of each
+// (source, destination, port, protocol) counts (a step that differs from the oracle is
+// probed again with the objects unchanged; the retry is the one cyclonus judges). A probe
+// that connected or was refused reached its destination, so policy allowed it; one that
+// timed out did not.
 type explainCheck struct {
 	f *cli.Factory
 
 	mu          sync.Mutex
 	snapGen     int64
 	snap        *explain.Snapshot
-	last        map[string]explained // by probe key, this case
-	compared    int                  // verdicts compared over the run
+	last        map[probeKey]explained // this case's, by step and probe
+	compared    int                    // verdicts compared over the run
 	differing   int
 	unconfirmed int // probe timeouts a new probe did not confirm
+}
+
+// probeKey is one probe of one step: the generation of the objects it ran with and the
+// pair it tested.
+type probeKey struct {
+	gen      int64
+	from, to string
 }
 
 type explained struct {
@@ -52,7 +62,7 @@ func newExplainCheck(kubeconfig string) *explainCheck {
 	f := cli.NewFactory()
 	f.Config.KubeConfig = &kubeconfig
 	f.ErrOut = io.Discard // Load's progress lines
-	return &explainCheck{f: f, snapGen: -1, last: map[string]explained{}}
+	return &explainCheck{f: f, snapGen: -1, last: map[probeKey]explained{}}
 }
 
 // snapshot is explain's view of the cluster at generation gen (read again when the
@@ -86,7 +96,7 @@ func (c *explainCheck) record(gen int64, namespace, pod string, p Probe, result 
 		// this generation: read them once more.
 		e.explainVerdict, e.why = c.ask(gen, from, to, true)
 	}
-	c.last[from+" "+to] = e
+	c.last[probeKey{gen: gen, from: from, to: to}] = e
 }
 
 func (c *explainCheck) ask(gen int64, from, to string, fresh bool) (verdict, why string) {
@@ -122,23 +132,34 @@ func (c *explainCheck) ask(gen int64, from, to string, fresh bool) (verdict, why
 // for the same reason). A probe that connected is never asked again: it is proof.
 const confirmTries = 3
 
-// finish compares the case's verdicts with its probes and forgets them: how many were
-// compared, a line per difference, and how many timeouts were not confirmed.
+// finish compares the case's verdicts with its probes, every step's, and forgets them:
+// how many were compared, a line per difference (naming its step), and how many timeouts
+// were not confirmed.
 func (c *explainCheck) finish(k *Kube) (compared int, diffs []string, unconfirmed int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, e := range c.last {
+	// Steps numbered in the order their generations came.
+	var gens []int64
+	for key := range c.last {
+		gens = append(gens, key.gen)
+	}
+	slices.Sort(gens)
+	gens = slices.Compact(gens)
+	for key, e := range c.last {
 		compared++
 		want := explain.Denied
 		if e.probeAllowed {
 			want = explain.Allowed
 		}
+		// Only the last step's objects are still there to probe again with; an earlier
+		// step's timeout was probed again by cyclonus's retry when it differed.
 		if e.explainVerdict == explain.Allowed && want == explain.Denied && e.gen == k.generation.Load() && c.reachable(k, e) {
 			unconfirmed++
 			continue
 		}
 		if e.explainVerdict != want {
-			d := fmt.Sprintf("%s -> %s: the probe %s (policy %s), explain says %s", e.from, e.to, e.probeResult, strings.ToLower(want), orWhat(e.explainVerdict))
+			step, _ := slices.BinarySearch(gens, key.gen)
+			d := fmt.Sprintf("step %d of %d: %s -> %s: the probe %s (policy %s), explain says %s", step+1, len(gens), e.from, e.to, e.probeResult, strings.ToLower(want), orWhat(e.explainVerdict))
 			if e.why != "" {
 				d += " (" + e.why + ")"
 			}
