@@ -123,3 +123,10 @@ type ExitError struct {
 
 func (e *ExitError) Error() string { return e.Err.Error() }
 func (e *ExitError) Unwrap() error { return e.Err }
+
+// Fail says err on ErrOut and returns the ExitError for code: for a command that could not
+// do its job at all (main prints nothing for an ExitError).
+func (f *Factory) Fail(code int, err error) error {
+	fmt.Fprintln(f.ErrOut, "Error:", err)
+	return &ExitError{Code: code, Err: err}
+}

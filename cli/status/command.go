@@ -20,6 +20,12 @@ import (
 	"github.com/trellis-net/trellis/docs"
 )
 
+// Exit codes of status (0: healthy, warnings allowed).
+const (
+	exitUnhealthy    = 1
+	exitCouldNotRead = 2
+)
+
 // NewCommand is `kubectl trellis status`.
 func NewCommand(f *cli.Factory) *cobra.Command {
 	timeout := 30 * time.Second
@@ -40,11 +46,11 @@ Exit codes: 0 healthy (warnings allowed), 1 a problem found, 2 status could not 
 			defer cancel()
 			c, err := f.Client()
 			if err != nil {
-				return &cli.ExitError{Code: 2, Err: err}
+				return f.Fail(exitCouldNotRead, err)
 			}
 			snap, err := Read(ctx, c)
 			if err != nil {
-				return &cli.ExitError{Code: 2, Err: err}
+				return f.Fail(exitCouldNotRead, err)
 			}
 			rep := Assess(snap, ParseGuide(docs.Conditions))
 			if f.JSON() {
@@ -58,7 +64,7 @@ Exit codes: 0 healthy (warnings allowed), 1 a problem found, 2 status could not 
 			}
 			if !rep.Healthy {
 				// Render has said what is wrong; only the exit code is left to give.
-				return &cli.ExitError{Code: 1, Err: errors.New("unhealthy")}
+				return &cli.ExitError{Code: exitUnhealthy, Err: errors.New("unhealthy")}
 			}
 			return nil
 		},
