@@ -3,6 +3,8 @@ package status
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,9 +19,18 @@ func TestStatusUnreadableSaysWhy(t *testing.T) {
 	f := cli.NewFactory()
 	var out, errOut bytes.Buffer
 	f.Out, f.ErrOut = &out, &errOut
-	// Loopback port 1: nothing listens, the dial is refused at once.
-	f.Config.APIServer = ptr.To("https://127.0.0.1:1")
-	f.Config.KubeConfig = ptr.To(t.TempDir() + "/none")
+	// A kubeconfig naming loopback port 1: nothing listens, the dial is refused at once.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.Config.KubeConfig = ptr.To(kubeconfig)
 	cmd := NewCommand(f)
 	cmd.SilenceUsage, cmd.SilenceErrors = true, true // as the root command sets them
 	cmd.SetArgs([]string{"--timeout", "5s"})
