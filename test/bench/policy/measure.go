@@ -153,10 +153,17 @@ func (m *measurer) size(ctx context.Context) (err error) {
 		stop, sent := m.n.flood("open", "server", floodPort)
 		t0 := time.Now()
 		bps, err := m.n.iperf(ctx, m.o.duration)
-		stop()
+		floodErr := stop()
 		f.floodPPS = append(f.floodPPS, float64(sent())/time.Since(t0).Seconds())
 		if err != nil {
 			return fmt.Errorf("iperf3 under a flood: %w", err)
+		}
+		// No flood would make on/off a comparison of two quiet runs, passing for nothing.
+		if floodErr != nil {
+			return floodErr
+		}
+		if sent() == 0 {
+			return errors.New("the flood sent no datagram: nothing to measure the allowed path against")
 		}
 		*into = append(*into, bps)
 		return nil

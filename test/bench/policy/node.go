@@ -298,15 +298,17 @@ const benchDenyLogLines = 100
 const floodPort = 9
 
 // flood sends UDP datagrams from pod from to pod to's port as fast as one goroutine can,
-// from a new source port every 64 datagrams (each a new connection attempt), until stop.
-func (n *node) flood(from, to string, port int) (stop func(), sent func() int64) {
+// from a new source port every 64 datagrams (each a new connection attempt), until stop,
+// which returns why the flood ended early, if it did.
+func (n *node) flood(from, to string, port int) (stop func() error, sent func() int64) {
 	var count atomic.Int64
 	done := make(chan struct{})
 	finished := make(chan struct{})
+	var floodErr error
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(realPodIP(slices.Index(realPods, to)), uint16(port)))
 	go func() {
 		defer close(finished)
-		_ = inNetns(n.podNS(from), func() error {
+		floodErr = inNetns(n.podNS(from), func() error {
 			for {
 				c, err := net.DialUDP("udp", nil, dst)
 				if err != nil {
@@ -326,5 +328,12 @@ func (n *node) flood(from, to string, port int) (stop func(), sent func() int64)
 			}
 		})
 	}()
-	return func() { close(done); <-finished }, count.Load
+	return func() error {
+		close(done)
+		<-finished
+		if floodErr != nil {
+			return fmt.Errorf("flooding %s from %s: %w", to, from, floodErr)
+		}
+		return nil
+	}, count.Load
 }
