@@ -12,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,8 +25,12 @@ import (
 
 // Exit codes: 0 everything was collected; ExitPartial the archive was written but parts
 // are missing (errors.txt in it and stderr say which; a node that is down is exactly when
-// a dump is taken, so this is not a failure to produce one); 1 no archive.
-const ExitPartial = 3
+// a dump is taken, so this is not a failure to produce one); 1 no archive; ExitInterrupted
+// on ^C (no archive, nothing left behind).
+const (
+	ExitPartial     = 3
+	ExitInterrupted = 130
+)
 
 // Options are the command's flags.
 type Options struct {
@@ -86,6 +92,10 @@ func run(ctx context.Context, f *cli.Factory, o *Options) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
+	// ^C or SIGTERM cancels the collection (port-forwards close), and the deferred removal
+	// of the temporary archive runs: it holds logs, and must not be left behind hidden.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	now := time.Now().UTC()
 	name := o.OutputFile
 	if name == "" {
@@ -107,6 +117,11 @@ func run(ctx context.Context, f *cli.Factory, o *Options) error {
 		return err
 	}
 	c.collect(ctx)
+	if ctx.Err() != nil {
+		tmp.Close()
+		fmt.Fprintln(f.ErrOut, "Interrupted: no archive written.")
+		return &cli.ExitError{Code: ExitInterrupted, Err: errors.New("interrupted")}
+	}
 	if len(a.Files()) == 0 {
 		tmp.Close()
 		errs := a.Errors()
