@@ -75,9 +75,9 @@ packet exactly the pod MTU with DF set across nodes; DNS (when Service kube-syst
 exists); NetworkPolicy: a default-deny ingress blocks, an allow by label opens, the block
 holds after a relabel. Checks run in parallel, each with --check-timeout.
 
-It uses your kubeconfig and RBAC only: list nodes; get, list, create, patch, delete namespaces;
+It uses your kubeconfig and RBAC only: list nodes; get, list, create, delete namespaces;
 in its namespace create/list/patch/delete pods, create pods/exec, services and
-networkpolicies.
+networkpolicies, create/get/patch leases (the run's heartbeat).
 
 Exit codes: 0 every check passed, 1 a check failed, 2 the test could not run, 130 interrupted.`,
 		Args: cobra.NoArgs,
@@ -197,26 +197,36 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 		return nil
 	}
 	defer func() { _ = cleanup() }()
-	// setupFailed ends a run whose probes could not be set up, after the cleanup.
+	// The heartbeat: while it beats, no other runCtx takes ns for a leftover. If it cannot
+	// beat for maxBeatGap, runCtx (the runCtx's context from here on) ends with why.
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	go heartbeat(runCtx, cs, ns, heartbeatEvery, maxBeatGap, func(err error) { stopRun(&heartbeatLost{err}) })
+	// stopped is the error of a runCtx that ended early: interrupted, or its heartbeat lost.
+	stopped := func() error {
+		var lost *heartbeatLost
+		if errors.As(context.Cause(runCtx), &lost) {
+			return couldNotRun(f, lost.err)
+		}
+		return interrupted()
+	}
+	// setupFailed ends a runCtx whose probes could not be set up, after the cleanup.
 	setupFailed := func(err error) error {
 		_ = cleanup()
-		if ctx.Err() != nil {
-			return interrupted()
+		if runCtx.Err() != nil {
+			return stopped()
 		}
 		return couldNotRun(f, err)
 	}
-	hbCtx, stopHeartbeat := context.WithCancel(ctx)
-	defer stopHeartbeat()
-	go heartbeat(hbCtx, cs, ns)
 
 	cfg := Config{Image: o.Image, HostPort: o.HostPort}
 	m := BuildManifests(cfg, ns, nodes)
 	done := f.Progress("deploying %d probe pods on %d node(s) in namespace %s", len(m.Pods), len(nodes), ns)
-	services, err := deploy(ctx, cs, m)
+	services, err := deploy(runCtx, cs, m)
 	if err != nil {
 		return setupFailed(err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, o.PodTimeout)
+	wctx, cancel := context.WithTimeout(runCtx, o.PodTimeout)
 	probes, err := waitReady(wctx, cs, ns, m, func(ready, total int) {
 		fmt.Fprintf(f.ErrOut, "  %d/%d probe pods Ready\n", ready, total)
 	})
@@ -233,32 +243,32 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	for _, n := range nodes {
 		r.clusterIPs[n] = services[serviceName(n)]
 	}
-	r.dnsSkip = dnsSkipReason(ctx, cs)
+	r.dnsSkip = dnsSkipReason(runCtx, cs)
 	if r.dnsSkip == "" {
 		r.domain = o.ClusterDomain
 		if r.domain == "" {
-			r.domain, err = clusterDomain(ctx, r, ns)
+			r.domain, err = clusterDomain(runCtx, r, ns)
 			if err != nil {
 				r.domain = "cluster.local"
 				fmt.Fprintf(f.ErrOut, "! %v; assuming cluster.local (set --cluster-domain)\n", err)
 			}
 		}
 	}
-	r.policySkip = policySkipReason(ctx, f)
+	r.policySkip = policySkipReason(runCtx, f)
 
 	plan := Plan(nodes)
 	var finished atomic.Int32
 	start := time.Now()
 	checksDone := f.Progress("running %d checks (%d at a time, each up to %v)", len(plan), o.Parallel, o.CheckTimeout)
-	results := r.runAll(ctx, plan, o.Parallel, func() {
+	results := r.runAll(runCtx, plan, o.Parallel, func() {
 		if n := finished.Add(1); n%10 == 0 {
 			fmt.Fprintf(f.ErrOut, "  %d/%d checks done\n", n, len(plan))
 		}
 	})
-	if ctx.Err() == nil {
+	if runCtx.Err() == nil {
 		checksDone()
 	}
-	rep := Report{Namespace: ns, Nodes: nodes, Image: o.Image, Results: results, Duration: time.Since(start), Interrupted: ctx.Err() != nil}
+	rep := Report{Namespace: ns, Nodes: nodes, Image: o.Image, Results: results, Duration: time.Since(start), Interrupted: runCtx.Err() != nil}
 	if f.JSON() {
 		if err := rep.WriteJSON(f.Out); err != nil {
 			return err
@@ -269,7 +279,7 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 	cleanErr := cleanup()
 	switch {
 	case rep.Interrupted:
-		return interrupted()
+		return stopped()
 	case !rep.OK():
 		return &cli.ExitError{Code: ExitFailed, Err: fmt.Errorf("%d checks failed", rep.Summary().Failed)}
 	case cleanErr != nil:
@@ -444,3 +454,9 @@ func DomainFromResolvConf(conf, ns string) (string, bool) {
 	}
 	return "", false
 }
+
+// heartbeatLost is why a run stopped when its heartbeat could not be renewed.
+type heartbeatLost struct{ err error }
+
+func (h *heartbeatLost) Error() string { return h.err.Error() }
+func (h *heartbeatLost) Unwrap() error { return h.err }

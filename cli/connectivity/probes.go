@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -31,9 +33,12 @@ const (
 	// LabelTest marks the test's namespaces (value "true"): a namespace left by a run
 	// that was killed is found by it and removed by the next run.
 	LabelTest = "connectivity.trellis.dev/test"
-	// AnnotationHeartbeat is when the run owning a namespace last said it was alive
-	// (RFC 3339); a namespace whose heartbeat is older than staleAfter is a leftover.
-	AnnotationHeartbeat = "connectivity.trellis.dev/heartbeat"
+	// LeaseName is the coordination.k8s.io Lease in the test's namespace that the run
+	// owning it renews while alive (spec.renewTime), as Kubernetes keeps heartbeats: it
+	// needs only rights inside that namespace. A labelled namespace whose Lease was last
+	// renewed over staleAfter ago (or, without a Lease, created that long ago) is a
+	// leftover.
+	LeaseName = "connectivity-test-heartbeat"
 	// labelRole is a probe pod's role (server, client, host, policy-server, policy-client).
 	labelRole = "connectivity.trellis.dev/role"
 	// labelPod selects one server pod (its own Service's selector).
@@ -43,6 +48,9 @@ const (
 
 	heartbeatEvery = 10 * time.Second
 	staleAfter     = time.Minute
+	// maxBeatGap: a run that could not renew its Lease for this long stops, well before
+	// staleAfter, when a concurrent run would take its live namespace for a leftover.
+	maxBeatGap = staleAfter / 2
 
 	// Ports of the server pods: netexec's HTTP (TCP) and the UDP echo of the MTU check.
 	httpPort    = 8080
@@ -243,15 +251,16 @@ func (p permission) String() string {
 	return p.Verb + " " + r
 }
 
-// Permissions are what the test needs: its namespace (create, get and delete, patch for
-// the heartbeat, list to find leftovers), nodes (to place probes), and in its namespace pods, pods/exec, Services and
-// NetworkPolicies.
+// Permissions are what the test needs: its namespace (create, get and delete, list to
+// find leftovers), nodes (to place probes), and in its namespace pods, pods/exec,
+// Services, NetworkPolicies and the heartbeat's Lease (get: the leftover finder reads the
+// Leases of the other test namespaces). No patch of namespaces: that would let a user
+// relabel any namespace, its Pod Security labels included.
 var Permissions = []permission{
 	{Verb: "list", Resource: "nodes"},
 	{Verb: "get", Resource: "namespaces"},
 	{Verb: "list", Resource: "namespaces"},
 	{Verb: "create", Resource: "namespaces"},
-	{Verb: "patch", Resource: "namespaces"},
 	{Verb: "delete", Resource: "namespaces"},
 	{Verb: "create", Resource: "pods", Namespaced: true},
 	{Verb: "list", Resource: "pods", Namespaced: true},
@@ -260,10 +269,13 @@ var Permissions = []permission{
 	{Verb: "create", Resource: "pods", Subresource: "exec", Namespaced: true},
 	{Verb: "create", Resource: "services", Namespaced: true},
 	{Verb: "create", Group: "networking.k8s.io", Resource: "networkpolicies", Namespaced: true},
+	{Verb: "create", Group: "coordination.k8s.io", Resource: "leases", Namespaced: true},
+	{Verb: "get", Group: "coordination.k8s.io", Resource: "leases", Namespaced: true},
+	{Verb: "patch", Group: "coordination.k8s.io", Resource: "leases", Namespaced: true},
 }
 
 // errPermissions is the start of the error when the user's RBAC refuses something.
-const rbacHelp = "the connectivity test runs with your kubeconfig's RBAC and needs: list nodes; get, list, create, patch and delete namespaces; in its own namespace (" + NamespacePrefix + "*): create, list, patch and delete pods, create pods/exec, create services and networkpolicies (see docs/kubectl-trellis/connectivity.md)"
+const rbacHelp = "the connectivity test runs with your kubeconfig's RBAC and needs: list nodes; get, list, create and delete namespaces; in its own namespace (" + NamespacePrefix + "*): create, list, patch and delete pods, create pods/exec, create services and networkpolicies, create, get and patch leases.coordination.k8s.io (see docs/kubectl-trellis/connectivity.md)"
 
 // checkPermissions asks the API server (SelfSubjectAccessReview) whether the user may do
 // everything the test does, so a refusal is one clear error before anything is made.
@@ -300,9 +312,9 @@ func permissionHint(err error) error {
 	return err
 }
 
-// createNamespace makes the test's namespace: labelled as the test's, with a heartbeat,
-// and allowed privileged pods by Pod Security admission (a hostNetwork probe and a
-// hostPort one).
+// createNamespace makes the test's namespace, labelled as the test's and allowed
+// privileged pods by Pod Security admission (a hostNetwork probe and a hostPort one). The
+// run then makes its heartbeat's Lease in it (createLease).
 func createNamespace(ctx context.Context, cs kubernetes.Interface, name string) error {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		Name: name,
@@ -313,7 +325,6 @@ func createNamespace(ctx context.Context, cs kubernetes.Interface, name string) 
 			"pod-security.kubernetes.io/audit":   "privileged",
 			"pod-security.kubernetes.io/warn":    "privileged",
 		},
-		Annotations: map[string]string{AnnotationHeartbeat: time.Now().UTC().Format(time.RFC3339)},
 	}}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("creating namespace %s: %w", name, permissionHint(err))
@@ -321,17 +332,61 @@ func createNamespace(ctx context.Context, cs kubernetes.Interface, name string) 
 	return nil
 }
 
-// heartbeat marks ns alive every heartbeatEvery until ctx ends.
-func heartbeat(ctx context.Context, cs kubernetes.Interface, ns string) {
-	t := time.NewTicker(heartbeatEvery)
+// createLease makes the heartbeat's Lease in ns, renewed at now.
+func createLease(ctx context.Context, cs kubernetes.Interface, ns string, now time.Time) error {
+	t := metav1.NewMicroTime(now)
+	holder, seconds := "kubectl-trellis connectivity test", int32(staleAfter/time.Second)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: LeaseName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/managed-by": "kubectl-trellis"}},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &seconds, AcquireTime: &t, RenewTime: &t},
+	}
+	if _, err := cs.CoordinationV1().Leases(ns).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating the heartbeat's Lease %s/%s: %w", ns, LeaseName, permissionHint(err))
+	}
+	return nil
+}
+
+// renewLease sets the heartbeat Lease's renewTime to now.
+func renewLease(ctx context.Context, cs kubernetes.Interface, ns string, now time.Time) error {
+	patch, err := json.Marshal(map[string]any{"spec": map[string]any{"renewTime": metav1.NewMicroTime(now)}})
+	if err != nil {
+		return err
+	}
+	if _, err := cs.CoordinationV1().Leases(ns).Patch(ctx, LeaseName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("renewing Lease %s/%s: %w", ns, LeaseName, permissionHint(err))
+	}
+	return nil
+}
+
+// heartbeat renews ns's Lease every `every` until ctx ends. A failed renewal is counted
+// and tried again at the next beat; when none has succeeded for maxGap, it calls lost
+// with why and returns: past staleAfter a concurrent run would take the live namespace
+// for a leftover and delete it, so the run must stop first.
+func heartbeat(ctx context.Context, cs kubernetes.Interface, ns string, every, maxGap time.Duration, lost func(error)) {
+	t := time.NewTicker(every)
 	defer t.Stop()
+	lastBeat, failed := time.Now(), 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, AnnotationHeartbeat, time.Now().UTC().Format(time.RFC3339))
-			_, _ = cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		}
+		bctx, cancel := context.WithTimeout(ctx, every)
+		err := renewLease(bctx, cs, ns, time.Now())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			lastBeat, failed = time.Now(), 0
+			continue
+		}
+		failed++
+		if gap := time.Since(lastBeat); gap >= maxGap {
+			lost(fmt.Errorf("the run's heartbeat failed %d times in a row over %v (%w): stopping before another run takes namespace %s for a leftover (after %v without a heartbeat) and deletes it under the checks",
+				failed, gap.Round(time.Second), err, ns, staleAfter))
+			return
 		}
 	}
 }
@@ -343,15 +398,19 @@ type Leftover struct {
 }
 
 // IsLeftover reports whether ns is a test namespace that no run keeps alive any more: its
-// heartbeat (or, without one, its creation) is older than staleAfter at now, and it is
-// not already being deleted.
-func IsLeftover(ns *corev1.Namespace, now time.Time) (Leftover, bool) {
+// Lease (nil: none) was last renewed over staleAfter before now — or, without a Lease or
+// a renewal, the Lease or namespace was created that long ago — and it is not already
+// being deleted.
+func IsLeftover(ns *corev1.Namespace, lease *coordinationv1.Lease, now time.Time) (Leftover, bool) {
 	if ns.Labels[LabelTest] != "true" || !strings.HasPrefix(ns.Name, NamespacePrefix) || ns.DeletionTimestamp != nil {
 		return Leftover{}, false
 	}
 	seen := ns.CreationTimestamp.Time
-	if t, err := time.Parse(time.RFC3339, ns.Annotations[AnnotationHeartbeat]); err == nil {
-		seen = t
+	if lease != nil {
+		seen = lease.CreationTimestamp.Time
+		if lease.Spec.RenewTime != nil {
+			seen = lease.Spec.RenewTime.Time
+		}
 	}
 	if now.Sub(seen) < staleAfter {
 		return Leftover{}, false
@@ -359,7 +418,8 @@ func IsLeftover(ns *corev1.Namespace, now time.Time) (Leftover, bool) {
 	return Leftover{Name: ns.Name, LastSeen: seen}, true
 }
 
-// findLeftovers lists the test namespaces earlier runs left behind.
+// findLeftovers lists the test namespaces earlier runs left behind, judging each by its
+// heartbeat's Lease.
 func findLeftovers(ctx context.Context, cs kubernetes.Interface) ([]Leftover, error) {
 	list, err := cs.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: LabelTest + "=true"})
 	if err != nil {
@@ -368,7 +428,18 @@ func findLeftovers(ctx context.Context, cs kubernetes.Interface) ([]Leftover, er
 	var out []Leftover
 	now := time.Now()
 	for i := range list.Items {
-		if l, ok := IsLeftover(&list.Items[i], now); ok {
+		ns := &list.Items[i]
+		if ns.DeletionTimestamp != nil {
+			continue
+		}
+		lease, err := cs.CoordinationV1().Leases(ns.Name).Get(ctx, LeaseName, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			lease = nil
+		case err != nil:
+			return nil, fmt.Errorf("reading the heartbeat of namespace %s (Lease %s): %w", ns.Name, LeaseName, permissionHint(err))
+		}
+		if l, ok := IsLeftover(ns, lease, now); ok {
 			out = append(out, l)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -150,13 +151,10 @@ func TestReportOK(t *testing.T) {
 
 func TestIsLeftover(t *testing.T) {
 	now := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
-	ns := func(name string, labelled bool, created time.Time, heartbeat string, deleting bool) *corev1.Namespace {
-		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(created), Annotations: map[string]string{}, Labels: map[string]string{}}}
+	ns := func(name string, labelled bool, created time.Time, deleting bool) *corev1.Namespace {
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(created), Labels: map[string]string{}}}
 		if labelled {
 			n.Labels[LabelTest] = "true"
-		}
-		if heartbeat != "" {
-			n.Annotations[AnnotationHeartbeat] = heartbeat
 		}
 		if deleting {
 			ts := metav1.NewTime(now)
@@ -164,21 +162,34 @@ func TestIsLeftover(t *testing.T) {
 		}
 		return n
 	}
+	// lease renewed at renewed (zero: never), created at created.
+	lease := func(created, renewed time.Time) *coordinationv1.Lease {
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName, CreationTimestamp: metav1.NewTime(created)}}
+		if !renewed.IsZero() {
+			t := metav1.NewMicroTime(renewed)
+			l.Spec.RenewTime = &t
+		}
+		return l
+	}
 	old := now.Add(-time.Hour)
 	for _, tc := range []struct {
-		name string
-		ns   *corev1.Namespace
-		want bool
+		name  string
+		ns    *corev1.Namespace
+		lease *coordinationv1.Lease
+		want  bool
 	}{
-		{"stale heartbeat", ns(NamespacePrefix+"a", true, old, now.Add(-2*time.Minute).Format(time.RFC3339), false), true},
-		{"fresh heartbeat: a run in progress", ns(NamespacePrefix+"b", true, old, now.Add(-5*time.Second).Format(time.RFC3339), false), false},
-		{"no heartbeat, created long ago", ns(NamespacePrefix+"c", true, old, "", false), true},
-		{"no heartbeat, just created", ns(NamespacePrefix+"d", true, now.Add(-time.Second), "", false), false},
-		{"already being deleted", ns(NamespacePrefix+"e", true, old, "", true), false},
-		{"not labelled", ns(NamespacePrefix+"f", false, old, "", false), false},
-		{"labelled but not our name", ns("production", true, old, "", false), false},
+		{"stale Lease", ns(NamespacePrefix+"a", true, old, false), lease(old, now.Add(-2*time.Minute)), true},
+		{"fresh Lease: a run in progress", ns(NamespacePrefix+"b", true, old, false), lease(old, now.Add(-5*time.Second)), false},
+		{"stale Lease in a namespace just created", ns(NamespacePrefix+"g", true, now.Add(-time.Second), false), lease(old, now.Add(-2*time.Minute)), true},
+		{"Lease never renewed, created long ago", ns(NamespacePrefix+"h", true, old, false), lease(old, time.Time{}), true},
+		{"Lease never renewed, just created", ns(NamespacePrefix+"i", true, old, false), lease(now.Add(-time.Second), time.Time{}), false},
+		{"no Lease, created long ago", ns(NamespacePrefix+"c", true, old, false), nil, true},
+		{"no Lease, just created (a run between creating the namespace and its Lease)", ns(NamespacePrefix+"d", true, now.Add(-time.Second), false), nil, false},
+		{"already being deleted", ns(NamespacePrefix+"e", true, old, true), nil, false},
+		{"not labelled", ns(NamespacePrefix+"f", false, old, false), nil, false},
+		{"labelled but not our name", ns("production", true, old, false), nil, false},
 	} {
-		if _, got := IsLeftover(tc.ns, now); got != tc.want {
+		if _, got := IsLeftover(tc.ns, tc.lease, now); got != tc.want {
 			t.Errorf("%s: IsLeftover = %v, want %v", tc.name, got, tc.want)
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -128,11 +129,16 @@ func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 		if r.Code != connectivity.ExitCouldNotRun {
 			t.Errorf("exit %d, want %d", r.Code, connectivity.ExitCouldNotRun)
 		}
-		for _, want := range []string{"your RBAC does not allow:", "list nodes", "create namespaces", "create pods/exec", "create networkpolicies", "docs/kubectl-trellis/connectivity.md"} {
+		for _, want := range []string{"your RBAC does not allow:", "list nodes", "create namespaces", "create pods/exec", "create networkpolicies", "create leases.coordination.k8s.io", "docs/kubectl-trellis/connectivity.md"} {
 			if !strings.Contains(r.Stderr, want) {
 				t.Errorf("stderr lacks %q", want)
 			}
 		}
+		// The heartbeat is a Lease in the test's namespace: no right to relabel namespaces.
+		if strings.Contains(r.Stderr, "patch namespaces") {
+			t.Errorf("stderr asks for patch namespaces:\n%s", r.Stderr)
+		}
+		t.Logf("stderr:\n%s", r.Stderr)
 		if after := testNamespaces(ctx, t, env); after != before {
 			t.Errorf("test namespaces before: %q, after: %q", before, after)
 		}
@@ -311,14 +317,20 @@ func assertNoTestNamespace(ctx context.Context, t *testing.T, env *cliEnv, ns st
 		t.Fatal(err)
 	}
 	for _, n := range list.Items {
-		if _, left := connectivity.IsLeftover(&n, time.Now()); left || n.Name == ns {
+		lease, err := cs.CoordinationV1().Leases(n.Name).Get(ctx, connectivity.LeaseName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			lease = nil
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if _, left := connectivity.IsLeftover(&n, lease, time.Now()); left || n.Name == ns {
 			t.Errorf("namespace %s of a connectivity test left behind", n.Name)
 		}
 	}
 }
 
-// leaveNamespace makes a namespace as a connectivity test run makes it, with heartbeat
-// as its last sign of life, and returns its name.
+// leaveNamespace makes a namespace as a connectivity test run makes it, with its
+// heartbeat's Lease last renewed at heartbeat, and returns its name.
 func leaveNamespace(ctx context.Context, t *testing.T, env *cliEnv, heartbeat time.Time) string {
 	t.Helper()
 	cs, err := env.c.Client()
@@ -328,13 +340,22 @@ func leaveNamespace(ctx context.Context, t *testing.T, env *cliEnv, heartbeat ti
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		GenerateName: connectivity.NamespacePrefix,
 		Labels:       map[string]string{connectivity.LabelTest: "true"},
-		Annotations:  map[string]string{connectivity.AnnotationHeartbeat: heartbeat.UTC().Format(time.RFC3339)},
 	}}
 	created, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cs.CoreV1().Namespaces().Delete(context.Background(), created.Name, metav1.DeleteOptions{})
+	})
+	renewed := metav1.NewMicroTime(heartbeat)
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: connectivity.LeaseName, Namespace: created.Name},
+		Spec:       coordinationv1.LeaseSpec{AcquireTime: &renewed, RenewTime: &renewed},
+	}
+	if _, err := cs.CoordinationV1().Leases(created.Name).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	return created.Name
 }
 
