@@ -116,7 +116,14 @@ func run(ctx context.Context, f *cli.Factory, o *Options) error {
 		tmp.Close()
 		return err
 	}
-	c.collect(ctx)
+	collected := make(chan struct{})
+	go func() { c.collect(ctx); close(collected) }()
+	select {
+	case <-collected:
+	case <-ctx.Done():
+		// Not waiting for the collection: a request the API server never answers
+		// (discovery takes no context) must not hold ^C up.
+	}
 	if ctx.Err() != nil {
 		tmp.Close()
 		fmt.Fprintln(f.ErrOut, "Interrupted: no archive written.")
