@@ -4,6 +4,7 @@
 package denylog
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -68,19 +69,26 @@ type Reader struct {
 	group uint16
 }
 
+// configTimeout bounds the wait for the kernel's answer to each configuration message.
+const configTimeout = 5 * time.Second
+
 // Open binds NFLOG group in the current network namespace. Only one socket per network
-// namespace can bind a group.
-func Open(group uint16) (*Reader, error) {
-	return OpenAt(netns.None(), group)
+// namespace can bind a group. Ending ctx ends the binding (Open returns at once).
+func Open(ctx context.Context, group uint16) (*Reader, error) {
+	return OpenAt(ctx, netns.None(), group)
 }
 
 // OpenAt binds NFLOG group in network namespace ns (netns.None(): the current one).
-func OpenAt(ns netns.NsHandle, group uint16) (*Reader, error) {
+func OpenAt(ctx context.Context, ns netns.NsHandle, group uint16) (*Reader, error) {
 	sock, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("opening a netfilter netlink socket: %w", err)
 	}
 	r := &Reader{sock: sock, group: group}
+	// A Receive blocked on an answer that never comes must not hold up the agent's
+	// shutdown: closing the socket ends it.
+	stop := context.AfterFunc(ctx, sock.Close)
+	defer stop()
 	// Room for bursts: the kernel's limit keeps the rate down, not the buffer.
 	_ = sock.SetReceiveBufferSize(1<<20, false)
 	mode := make([]byte, 6) // struct nfulnl_msg_config_mode: be32 copy_range, u8 copy_mode, u8 pad
@@ -98,9 +106,14 @@ func OpenAt(ns netns.NsHandle, group uint16) (*Reader, error) {
 	} {
 		if err := r.config(step.attr); err != nil {
 			sock.Close()
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
 			return nil, fmt.Errorf("NFLOG group %d: %s: %w", group, step.what, err)
 		}
 	}
+	// Read blocks until a packet is logged (Close ends it).
+	_ = sock.SetReceiveTimeout(&unix.Timeval{})
 	return r, nil
 }
 
@@ -128,14 +141,32 @@ func (r *Reader) config(attr *nl.RtAttr) error {
 	if err := r.sock.Send(req); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	return r.awaitAck(req.Seq, configTimeout)
+}
+
+// awaitAck waits up to timeout for the kernel's answer to request seq. The socket's
+// receive timeout bounds each Receive, so a kernel that never answers costs timeout, not
+// a hang.
+func (r *Reader) awaitAck(seq uint32, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
+		}
+		tv := unix.NsecToTimeval(left.Nanoseconds())
+		if err := r.sock.SetReceiveTimeout(&tv); err != nil {
+			return err
+		}
 		msgs, _, err := r.sock.Receive()
+		if errors.Is(err, unix.EAGAIN) {
+			break
+		}
 		if err != nil {
 			return err
 		}
 		for _, m := range msgs {
-			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq != req.Seq {
+			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq != seq {
 				continue
 			}
 			if len(m.Data) < 4 {
@@ -147,7 +178,7 @@ func (r *Reader) config(attr *nl.RtAttr) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("no answer from the kernel")
+	return fmt.Errorf("no answer from the kernel within %s", timeout)
 }
 
 // Read blocks until the kernel sends log messages and returns their packets. It returns

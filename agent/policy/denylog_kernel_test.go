@@ -89,7 +89,7 @@ func TestDenyLogsKernel(t *testing.T) {
 			}
 			d := &policy.DenyLogger{
 				LinesPerSecond: rate, Log: funcrLogger(&got),
-				Open:    func(g uint16) (*denylog.Reader, error) { return denylog.OpenAt(h, g) },
+				Open:    func(ctx context.Context, g uint16) (*denylog.Reader, error) { return denylog.OpenAt(ctx, h, g) },
 				PodByIP: func(a netip.Addr) (types.NamespacedName, bool) { k, ok := byIP[a]; return k, ok },
 			}
 			must(t, d.Register(reg))
@@ -264,4 +264,40 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels ...stri
 		}
 	}
 	return 0
+}
+
+// The deny log probe in a real kernel, both iptables backends: a node with xt_hashlimit
+// and xt_NFLOG takes the rule, and the probe leaves no chain behind; a chain a crashed probe
+// left is cleaned up too.
+func TestDenyLogProbeKernel(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newNode(t, backend)
+			must(t, n.ns.Do(func(ns.NetNS) error {
+				// What a probe killed between its two restores leaves.
+				cmd := exec.Command(backend.IPTables, "-w", "-t", "filter", "-N", "TRELLIS-DENYLOG-PROBE")
+				if out, err := cmd.CombinedOutput(); err != nil {
+					return fmt.Errorf("%s: %w: %s", cmd, err, out)
+				}
+				return nil
+			}))
+			var err error
+			must(t, n.ns.Do(func(ns.NetNS) error {
+				err = policy.ProbeDenyLogs(context.Background(), backend)
+				return nil
+			}))
+			if err != nil {
+				t.Errorf("ProbeDenyLogs on %s = %v, want nil (the kernel has xt_hashlimit and xt_NFLOG)", backend.Mode, err)
+			}
+			if save := n.save(backend); strings.Contains(save, "PROBE") || strings.Contains(save, "NFLOG") {
+				t.Errorf("the probe left rules behind:\n%s", save)
+			}
+			// And an applier writing with this backend asks the same.
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			must(t, n.ns.Do(func(ns.NetNS) error { err = a.ProbeDenyLogs(); return nil }))
+			if err != nil {
+				t.Errorf("KernelApplier.ProbeDenyLogs on %s = %v, want nil", backend.Mode, err)
+			}
+		})
+	}
 }

@@ -30,7 +30,8 @@ type DenyLogger struct {
 	// outside the cluster).
 	PodByIP func(netip.Addr) (types.NamespacedName, bool)
 	// Open binds the NFLOG group (default denylog.Open; tests open it in a namespace).
-	Open func(group uint16) (*denylog.Reader, error)
+	// Ending ctx ends a bind waiting for the kernel.
+	Open func(ctx context.Context, group uint16) (*denylog.Reader, error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
@@ -61,7 +62,7 @@ func (d *DenyLogger) init() {
 		}, []string{"namespace", "pod", "direction"})
 		d.suppressed = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trellis_policy_deny_logs_suppressed_total",
-			Help: "Denied packets the kernel sent for deny logs that made no line: repeat (the same attempt again), rate (the agent's lines-per-second bound), overflow (lost in a full socket buffer).",
+			Help: "Denied packets the kernel sent for deny logs that made no line: repeat (the same attempt again), rate (the agent's lines-per-second bound), overflow (overflow events: the kernel dropped log messages the agent read too slowly; one event may lose several).",
 		}, []string{"reason"})
 		for _, r := range []string{denylog.SuppressedRepeat, denylog.SuppressedRate, "overflow"} {
 			d.suppressed.WithLabelValues(r)
@@ -75,7 +76,17 @@ func (d *DenyLogger) Register(r prometheus.Registerer) error {
 	return errors.Join(r.Register(d.logged), r.Register(d.suppressed))
 }
 
-// SetRules takes the deny log rules of the Ruleset the kernel now holds (the engine's OnSync).
+// Synced is the engine's OnSync: it takes the deny log rules of rs only when the sync put
+// rs in the kernel. A failed sync's Ruleset never reached the kernel, whose NFLOG prefixes
+// are still the last applied ones: its rules would name the wrong pod or policy.
+func (d *DenyLogger) Synced(st Status, rs *Ruleset) {
+	if st.Err != nil || !st.Enforced {
+		return
+	}
+	d.SetRules(rs)
+}
+
+// SetRules takes the deny log rules of the Ruleset the kernel now holds.
 func (d *DenyLogger) SetRules(rs *Ruleset) {
 	if rs == nil {
 		return
@@ -91,8 +102,11 @@ func (d *DenyLogger) Start(ctx context.Context) error {
 	d.init()
 	backoff := time.Second
 	for {
-		r, err := d.Open(d.Group)
+		r, err := d.Open(ctx, d.Group)
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			d.Log.Error(err, "deny logs: can't read the NFLOG group; retrying", "group", d.Group, "retryIn", backoff)
 			select {
 			case <-ctx.Done():

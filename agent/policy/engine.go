@@ -50,6 +50,9 @@ type Status struct {
 	Problems                        []Problem
 	// ClusterPolicies are the ClusterNetworkPolicies the kernel holds (when Enforced).
 	ClusterPolicies []ClusterPolicyState
+	// DenyLogsOff says why deny logs, though asked for, are off on this node (the node's
+	// iptables refuses their rules); the pods' rules are the same without them.
+	DenyLogsOff error
 }
 
 // Engine keeps this node's policy rules equal to what the cluster's NetworkPolicies say.
@@ -90,6 +93,10 @@ type Engine struct {
 	OnSync func(Status, *Ruleset, time.Duration)
 	// DenyLog says whose denied packets are logged (off when zero).
 	DenyLog DenyLog
+	// DenyLogProbe, when set, tells whether the node takes deny log rules
+	// (KernelApplier.ProbeDenyLogs). Where it doesn't, deny logs stay off, asked again
+	// every denyLogRetry: logging must never change a verdict.
+	DenyLogProbe func() error
 	// Recorder, when set, gets a warning event on a NetworkPolicy whose rule can't be
 	// enforced as written (once per distinct problem).
 	Recorder events.EventRecorder
@@ -115,6 +122,11 @@ type Engine struct {
 	reported map[Problem]bool
 	verify   bool // the next sync reads the kernel
 	cleaner  *conntrackCleaner
+	// denyLogsOff is why deny logs are off (nil: on, or not asked for) until
+	// denyLogsRetry; a zero denyLogsChecked means the node was not asked yet.
+	denyLogsOff     error
+	denyLogsChecked bool
+	denyLogsRetry   time.Time
 }
 
 // announcement is what the CNI plugin said of a pod it wired: authoritative for the pod's
@@ -366,7 +378,7 @@ func (e *Engine) sync(ctx context.Context) error {
 	if err != nil {
 		e.reportProblems(st, rs)
 		err = fmt.Errorf("applying network policy rules: %w", err)
-		e.report(Status{Err: err, Problems: rs.Problems}, rs, time.Since(start))
+		e.report(Status{Err: err, Problems: rs.Problems, DenyLogsOff: e.denyLogsOff}, rs, time.Since(start))
 		return err
 	}
 	e.verify = false
@@ -383,7 +395,7 @@ func (e *Engine) sync(ctx context.Context) error {
 		// the loop, so that a pod's ADD doesn't wait for a walk over the conntrack table.
 		e.cleaner.submit(applied, ifaces)
 	}
-	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: clusterPolicyStates(st, applied)}
+	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: clusterPolicyStates(st, applied), DenyLogsOff: e.denyLogsOff}
 	for _, pc := range applied.PodChains {
 		if pc.Direction == Ingress {
 			status.IsolatedIngress++
@@ -410,6 +422,18 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 	changed, err := e.Applier.Apply(rs, e.verify)
 	if err == nil {
 		return rs, nil, changed, nil
+	}
+	if len(rs.DenyLogRules) > 0 {
+		// Perhaps the deny log rules are what the kernel refuses: a log must not cut a pod
+		// off, so the same rules without them come first.
+		plain := rs.withoutDenyLogs()
+		pchanged, perr := e.Applier.Apply(plain, true)
+		changed = changed || pchanged
+		if perr == nil {
+			e.turnDenyLogsOff(fmt.Errorf("the node refused the policy rules with deny logs (and took them without): %w", err))
+			return plain, nil, changed, nil
+		}
+		rs = plain
 	}
 	pods := rs.isolatedPods()
 	if len(pods) == 0 {
@@ -457,6 +481,35 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 		}
 	}
 	return final, cutOff, true, nil
+}
+
+// denyLog is the deny log configuration of this sync: e.DenyLog, unless the node refuses
+// deny log rules (asked once, and again every denyLogRetry while it refuses).
+func (e *Engine) denyLog() DenyLog {
+	if e.DenyLog.Mode == "" || e.DenyLog.Mode == DenyLogOff || e.DenyLog.LinesPerSecond <= 0 {
+		return e.DenyLog
+	}
+	now := time.Now()
+	if e.DenyLogProbe != nil && (!e.denyLogsChecked || e.denyLogsOff != nil && !now.Before(e.denyLogsRetry)) {
+		e.denyLogsChecked = true
+		if err := e.DenyLogProbe(); err != nil {
+			e.turnDenyLogsOff(err)
+		} else if e.denyLogsOff != nil {
+			e.Log.Info("deny logs: the node takes deny log rules again; logging")
+			e.denyLogsOff = nil
+		}
+	}
+	if e.denyLogsOff != nil && now.Before(e.denyLogsRetry) {
+		return DenyLog{}
+	}
+	return e.DenyLog
+}
+
+func (e *Engine) turnDenyLogsOff(err error) {
+	e.denyLogsOff = err
+	e.denyLogsChecked = true
+	e.denyLogsRetry = time.Now().Add(denyLogRetry)
+	e.Log.Error(err, "deny logs are off on this node; pods keep their policy rules without them", "retryIn", denyLogRetry)
 }
 
 // reportProblems raises an event for each problem not reported before, and forgets
@@ -534,7 +587,7 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 		st.Policies = append(st.Policies, &nps.Items[i])
 	}
 	st.Pods = e.view.pods(pods)
-	st.DenyLog = e.DenyLog
+	st.DenyLog = e.denyLog()
 
 	e.mu.Lock()
 	now := time.Now()

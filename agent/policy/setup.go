@@ -90,12 +90,12 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	e := &Engine{
 		Cluster: src,
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
-		StateDir: o.StateDir, DenyLog: o.DenyLog,
+		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogProbe: applier.ProbeDenyLogs,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
 			m.Observe(st, rs, took)
 			if denyLogs != nil {
-				denyLogs.SetRules(rs)
+				denyLogs.Synced(st, rs)
 			}
 			reporter.set(st)
 		},
@@ -217,6 +217,14 @@ func (r *statusReporter) set(st Status) {
 			msgs = append(msgs, fmt.Sprintf("NetworkPolicy %s: %s", p.Policy, p.Message))
 		}
 		ps.Message = "rules that can't be read allow nothing: " + strings.Join(msgs, "; ")
+	}
+	if st.DenyLogsOff != nil {
+		// Not a fault of enforcement: the verdicts are the same; only the lines are missing.
+		msg := "deny logs are off on this node (the pods' rules are the same without them): " + st.DenyLogsOff.Error()
+		if ps.Message != "" {
+			msg = ps.Message + "; " + msg
+		}
+		ps.Message = msg
 	}
 	r.mu.Lock()
 	r.latest = ps
