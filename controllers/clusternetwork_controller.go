@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -81,8 +82,11 @@ type ClusterNetworkReconciler struct {
 // +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,verbs=list;watch
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=clusterroles;clusterrolebindings,resourceNames=trellis-agent,verbs=create;patch
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,verbs=list;watch
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,resourceNames=trellis-agent-authentication-reader,verbs=create;patch
+// The agent's one RoleBinding, in kube-system: list and watch by name only (the cache asks
+// with a metadata.name field selector, which RBAC's resourceNames then allows), so the
+// operator reads no other RoleBinding of the cluster. A ClusterRole rule, since an OLM CSV
+// can't grant a Role in another namespace.
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=rolebindings,resourceNames=trellis-agent-authentication-reader,verbs=create;patch;list;watch
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles,resourceNames=extension-apiserver-authentication-reader,verbs=bind
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,verbs=list;watch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=validatingadmissionpolicies;validatingadmissionpolicybindings,resourceNames=trellis-agent-node-restriction,verbs=create;patch
@@ -610,8 +614,10 @@ func CacheOptions() cache.Options {
 		&corev1.Pod{}:                {Namespaces: inNamespace, Label: labels.SelectorFromSet(render.AgentPodLabels)},
 		&rbacv1.ClusterRole{}:        {Label: ours},
 		&rbacv1.ClusterRoleBinding{}: {Label: ours},
-		// The agent's one binding outside trellis-system: reading the client CA (kube-system).
-		&rbacv1.RoleBinding{}:                                       {Namespaces: map[string]cache.Config{"kube-system": {}}, Label: ours},
+		// The agent's one binding outside trellis-system: reading the client CA (kube-system),
+		// by name: the operator may list and watch no other RoleBinding.
+		&rbacv1.RoleBinding{}: {Namespaces: map[string]cache.Config{"kube-system": {}}, Label: ours,
+			Field: fields.OneTermEqualSelector("metadata.name", render.AgentAuthReaderBinding)},
 		&admissionregistrationv1.ValidatingAdmissionPolicy{}:        {Label: ours},
 		&admissionregistrationv1.ValidatingAdmissionPolicyBinding{}: {Label: ours},
 		// Managed fields are bookkeeping the operator never reads, a good part of each object.

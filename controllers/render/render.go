@@ -32,6 +32,9 @@ const (
 	DaemonSetName = "trellis-agent"
 	// ConfigMapName holds the agent configuration.
 	ConfigMapName = "trellis-agent-config"
+	// AgentAuthReaderBinding is the agent's RoleBinding in kube-system to the Role that
+	// reads the cluster's client CA (config/agent/role_binding.yaml).
+	AgentAuthReaderBinding = "trellis-agent-authentication-reader"
 	// ConfigHashAnnotation on the agent pod template changes with the configuration, so a
 	// configuration change rolls the DaemonSet.
 	ConfigHashAnnotation = "network.trellis.dev/config-hash"
