@@ -15,6 +15,8 @@ KUBEBUILDER_ASSETS ?= $(TRELLIS_CACHE)/k8s/$(K8S_VERSION)
 export KUBEBUILDER_ASSETS
 KUBECTL ?= kubectl
 GO_TEST_FLAGS ?= -count=1 -timeout=30m
+# The e2e package runs every local-cluster test one after another (~35 minutes warm).
+E2E_TIMEOUT ?= 60m
 # FUZZ_TIME per fuzz target. FuzzIPBlockApply minimizes a new input for 10 runs instead of
 # go's 60 s: each run applies to a kernel (~0.1 s), so the default would spend FUZZ_TIME minimizing.
 FUZZ_TIME ?= 10s
@@ -84,7 +86,7 @@ test: deps manifests generate bundle catalog vet ## Run every test: unit, real k
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_TIME) ./cni/plugin/
 	go test -run='^$$' -fuzz='^FuzzIPBlockApply$$' -fuzztime=$(FUZZ_TIME) -fuzzminimizetime=10x ./agent/policy/
 	hack/build-agnhost.sh >/dev/null
-	go test -tags e2e $(GO_TEST_FLAGS) ./test/e2e/...
+	go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) ./test/e2e/...
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
 	UPSTREAM_FOCUS=test/upstream/ci.txt UPSTREAM_DIRECT=0 hack/conformance-upstream.sh
 	CNP_RUN='$(CNP_CI)' ARTIFACTS=$(TRELLIS_CACHE)/cnp-ci hack/conformance-cnp.sh
@@ -178,7 +180,7 @@ demo: ## Bring up the local cluster with Trellis and show nodes, pod blocks, the
 .PHONY: e2e
 e2e: deps ## End-to-end tests on a fresh local cluster (TRELLIS_E2E_CNI=trellis|reference, TRELLIS_CLUSTER_REUSE=1 to reuse one).
 	hack/build-agnhost.sh >/dev/null
-	go test -tags e2e -count=1 -timeout 30m ./test/e2e/...
+	go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) ./test/e2e/...
 
 .PHONY: e2e-olm
 e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a local cluster "olm", then upgrade it to this tree under traffic (TestOLM).
