@@ -120,7 +120,9 @@ build: ## Build trellis-operator, trellis-agent, trellis (the CNI plugin) and ku
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-trellis ./cmd/kubectl-trellis
 
 # The kubectl plugin is released as a binary per platform, as krew and users download it.
-CLI_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64
+# Linux only for now: explain links the agent's policy compiler, whose package also holds
+# the kernel side (netlink, network namespaces); darwin needs that split first.
+CLI_PLATFORMS ?= linux/amd64 linux/arm64
 .PHONY: dist-cli
 dist-cli: ## Build kubectl-trellis for CLI_PLATFORMS into _output/dist (a .tar.gz each, and SHA256SUMS).
 	@rm -rf _output/dist && mkdir -p _output/dist
