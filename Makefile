@@ -65,6 +65,10 @@ fmt: ## go fmt.
 vet: ## go vet.
 	go vet ./...
 
+.PHONY: lint
+lint: ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(TRELLIS_CACHE) by hack/build-golangci-lint.sh).
+	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./...
+
 .PHONY: deps
 deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS and the upstream e2e.test + ginkgo into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
@@ -80,7 +84,7 @@ deps: ## Install what the tests need (apt packages; k8s binaries, crictl, refere
 CNP_CI ?= CNPAdminTierIntegration|CNPAdminTierPriorityField|CNPAdminTierIngressNamedPort|CNPAdminTierEgressNamedPort|CNPBaselineTierIngressTCP|CNPBaselineTierEgressUDP
 
 .PHONY: test
-test: deps manifests generate bundle catalog vet ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset, the upstream [sig-network] subset (test/upstream/ci.txt), the ClusterNetworkPolicy conformance subset (CNP_CI).
+test: deps manifests generate bundle catalog vet lint ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset, the upstream [sig-network] subset (test/upstream/ci.txt), the ClusterNetworkPolicy conformance subset (CNP_CI).
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) validate-bundle
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_TIME) ./cni/plugin/

@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -117,7 +118,10 @@ func TestOperator(t *testing.T) {
 			if apierrors.IsNotFound(err) {
 				return nil
 			}
-			return fmt.Errorf("still there (%v)", err)
+			if err != nil {
+				return fmt.Errorf("still there? (%w)", err)
+			}
+			return errors.New("still there")
 		})
 		createNode(t, "node-7")
 		eventually(t, "node-7 gets the freed block", func() error {

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/test/testenv"
 )

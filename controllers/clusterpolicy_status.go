@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	"k8s.io/client-go/util/workqueue"
@@ -54,7 +55,7 @@ const (
 )
 
 // ClusterNetworkPolicyGVK is the ClusterNetworkPolicy version the operator reports on.
-var ClusterNetworkPolicyGVK = policyv1beta1.SchemeGroupVersion.WithKind("ClusterNetworkPolicy")
+var ClusterNetworkPolicyGVK = schema.GroupVersion(policyv1beta1.GroupVersion).WithKind("ClusterNetworkPolicy")
 
 // +kubebuilder:rbac:groups=policy.networking.k8s.io,resources=clusternetworkpolicies,verbs=list;watch
 // +kubebuilder:rbac:groups=policy.networking.k8s.io,resources=clusternetworkpolicies/status,verbs=patch

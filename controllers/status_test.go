@@ -2,6 +2,7 @@ package controllers_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -191,8 +192,11 @@ func freshClusterNetwork(t *testing.T) {
 				t.Fatalf("deleting %T %s: %v", obj, obj.GetName(), err)
 			}
 			eventually(t, fmt.Sprintf("%T %s gone", obj, obj.GetName()), func() error {
-				if err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj); !apierrors.IsNotFound(err) {
-					return fmt.Errorf("still there (%v)", err)
+				switch err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj); {
+				case err == nil:
+					return errors.New("still there")
+				case !apierrors.IsNotFound(err):
+					return fmt.Errorf("still there? (%w)", err)
 				}
 				return nil
 			})

@@ -155,7 +155,10 @@ func waitClusterNetworkGone(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
-		return fmt.Errorf("still there (finalizers %v, err %v)", cn.Finalizers, err)
+		if err != nil {
+			return fmt.Errorf("still there? (%w)", err)
+		}
+		return fmt.Errorf("still there (finalizers %v)", cn.Finalizers)
 	})
 }
 

@@ -106,7 +106,7 @@ func inSet(t *testing.T, n ns.NetNS, name, member string) bool {
 		case strings.Contains(string(out), "is NOT in set"):
 			ok = false
 		default:
-			return fmt.Errorf("ipset test %s %s: %v: %s", name, member, err, out)
+			return fmt.Errorf("ipset test %s %s: %w: %s", name, member, err, out)
 		}
 		return nil
 	})
@@ -232,11 +232,19 @@ func TestRebuildKeepsTheRulesReference(t *testing.T) {
 					if err != nil {
 						return err
 					}
-					c.Write([]byte("x"))
+					_, err = c.Write([]byte("x"))
 					c.Close()
+					if err != nil {
+						return err
+					}
 					out, err := run(iptables, "-L", "OUTPUT", "-n", "-v", "-x", "-Z")
-					fmt.Sscan(strings.Fields(strings.Split(out, "\n")[2])[0], &p)
-					return err
+					if err != nil {
+						return err
+					}
+					if _, err := fmt.Sscan(strings.Fields(strings.Split(out, "\n")[2])[0], &p); err != nil {
+						return fmt.Errorf("the rule's packet counter in %q: %w", out, err)
+					}
+					return nil
 				})
 				return p
 			}

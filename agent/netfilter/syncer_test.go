@@ -75,7 +75,9 @@ func save(t *testing.T, n ns.NetNS, b netfilter.Backend, table netfilter.Table) 
 			case strings.HasPrefix(l, "["):
 				counters, rule, _ := strings.Cut(l, "] ")
 				var p, bytes uint64
-				fmt.Sscanf(counters, "[%d:%d", &p, &bytes)
+				if _, err := fmt.Sscanf(counters, "[%d:%d", &p, &bytes); err != nil {
+					return fmt.Errorf("%s: the counters of %q: %w", b.Save, l, err)
+				}
 				d.lines = append(d.lines, rule)
 				d.packets[rule] += p
 			}

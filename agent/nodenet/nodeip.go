@@ -37,7 +37,7 @@ func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
 	}
 	ip, err := defaultRouteIPv4()
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("Node %s has no IPv4 InternalIP and %w: set the agent's --node-ip or --node-ip-interface", node.Name, err)
+		return netip.Addr{}, fmt.Errorf("node %s has no IPv4 InternalIP and %w: set the agent's --node-ip or --node-ip-interface", node.Name, err)
 	}
 	return ip, nil
 }

@@ -526,7 +526,7 @@ func (a *agent) masqueraded(t *testing.T) string {
 		var err error
 		out, err = exec.Command("iptables", "-w", "-t", "nat", "-S").CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("iptables -t nat -S: %v: %s", err, out)
+			return fmt.Errorf("iptables -t nat -S: %w: %s", err, out)
 		}
 		return nil
 	}))

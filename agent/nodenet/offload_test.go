@@ -234,7 +234,7 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 		args := []string{"-w", "-t", "mangle", "-A", "POSTROUTING", "-o", "eth0", "-p", "udp", "--dport", "4789",
 			"-m", "bpf", "--bytecode", brokenOffloadFilter(4789), "-j", "DROP"}
 		if out, err := exec.Command("iptables", args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, out)
+			return fmt.Errorf("iptables %s: %w: %s", strings.Join(args, " "), err, out)
 		}
 		return nil
 	}))

@@ -29,7 +29,7 @@ type ClusterPolicySource interface {
 
 // clusterPolicyGVK is the version the agent reads (the storage version; v1alpha2 is
 // served beside it).
-var clusterPolicyGVK = policyv1beta1.SchemeGroupVersion.WithKind("ClusterNetworkPolicy")
+var clusterPolicyGVK = schema.GroupVersion(policyv1beta1.GroupVersion).WithKind("ClusterNetworkPolicy")
 
 // apiSource reads ClusterNetworkPolicies through the agent's cache once their API is
 // installed, and nodes through a cache of its own, started on the first policy with a node

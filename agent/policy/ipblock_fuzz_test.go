@@ -287,7 +287,7 @@ func (e *ipBlockEnv) ipsetTest(t *testing.T, set string, a netip.Addr) bool {
 			in = true
 		case strings.Contains(string(out), "is NOT in set"):
 		default:
-			return fmt.Errorf("ipset test %s %s: %v: %s", set, a, err, out)
+			return fmt.Errorf("ipset test %s %s: %w: %s", set, a, err, out)
 		}
 		return nil
 	})

@@ -381,7 +381,3 @@ type ClusterNetworkList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []ClusterNetwork `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&ClusterNetwork{}, &ClusterNetworkList{})
-}

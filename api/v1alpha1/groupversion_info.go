@@ -5,8 +5,9 @@
 package v1alpha1
 
 import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"sigs.k8s.io/controller-runtime/pkg/scheme"
 )
 
 var (
@@ -14,8 +15,20 @@ var (
 	GroupVersion = schema.GroupVersion{Group: "network.trellis.dev", Version: "v1alpha1"}
 
 	// SchemeBuilder is used to add go types to the GroupVersionKind scheme.
-	SchemeBuilder = &scheme.Builder{GroupVersion: GroupVersion}
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
 
 	// AddToScheme adds the types in this group-version to the given scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
+
+// addKnownTypes registers the group-version's types and its meta types (ListOptions and
+// the like), as controller-runtime's scheme.Builder did: the API package needs no more
+// than apimachinery.
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(GroupVersion,
+		&ClusterNetwork{}, &ClusterNetworkList{},
+		&NodeNetwork{}, &NodeNetworkList{},
+	)
+	metav1.AddToGroupVersion(s, GroupVersion)
+	return nil
+}

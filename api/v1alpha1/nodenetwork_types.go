@@ -147,7 +147,3 @@ type NodeNetworkList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []NodeNetwork `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&NodeNetwork{}, &NodeNetworkList{})
-}

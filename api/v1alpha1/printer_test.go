@@ -89,7 +89,7 @@ func assertRow(t *testing.T, resource string, want map[string]column) {
 	}
 	got := map[string]column{}
 	for i, c := range table.ColumnDefinitions {
-		got[c.Name] = column{int32(c.Priority), fmt.Sprint(table.Rows[0].Cells[i])}
+		got[c.Name] = column{c.Priority, fmt.Sprint(table.Rows[0].Cells[i])}
 	}
 	for name, w := range want {
 		if g, ok := got[name]; !ok || g != w {

@@ -484,8 +484,10 @@ func (s *Snapshot) judge(p *Path, from, to end, pkt policy.Packet) error {
 		if from.pod != nil && !toOwnNode {
 			// Another node's own address: its INPUT path, where only pods of that node
 			// are looked at.
-			if ok, err := s.view(to.Node).Allowed(policy.Packet{Src: pkt.Src, Dst: pkt.Dst, Protocol: pkt.Protocol, DstPort: pkt.DstPort, ToHost: true}); err != nil || !ok {
-				return fmt.Errorf("internal error: node %s's rules judge its own address: allowed %v, %v", to.Node, ok, err)
+			if ok, err := s.view(to.Node).Allowed(policy.Packet{Src: pkt.Src, Dst: pkt.Dst, Protocol: pkt.Protocol, DstPort: pkt.DstPort, ToHost: true}); err != nil {
+				return fmt.Errorf("internal error: node %s's rules judge its own address: %w", to.Node, err)
+			} else if !ok {
+				return fmt.Errorf("internal error: node %s's rules deny its own address", to.Node)
 			}
 		}
 	}

@@ -45,9 +45,13 @@ func forward(ctx context.Context, cfg *rest.Config, pod string, port int) (uint1
 		return 0, nil, fmt.Errorf("port-forward to %s: %w", pod, ctx.Err())
 	}
 	ports, err := fw.GetPorts()
-	if err != nil || len(ports) != 1 {
+	if err != nil {
 		close(stopCh)
-		return 0, nil, fmt.Errorf("port-forward to %s: no local port (%v)", pod, err)
+		return 0, nil, fmt.Errorf("port-forward to %s: no local port (%w)", pod, err)
+	}
+	if len(ports) != 1 {
+		close(stopCh)
+		return 0, nil, fmt.Errorf("port-forward to %s: %d local ports, not 1", pod, len(ports))
 	}
 	return ports[0].Local, func() { close(stopCh) }, nil
 }

@@ -28,9 +28,9 @@ type NetConf struct {
 type K8sArgs struct {
 	types.CommonArgs
 	K8S_POD_NAMESPACE          types.UnmarshallableString //nolint:revive // names are the protocol's
-	K8S_POD_NAME               types.UnmarshallableString //nolint:revive
-	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive
-	K8S_POD_UID                types.UnmarshallableString //nolint:revive
+	K8S_POD_NAME               types.UnmarshallableString //nolint:revive // names are the protocol's
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive // names are the protocol's
+	K8S_POD_UID                types.UnmarshallableString //nolint:revive // names are the protocol's
 }
 
 // Parse decodes, defaults and validates a configuration as ADD, CHECK and STATUS see it.

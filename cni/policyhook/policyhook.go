@@ -24,14 +24,14 @@ func Notify(socket string, timeout time.Duration, req cnicontract.PolicyRequest)
 	deadline := time.Now().Add(timeout)
 	conn, err := net.DialTimeout("unix", socket, timeout)
 	if err != nil {
-		return fmt.Errorf("%w at %s: %v", ErrUnreachable, socket, err)
+		return fmt.Errorf("%w at %s: %w", ErrUnreachable, socket, err)
 	}
 	defer conn.Close()
 	if err := conn.SetDeadline(deadline); err != nil {
-		return fmt.Errorf("%w: %v", ErrUnreachable, err)
+		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
 	if err := json.NewEncoder(conn).Encode(req); err != nil {
-		return fmt.Errorf("%w: sending request: %v", ErrUnreachable, err)
+		return fmt.Errorf("%w: sending request: %w", ErrUnreachable, err)
 	}
 	line, err := bufio.NewReader(conn).ReadBytes('\n')
 	if err != nil {

@@ -234,7 +234,7 @@ func TestTXChecksumOffloadMode(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := AgentConfig(spec(t, func(s *v1alpha1.ClusterNetworkSpec) {
-				s.VXLAN.ChecksumOffload, s.VXLAN.TXChecksumOffload = tc.legacy, tc.mode
+				s.VXLAN.ChecksumOffload, s.VXLAN.TXChecksumOffload = tc.legacy, tc.mode //nolint:staticcheck // SA1019: the deprecated field as stored ClusterNetworks hold it; the test is that it is still read
 			}))
 			if err != nil {
 				t.Fatal(err)

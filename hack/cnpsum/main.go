@@ -73,7 +73,7 @@ func main() {
 		defer f.Close()
 		in = f
 	}
-	var out io.Writer = io.Discard
+	out := io.Discard
 	if *echo {
 		out = os.Stdout
 	}

@@ -129,7 +129,10 @@ func (c *Cluster) waitNodesRegistered(ctx context.Context, timeout time.Duration
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("nodes not registered after %v (%v)\n%s", timeout, err, c.Diagnose(ctx))
+			if err != nil {
+				return fmt.Errorf("nodes not registered after %v (%w)\n%s", timeout, err, c.Diagnose(ctx))
+			}
+			return fmt.Errorf("nodes not registered after %v (%d of %d)\n%s", timeout, len(nodes.Items), len(c.Nodes), c.Diagnose(ctx))
 		}
 		select {
 		case <-ctx.Done():

@@ -116,8 +116,12 @@ func (c *Cluster) DeployProbes(ctx context.Context, timeout time.Duration) ([]Pr
 			}
 		}
 		if time.Now().After(deadline) {
-			return probes, fmt.Errorf("%d of %d probe pods Ready after %v (waiting: %s; list error: %v)\n%s",
-				len(probes), len(c.Nodes), timeout, strings.Join(waiting, "; "), err, c.Diagnose(ctx))
+			if err != nil {
+				return probes, fmt.Errorf("%d of %d probe pods Ready after %v (listing them: %w)\n%s",
+					len(probes), len(c.Nodes), timeout, err, c.Diagnose(ctx))
+			}
+			return probes, fmt.Errorf("%d of %d probe pods Ready after %v (waiting: %s)\n%s",
+				len(probes), len(c.Nodes), timeout, strings.Join(waiting, "; "), c.Diagnose(ctx))
 		}
 		select {
 		case <-ctx.Done():

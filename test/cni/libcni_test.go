@@ -2,6 +2,7 @@ package cni_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -170,11 +171,7 @@ func TestStatusFollowsAgentReadiness(t *testing.T) {
 }
 
 func asCNIError(err error, target **types.Error) bool {
-	e, ok := err.(*types.Error)
-	if ok {
-		*target = e
-	}
-	return ok
+	return errors.As(err, target)
 }
 
 func TestGCReleasesInvalidAttachments(t *testing.T) {

@@ -309,7 +309,7 @@ func deployPolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, bat
 	for _, ps := range specs {
 		grace, preStop := 1, ""
 		if ps.Draining {
-			grace, preStop = 30, fmt.Sprintf("    lifecycle:\n      preStop:\n        exec: {command: [\"/agnhost\", \"pause\"]}\n")
+			grace, preStop = 30, "    lifecycle:\n      preStop:\n        exec: {command: [\"/agnhost\", \"pause\"]}\n"
 		}
 		fmt.Fprintf(&b, `---
 apiVersion: v1

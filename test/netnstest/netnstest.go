@@ -4,6 +4,7 @@
 package netnstest
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -76,9 +77,14 @@ func NewUnpinned(t testing.TB) ns.NetNS {
 			return
 		}
 		// Never hand out the namespace the test started in: the test would program the host.
-		if err := unix.Fstat(f, &after); err != nil || after.Ino == before.Ino {
+		if err := unix.Fstat(f, &after); err != nil {
 			unix.Close(f)
-			errc <- fmt.Errorf("unshare left the thread in its namespace (%v)", err)
+			errc <- fmt.Errorf("telling the new network namespace from the old: %w", err)
+			return
+		}
+		if after.Ino == before.Ino {
+			unix.Close(f)
+			errc <- errors.New("unshare left the thread in its namespace")
 			return
 		}
 		fd <- f

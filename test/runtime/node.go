@@ -106,7 +106,6 @@ type Node struct {
 	cmd        *exec.Cmd
 	exited     chan struct{} // closed when containerd has exited
 	closeOnce  sync.Once
-	podSeq     atomic.Int64
 }
 
 // Pod is a pod sandbox started with Node.RunPod.
@@ -338,7 +337,7 @@ func (n *Node) waitReady(timeout time.Duration) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("containerd not ready after %v: %v; its log:\n%s", timeout, lastErr, n.logTail(16<<10))
+	return fmt.Errorf("containerd not ready after %v: %w; its log:\n%s", timeout, lastErr, n.logTail(16<<10))
 }
 
 // WaitNetworkReady waits until containerd reports NetworkReady, that is until it has

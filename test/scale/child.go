@@ -347,7 +347,10 @@ func (c *Child) Err() error {
 	case <-c.done:
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return fmt.Errorf("exited (%v): %s", c.err, benchrun.FirstLines(c.stderr.Bytes(), 10))
+		if c.err != nil {
+			return fmt.Errorf("exited (%w): %s", c.err, benchrun.FirstLines(c.stderr.Bytes(), 10))
+		}
+		return fmt.Errorf("exited: %s", benchrun.FirstLines(c.stderr.Bytes(), 10))
 	default:
 		return nil
 	}

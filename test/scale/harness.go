@@ -466,7 +466,7 @@ func (h *Harness) AddRealNode(ctx context.Context) (*RealNode, error) {
 		return nil, err
 	}
 	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", rn.NS).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ip netns add %s: %v: %s", rn.NS, err, out)
+		return nil, fmt.Errorf("ip netns add %s: %w: %s", rn.NS, err, out)
 	}
 	bits := netip.MustParsePrefix(underlay).Bits()
 	if err := rn.do(func() error {

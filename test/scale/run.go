@@ -96,7 +96,7 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 			err = fmt.Errorf("%d nodes: %w", o.Nodes, err)
 			if h.Operator != nil {
 				if cerr := h.Operator.Err(); cerr != nil {
-					err = fmt.Errorf("%w (operator %v)", err, cerr)
+					err = fmt.Errorf("%w (operator %w)", err, cerr)
 				}
 			}
 		}
@@ -197,8 +197,10 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 		if p, err = h.peer(ctx, added[0]); err != nil { // as the API holds it
 			return f, err
 		}
-		if k, err := rn.Kernel(); err != nil || !k.Has(p, true) {
-			return f, fmt.Errorf("peer %s: notified, but not in the kernel (%v)", p.Name, err)
+		if k, err := rn.Kernel(); err != nil {
+			return f, fmt.Errorf("peer %s: notified; reading the kernel: %w", p.Name, err)
+		} else if !k.Has(p, true) {
+			return f, fmt.Errorf("peer %s: notified, but not in the kernel", p.Name)
 		}
 		d := at.Sub(t0)
 		f.PeerAdd = append(f.PeerAdd, d)
@@ -217,8 +219,10 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 		if at, err = wait(ctx, 30*time.Second); err != nil {
 			return f, agentErr(rn, err)
 		}
-		if k, err := rn.Kernel(); err != nil || !k.Has(p, false) {
-			return f, fmt.Errorf("peer %s: notified, but still in the kernel (%v)", p.Name, err)
+		if k, err := rn.Kernel(); err != nil {
+			return f, fmt.Errorf("peer %s: notified; reading the kernel: %w", p.Name, err)
+		} else if !k.Has(p, false) {
+			return f, fmt.Errorf("peer %s: notified, but still in the kernel", p.Name)
 		}
 		f.PeerRemove = append(f.PeerRemove, at.Sub(t0))
 	}
@@ -294,7 +298,7 @@ func converged(peers []Peer) func(Kernel) (bool, string) {
 
 func agentErr(rn *RealNode, err error) error {
 	if cerr := rn.Agent.Err(); cerr != nil {
-		return fmt.Errorf("%w (agent %v)", err, cerr)
+		return fmt.Errorf("%w (agent %w)", err, cerr)
 	}
 	return err
 }

@@ -324,7 +324,7 @@ func installStrategy(p parts) (object, []any, error) {
 		spec, _ := nested[object](d, "spec")
 		saName, _ := nested[string](spec, "template", "spec", "serviceAccountName")
 		if !sas[saName] {
-			return nil, nil, fmt.Errorf("Deployment %s runs as service account %q, which config/default does not define", name(d), saName)
+			return nil, nil, fmt.Errorf("deployment %s runs as service account %q, which config/default does not define", name(d), saName)
 		}
 		labels, _ := nested[object](d, "metadata", "labels")
 		deployments = append(deployments, object{"name": name(d), "label": labels, "spec": spec})
@@ -342,7 +342,7 @@ func installStrategy(p parts) (object, []any, error) {
 				if en, _ := e["name"].(string); strings.HasPrefix(en, relatedImagePrefix) {
 					value, _ := e["value"].(string)
 					if value == "" {
-						return nil, nil, fmt.Errorf("Deployment %s: %s has no literal value; OLM needs the image in the CSV", name(d), en)
+						return nil, nil, fmt.Errorf("deployment %s: %s has no literal value; OLM needs the image in the CSV", name(d), en)
 					}
 					addImage(strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(en, relatedImagePrefix)), "_", "-"), value)
 				}

@@ -62,7 +62,7 @@ func ForwardAPI(ctx context.Context, socket, hostPort string) error {
 				defer up.Close()
 				var wg sync.WaitGroup
 				wg.Add(2)
-				go func() { defer wg.Done(); _, _ = io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
+				go func() { defer wg.Done(); _, _ = io.Copy(up, c); _ = up.(*net.TCPConn).CloseWrite() }() // half-close: the API server sees the EOF
 				go func() { defer wg.Done(); _, _ = io.Copy(c, up) }()
 				wg.Wait()
 			}()

@@ -80,8 +80,11 @@ func DeleteNetns(names []string) error {
 			left = append(left, n)
 		}
 	}
+	if len(left) > 0 && batchErr != nil {
+		return fmt.Errorf("%d network namespaces are left (first %s): %w: %s", len(left), left[0], batchErr, FirstLines(out, 5))
+	}
 	if len(left) > 0 {
-		return fmt.Errorf("%d network namespaces are left (first %s): %v: %s", len(left), left[0], batchErr, FirstLines(out, 5))
+		return fmt.Errorf("%d network namespaces are left (first %s): %s", len(left), left[0], FirstLines(out, 5))
 	}
 	return nil
 }

@@ -65,7 +65,7 @@ func runIperf(ctx context.Context, client, server *pod, d time.Duration) (iperfR
 	res, err := parseIperf(out)
 	if err != nil {
 		if runErr != nil {
-			err = fmt.Errorf("%w (iperf3: %v: %s)", err, runErr, benchrun.FirstLines(clErr.Bytes(), 3))
+			err = fmt.Errorf("%w (iperf3: %w: %s)", err, runErr, benchrun.FirstLines(clErr.Bytes(), 3))
 		}
 		return iperfResult{}, fmt.Errorf("iperf3 %s -> %s: %w", client.netns, server.ip, err)
 	}

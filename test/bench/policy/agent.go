@@ -404,17 +404,18 @@ func (a *agentProc) stop() error {
 	a.stopped = true
 	defer close(a.done)
 	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	errc := make(chan error, 1)
-	go func() { errc <- a.cmd.Wait() }()
+	var waitErr error
+	exited := make(chan struct{})
+	go func() { waitErr = a.cmd.Wait(); close(exited) }()
 	select {
-	case err := <-errc:
-		if err != nil {
-			return fmt.Errorf("the agent exited: %w", err)
+	case <-exited:
+		if waitErr != nil {
+			return fmt.Errorf("the agent exited: %w", waitErr)
 		}
 		return nil
 	case <-time.After(20 * time.Second):
 		_ = a.cmd.Process.Kill()
-		<-errc
+		<-exited // its exit status, "signal: killed", adds nothing to the error
 		return errors.New("the agent did not stop within 20 s of SIGTERM; killed")
 	}
 }
@@ -426,7 +427,7 @@ func removePolicy(netns, accessFile string) error {
 	}
 	out, err := exec.Command("ip", "netns", "exec", netns, self, "-agent", "-remove", "-access", accessFile).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("removing the policy rules: %v: %s", err, out)
+		return fmt.Errorf("removing the policy rules: %w: %s", err, out)
 	}
 	return nil
 }

@@ -37,8 +37,11 @@ func standardCRD() (string, error) {
 	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", npapiModule)
 	cmd.Dir = testenv.RepoRoot()
 	out, err := cmd.Output()
-	if err != nil || strings.TrimSpace(string(out)) == "" {
-		return "", fmt.Errorf("no ClusterNetworkPolicy CRD: %s is missing and go list -m %s found no module directory (%v)", p, npapiModule, err)
+	if err != nil {
+		return "", fmt.Errorf("no ClusterNetworkPolicy CRD: %s is missing and go list -m %s found no module directory (%w)", p, npapiModule, err)
+	}
+	if strings.TrimSpace(string(out)) == "" {
+		return "", fmt.Errorf("no ClusterNetworkPolicy CRD: %s is missing and go list -m %s found no module directory", p, npapiModule)
 	}
 	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd", "standard", npapiCRD), nil
 }

@@ -133,7 +133,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	defer env.Stop()
+	defer func() { _ = env.Stop() }() // best effort, as test/scale stops its own
 	crd, err := installCRD(cfg)
 	if err != nil {
 		return err

@@ -48,7 +48,7 @@ func (n *node) setup(ctx context.Context) error {
 	}
 	for _, name := range names {
 		if out, err := exec.CommandContext(ctx, "ip", "netns", "add", name).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip netns add %s: %v: %s", name, err, out)
+			return fmt.Errorf("ip netns add %s: %w: %s", name, err, out)
 		}
 		n.pods = append(n.pods, name)
 		if err := inNetns(name, func() error {
@@ -175,7 +175,7 @@ func (n *node) iperf(ctx context.Context, d time.Duration) (float64, error) {
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", n.podNS("client"), "iperf3", "-J", "-c",
 		realPodIP(slices.Index(realPods, "server")).String(), "-p", strconv.Itoa(serverPort), "-t", strconv.Itoa(int(d.Seconds()))).Output()
 	if err != nil {
-		return 0, fmt.Errorf("%v: %s", err, benchrun.FirstLines(out, 3))
+		return 0, fmt.Errorf("%w: %s", err, benchrun.FirstLines(out, 3))
 	}
 	var r struct {
 		End struct {

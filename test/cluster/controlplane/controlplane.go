@@ -230,7 +230,7 @@ func waitHealthy(ctx context.Context, p Process, timeout time.Duration, check fu
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy after %v: %v; %s", p.Name, timeout, last, procs.LogTail(p.Log, 4096))
+			return fmt.Errorf("%s not healthy after %v: %w; %s", p.Name, timeout, last, procs.LogTail(p.Log, 4096))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -200,7 +200,7 @@ func goCommand() (string, error) {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p, nil
 	}
-	p := filepath.Join(goruntime.GOROOT(), "bin", "go")
+	p := filepath.Join(goruntime.GOROOT(), "bin", "go") //nolint:staticcheck // SA1019: the fallback when go is not on PATH, for a test binary built on this machine
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("the go command builds the images' binaries: put /usr/local/go/bin on PATH (%w)", err)
 	}

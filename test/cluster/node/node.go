@@ -287,7 +287,7 @@ func waitContainerd(ctx context.Context, n *Node, timeout time.Duration) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("node %s: containerd not ready after %v: %v; %s", n.Name, timeout, last, procs.LogTail(n.Log("containerd"), 4096))
+			return fmt.Errorf("node %s: containerd not ready after %v: %w; %s", n.Name, timeout, last, procs.LogTail(n.Log("containerd"), 4096))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -193,5 +193,8 @@ func connectUDP(ctx context.Context, target string) (string, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	return "", fmt.Errorf("no udp answer from %s: %w (last error: %v)", target, ctx.Err(), lastErr)
+	if lastErr != nil {
+		return "", fmt.Errorf("no udp answer from %s: %w (last error: %w)", target, ctx.Err(), lastErr)
+	}
+	return "", fmt.Errorf("no udp answer from %s: %w", target, ctx.Err())
 }
