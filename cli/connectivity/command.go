@@ -197,6 +197,10 @@ func run(parent context.Context, f *cli.Factory, o Options) error {
 		return nil
 	}
 	defer func() { _ = cleanup() }()
+	if err := createLease(ctx, cs, ns, time.Now()); err != nil {
+		_ = cleanup()
+		return couldNotRun(f, err)
+	}
 	// The heartbeat: while it beats, no other runCtx takes ns for a leftover. If it cannot
 	// beat for maxBeatGap, runCtx (the runCtx's context from here on) ends with why.
 	runCtx, stopRun := context.WithCancelCause(ctx)
