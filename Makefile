@@ -95,6 +95,11 @@ test: deps manifests generate bundle catalog vet lint ## Run every test: unit, r
 	UPSTREAM_FOCUS=test/upstream/ci.txt UPSTREAM_DIRECT=0 hack/conformance-upstream.sh
 	CNP_RUN='$(CNP_CI)' ARTIFACTS=$(TRELLIS_CACHE)/cnp-ci hack/conformance-cnp.sh
 
+.PHONY: test-unit
+test-unit: ## Unit tests only, for the edit-test loop: go test -short ./... (no root, no cluster, no API server needed; root is fine too).
+	go test -short ./...
+	@echo "test-unit: tests needing root/network namespaces, kube-apiserver/etcd, containerd or built binaries were skipped (go test -short -v shows which); make test runs them."
+
 .PHONY: verify
 verify: manifests generate bundle catalog ## Fail if generated files (CRDs, RBAC, deep copies, OLM bundle and catalog) are out of date.
 	@git diff --exit-code -- api config bundle catalog || { echo "generated files changed: run 'make manifests generate bundle catalog' and commit"; exit 1; }

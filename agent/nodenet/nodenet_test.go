@@ -64,6 +64,7 @@ func TestMain(m *testing.M) {
 
 func apiServer(t *testing.T) client.Client {
 	t.Helper()
+	testenv.RequireAPIServer(t)
 	envOnce.Do(func() {
 		e, rc, err := testenv.Start()
 		if err != nil {

@@ -17,6 +17,7 @@ import (
 // real API server and the agent's trimmed cache, every pod is there, trimmed, with the
 // mirror annotation a static pod is matched by.
 func TestInformerPods(t *testing.T) {
+	testenv.RequireAPIServer(t)
 	env, cfg, err := testenv.Start()
 	if err != nil {
 		t.Fatal(err)

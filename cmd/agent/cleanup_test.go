@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,10 +17,22 @@ import (
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
-// agentBin is trellis-agent, built once for the test process.
+// agentBin is trellis-agent, built once for the test process; not under -short (make
+// test-unit), where requireAgent skips the tests that run it.
 var agentBin string
 
+func requireAgent(t *testing.T) {
+	t.Helper()
+	if agentBin == "" {
+		t.Skip("needs trellis-agent built (go build, minutes on a loaded machine): skipped under -short, make test runs it")
+	}
+}
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "trellis-agent-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
@@ -42,6 +55,7 @@ func TestMain(m *testing.M) {
 // the host's. It returns the output and the exit code.
 func cleanupIn(t *testing.T, args ...string) (string, int) {
 	t.Helper()
+	requireAgent(t)
 	netnstest.RequireCommands(t, "iptables-restore", "ipset")
 	node := netnstest.New(t)
 	var out []byte
@@ -188,6 +202,7 @@ func TestCleanupRefusesMissingDirectories(t *testing.T) {
 // Run by hand on a node, cleanup looks at the node's own directories, not at the agent
 // container's mounts (/host/...): its usage shows the defaults it runs with.
 func TestCleanupDefaultsAreNodePaths(t *testing.T) {
+	requireAgent(t)
 	b, err := exec.Command(agentBin, "cleanup", "-h").CombinedOutput()
 	out := string(b)
 	if err != nil {

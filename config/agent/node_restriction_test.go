@@ -28,6 +28,7 @@ import (
 // against a real API server with real tokens (TokenRequest bound to a pod on a node); the
 // e2e test does the same with a running agent's token.
 func TestNodeRestriction(t *testing.T) {
+	testenv.RequireAPIServer(t)
 	env, cfg, err := testenv.Start()
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,9 @@ import (
 var apiServer client.Client
 
 func TestMain(m *testing.M) {
+	if testenv.ShortMain() {
+		os.Exit(0)
+	}
 	env, cfg, err := testenv.Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)

@@ -18,9 +18,13 @@ import (
 )
 
 // RequireRoot fails the test (it does not skip) unless it runs as root: creating or
-// joining namespaces needs it, and a skipped test must not count as a pass.
+// joining namespaces needs it, and a skipped test must not count as a pass. Under -short
+// (make test-unit) it skips the test instead, root or not: make test runs it.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs root and network namespaces: skipped under -short, make test runs it")
+	}
 	if os.Geteuid() != 0 {
 		t.Fatal("must run as root: the test creates or joins network namespaces (make test runs as root)")
 	}

@@ -41,6 +41,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/containerd"
+	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 	"github.com/trellis-net/trellis/test/versions"
 )
@@ -193,6 +194,7 @@ func StartNode(t testing.TB, opts NodeOptions) *Node {
 // it returns ToolsDir().
 func checkPrerequisites(t testing.TB) string {
 	t.Helper()
+	netnstest.RequireRoot(t)
 	if os.Geteuid() != 0 {
 		t.Fatalf("runtime tests create network namespaces and run containerd: run them as root (`make test` does)")
 	}

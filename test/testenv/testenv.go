@@ -3,6 +3,7 @@
 package testenv
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -133,10 +134,23 @@ func StartForTestConfig(t testing.TB) (*rest.Config, client.Client) {
 	return cfg, c
 }
 
+// shortSkip is why a test needing a control plane skips under -short (make test-unit).
+const shortSkip = "needs kube-apiserver and etcd: skipped under -short, make test runs it"
+
+// RequireAPIServer skips t under -short (make test-unit): t starts a real kube-apiserver
+// and etcd. Without -short it does nothing, and a control plane that does not start fails t.
+func RequireAPIServer(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(shortSkip)
+	}
+}
+
 // StartForTestWith is StartForTestConfig with StartWith's configure; it also returns the
 // environment (env.AddUser makes a user whose rights RBAC decides).
 func StartForTestWith(t testing.TB, configure func(*envtest.APIServer)) (*envtest.Environment, *rest.Config, client.Client) {
 	t.Helper()
+	RequireAPIServer(t)
 	env, cfg, err := StartWith(configure)
 	if err != nil {
 		t.Fatal(err)
@@ -153,11 +167,28 @@ func StartForTestWith(t testing.TB, configure func(*envtest.APIServer)) (*envtes
 	return env, cfg, c
 }
 
+// ShortMain is for a TestMain that starts a control plane for all its package's tests:
+// under -short (make test-unit) it says that it skips them all and returns true (exit 0).
+func ShortMain() bool {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if testing.Short() {
+		fmt.Println("skipping every test of the package: they share a control plane;", shortSkip)
+		return true
+	}
+	return false
+}
+
 // Run is the TestMain of a package whose tests share one control plane: it starts it,
 // hands its config and a client (NewClient; c.Scheme() is the shared scheme) to setup,
 // runs the tests and stops it. It returns the exit code for os.Exit; a control plane that
-// does not start fails the package with the reason.
+// does not start fails the package with the reason. Under -short (make test-unit) it runs
+// none of the package's tests and says so.
 func Run(m *testing.M, setup func(cfg *rest.Config, c client.Client)) int {
+	if ShortMain() {
+		return 0
+	}
 	env, cfg, err := Start()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)

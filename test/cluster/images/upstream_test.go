@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -20,6 +21,7 @@ import (
 // a shell, curl, dig, nc, ip, getent ... An image missing one of them fails a whole upstream
 // spec group with "executable file not found".
 func TestUpstreamImagesRunWhatTheTestsExec(t *testing.T) {
+	netnstest.RequireRoot(t) // skips under -short
 	if os.Geteuid() != 0 {
 		t.Fatal("needs root: chroot into the images' root file systems")
 	}
