@@ -22,7 +22,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/trellis-operator /out/trellis-agent /out/trellis /usr/local/bin/
 COPY --from=build /out/cni/ /usr/local/lib/trellis/cni/
-# The operator runs as this user (see config/manager); the agent's DaemonSet runs it
-# privileged as root, which programming the host network needs.
+# The operator runs as this user (see config/manager); the agent's DaemonSet runs it as
+# root, unprivileged, with every capability dropped but NET_ADMIN and NET_RAW (config/agent).
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/trellis-operator"]

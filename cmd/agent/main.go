@@ -1,4 +1,5 @@
-// Command trellis-agent is the node agent (a privileged host-network DaemonSet). Without a
+// Command trellis-agent is the node agent (a host-network DaemonSet, root with
+// only NET_ADMIN and NET_RAW, not privileged). Without a
 // subcommand it programs the node; `install-cni` (the init container) copies the CNI
 // plugins onto the node; `cleanup`, run by hand on a node (its defaults are the node's
 // paths), removes everything trellis put on the node.

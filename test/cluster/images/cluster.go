@@ -146,7 +146,7 @@ func trellisSpec(name, rootfs, binDir, cniPluginsDir string) Spec {
 		},
 		Entrypoint: []string{"/usr/local/bin/trellis-operator"},
 		// As the Dockerfile: the operator runs unprivileged, the agent's DaemonSet runs
-		// privileged as root.
+		// it as root, unprivileged, with only NET_ADMIN and NET_RAW.
 		User: "65532:65532",
 	}
 }
