@@ -13,13 +13,13 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// The roles the README's RBAC table describes, by who holds them.
+// The roles docs/reference.md's RBAC table describes, by who holds them.
 var roleFiles = map[string][]string{
 	"operator": {"config/rbac/role.yaml", "config/rbac/leader_election_role.yaml"},
 	"agent":    {"config/agent/cluster_role.yaml"},
 }
 
-// TestRBACTableMatchesRoles: README "### RBAC" lists exactly what the roles grant: each
+// TestRBACTableMatchesRoles: docs/reference.md "### RBAC" lists exactly what the roles grant: each
 // resource (with its namespace for a Role), verb and resourceNames, for the operator and
 // the agent ("both" rows for each).
 func TestRBACTableMatchesRoles(t *testing.T) {
@@ -32,15 +32,15 @@ func TestRBACTableMatchesRoles(t *testing.T) {
 			}
 		}
 	}
-	inTable := readRBACTable(t, filepath.Join(root, "README.md"))
+	inTable := readRBACTable(t, filepath.Join(root, "docs", "reference.md"))
 	for g := range inRoles {
 		if !inTable[g] {
-			t.Errorf("the roles grant %q, which README's RBAC table does not list", g)
+			t.Errorf("the roles grant %q, which the RBAC table of docs/reference.md does not list", g)
 		}
 	}
 	for g := range inTable {
 		if !inRoles[g] {
-			t.Errorf("README's RBAC table lists %q, which no role grants", g)
+			t.Errorf("the RBAC table of docs/reference.md lists %q, which no role grants", g)
 		}
 	}
 }
@@ -95,7 +95,7 @@ var (
 )
 
 // readRBACTable parses the rows "| who | `res`, `res` [(groups)] [in ns] | verbs[ (`name`
-// only)]; verbs... | why |" of README's "### RBAC" section.
+// only)]; verbs... | why |" of the "### RBAC" section of docs/reference.md.
 func readRBACTable(t *testing.T, path string) map[string]bool {
 	t.Helper()
 	f, err := os.Open(path)
@@ -135,7 +135,7 @@ func readRBACTable(t *testing.T, path string) map[string]bool {
 			resources = append(resources, m[1])
 		}
 		if len(resources) == 0 {
-			t.Errorf("README RBAC row %q names no resource", line)
+			t.Errorf("docs/reference.md RBAC row %q names no resource", line)
 		}
 		holders := []string{who}
 		if who == "both" {
@@ -150,7 +150,7 @@ func readRBACTable(t *testing.T, path string) map[string]bool {
 			for _, v := range strings.Split(verbs, ",") {
 				v = strings.TrimSpace(v)
 				if v == "" {
-					t.Errorf("README RBAC row %q: an empty verb", line)
+					t.Errorf("docs/reference.md RBAC row %q: an empty verb", line)
 					continue
 				}
 				for _, h := range holders {
@@ -162,7 +162,7 @@ func readRBACTable(t *testing.T, path string) map[string]bool {
 		}
 	}
 	if len(out) < 20 {
-		t.Fatalf("README's RBAC table gave only %d grants: the table or its parser changed", len(out))
+		t.Fatalf("the RBAC table of docs/reference.md gave only %d grants: the table or its parser changed", len(out))
 	}
 	return out
 }
