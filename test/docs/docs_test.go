@@ -1,14 +1,18 @@
 package docs
 
 // docs_test.go keeps the docs honest: what README.md and docs/ name — make targets, metric
-// names, agent flags, relative links and ClusterNetwork fields — exists in the tree. Each
-// failure names the file and line of the reference and what is missing.
+// names, agent flags, relative links and ClusterNetwork fields — exists in the tree, and
+// their sh, yaml and json blocks parse. Each failure names the file and line of the
+// reference and what is missing.
 
 import (
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -384,5 +388,73 @@ func TestDocsNameRealClusterNetworkFields(t *testing.T) {
 	}
 	if seen < 10 {
 		t.Fatalf("found only %d spec.* field paths in the docs: the test's parser is out of date", seen)
+	}
+}
+
+// codeBlock is a fenced code block of a markdown file, with its language and first line.
+type codeBlock struct {
+	at   docLine // the opening fence
+	lang string
+	text string
+}
+
+func codeBlocks(t *testing.T) []codeBlock {
+	t.Helper()
+	var out []codeBlock
+	for _, f := range docFiles(t) {
+		var cur *codeBlock
+		for _, l := range readLines(t, f) {
+			trimmed := strings.TrimSpace(l.text)
+			switch {
+			case cur == nil && strings.HasPrefix(trimmed, "```"):
+				cur = &codeBlock{at: l, lang: strings.TrimPrefix(trimmed, "```")}
+			case cur != nil && strings.HasPrefix(trimmed, "```"):
+				out = append(out, *cur)
+				cur = nil
+			case cur != nil:
+				cur.text += strings.TrimPrefix(l.text, strings.Repeat(" ", indent(cur.at.text))) + "\n"
+			}
+		}
+	}
+	return out
+}
+
+func indent(s string) int { return len(s) - len(strings.TrimLeft(s, " ")) }
+
+// TestDocsCodeBlocksParse: the commands in README.md and docs/ parse: every ```sh block is
+// valid bash (bash -n), every ```yaml block valid YAML and every ```json block valid JSON.
+func TestDocsCodeBlocksParse(t *testing.T) {
+	seen := 0
+	for _, b := range codeBlocks(t) {
+		var err error
+		switch b.lang {
+		case "sh":
+			cmd := exec.Command("bash", "-n")
+			cmd.Stdin = strings.NewReader(b.text)
+			var out []byte
+			if out, err = cmd.CombinedOutput(); err != nil {
+				err = fmt.Errorf("%w: %s", err, out)
+			}
+		case "yaml":
+			for _, doc := range strings.Split(b.text, "\n---\n") {
+				var v any
+				if e := yaml.Unmarshal([]byte(doc), &v); e != nil && err == nil {
+					err = e
+				}
+			}
+		case "json":
+			if !json.Valid([]byte(b.text)) {
+				err = errors.New("not valid JSON")
+			}
+		default:
+			continue
+		}
+		seen++
+		if err != nil {
+			t.Errorf("%s: the ```%s block does not parse: %v", b.at, b.lang, err)
+		}
+	}
+	if seen < 20 {
+		t.Fatalf("found only %d sh, yaml and json blocks in the docs: the test's parser is out of date", seen)
 	}
 }
