@@ -1,6 +1,7 @@
 # Trellis — kubebuilder-style targets. `make help` lists them.
 
-VERSION ?= v0.1.0
+# VERSION is Trellis's own (TRELLIS_VERSION of hack/versions.env, read below).
+VERSION ?= $(TRELLIS_VERSION)
 IMG ?= ghcr.io/trellis-net/trellis:$(VERSION)
 # K8S_VERSION, ETCD_VERSION ... come from hack/versions.env, the one place that names them;
 # as in the hack/ scripts, a non-empty value from the environment or the command line wins.
@@ -52,6 +53,8 @@ manifests: ## Generate CRDs and the operator's ClusterRole/Role from the markers
 	for ch in standard experimental; do \
 		install -D -m 0644 "$$src/config/crd/$$ch/$(NPAPI_CRD)" "$(NPAPI_DIR)/$$ch/$(NPAPI_CRD)" || exit 1; \
 	done
+	@# The image tag config/default installs: the version, from its one place.
+	@sed -i -E 's/^(  newTag: ).*/\1$(VERSION)/' config/manager/kustomization.yaml
 
 .PHONY: generate
 generate: ## Generate DeepCopy methods.
@@ -150,6 +153,10 @@ run: manifests generate ## Run the operator against the cluster in ~/.kube/confi
 docker-build: ## Build the image with a Docker engine (none runs on the CI machines).
 	docker build --build-arg VERSION=$(VERSION) -t $(IMG) .
 
+.PHONY: docker-push
+docker-push: ## Push IMG (make docker-build IMG=... first) for a real cluster's nodes to pull.
+	docker push $(IMG)
+
 ##@ Deployment
 
 .PHONY: install
@@ -161,12 +168,12 @@ uninstall: ## Remove the CRDs (and with them every ClusterNetwork/NodeNetwork).
 	$(KUBECTL) delete -k config/crd --ignore-not-found
 
 .PHONY: deploy
-deploy: manifests ## Install the operator (CRDs, RBAC, Deployment).
-	$(KUBECTL) apply -k config/default
+deploy: manifests ## Install the operator (CRDs, RBAC, Deployment) running IMG, which the node agent runs too (hack/deploy.sh: config/default, the repository's files untouched).
+	KUBECTL=$(KUBECTL) hack/deploy.sh $(IMG) apply
 
 .PHONY: undeploy
 undeploy: ## Remove the operator.
-	$(KUBECTL) delete -k config/default --ignore-not-found
+	KUBECTL=$(KUBECTL) hack/deploy.sh $(IMG) delete
 
 ##@ Local cluster
 
