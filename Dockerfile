@@ -1,7 +1,8 @@
 # One image for the operator, the node agent and the CNI plugin (the agent copies the
 # plugin onto the node). Build: make docker-build (needs a Docker engine).
 FROM golang:1.26 AS build
-ARG VERSION=v0.1.0
+# make docker-build passes TRELLIS_VERSION of hack/versions.env.
+ARG VERSION=v0.0.0-dev
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

@@ -83,7 +83,7 @@ if [[ -n "${CNP_RUN:-}" ]]; then
   run="${run}/^(${CNP_RUN})\$"
   all=false
 fi
-version="v0.1.0+$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+version="${TRELLIS_VERSION}+$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 [[ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]] || version="${version}-dirty"
 
 log "running the ClusterNetworkPolicy conformance suite (${module} $(basename "${src}" | sed 's/.*@//')); log: ${log_json}"

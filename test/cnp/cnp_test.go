@@ -41,7 +41,7 @@ var (
 		string(suite.SupportClusterNetworkPolicyNamedPorts),
 		string(suite.SupportClusterNetworkPolicyEgressNodePeers),
 	}, ","), "comma-separated supported features (the standard profile's and experimental ones)")
-	version = flag.String("cnp.version", "v0.1.0", "the Trellis version the report names")
+	version = flag.String("cnp.version", "v0.0.0-dev", "the Trellis version the report names (hack/conformance-cnp.sh passes TRELLIS_VERSION of hack/versions.env)")
 	info    = flag.String("cnp.info", "make conformance-cnp (hack/conformance-cnp.sh): a local 3-node cluster with Trellis installed from config/",
 		"the report's additionalInformation: how it was made")
 	debug   = flag.Bool("cnp.debug", false, "the suite's Debug option")

@@ -36,6 +36,9 @@ type Set struct {
 	OPM string
 	// Kwok is the sigs.k8s.io/kwok release whose controller simulates nodes (KWOK_VERSION).
 	Kwok string
+	// Trellis is Trellis's own version (TRELLIS_VERSION): what the binaries the tests
+	// build report and the tag of the image config/manager pins.
+	Trellis string
 }
 
 // The directories the hack/ scripts fill under the cache directory (testenv.CacheDir) for
@@ -104,6 +107,7 @@ func fromVars(vars map[string]string, getenv func(string) string) (Set, error) {
 		"OLM_VERSION":         &s.OLM,
 		"OPM_VERSION":         &s.OPM,
 		"KWOK_VERSION":        &s.Kwok,
+		"TRELLIS_VERSION":     &s.Trellis,
 	} {
 		v := getenv(key)
 		if v == "" {

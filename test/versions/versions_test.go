@@ -51,6 +51,7 @@ func TestFromVarsEnvironmentWins(t *testing.T) {
 		"K8S_VERSION": "v1.37.2", "ETCD_VERSION": "v3.6.16",
 		"CRI_TOOLS_VERSION": "v1.37.0", "CNI_PLUGINS_VERSION": "v1.10.0",
 		"OLM_VERSION": "v0.46.0", "OPM_VERSION": "v1.74.0", "KWOK_VERSION": "v0.8.0",
+		"TRELLIS_VERSION": "v0.2.0",
 	}
 	for _, tc := range []struct {
 		name string
@@ -60,17 +61,17 @@ func TestFromVarsEnvironmentWins(t *testing.T) {
 	}{
 		{
 			name: "file only",
-			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"},
+			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Trellis: "v0.2.0"},
 		},
 		{
 			name: "environment overrides one",
 			env:  map[string]string{"K8S_VERSION": "v1.36.0"},
-			want: Set{Kubernetes: "v1.36.0", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"},
+			want: Set{Kubernetes: "v1.36.0", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Trellis: "v0.2.0"},
 		},
 		{
 			name: "empty environment value does not",
 			env:  map[string]string{"K8S_VERSION": ""},
-			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"},
+			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Trellis: "v0.2.0"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,7 +100,7 @@ func repoRoot(t *testing.T) string {
 }
 
 // keys are the variables of hack/versions.env this package reads.
-var keys = []string{"K8S_VERSION", "ETCD_VERSION", "CRI_TOOLS_VERSION", "CNI_PLUGINS_VERSION", "OLM_VERSION", "OPM_VERSION", "KWOK_VERSION"}
+var keys = []string{"K8S_VERSION", "ETCD_VERSION", "CRI_TOOLS_VERSION", "CNI_PLUGINS_VERSION", "OLM_VERSION", "OPM_VERSION", "KWOK_VERSION", "TRELLIS_VERSION"}
 
 // loadFile loads the file's versions, without the caller's environment overrides.
 func loadFile(t *testing.T) Set {
@@ -119,7 +120,7 @@ func loadFile(t *testing.T) Set {
 // never fill.
 func TestScriptsAndMakefileAgree(t *testing.T) {
 	s := loadFile(t)
-	want := strings.Join([]string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Kwok}, " ")
+	want := strings.Join([]string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Kwok, s.Trellis}, " ")
 	var shellVars, makeVars []string
 	for _, k := range keys {
 		shellVars = append(shellVars, "${"+k+"}")
@@ -168,7 +169,7 @@ func TestNoCopiesInGoCode(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for _, v := range []string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM} {
+		for _, v := range []string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Trellis} {
 			if bytes.Contains(data, []byte(`"`+v+`"`)) {
 				rel, _ := filepath.Rel(root, p)
 				t.Errorf("%s holds the version literal %q: read it with test/versions", rel, v)
@@ -194,6 +195,35 @@ func TestDirs(t *testing.T) {
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %s, want %s", tc.got, tc.want)
+		}
+	}
+}
+
+// Trellis's version lives in hack/versions.env only: config/manager pins the image tag
+// `make manifests` writes from it, and no script, Dockerfile or Makefile carries a copy.
+func TestTrellisVersionInOnePlace(t *testing.T) {
+	s := loadFile(t)
+	root := repoRoot(t)
+	kust, err := os.ReadFile(filepath.Join(root, "config", "manager", "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "  newTag: " + s.Trellis + "\n"; !strings.Contains(string(kust), want) {
+		t.Errorf("config/manager/kustomization.yaml does not pin the image to TRELLIS_VERSION %s (want the line %q): run make manifests", s.Trellis, strings.TrimSpace(want))
+	}
+	files, err := filepath.Glob(filepath.Join(root, "hack", "*.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, filepath.Join(root, "Makefile"), filepath.Join(root, "Dockerfile"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(data, []byte(s.Trellis)) {
+			rel, _ := filepath.Rel(root, f)
+			t.Errorf("%s holds Trellis's version %s: read TRELLIS_VERSION of hack/versions.env", rel, s.Trellis)
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+
+	"github.com/trellis-net/trellis/test/versions"
 )
 
 const (
@@ -28,19 +30,32 @@ const (
 	// names, so its pods run `/bin/bash -c "/agnhost ..."` in this image unchanged and
 	// nothing is pulled (`make conformance-cnp`). Same manifest and blobs, one more name.
 	AgnhostCNPImage = "registry.k8s.io/e2e-test-images/agnhost:2.45"
-	// TrellisVersion is the version the binaries report and the tag of TrellisImage; it is
-	// what config/manager's kustomization pins, so `kubectl apply -k config/default`
-	// finds the image on the nodes.
-	TrellisVersion = "v0.1.0"
-	// TrellisImage holds what the Dockerfile's final stage holds: the operator, agent and
-	// CNI plugin, the reference portmap and loopback plugins the agent installs onto the
-	// node, and iptables/ipset userspace from Debian.
-	TrellisImage = "ghcr.io/trellis-net/trellis:" + TrellisVersion
 	// CoreDNSRepository is where CoreDNSImage names CoreDNS: its upstream image's name.
 	CoreDNSRepository = "registry.k8s.io/coredns/coredns"
 	// CoreDNSUser is the unprivileged user CoreDNS runs as (that of the upstream image).
 	CoreDNSUser = "65532:65532"
 )
+
+var (
+	// TrellisVersion is the version the binaries report and the tag of TrellisImage:
+	// TRELLIS_VERSION of hack/versions.env, which config/manager's kustomization pins, so
+	// `kubectl apply -k config/default` finds the image on the nodes.
+	TrellisVersion = trellisVersion()
+	// TrellisImage holds what the Dockerfile's final stage holds: the operator, agent and
+	// CNI plugin, the reference portmap and loopback plugins the agent installs onto the
+	// node, and iptables/ipset userspace from Debian.
+	TrellisImage = "ghcr.io/trellis-net/trellis:" + TrellisVersion
+)
+
+// trellisVersion reads TRELLIS_VERSION; without it no image could be named, so it panics
+// saying why.
+func trellisVersion() string {
+	v, err := versions.Load()
+	if err != nil {
+		panic(fmt.Sprintf("Trellis's version (TRELLIS_VERSION of hack/versions.env): %v", err))
+	}
+	return v.Trellis
+}
 
 // CoreDNSImage is the name of the CoreDNS image of version (COREDNS_VERSION of
 // hack/versions.env, as hack/build-coredns.sh built it): the static binary /coredns,
