@@ -65,7 +65,7 @@ type ClusterNetworkReconciler struct {
 // subject create a ClusterRole only with permissions it holds itself. Every write to an
 // object trellis renders is limited to that object's name (server-side apply authorises
 // the create of a missing object with its name too), so the operator can't relabel other
-// namespaces or edit other roles and admission policies. README "RBAC" says why each is
+// namespaces or edit other roles and admission policies. docs/reference.md "RBAC" says why each is
 // needed; test/rbac checks the roles against the calls the operator makes.
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,verbs=get;list;watch
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,resourceNames=default,verbs=patch

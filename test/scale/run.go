@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Goals of the scale run (README "Scale").
+// Goals of the scale run (docs/benchmarks.md, make bench-scale).
 const (
 	GoalAllocation  = 10 * time.Second
 	GoalOperatorRSS = 200 << 10 // KiB
