@@ -42,7 +42,7 @@ func main() {
 func runBundle(args []string) error {
 	fs := flag.NewFlagSet("bundle", flag.ExitOnError)
 	root := fs.String("root", ".", "repository root (holds config/)")
-	version := fs.String("version", "", "release version, e.g. v0.1.0 (the Makefile's VERSION)")
+	version := fs.String("version", "", "release version, e.g. v0.1.0 (make passes TRELLIS_VERSION of hack/versions.env)")
 	image := fs.String("image", "", "operator (and default agent) image; empty: the one config/manager sets")
 	out := fs.String("out", "bundle", "bundle directory to (re)write; its README.md is kept")
 	_ = fs.Parse(args)
