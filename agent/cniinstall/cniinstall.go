@@ -150,3 +150,16 @@ func WriteAtomic(path string, data []byte, mode os.FileMode) error {
 	}
 	return nil
 }
+
+// PluginSources are the files install-cni copies (and cleanup removes): the trellis
+// plugin of the image and the reference plugins shipped beside it in dir (portmap for
+// hostPort, loopback for runtimes that need it).
+func PluginSources(dir string) []string {
+	srcs := []string{"/usr/local/bin/trellis"}
+	if entries, err := os.ReadDir(dir); err == nil {
+		for _, e := range entries {
+			srcs = append(srcs, filepath.Join(dir, e.Name()))
+		}
+	}
+	return srcs
+}

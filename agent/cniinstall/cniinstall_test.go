@@ -110,3 +110,20 @@ func TestFirstConfig(t *testing.T) {
 		t.Error("FirstConfig of a missing directory: no error")
 	}
 }
+
+// The plugins install-cni copies: trellis first, then every file the image ships in the
+// reference plugins' directory; a missing directory leaves trellis alone.
+func TestPluginSources(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"portmap", "loopback"} {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte("#!"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := strings.Join(PluginSources(dir), " "), "/usr/local/bin/trellis "+filepath.Join(dir, "loopback")+" "+filepath.Join(dir, "portmap"); got != want {
+		t.Errorf("PluginSources(%s) = %s, want %s", dir, got, want)
+	}
+	if got := strings.Join(PluginSources(filepath.Join(dir, "missing")), " "); got != "/usr/local/bin/trellis" {
+		t.Errorf("PluginSources of a missing directory = %s, want trellis alone", got)
+	}
+}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -93,4 +96,31 @@ func Confirm(ctx context.Context, c client.Client, r client.Reader, nodeName str
 		return fmt.Errorf("updating NodeNetwork %s status: %w", nodeName, err)
 	}
 	return nil
+}
+
+// Shutdown runs once the agent was told to stop. Unless the ClusterNetwork is being
+// deleted it leaves routes, rules and the conflist in place: the next agent takes over
+// without a gap, and the node stays Ready during upgrades. On an uninstall it removes
+// trellis from node and confirms on the NodeNetwork (the operator waits for that). The
+// DaemonSet's terminationGracePeriodSeconds leaves time for it.
+func (w *Watch) Shutdown(c client.Client, r client.Reader, nodeName string, node Node, log logr.Logger) error {
+	// Bounds the API calls only; with the manager's own shutdown it stays within the grace period.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	yes, why := w.Uninstalling(ctx, r)
+	if !yes {
+		log.Info("stopping; the node's network stays in place", "why", why)
+		return nil
+	}
+	log.Info("uninstall: removing trellis from the node", "why", why)
+	removed, err := Run(node)
+	if err != nil {
+		log.Error(err, "uninstall: removing trellis from the node failed", "removed", removed)
+	} else {
+		log.Info("uninstall: trellis removed from the node", "removed", removed)
+	}
+	if cerr := Confirm(ctx, c, r, nodeName, removed, err); cerr != nil {
+		log.Error(cerr, "uninstall: could not confirm on the NodeNetwork (the operator names this node when it gives up waiting)")
+	}
+	return err
 }

@@ -6,15 +6,12 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"maps"
 	"net/http"
 	"os"
-	"path/filepath"
-	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -58,7 +55,7 @@ func main() {
 	}
 
 	node := uninstall.Node{CNIBinDir: o.CNIBinDir, CNIConfDir: o.CNIConfDir, ReadyFile: o.ReadyFile,
-		EndpointsDir: cnicontract.DefaultEndpointsDir, DataDir: cnicontract.DefaultDataDir, Plugins: pluginSources(o.PluginDir)}
+		EndpointsDir: cnicontract.DefaultEndpointsDir, DataDir: cnicontract.DefaultDataDir, Plugins: cniinstall.PluginSources(o.PluginDir)}
 	var err error
 	switch cmd {
 	case "version":
@@ -99,7 +96,7 @@ func cleanup(args []string) int {
 	}
 	removed, err := uninstall.Run(uninstall.Node{
 		CNIBinDir: c.CNIBinDir, CNIConfDir: c.CNIConfDir, ReadyFile: c.ReadyFile(), EndpointsDir: c.EndpointsDir(),
-		DataDir: c.DataDir, Plugins: pluginSources(c.PluginDir),
+		DataDir: c.DataDir, Plugins: cniinstall.PluginSources(c.PluginDir),
 	})
 	if err != nil {
 		log.Error(err, "removing trellis from the node failed", "removed", removed)
@@ -107,18 +104,6 @@ func cleanup(args []string) int {
 	}
 	log.Info("trellis removed from the node", "removed", removed)
 	return 0
-}
-
-// pluginSources are the files install-cni copies: the trellis plugin and the reference
-// plugins shipped beside it (portmap for hostPort, loopback for runtimes that need it).
-func pluginSources(dir string) []string {
-	srcs := []string{"/usr/local/bin/trellis"}
-	if entries, err := os.ReadDir(dir); err == nil {
-		for _, e := range entries {
-			srcs = append(srcs, filepath.Join(dir, e.Name()))
-		}
-	}
-	return srcs
 }
 
 func run(o *options.Options, node uninstall.Node) error {
@@ -206,35 +191,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}
-	return shutdown(watch, mgr.GetClient(), mgr.GetAPIReader(), nodeName, node)
-}
-
-// shutdown runs once the agent was told to stop. Unless the ClusterNetwork is being
-// deleted it leaves routes, rules and the conflist in place: the next agent takes over
-// without a gap, and the node stays Ready during upgrades. On an uninstall it removes
-// trellis from the node and confirms on the NodeNetwork (the operator waits for that).
-// The DaemonSet's terminationGracePeriodSeconds leaves time for it.
-func shutdown(watch *uninstall.Watch, c client.Client, r client.Reader, nodeName string, node uninstall.Node) error {
-	log := ctrl.Log.WithName("shutdown")
-	// Bounds the API calls only; with the manager's own shutdown it stays within the grace period.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	yes, why := watch.Uninstalling(ctx, r)
-	if !yes {
-		log.Info("stopping; the node's network stays in place", "why", why)
-		return nil
-	}
-	log.Info("uninstall: removing trellis from the node", "why", why)
-	removed, err := uninstall.Run(node)
-	if err != nil {
-		log.Error(err, "uninstall: removing trellis from the node failed", "removed", removed)
-	} else {
-		log.Info("uninstall: trellis removed from the node", "removed", removed)
-	}
-	if cerr := uninstall.Confirm(ctx, c, r, nodeName, removed, err); cerr != nil {
-		log.Error(cerr, "uninstall: could not confirm on the NodeNetwork (the operator names this node when it gives up waiting)")
-	}
-	return err
+	return watch.Shutdown(mgr.GetClient(), mgr.GetAPIReader(), nodeName, node, ctrl.Log.WithName("shutdown"))
 }
 
 // byObject merges the cache settings of the agent's parts (each names its own types).
