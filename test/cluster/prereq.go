@@ -40,6 +40,10 @@ func findTools(ctx context.Context, opts Options) (tools, error) {
 	if os.Geteuid() != 0 {
 		return tools{}, fmt.Errorf("the local cluster creates network namespaces, mounts and cgroups: run it as root")
 	}
+	// Checked before anything is installed or built: nothing else helps on such a host.
+	if err := checkCgroupV1(cgroupV1Mount); err != nil {
+		return tools{}, err
+	}
 	for _, c := range []struct{ cmd, pkg string }{
 		{"containerd", "containerd"}, {"ctr", "containerd"}, {"runc", "runc"},
 		{"ip", "iproute2"}, {"nsenter", "util-linux"}, {"unshare", "util-linux"}, {"mount", "mount"},
@@ -52,9 +56,6 @@ func findTools(ctx context.Context, opts Options) (tools, error) {
 	}
 	if _, err := exec.LookPath("go"); err != nil {
 		return tools{}, fmt.Errorf("the go command is needed (it builds the images' binaries): put /usr/local/go/bin on PATH")
-	}
-	if _, err := os.Stat("/sys/fs/cgroup/cpuset"); err != nil {
-		return tools{}, fmt.Errorf("no cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset: the local cluster is made for the cgroup v1 (hybrid) machines of this project")
 	}
 	root, err := moduleRoot(ctx)
 	if err != nil {
@@ -164,4 +165,19 @@ func moduleRoot(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("%s is not the Trellis module: run this inside the Trellis repository", gomod)
 	}
 	return filepath.Dir(gomod), nil
+}
+
+// cgroupV1Mount is where the kubelets of the local cluster need the cgroup v1 cpuset
+// hierarchy (a hybrid host: systemd on cgroup v2, the v1 controllers beside it).
+const cgroupV1Mount = "/sys/fs/cgroup/cpuset"
+
+// checkCgroupV1 says what the local cluster needs on a host without the cgroup v1 cpuset
+// hierarchy at dir (pure cgroup v2, every current distribution's default).
+func checkCgroupV1(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	return fmt.Errorf("this host has no cgroup v1 cpuset hierarchy at %s (pure cgroup v2?): the local cluster (make demo, make test's e2e) "+
+		"needs a cgroup v1 hybrid host, the machines it is tested on; on Debian 12 add systemd.unified_cgroup_hierarchy=0 "+
+		"to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub and reboot. Nothing was installed or changed", dir)
 }
