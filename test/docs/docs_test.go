@@ -36,10 +36,11 @@ type docLine struct {
 
 func (l docLine) String() string { return fmt.Sprintf("%s:%d", l.file, l.n) }
 
-// docFiles returns README.md and every markdown file under docs/, relative to the root.
+// docFiles returns README.md, test/README.md and every markdown file under docs/, relative
+// to the root.
 func docFiles(t *testing.T) []string {
 	t.Helper()
-	files := []string{"README.md"}
+	files := []string{"README.md", "test/README.md"}
 	err := filepath.WalkDir(filepath.Join(root, "docs"), func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
