@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/agent/options"
+	"github.com/trellis-net/trellis/test/gosource"
 )
 
 var root = filepath.Join("..", "..")
@@ -169,24 +170,11 @@ var formerMetrics = map[string]string{
 // metricSources returns the non-test Go sources metrics are declared in, concatenated.
 func metricSources(t *testing.T) string {
 	t.Helper()
-	var sb strings.Builder
-	for _, dir := range []string{"agent", "controllers", "cni", "internal", "cmd"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-				return nil
-			}
-			b, err := os.ReadFile(p)
-			sb.Write(b)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+	src, err := gosource.Binaries(root)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return sb.String()
+	return src
 }
 
 // TestDocsNameRealMetrics: every trellis_... metric named in README.md and docs/ is a string

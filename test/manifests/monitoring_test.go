@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trellis-net/trellis/test/gosource"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -76,24 +76,14 @@ func decodeStrict(t *testing.T, v any, into any) {
 }
 
 // goMetricSources returns the non-test Go sources of the binaries, where metrics are
-// declared, concatenated (as test/docs does).
+// declared, concatenated (as test/docs reads them).
 func goMetricSources(t *testing.T) string {
 	t.Helper()
-	var sb strings.Builder
-	for _, dir := range []string{"agent", "controllers", "cni", "internal", "cmd"} {
-		err := filepath.WalkDir(filepath.Join(testenv.RepoRoot(), dir), func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
-				return err
-			}
-			b, err := os.ReadFile(p)
-			sb.Write(b)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+	src, err := gosource.Binaries(testenv.RepoRoot())
+	if err != nil {
+		t.Fatal(err)
 	}
-	return sb.String()
+	return src
 }
 
 var (
