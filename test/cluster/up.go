@@ -178,27 +178,40 @@ func newCluster(opts Options, t tools, p *progress) (*Cluster, []node.Config, er
 	return c, cfgs, nil
 }
 
-// buildImages starts building the image archive and returns a function that waits for it
-// (and reports it once).
-func buildImages(ctx context.Context, t tools, trellis bool, p *progress) func() (string, error) {
+// builtImages are a cluster's images: the OCI archive, and a containerd root they were
+// imported into (imageroot.go); root is empty when that failed, and the nodes import the
+// archive themselves.
+type builtImages struct {
+	archive, root string
+}
+
+// buildImages starts building the image archive and its imported root and returns a
+// function that waits for them (and reports them once).
+func buildImages(ctx context.Context, t tools, trellis bool, p *progress) func() (builtImages, error) {
 	type result struct {
-		archive string
+		builtImages
 		cached  bool
+		rootErr error
 		err     error
 	}
 	done := make(chan result, 1)
 	t0 := time.Now()
 	go func() {
-		archive, cached, err := images.Build(ctx, images.Sources{
-			ModuleRoot: t.moduleRoot, CacheDir: filepath.Join(CacheDir(), "localcluster"),
+		var r result
+		cacheDir := filepath.Join(CacheDir(), "localcluster")
+		r.archive, r.cached, r.err = images.Build(ctx, images.Sources{
+			ModuleRoot: t.moduleRoot, CacheDir: cacheDir,
 			AgnhostDir: t.agnhost, CNIPluginsDir: t.cniPlugins, Trellis: trellis,
 			CoreDNSDir: t.coreDNS, CoreDNSVersion: t.coreDNSVersion,
 		})
-		done <- result{archive, cached, err}
+		if r.err == nil {
+			r.root, r.rootErr = imageRoot(ctx, filepath.Join(cacheDir, "roots"), r.archive)
+		}
+		done <- r
 	}()
 	var once sync.Once
 	var r result
-	return func() (string, error) {
+	return func() (builtImages, error) {
 		once.Do(func() {
 			r = <-done
 			switch {
@@ -209,8 +222,11 @@ func buildImages(ctx context.Context, t tools, trellis bool, p *progress) func()
 			default:
 				p.step("images: built %s in %v", r.archive, sinceRounded(t0))
 			}
+			if r.rootErr != nil {
+				p.detail("images: no imported root to copy (%v); each node imports the archive", r.rootErr)
+			}
 		})
-		return r.archive, r.err
+		return r.builtImages, r.err
 	}
 }
 
@@ -247,7 +263,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, cp controlplane.Config,
 
 // startNodes starts every node in parallel; each imports the images before its kubelet
 // starts.
-func (c *Cluster) startNodes(ctx context.Context, cfgs []node.Config, archive func() (string, error), p *progress) ([]*node.Node, error) {
+func (c *Cluster) startNodes(ctx context.Context, cfgs []node.Config, archive func() (builtImages, error), p *progress) ([]*node.Node, error) {
 	running := make([]*node.Node, len(cfgs))
 	errs := make([]error, len(cfgs))
 	var wg sync.WaitGroup
@@ -268,20 +284,39 @@ func (c *Cluster) startNodes(ctx context.Context, cfgs []node.Config, archive fu
 	return running, errors.Join(errs...)
 }
 
-// startNode starts one node, importing the images from archive before its kubelet starts.
-func startNode(ctx context.Context, cfg node.Config, archive func() (string, error), p *progress) (*node.Node, error) {
+// startNode starts one node, its containerd on a copy of the images' imported root or,
+// failing that, importing the archive before its kubelet starts.
+func startNode(ctx context.Context, cfg node.Config, built func() (builtImages, error), p *progress) (*node.Node, error) {
 	t0 := time.Now()
-	n, err := node.Start(ctx, cfg, func(socket string) error {
-		path, err := archive()
-		if err != nil {
-			return err
-		}
-		t1 := time.Now()
-		if _, err := procs.Run(ctx, "ctr", "--address", socket, "--namespace", "k8s.io", "images", "import", path); err != nil {
-			return err
-		}
-		p.detail("%s: images imported in %v", cfg.Name, sinceRounded(t1))
-		return nil
+	n, err := node.Start(ctx, cfg, node.Images{
+		Seed: func(root string) (bool, error) {
+			imgs, err := built()
+			if err != nil {
+				return false, err
+			}
+			if entries, _ := os.ReadDir(root); imgs.root == "" || len(entries) > 0 {
+				return false, nil
+			}
+			t1 := time.Now()
+			if err := seedRoot(ctx, imgs.root, root); err != nil {
+				p.detail("%s: copying the images' root: %v; importing them instead", cfg.Name, err)
+				return false, nil
+			}
+			p.detail("%s: images in place (a copy of %s) in %v", cfg.Name, imgs.root, sinceRounded(t1))
+			return true, nil
+		},
+		Import: func(socket string) error {
+			imgs, err := built()
+			if err != nil {
+				return err
+			}
+			t1 := time.Now()
+			if _, err := procs.Run(ctx, "ctr", "--address", socket, "--namespace", "k8s.io", "images", "import", imgs.archive); err != nil {
+				return err
+			}
+			p.detail("%s: images imported in %v", cfg.Name, sinceRounded(t1))
+			return nil
+		},
 	})
 	if err == nil {
 		p.detail("%s (%s): kubelet and kube-proxy started (%v)", cfg.Name, cfg.IP, sinceRounded(t0))

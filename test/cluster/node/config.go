@@ -13,7 +13,7 @@ import (
 // directories inside its mount namespace.
 func (c Config) containerdConfig() string {
 	return containerd.Config{
-		Root: filepath.Join(c.Dir, "containerd", "root"), State: "/run/containerd",
+		Root: c.ContainerdRoot(), State: "/run/containerd",
 		Socket: c.Socket(), OptDir: filepath.Join(c.Dir, "containerd", "opt"),
 		SandboxImage: c.SandboxImage, Runc: mustLook("runc"), RuncRoot: "/run/runc",
 		CNIBinDir: "/opt/cni/bin", CNIConfDir: "/etc/cni/net.d",

@@ -76,6 +76,9 @@ func (c Config) VarLogDir() string     { return filepath.Join(c.LogDir, c.Name) 
 // pod on this node (with a mirror pod in the API).
 func (c Config) StaticPodDir() string { return filepath.Join(c.Dir, "static-pods") }
 
+// ContainerdRoot is containerd's root directory: images, snapshots, its databases.
+func (c Config) ContainerdRoot() string { return filepath.Join(c.Dir, "containerd", "root") }
+
 // Socket is containerd's socket (on the machine's file system, so ctr reaches it).
 func (c Config) Socket() string { return filepath.Join(c.Dir, "containerd.sock") }
 
@@ -121,7 +124,7 @@ func (c Config) Prepare() error {
 		return err
 	}
 	dirs := []string{c.Dir, c.LogDir, c.VarLogDir(), c.KubeletRootDir(), c.RunTrellisDir(), c.StaticPodDir(),
-		filepath.Join(c.Dir, "containerd", "root"), filepath.Join(c.Dir, "containerd", "opt")}
+		c.ContainerdRoot(), filepath.Join(c.Dir, "containerd", "opt")}
 	for _, d := range c.hostDirs() {
 		dirs = append(dirs, d)
 	}
@@ -154,10 +157,20 @@ func (c Config) resolvConf() string {
 	return "# the local cluster runs no DNS\n"
 }
 
-// Start starts the mount-namespace holder, mounts the node's directories, starts
-// containerd and waits for it, runs importImages (the images must be there before the
-// kubelet starts pods), then starts the kubelet and kube-proxy.
-func Start(ctx context.Context, c Config, importImages func(socket string) error) (*Node, error) {
+// Images puts the images in a node's containerd before its kubelet starts pods.
+type Images struct {
+	// Seed fills containerd's root directory (empty) before containerd starts, with a
+	// copy of a root the images were imported into; false when it did not.
+	Seed func(root string) (bool, error)
+	// Import imports the images into the running containerd at socket when Seed did not.
+	Import func(socket string) error
+}
+
+// Start starts the mount-namespace holder, mounts the node's directories, seeds
+// containerd's root with the images or, failing that, imports them once containerd runs
+// (the images must be there before the kubelet starts pods), then starts the kubelet and
+// kube-proxy.
+func Start(ctx context.Context, c Config, imgs Images) (*Node, error) {
 	n := &Node{Config: c}
 	if err := c.Prepare(); err != nil {
 		return n, err
@@ -188,14 +201,22 @@ func Start(ctx context.Context, c Config, importImages func(socket string) error
 	enter := func(component string, args ...string) (*procs.Process, error) {
 		return c.enter(n.Holder.Pid, component, args...)
 	}
+	seeded := false
+	if imgs.Seed != nil {
+		if seeded, err = imgs.Seed(c.ContainerdRoot()); err != nil {
+			return n, fmt.Errorf("node %s: seeding containerd's root with the images: %w", c.Name, err)
+		}
+	}
 	if n.Containerd, err = enter("containerd", mustLook("containerd"), "--config", filepath.Join(c.Dir, "containerd.toml")); err != nil {
 		return n, err
 	}
 	if err := waitContainerd(ctx, n, 30*time.Second); err != nil {
 		return n, err
 	}
-	if err := importImages(c.Socket()); err != nil {
-		return n, fmt.Errorf("node %s: importing images: %w", c.Name, err)
+	if !seeded {
+		if err := imgs.Import(c.Socket()); err != nil {
+			return n, fmt.Errorf("node %s: importing images: %w", c.Name, err)
+		}
 	}
 	if n.Kubelet, err = enter("kubelet", filepath.Join(c.BinDir, "kubelet"),
 		"--config="+filepath.Join(c.Dir, "kubelet.yaml"),
