@@ -134,7 +134,7 @@ func newTopology(t *testing.T) *topology {
 		n.pod = netnstest.New(t)
 		n.podIP = n.block.Addr().Next().Next()
 		must(t, n.ns.Do(func(ns.NetNS) error {
-			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", n.podIP, 1400)
+			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", []netip.Addr{n.podIP}, 1400)
 			return err
 		}))
 		topo.nodes = append(topo.nodes, n)

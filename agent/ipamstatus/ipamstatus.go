@@ -39,18 +39,25 @@ func init() {
 	metrics.Registry.MustRegister(inUseGauge, freeGauge)
 }
 
-// Usage is the use of a block: InUse counts every allocation, Free the addresses of the
-// block's pod range no allocation holds.
+// Usage is the use of a block: InUse counts every allocation of the block's family, Free
+// the addresses of the block's pod range no allocation holds.
 type Usage struct {
 	InUse, Capacity, Free int
 }
 
 // Count computes the usage of block from the allocated addresses; addresses outside the
-// pod range (left from an earlier block) are in use but take nothing from it.
+// pod range (left from an earlier block) are in use but take nothing from it. The store
+// holds both families; the other family's addresses count towards neither figure.
 func Count(allocated []netip.Addr, block netip.Prefix) Usage {
 	u := Usage{InUse: len(allocated)}
 	if !block.IsValid() {
 		return u
+	}
+	u.InUse = 0
+	for _, a := range allocated {
+		if ipam.FamilyOf(a) == ipam.FamilyOf(block.Addr()) {
+			u.InUse++
+		}
 	}
 	u.Capacity = cnicontract.PodCapacity(block)
 	first, last := cnicontract.PodRange(block)

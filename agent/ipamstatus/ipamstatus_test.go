@@ -40,6 +40,8 @@ func TestCount(t *testing.T) {
 		{"an address of an earlier block", addrs("10.244.3.2", "10.244.9.2"), block, ipamstatus.Usage{InUse: 2, Capacity: 253, Free: 252}},
 		{"a full /30", addrs("10.244.3.6"), netip.MustParsePrefix("10.244.3.4/30"), ipamstatus.Usage{InUse: 1, Capacity: 1, Free: 0}},
 		{"no block yet", addrs("10.244.3.2"), netip.Prefix{}, ipamstatus.Usage{InUse: 1}},
+		{"dual-stack pods: IPv6 addresses don't count against the IPv4 block", addrs("10.244.3.2", "fd00:10:244:3::2", "10.244.3.3", "fd00:10:244:3::3"), block, ipamstatus.Usage{InUse: 2, Capacity: 253, Free: 251}},
+		{"an IPv6 block", addrs("10.244.3.2", "fd00:10:244:3::2"), netip.MustParsePrefix("fd00:10:244:3::/120"), ipamstatus.Usage{InUse: 1, Capacity: 253, Free: 252}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := ipamstatus.Count(tc.allocated, tc.block); got != tc.want {

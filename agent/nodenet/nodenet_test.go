@@ -174,8 +174,14 @@ func TestTwoAgents(t *testing.T) {
 	// Pods on the two nodes reach each other through the routes the agents programmed.
 	podA, podB := netnstest.New(t), netnstest.New(t)
 	ipA, ipB := netip.MustParseAddr("10.244.10.5"), netip.MustParseAddr("10.244.11.5")
-	must(t, nsA.Do(func(ns.NetNS) error { _, err := veth.Setup(podA, "trlpoda", "eth0", ipA, 1450); return err }))
-	must(t, nsB.Do(func(ns.NetNS) error { _, err := veth.Setup(podB, "trlpodb", "eth0", ipB, 1450); return err }))
+	must(t, nsA.Do(func(ns.NetNS) error {
+		_, err := veth.Setup(podA, "trlpoda", "eth0", []netip.Addr{ipA}, 1450)
+		return err
+	}))
+	must(t, nsB.Do(func(ns.NetNS) error {
+		_, err := veth.Setup(podB, "trlpodb", "eth0", []netip.Addr{ipB}, 1450)
+		return err
+	}))
 	var l net.Listener
 	must(t, podB.Do(func(ns.NetNS) error {
 		var err error

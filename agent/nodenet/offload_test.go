@@ -198,7 +198,7 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 		pod := netnstest.New(t)
 		ip := netip.MustParseAddr(strings.TrimSuffix(n.block, "0/24") + "5")
 		must(t, n.ns.Do(func(ns.NetNS) error {
-			_, err := veth.Setup(pod, fmt.Sprintf("trlcsum%d", i), "eth0", ip, 1450)
+			_, err := veth.Setup(pod, fmt.Sprintf("trlcsum%d", i), "eth0", []netip.Addr{ip}, 1450)
 			return err
 		}))
 		pods[ip.String()] = pod

@@ -47,7 +47,7 @@ func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
 	for i, name := range names {
 		p := &kpod{name: name, ns: netnstest.New(t), ip: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})}
 		must(t, n.ns.Do(func(ns.NetNS) error {
-			_, err := veth.Setup(p.ns, veth.HostName(name, "eth0"), "eth0", p.ip, 1500)
+			_, err := veth.Setup(p.ns, veth.HostName(name, "eth0"), "eth0", []netip.Addr{p.ip}, 1500)
 			return err
 		}))
 		p.pod = &policy.Pod{Namespace: "shop", Name: name, Labels: map[string]string{"app": name}, IP: p.ip, NodeName: "node1",

@@ -1,5 +1,6 @@
 // Package ipam is the node-local address allocator of the trellis CNI plugin. It hands out
-// addresses of the node's pod block, one per (container ID, interface), and keeps its state
+// addresses of the node's pod blocks, one per (container ID, interface, address family),
+// and keeps its state
 // in a directory (one file per allocated address, as host-local does) under an exclusive
 // file lock, so parallel plugin invocations never collide and a plugin killed at any point
 // leaves either a complete allocation (released later by DEL or GC) or none.
@@ -21,17 +22,51 @@ import (
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
+// Both families share the directory: address files are named by the address, so they
+// can't collide; the index and round-robin hint of IPv4 keep the names they had before
+// IPv6 existed (a store written by an older plugin reads the same), IPv6's have their own.
 const (
-	indexPrefix = "attachment-"
-	lockFile    = "lock"
-	lastFile    = "last_reserved_ip"
-	tmpPrefix   = ".tmp-"
-	fileMode    = 0o600
-	dirMode     = 0o700
+	indexPrefix  = "attachment-"
+	indexPrefix6 = "attachment6-"
+	lockFile     = "lock"
+	lastFile     = "last_reserved_ip"
+	lastFile6    = "last_reserved_ip6"
+	tmpPrefix    = ".tmp-"
+	fileMode     = 0o600
+	dirMode      = 0o700
 )
 
 // ErrExhausted is returned when the block has no free address.
 var ErrExhausted = errors.New("no free address")
+
+// Family is an address family; an attachment holds at most one address of each.
+type Family int
+
+// The families, numbered as in "IPv4" and "IPv6".
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+// Families are both, in the order ADD allocates and the result lists them.
+var Families = []Family{IPv4, IPv6}
+
+// FamilyOf is the family of addr.
+func FamilyOf(addr netip.Addr) Family {
+	if addr.Unmap().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+func (f Family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
+
+func (f Family) lastFile() string {
+	if f == IPv6 {
+		return lastFile6
+	}
+	return lastFile
+}
 
 // Allocation is one address held by an attachment.
 type Allocation struct {
@@ -131,19 +166,22 @@ func (s *Store) owner(name string) ([]string, error) {
 	return lines, nil
 }
 
-// indexName is the per-attachment index file: it names the attachment's address, so ADD
-// and DEL read one file instead of every allocation (their cost must not grow with the
-// number of pods on the node while they hold the lock).
-func indexName(containerID, ifname string) string {
+// indexName is the per-attachment index file of a family: it names the attachment's
+// address, so ADD and DEL read one file instead of every allocation (their cost must not
+// grow with the number of pods on the node while they hold the lock).
+func indexName(f Family, containerID, ifname string) string {
 	sum := sha256.Sum256([]byte(containerID + "/" + ifname))
+	if f == IPv6 {
+		return indexPrefix6 + hex.EncodeToString(sum[:16])
+	}
 	return indexPrefix + hex.EncodeToString(sum[:16])
 }
 
-// Get returns the address held by (containerID, ifname), if any. The index is written
-// before the address file, so an address file always has its index; an index whose
+// Get returns the address of family f held by (containerID, ifname), if any. The index is
+// written before the address file, so an address file always has its index; an index whose
 // address file is missing or names another owner (a plugin killed in between) is stale.
-func (s *Store) Get(containerID, ifname string) (netip.Addr, bool, error) {
-	b, err := os.ReadFile(filepath.Join(s.dir, indexName(containerID, ifname)))
+func (s *Store) Get(f Family, containerID, ifname string) (netip.Addr, bool, error) {
+	b, err := os.ReadFile(filepath.Join(s.dir, indexName(f, containerID, ifname)))
 	if errors.Is(err, os.ErrNotExist) {
 		return netip.Addr{}, false, nil
 	}
@@ -151,7 +189,7 @@ func (s *Store) Get(containerID, ifname string) (netip.Addr, bool, error) {
 		return netip.Addr{}, false, fmt.Errorf("reading IPAM index: %w", err)
 	}
 	ip, err := netip.ParseAddr(strings.TrimSpace(string(b)))
-	if err != nil {
+	if err != nil || FamilyOf(ip) != f {
 		return netip.Addr{}, false, nil
 	}
 	lines, err := s.owner(ip.String())
@@ -164,21 +202,25 @@ func (s *Store) Get(containerID, ifname string) (netip.Addr, bool, error) {
 	return ip, lines[0] == containerID && lines[1] == ifname, nil
 }
 
-// Allocate gives (containerID, ifname) an address of block: the one it already holds (a
-// retried ADD), else the next free one after the last handed out (round robin, so a freed
-// address is not reused at once), within cnicontract.PodRange: the network address, the
-// node's own address and the broadcast address are never handed out.
+// Allocate gives (containerID, ifname) an address of block: the one of block's family it
+// already holds (a retried ADD), else the next free one after the last handed out in that
+// family (round robin, so a freed address is not reused at once), within
+// cnicontract.PodRange: the network address, the node's own address and the block's last
+// address are never handed out. The scan ends at the first free address, so in an IPv6
+// block it takes at most one step more than the addresses allocated.
 func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string) (netip.Addr, error) {
-	// Larger blocks than the contract allows are refused: they'd be scanned address by address.
+	// Larger blocks than the contract allows are refused: an exhausted one would be scanned
+	// address by address.
 	if err := cnicontract.ValidateBlock(block); err != nil {
 		return netip.Addr{}, fmt.Errorf("pod block: %w", err)
 	}
-	if ip, ok, err := s.Get(containerID, ifname); err != nil || ok {
+	f := FamilyOf(block.Addr())
+	if ip, ok, err := s.Get(f, containerID, ifname); err != nil || ok {
 		return ip, err
 	}
 	first, last := cnicontract.PodRange(block)
 	start := first
-	if b, err := os.ReadFile(filepath.Join(s.dir, lastFile)); err == nil {
+	if b, err := os.ReadFile(filepath.Join(s.dir, f.lastFile())); err == nil {
 		if prev, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && block.Contains(prev) {
 			start = prev.Next()
 		}
@@ -189,14 +231,14 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string)
 	ip := start
 	for {
 		if _, err := os.Lstat(filepath.Join(s.dir, ip.String())); errors.Is(err, os.ErrNotExist) {
-			if err := s.writeFile(indexName(containerID, ifname), ip.String(), true); err != nil {
+			if err := s.writeFile(indexName(f, containerID, ifname), ip.String(), true); err != nil {
 				return netip.Addr{}, err
 			}
 			if err := s.writeFile(ip.String(), containerID+"\n"+ifname+"\n"+podUID+"\n", true); err != nil {
 				return netip.Addr{}, err
 			}
 			// Only a hint for round robin: losing it in a crash costs nothing.
-			if err := s.writeFile(lastFile, ip.String(), false); err != nil {
+			if err := s.writeFile(f.lastFile(), ip.String(), false); err != nil {
 				return netip.Addr{}, err
 			}
 			return ip, nil
@@ -210,20 +252,26 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string)
 	}
 }
 
-// Release frees what (containerID, ifname) holds. Releasing nothing is not an error.
+// Release frees what (containerID, ifname) holds in either family. Releasing nothing is
+// not an error.
 func (s *Store) Release(containerID, ifname string) ([]netip.Addr, error) {
-	ip, ok, err := s.Get(containerID, ifname)
-	if err != nil {
-		return nil, err
-	}
 	var freed []netip.Addr
-	if ok {
-		if err := s.remove(ip.String()); err != nil {
-			return nil, err
+	for _, f := range Families {
+		ip, ok, err := s.Get(f, containerID, ifname)
+		if err != nil {
+			return freed, err
 		}
-		freed = append(freed, ip)
+		if ok {
+			if err := s.remove(ip.String()); err != nil {
+				return freed, err
+			}
+			freed = append(freed, ip)
+		}
+		if err := s.remove(indexName(f, containerID, ifname)); err != nil {
+			return freed, err
+		}
 	}
-	return freed, s.remove(indexName(containerID, ifname))
+	return freed, nil
 }
 
 // ReleaseExcept frees every allocation whose attachment keep does not report as valid,
@@ -238,7 +286,7 @@ func (s *Store) ReleaseExcept(keep func(containerID, ifname string) bool) ([]All
 	live := map[string]bool{}
 	for _, a := range all {
 		if keep(a.ContainerID, a.IfName) {
-			live[indexName(a.ContainerID, a.IfName)] = true
+			live[indexName(FamilyOf(a.IP), a.ContainerID, a.IfName)] = true
 			continue
 		}
 		if err := s.remove(a.IP.String()); err != nil {
@@ -251,7 +299,8 @@ func (s *Store) ReleaseExcept(keep func(containerID, ifname string) bool) ([]All
 		return freed, fmt.Errorf("reading IPAM directory %s: %w", s.dir, err)
 	}
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), indexPrefix) && !live[e.Name()] {
+		isIndex := strings.HasPrefix(e.Name(), indexPrefix) || strings.HasPrefix(e.Name(), indexPrefix6)
+		if isIndex && !live[e.Name()] {
 			if err := s.remove(e.Name()); err != nil {
 				return freed, err
 			}

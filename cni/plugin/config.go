@@ -20,7 +20,7 @@ type NetConf struct {
 	types.PluginConf
 	cnicontract.NetConf
 
-	block         netip.Prefix
+	blocks        []netip.Prefix
 	policyTimeout time.Duration
 }
 
@@ -42,8 +42,19 @@ func Parse(stdin []byte) (*NetConf, error) {
 	return c, nil
 }
 
-// Block is the node's pod block (valid after a strict parse).
-func (c *NetConf) Block() netip.Prefix { return c.block }
+// Block is the node's IPv4 pod block (invalid when the conflist gives none).
+func (c *NetConf) Block() netip.Prefix {
+	for _, b := range c.blocks {
+		if b.Addr().Is4() {
+			return b
+		}
+	}
+	return netip.Prefix{}
+}
+
+// Blocks are the node's pod blocks, IPv4 first: a pod gets an address of each (valid
+// after a strict parse).
+func (c *NetConf) Blocks() []netip.Prefix { return c.blocks }
 
 // PolicyTimeout is the policy hook's timeout in effect (when Policy is set).
 func (c *NetConf) PolicyTimeout() time.Duration { return c.policyTimeout }
@@ -96,21 +107,43 @@ func parseConf(stdin []byte, strict bool) (*NetConf, *types.Error) {
 		}
 	}
 	if !strict {
-		c.block, _ = netip.ParsePrefix(c.PodCIDR)
+		for _, s := range []string{c.PodCIDR, c.PodCIDRv6} {
+			if b, err := netip.ParsePrefix(s); err == nil {
+				c.blocks = append(c.blocks, b)
+			}
+		}
 		return c, nil
 	}
-	if c.PodCIDR == "" {
+	if c.PodCIDR == "" && c.PodCIDRv6 == "" {
 		return nil, invalid("podCIDR", "is empty: the node agent writes the node's pod block there")
 	}
-	block, err := netip.ParsePrefix(c.PodCIDR)
-	if err == nil {
-		err = cnicontract.ValidateBlock(block)
+	if c.PodCIDR != "" {
+		block, err := netip.ParsePrefix(c.PodCIDR)
+		if err == nil && block.Addr().Is4() {
+			err = cnicontract.ValidateBlock(block)
+		}
+		if err != nil || !block.Addr().Is4() {
+			return nil, invalid("podCIDR", fmt.Sprintf("%q must be an IPv4 network address with a prefix between /%d and /%d, e.g. 10.244.1.0/24",
+				c.PodCIDR, cnicontract.MinBlockBits, cnicontract.MaxBlockBits))
+		}
+		c.blocks = append(c.blocks, block)
 	}
-	if err != nil {
-		return nil, invalid("podCIDR", fmt.Sprintf("%q must be an IPv4 network address with a prefix between /%d and /%d, e.g. 10.244.1.0/24",
-			c.PodCIDR, cnicontract.MinBlockBits, cnicontract.MaxBlockBits))
+	if c.PodCIDRv6 != "" {
+		block, err := netip.ParsePrefix(c.PodCIDRv6)
+		if err == nil && block.Addr().Is6() && !block.Addr().Is4In6() {
+			err = cnicontract.ValidateBlock(block)
+		}
+		if err != nil || !block.Addr().Is6() || block.Addr().Is4In6() {
+			return nil, invalid("podCIDRv6", fmt.Sprintf("%q must be an IPv6 network address with a prefix between /%d and /%d, e.g. fd00:10:244:1::/64",
+				c.PodCIDRv6, cnicontract.MinBlockBits6, cnicontract.MaxBlockBits6))
+		}
+		// Fail closed: the policy engine programs IPv4 only, so an IPv6 address would take
+		// the pod's traffic around its NetworkPolicies.
+		if c.Policy != nil {
+			return nil, invalid("podCIDRv6", "can't be combined with policy yet: NetworkPolicy is enforced for IPv4 only, so the pod's IPv6 traffic would bypass it")
+		}
+		c.blocks = append(c.blocks, block)
 	}
-	c.block = block
 	if c.MTU < 576 || c.MTU > 65535 {
 		return nil, invalid("mtu", fmt.Sprintf("%d must be between 576 and 65535", c.MTU))
 	}

@@ -3,6 +3,8 @@ package plugin
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // FuzzParseConf: whatever a runtime puts on stdin, parsing never panics, and a config it
@@ -13,6 +15,8 @@ func FuzzParseConf(f *testing.F) {
 		`{"cniVersion":"1.0.0","name":"trellis","type":"trellis","podCIDR":"10.244.1.0/24","mtu":1450,"dataDir":"/var/lib/cni/trellis","policy":{"socket":"/run/trellis/policy.sock","timeout":"10s","failurePolicy":"Ignore"}}`,
 		`{"name":"x","podCIDR":"10.0.0.0/30","prevResult":{"cniVersion":"1.0.0","ips":[{"address":"10.0.0.2/32"}]}}`,
 		`{"name":"../x","podCIDR":"::/0"}`,
+		`{"cniVersion":"1.1.0","name":"trellis","type":"trellis","podCIDR":"10.244.1.0/24","podCIDRv6":"fd00:10:244:1::/64"}`,
+		`{"name":"trellis","podCIDRv6":"2001:db8:0:1::/120"}`,
 		`{"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"}],"name":"t"}`,
 		`[]`, `null`, `{"mtu":-1}`,
 	} {
@@ -33,11 +37,23 @@ func FuzzParseConf(f *testing.F) {
 			if !strict {
 				continue
 			}
-			if !c.block.IsValid() || c.block != c.block.Masked() || !c.block.Addr().Is4() || c.block.Bits() > 30 {
-				t.Fatalf("accepted pod block %v from %q", c.block, c.PodCIDR)
+			if len(c.blocks) == 0 || len(c.blocks) > 2 {
+				t.Fatalf("accepted %d pod blocks from %q and %q", len(c.blocks), c.PodCIDR, c.PodCIDRv6)
 			}
-			if netip.MustParsePrefix(c.PodCIDR) != c.block {
-				t.Fatalf("block %v differs from podCIDR %q", c.block, c.PodCIDR)
+			for i, b := range c.blocks {
+				if cnicontract.ValidateBlock(b) != nil || (i == 1 && !b.Addr().Is6()) {
+					t.Fatalf("accepted pod blocks %v from %q and %q", c.blocks, c.PodCIDR, c.PodCIDRv6)
+				}
+				field := c.PodCIDR
+				if b.Addr().Is6() {
+					field = c.PodCIDRv6
+				}
+				if netip.MustParsePrefix(field) != b {
+					t.Fatalf("block %v differs from %q", b, field)
+				}
+			}
+			if len(c.blocks) == 2 && c.Policy != nil {
+				t.Fatalf("accepted an IPv6 block with policy: %+v", c.Policy)
 			}
 			if c.MTU < 576 || c.MTU > 65535 {
 				t.Fatalf("accepted MTU %d", c.MTU)

@@ -88,22 +88,25 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	}
 	defer podNS.Close()
 
-	ip, err := allocate(conf, args.ContainerID, args.IfName, string(k8s.K8S_POD_UID))
-	if err != nil {
-		return err
-	}
-	log = log.WithValues("ip", ip.String())
+	// The undo is armed before allocating: a failure after the first family's address
+	// releases it too (Release frees every family).
 	defer func() {
 		if err != nil {
 			if rerr := release(conf, args.ContainerID, args.IfName); rerr != nil {
-				log.Error(rerr, "undo: releasing the address")
+				log.Error(rerr, "undo: releasing the addresses")
 			}
 		}
 	}()
+	ips, err := allocate(conf, args.ContainerID, args.IfName, string(k8s.K8S_POD_UID))
+	if err != nil {
+		return err
+	}
+	ip := ips[0] // the primary address: the first family of the conflist's (IPv4 when present)
+	log = log.WithValues("ip", fmt.Sprint(ips))
 	fault("add-after-ipam")
 
 	hostName := veth.HostName(args.ContainerID, args.IfName)
-	att, err := veth.Setup(podNS, hostName, args.IfName, ip, conf.MTU)
+	att, err := veth.Setup(podNS, hostName, args.IfName, ips, conf.MTU)
 	if err != nil {
 		return types.NewError(types.ErrInternal, "wiring the pod's interface", err.Error())
 	}
@@ -138,32 +141,43 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			{Name: att.HostName, Mac: att.HostMAC.String()},
 			{Name: att.PodName, Mac: att.PodMAC.String(), Sandbox: args.Netns},
 		},
-		IPs: []*current.IPConfig{{
-			Address:   net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)},
-			Gateway:   veth.GatewayIP,
-			Interface: current.Int(1),
-		}},
-		Routes: []*types.Route{{Dst: net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, GW: veth.GatewayIP}},
-		DNS:    conf.DNS,
+		DNS: conf.DNS,
+	}
+	// One address and one default route per family, in the order of ips (the runtime
+	// takes the first address as the pod's primary IP).
+	for _, ip := range ips {
+		gw := veth.Gateway(ip)
+		result.IPs = append(result.IPs, &current.IPConfig{Address: *veth.Prefix(ip), Gateway: gw, Interface: current.Int(1)})
+		def := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+		if ip.Is6() {
+			def = net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+		}
+		result.Routes = append(result.Routes, &types.Route{Dst: def, GW: gw})
 	}
 	log.Info("pod wired", "hostInterface", hostName, "namespace", string(k8s.K8S_POD_NAMESPACE), "pod", string(k8s.K8S_POD_NAME))
 	return types.PrintResult(result, conf.CNIVersion)
 }
 
-func allocate(conf *NetConf, containerID, ifname, podUID string) (netip.Addr, error) {
+// allocate gives the attachment an address of each of the node's blocks, in their order,
+// under one lock. On error the caller releases what was allocated.
+func allocate(conf *NetConf, containerID, ifname, podUID string) ([]netip.Addr, error) {
 	store, err := ipam.Open(storeDir(conf))
 	if err != nil {
-		return netip.Addr{}, types.NewError(types.ErrIOFailure, "opening the IPAM store", err.Error())
+		return nil, types.NewError(types.ErrIOFailure, "opening the IPAM store", err.Error())
 	}
 	defer store.Close()
-	ip, err := store.Allocate(conf.block, containerID, ifname, podUID)
-	if errors.Is(err, ipam.ErrExhausted) {
-		return netip.Addr{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("the node's pod block %s is full", conf.block), err.Error())
+	var ips []netip.Addr
+	for _, block := range conf.blocks {
+		ip, err := store.Allocate(block, containerID, ifname, podUID)
+		if errors.Is(err, ipam.ErrExhausted) {
+			return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("the node's pod block %s is full", block), err.Error())
+		}
+		if err != nil {
+			return nil, types.NewError(types.ErrIOFailure, "allocating an address", err.Error())
+		}
+		ips = append(ips, ip)
 	}
-	if err != nil {
-		return netip.Addr{}, types.NewError(types.ErrIOFailure, "allocating an address", err.Error())
-	}
-	return ip, nil
+	return ips, nil
 }
 
 func release(conf *NetConf, containerID, ifname string) error {
@@ -231,14 +245,18 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return types.NewError(types.ErrIOFailure, "opening the IPAM store", err.Error())
 	}
-	held, ok, err := store.Get(args.ContainerID, args.IfName)
+	for _, ip := range want.IPs {
+		held, ok, err := store.Get(ipam.FamilyOf(ip), args.ContainerID, args.IfName)
+		if err != nil {
+			store.Close()
+			return types.NewError(types.ErrIOFailure, "reading the IPAM store", err.Error())
+		}
+		if !ok || held != ip {
+			store.Close()
+			return types.NewError(types.ErrInternal, fmt.Sprintf("IPAM: %s is not allocated to this attachment (it holds %v)", ip, held), "")
+		}
+	}
 	store.Close()
-	if err != nil {
-		return types.NewError(types.ErrIOFailure, "reading the IPAM store", err.Error())
-	}
-	if !ok || held != want.IP {
-		return types.NewError(types.ErrInternal, fmt.Sprintf("IPAM: %s is not allocated to this attachment (it holds %v)", want.IP, held), "")
-	}
 	podNS, err := ns.GetNS(args.Netns)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %q is not a network namespace", args.Netns), err.Error())
@@ -266,13 +284,18 @@ func expectedAttachment(prev *current.Result, args *skel.CmdArgs, conf *NetConf)
 			want.PodMAC = mac
 		}
 	}
-	for _, c := range prev.IPs {
-		if ip, ok := netip.AddrFromSlice(c.Address.IP.To4()); ok {
-			want.IP = ip
+	// One address per block of the conflist, of the block's family and inside it.
+	for _, block := range conf.blocks {
+		var found netip.Addr
+		for _, c := range prev.IPs {
+			if ip, ok := netip.AddrFromSlice(c.Address.IP); ok && block.Contains(ip.Unmap()) {
+				found = ip.Unmap()
+			}
 		}
-	}
-	if !want.IP.IsValid() {
-		return nil, fmt.Errorf("prevResult has no IPv4 address")
+		if !found.IsValid() {
+			return nil, fmt.Errorf("prevResult has no address of the pod block %s", block)
+		}
+		want.IPs = append(want.IPs, found)
 	}
 	if want.PodMAC == nil {
 		return nil, fmt.Errorf("prevResult has no interface %s in a sandbox", args.IfName)

@@ -2,7 +2,8 @@
 // whose host end has no address, the pod end holding IP/32 with a default route via
 // 169.254.1.1 onlink and a permanent neighbour entry for that address pointing at the host
 // end's MAC, and a /32 host route to the pod through the host end. No bridge, no ARP for the
-// gateway, L3 only.
+// gateway, L3 only. IPv6 is wired the same way: IP/128, a default route via the link-local
+// fe80::1 with a permanent neighbour entry, a /128 host route.
 package veth
 
 import (
@@ -35,6 +36,50 @@ const (
 // neighbour entry.
 var GatewayIP = net.IPv4(169, 254, 1, 1).To4()
 
+// GatewayIPv6 is the pod's IPv6 next hop, on the same terms as GatewayIP. A fixed
+// link-local address rather than the host end's own (as ptp uses) or one of the block
+// (as bridge uses): nothing to wait for (the host end's link-local would be tentative
+// during DAD), nothing taken from the block, the same in every pod, and the host end needs
+// no IPv6 address of its own beyond the kernel's link-local.
+var GatewayIPv6 = net.ParseIP("fe80::1")
+
+// Gateway is the pod's next hop for ip's family.
+func Gateway(ip netip.Addr) net.IP {
+	if ip.Is4() {
+		return GatewayIP
+	}
+	return GatewayIPv6
+}
+
+// Prefix is ip as a host prefix (/32 or /128).
+func Prefix(ip netip.Addr) *net.IPNet {
+	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
+}
+
+// defaultRoute is the default destination of ip's family.
+func defaultRoute(ip netip.Addr) *net.IPNet {
+	if ip.Is4() {
+		return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	}
+	return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+}
+
+func family(ip netip.Addr) int {
+	if ip.Is4() {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+func hasIPv6(ips []netip.Addr) bool {
+	for _, ip := range ips {
+		if ip.Is6() {
+			return true
+		}
+	}
+	return false
+}
+
 // HostName is the host-side interface name of an attachment: stable, ≤ 15 characters.
 func HostName(containerID, ifname string) string {
 	key := containerID
@@ -51,14 +96,15 @@ type Attachment struct {
 	HostMAC  net.HardwareAddr
 	PodName  string
 	PodMAC   net.HardwareAddr
-	IP       netip.Addr
-	MTU      int
+	// IPs are the pod's addresses, at most one per family (IPv4 or IPv6 unmapped).
+	IPs []netip.Addr
+	MTU int
 }
 
 // Setup creates the veth pair with the host end in the current (host) namespace and the
-// pod end in podNS, addresses the pod end and adds the routes and neighbour entry. On error
-// it removes what it created.
-func Setup(podNS ns.NetNS, hostName, podIfName string, ip netip.Addr, mtu int) (_ *Attachment, err error) {
+// pod end in podNS, gives the pod end ips (one per family) and adds the routes and
+// neighbour entries of each family. On error it removes what it created.
+func Setup(podNS ns.NetNS, hostName, podIfName string, ips []netip.Addr, mtu int) (_ *Attachment, err error) {
 	// A leftover from an ADD that was killed halfway: same attachment, so it is ours to replace.
 	if old, lerr := netlink.LinkByName(hostName); lerr == nil {
 		if derr := netlink.LinkDel(old); derr != nil {
@@ -84,9 +130,15 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ip netip.Addr, mtu int) (
 	if err != nil {
 		return nil, fmt.Errorf("reading host veth %s: %w", hostName, err)
 	}
-	// No IPv6 link-local chatter on a link that carries only IPv4 (best effort: the
-	// sysctl is absent when IPv6 is disabled on the node).
-	_ = writeSysctl("net/ipv6/conf/"+hostName+"/disable_ipv6", "1")
+	if hasIPv6(ips) {
+		if err := hostIPv6(hostName); err != nil {
+			return nil, err
+		}
+	} else {
+		// No IPv6 link-local chatter on a link that carries only IPv4 (best effort: the
+		// sysctl is absent when IPv6 is disabled on the node).
+		_ = writeSysctl("net/ipv6/conf/"+hostName+"/disable_ipv6", "1")
+	}
 	// Loose reverse-path filtering, as the agent keeps it on every trellis device (it also
 	// fixes a veth this write missed, and reports failures): anti-spoofing is the agent's
 	// rpfilter rule, not the sysctl.
@@ -94,7 +146,7 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ip netip.Addr, mtu int) (
 	if err := netlink.LinkSetUp(host); err != nil {
 		return nil, fmt.Errorf("setting host veth %s up: %w", hostName, err)
 	}
-	att := &Attachment{HostName: hostName, HostMAC: host.Attrs().HardwareAddr, PodName: podIfName, IP: ip, MTU: mtu}
+	att := &Attachment{HostName: hostName, HostMAC: host.Attrs().HardwareAddr, PodName: podIfName, IPs: ips, MTU: mtu}
 
 	err = podNS.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName(podIfName)
@@ -102,43 +154,88 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ip netip.Addr, mtu int) (
 			return fmt.Errorf("finding %s in the pod namespace: %w", podIfName, err)
 		}
 		att.PodMAC = link.Attrs().HardwareAddr
-		addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-		if err := netlink.AddrAdd(link, addr); err != nil {
-			return fmt.Errorf("adding %s/32 to %s: %w", ip, podIfName, err)
+		if hasIPv6(ips) {
+			if err := podIPv6(podIfName); err != nil {
+				return err
+			}
+		}
+		for _, ip := range ips {
+			addr := &netlink.Addr{IPNet: Prefix(ip)}
+			if ip.Is6() {
+				addr.Flags = unix.IFA_F_NODAD // usable at once; the link is point-to-point
+			}
+			if err := netlink.AddrAdd(link, addr); err != nil {
+				return fmt.Errorf("adding %s to %s: %w", addr.IPNet, podIfName, err)
+			}
 		}
 		if err := netlink.LinkSetUp(link); err != nil {
 			return fmt.Errorf("setting %s up: %w", podIfName, err)
 		}
-		neigh := &netlink.Neigh{
-			LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
-			IP: GatewayIP, HardwareAddr: att.HostMAC,
-		}
-		if err := netlink.NeighSet(neigh); err != nil {
-			return fmt.Errorf("adding neighbour %s -> %s on %s: %w", GatewayIP, att.HostMAC, podIfName, err)
-		}
-		def := &netlink.Route{
-			LinkIndex: link.Attrs().Index, Gw: GatewayIP, Flags: int(netlink.FLAG_ONLINK),
-			Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)},
-		}
-		if err := netlink.RouteReplace(def); err != nil {
-			return fmt.Errorf("adding default route via %s onlink on %s: %w", GatewayIP, podIfName, err)
+		for _, ip := range ips {
+			gw := Gateway(ip)
+			neigh := &netlink.Neigh{
+				LinkIndex: link.Attrs().Index, Family: family(ip), State: netlink.NUD_PERMANENT,
+				IP: gw, HardwareAddr: att.HostMAC,
+			}
+			if err := netlink.NeighSet(neigh); err != nil {
+				return fmt.Errorf("adding neighbour %s -> %s on %s: %w", gw, att.HostMAC, podIfName, err)
+			}
+			def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw, Dst: defaultRoute(ip)}
+			if ip.Is4() {
+				def.Flags = int(netlink.FLAG_ONLINK) // a link-local IPv6 gateway is on-link by definition
+			}
+			if err := netlink.RouteReplace(def); err != nil {
+				return fmt.Errorf("adding default route via %s on %s: %w", gw, podIfName, err)
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if err := netlink.RouteReplace(hostRoute(host.Attrs().Index, ip)); err != nil {
-		return nil, fmt.Errorf("adding host route %s/32 dev %s: %w", ip, hostName, err)
+	for _, ip := range ips {
+		if err := netlink.RouteReplace(hostRoute(host.Attrs().Index, ip)); err != nil {
+			return nil, fmt.Errorf("adding host route %s dev %s: %w", Prefix(ip), hostName, err)
+		}
 	}
 	return att, nil
 }
 
-func hostRoute(index int, ip netip.Addr) *netlink.Route {
-	return &netlink.Route{
-		LinkIndex: index, Scope: netlink.SCOPE_LINK, Protocol: RouteProtocol,
-		Dst: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)},
+// hostIPv6 readies the host end for IPv6, before it goes up: no DAD (its link-local is
+// usable at once for neighbour discovery towards the pod), and never a router
+// advertisement or redirect taken from the pod, whatever the node's defaults say (a node
+// with accept_ra=2 as default would otherwise take a default route from any pod).
+func hostIPv6(hostName string) error {
+	for _, s := range []struct{ name, value string }{
+		{"accept_ra", "0"}, {"accept_redirects", "0"}, {"accept_dad", "0"}, {"disable_ipv6", "0"},
+	} {
+		if err := writeSysctl("net/ipv6/conf/"+hostName+"/"+s.name, s.value); err != nil {
+			return fmt.Errorf("setting IPv6 %s on host veth %s: %w", s.name, hostName, err)
+		}
 	}
+	return nil
+}
+
+// podIPv6 readies the pod end for IPv6 as the reference plugins do: enabled even where the
+// pod namespace's default disables it, no DAD (the address is usable when ADD returns), no
+// router advertisements (the routes are the plugin's).
+func podIPv6(podIfName string) error {
+	for _, s := range []struct{ name, value string }{
+		{"disable_ipv6", "0"}, {"accept_dad", "0"}, {"accept_ra", "0"},
+	} {
+		if err := writeSysctl("net/ipv6/conf/"+podIfName+"/"+s.name, s.value); err != nil {
+			return fmt.Errorf("setting IPv6 %s on %s in the pod namespace: %w", s.name, podIfName, err)
+		}
+	}
+	return nil
+}
+
+func hostRoute(index int, ip netip.Addr) *netlink.Route {
+	r := &netlink.Route{LinkIndex: index, Protocol: RouteProtocol, Dst: Prefix(ip)}
+	if ip.Is4() {
+		r.Scope = netlink.SCOPE_LINK // IPv6 routes have no scope
+	}
+	return r
 }
 
 // Teardown removes the host veth (and with it the pod end and the host route). Missing is fine.
@@ -185,8 +282,10 @@ func Check(podNS ns.NetNS, want Attachment) error {
 	if host.Attrs().OperState != netlink.OperUp && host.Attrs().Flags&net.FlagUp == 0 {
 		problems = append(problems, fmt.Sprintf("host veth %s is down", want.HostName))
 	}
-	if !hasRoute(host.Attrs().Index, want.IP) {
-		problems = append(problems, fmt.Sprintf("host route %s/32 dev %s is missing", want.IP, want.HostName))
+	for _, ip := range want.IPs {
+		if !hasRoute(host.Attrs().Index, ip) {
+			problems = append(problems, fmt.Sprintf("host route %s dev %s is missing", Prefix(ip), want.HostName))
+		}
 	}
 	hostMAC := host.Attrs().HardwareAddr
 	err = podNS.Do(func(ns.NetNS) error {
@@ -201,40 +300,12 @@ func Check(podNS ns.NetNS, want Attachment) error {
 		if want.MTU != 0 && link.Attrs().MTU != want.MTU {
 			problems = append(problems, fmt.Sprintf("pod interface %s has MTU %d, want %d", want.PodName, link.Attrs().MTU, want.MTU))
 		}
-		addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_V4)
-		if err != nil {
-			return fmt.Errorf("listing addresses of %s: %w", want.PodName, err)
-		}
-		found := false
-		for _, a := range addrs {
-			ones, _ := a.Mask.Size()
-			found = found || (a.IP.Equal(want.IP.AsSlice()) && ones == 32)
-		}
-		if !found {
-			problems = append(problems, fmt.Sprintf("pod interface %s lacks address %s/32", want.PodName, want.IP))
-		}
-		routes, err := netlinksafe.RouteList(link, netlink.FAMILY_V4)
-		if err != nil {
-			return fmt.Errorf("listing routes of %s: %w", want.PodName, err)
-		}
-		hasDefault := false
-		for _, r := range routes {
-			isDefault := r.Dst == nil || (r.Dst.IP.Equal(net.IPv4zero) && r.Dst.Mask.String() == net.CIDRMask(0, 32).String())
-			hasDefault = hasDefault || (isDefault && r.Gw.Equal(GatewayIP))
-		}
-		if !hasDefault {
-			problems = append(problems, fmt.Sprintf("pod default route via %s dev %s is missing", GatewayIP, want.PodName))
-		}
-		neighs, err := neighbours.List(link.Attrs().Index, netlink.FAMILY_V4)
-		if err != nil {
-			return fmt.Errorf("listing neighbours of %s: %w", want.PodName, err)
-		}
-		okNeigh := false
-		for _, n := range neighs {
-			okNeigh = okNeigh || (n.IP.Equal(GatewayIP) && n.State&netlink.NUD_PERMANENT != 0 && n.HardwareAddr.String() == hostMAC.String())
-		}
-		if !okNeigh {
-			problems = append(problems, fmt.Sprintf("pod permanent neighbour %s -> %s on %s is missing", GatewayIP, hostMAC, want.PodName))
+		for _, ip := range want.IPs {
+			p, err := checkPod(link, want.PodName, ip, hostMAC)
+			if err != nil {
+				return err
+			}
+			problems = append(problems, p...)
 		}
 		return nil
 	})
@@ -247,9 +318,51 @@ func Check(podNS ns.NetNS, want Attachment) error {
 	return nil
 }
 
+// checkPod lists what the pod end lacks of ip's family: the address, the default route
+// via the gateway, the gateway's permanent neighbour entry.
+func checkPod(link netlink.Link, podName string, ip netip.Addr, hostMAC net.HardwareAddr) ([]string, error) {
+	var problems []string
+	want, gw := Prefix(ip), Gateway(ip)
+	addrs, err := netlinksafe.AddrList(link, family(ip))
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses of %s: %w", podName, err)
+	}
+	found := false
+	for _, a := range addrs {
+		found = found || (a.IP.Equal(want.IP) && a.Mask.String() == want.Mask.String())
+	}
+	if !found {
+		problems = append(problems, fmt.Sprintf("pod interface %s lacks address %s", podName, want))
+	}
+	routes, err := netlinksafe.RouteList(link, family(ip))
+	if err != nil {
+		return nil, fmt.Errorf("listing routes of %s: %w", podName, err)
+	}
+	def := defaultRoute(ip)
+	hasDefault := false
+	for _, r := range routes {
+		isDefault := r.Dst == nil || (r.Dst.IP.Equal(def.IP) && r.Dst.Mask.String() == def.Mask.String())
+		hasDefault = hasDefault || (isDefault && r.Gw.Equal(gw))
+	}
+	if !hasDefault {
+		problems = append(problems, fmt.Sprintf("pod default route via %s dev %s is missing", gw, podName))
+	}
+	neighs, err := neighbours.List(link.Attrs().Index, family(ip))
+	if err != nil {
+		return nil, fmt.Errorf("listing neighbours of %s: %w", podName, err)
+	}
+	okNeigh := false
+	for _, n := range neighs {
+		okNeigh = okNeigh || (n.IP.Equal(gw) && n.State&netlink.NUD_PERMANENT != 0 && n.HardwareAddr.String() == hostMAC.String())
+	}
+	if !okNeigh {
+		problems = append(problems, fmt.Sprintf("pod permanent neighbour %s -> %s on %s is missing", gw, hostMAC, podName))
+	}
+	return problems, nil
+}
+
 func hasRoute(index int, ip netip.Addr) bool {
-	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4,
-		&netlink.Route{Dst: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}}, netlink.RT_FILTER_DST)
+	routes, err := netlinksafe.RouteListFiltered(family(ip), &netlink.Route{Dst: Prefix(ip)}, netlink.RT_FILTER_DST)
 	if err != nil {
 		return false
 	}

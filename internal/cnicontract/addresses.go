@@ -2,18 +2,33 @@ package cnicontract
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 )
 
-// Block prefix lengths a node's pod block may have (the API's nodeBlockSize bounds).
+// Block prefix lengths a node's IPv4 pod block may have (the API's nodeBlockSize bounds).
 const (
 	MinBlockBits = 16
 	MaxBlockBits = 30
 )
 
+// Block prefix lengths a node's IPv6 pod block may have: /64 is what kube-controller-manager's
+// node IPAM hands out; longer blocks down to /120 keep a node's range small and scannable.
+const (
+	MinBlockBits6 = 64
+	MaxBlockBits6 = 120
+)
+
 // ValidateBlock checks that block can be a node's pod block: an IPv4 network address with
-// a prefix length between MinBlockBits and MaxBlockBits.
+// a prefix length between MinBlockBits and MaxBlockBits, or an IPv6 one between
+// MinBlockBits6 and MaxBlockBits6.
 func ValidateBlock(block netip.Prefix) error {
+	if block.IsValid() && block.Addr().Is6() && !block.Addr().Is4In6() {
+		if block != block.Masked() || block.Bits() < MinBlockBits6 || block.Bits() > MaxBlockBits6 {
+			return fmt.Errorf("%s must be an IPv6 network address with a prefix between /%d and /%d, e.g. fd00:10:244:1::/64", block, MinBlockBits6, MaxBlockBits6)
+		}
+		return nil
+	}
 	if !block.IsValid() || !block.Addr().Is4() || block != block.Masked() || block.Bits() < MinBlockBits || block.Bits() > MaxBlockBits {
 		return fmt.Errorf("%s must be an IPv4 network address with a prefix between /%d and /%d, e.g. 10.244.1.0/24", block, MinBlockBits, MaxBlockBits)
 	}
@@ -22,29 +37,33 @@ func ValidateBlock(block netip.Prefix) error {
 
 // NodeAddr is the node's own address in its block, the first host address: the agent puts
 // it on the VXLAN device (the peers' next hop to this block); the plugin never gives it to
-// a pod.
+// a pod. IPv6 blocks keep the same layout, so a later IPv6 datapath can do the same.
 func NodeAddr(block netip.Prefix) netip.Addr {
 	return block.Masked().Addr().Next()
 }
 
 // PodRange is the range of addresses pods get: after the network address and NodeAddr,
-// before the broadcast address.
+// before the block's last address (IPv4's broadcast; kept out of IPv6 blocks alike).
 func PodRange(block netip.Prefix) (first, last netip.Addr) {
-	a := block.Masked().Addr().As4()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	size := uint32(1) << uint(32-block.Bits())
-	return u32(v + 2), u32(v + size - 2)
+	return NodeAddr(block).Next(), lastAddr(block).Prev()
 }
 
-func u32(v uint32) netip.Addr {
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+// lastAddr is the block's highest address (all host bits set).
+func lastAddr(block netip.Prefix) netip.Addr {
+	b := block.Masked().Addr().AsSlice()
+	for i := block.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
-// PodCapacity is how many addresses of block PodRange holds: what the node's pods can get.
+// PodCapacity is how many addresses of block PodRange holds: what the node's pods can get
+// (math.MaxInt for IPv6 blocks larger than that, a /64 among them).
 func PodCapacity(block netip.Prefix) int {
-	first, last := PodRange(block)
-	a, b := first.As4(), last.As4()
-	f := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	l := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
-	return int(l-f) + 1
+	hostBits := block.Addr().BitLen() - block.Bits()
+	if hostBits >= 62 {
+		return math.MaxInt
+	}
+	return 1<<hostBits - 3
 }

@@ -1,6 +1,7 @@
 package cnicontract_test
 
 import (
+	"math"
 	"net/netip"
 	"testing"
 
@@ -16,6 +17,9 @@ func TestAddresses(t *testing.T) {
 		{"10.244.1.0/24", "10.244.1.1", "10.244.1.2", "10.244.1.254", 253},
 		{"10.0.0.0/16", "10.0.0.1", "10.0.0.2", "10.0.255.254", 65533},
 		{"192.168.7.4/30", "192.168.7.5", "192.168.7.6", "192.168.7.6", 1},
+		{"fd00:10:244:1::/120", "fd00:10:244:1::1", "fd00:10:244:1::2", "fd00:10:244:1::fe", 253},
+		{"2001:db8:1:2::/64", "2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:ffff:ffff:ffff:fffe", math.MaxInt},
+		{"2001:db8:1:2::/112", "2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::fffe", 65533},
 	} {
 		b := netip.MustParsePrefix(tc.block)
 		if got := cnicontract.NodeAddr(b).String(); got != tc.node {
@@ -45,7 +49,12 @@ func TestValidateBlock(t *testing.T) {
 		{"10.0.0.0/15", false},
 		{"10.244.1.0/31", false},
 		{"10.244.1.5/24", false},
-		{"fd00::/64", false},
+		{"fd00::/64", true},
+		{"2001:db8::/120", true},
+		{"2001:db8::/56", false},
+		{"2001:db8::/121", false},
+		{"2001:db8::1/64", false},
+		{"::ffff:10.244.1.0/120", false},
 	} {
 		err := cnicontract.ValidateBlock(netip.MustParsePrefix(tc.block))
 		if (err == nil) != tc.ok {

@@ -107,8 +107,13 @@ func StoreDir(dataDir, network string) string {
 // NetConf is trellis's own settings in its conflist entry. The agent writes it (inside a
 // Plugin); the plugin reads it beside the standard fields (types.PluginConf).
 type NetConf struct {
-	// PodCIDR is the node's pod block (required).
+	// PodCIDR is the node's IPv4 pod block (required unless PodCIDRv6 is set).
 	PodCIDR string `json:"podCIDR"`
+	// PodCIDRv6 is the node's IPv6 pod block: pods get an address of each block given.
+	// A plugin older than this field ignores it and gives pods IPv4 only, so a conflist
+	// without it is what IPv4-only nodes always had, byte for byte. The agent may write it
+	// only once it enforces IPv6 anti-spoofing on the node (datapath.Netfilter6).
+	PodCIDRv6 string `json:"podCIDRv6,omitempty"`
 	// MTU of the pod interface and its host end (0: DefaultMTU).
 	MTU int `json:"mtu,omitempty"`
 	// DataDir holds the IPAM state, one directory per network name (empty: DefaultDataDir).

@@ -66,7 +66,7 @@ func (n *node) setup(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			_, err = veth.Setup(podNS, n.hostVeth(p), "eth0", realPodIP(i), 1500)
+			_, err = veth.Setup(podNS, n.hostVeth(p), "eth0", []netip.Addr{realPodIP(i)}, 1500)
 			podNS.Close()
 			if err != nil {
 				return fmt.Errorf("wiring %s: %w", p, err)
