@@ -56,3 +56,38 @@ func Netfilter(podCIDRs []netip.Prefix, natOutgoing bool) netfilter.State {
 		},
 	}
 }
+
+// Netfilter6 is the desired state of the node's own IPv6 chain (ip6tables, raw table, the
+// same chain and jump as IPv4's): a pod can only send from its own IPv6 address (the
+// rpfilter rule, as for IPv4; link-local sources pass, they route back through the pod's
+// veth), and can't act as a router towards the node: router advertisements and redirects
+// from pod veths are dropped before the kernel could take routes from them, whatever the
+// node's accept_ra says (the plugin also turns accept_ra off on each IPv6 host veth).
+// IPv6 masquerade is not part of it yet.
+func Netfilter6() netfilter.State {
+	notRouter := func(icmpType, what string) netfilter.Rule {
+		return netfilter.Rule{
+			// As ip6tables-save prints it, so a sync finds it unchanged.
+			Match:   []string{"-i", "trl+", "-p", "ipv6-icmp", "-m", "icmp6", "--icmpv6-type", icmpType},
+			Comment: "trellis: pods send no " + what,
+			Target:  []string{"-j", "DROP"},
+		}
+	}
+	return netfilter.State{
+		Scope: []string{ChainRaw},
+		Tables: map[netfilter.Table]netfilter.TableState{
+			netfilter.Raw: {
+				Chains: []netfilter.Chain{{Name: ChainRaw, Rules: []netfilter.Rule{
+					notRouter("134", "router advertisements"),
+					notRouter("137", "redirects"),
+					{
+						Match:   []string{"-i", "trl+", "-m", "rpfilter", "--invert"},
+						Comment: "trellis: pods send only from their own address",
+						Target:  []string{"-j", "DROP"},
+					},
+				}}},
+				Jumps: []netfilter.Jump{{From: "PREROUTING", Position: netfilter.First, Comment: "trellis", To: ChainRaw}},
+			},
+		},
+	}
+}

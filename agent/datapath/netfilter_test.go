@@ -100,3 +100,42 @@ func TestNetfilterUpgradeRewritesNothing(t *testing.T) {
 		})
 	}
 }
+
+// The IPv6 chain goes to ip6tables and nowhere else; it renders as ip6tables-save prints
+// it (a restarted agent's first sync rewrites nothing), and the uninstall's Cleanup
+// removes it.
+func TestNetfilter6(t *testing.T) {
+	for _, b := range []netfilter.Backend{netfilter.Legacy.IPv6(), netfilter.NFT.IPv6()} {
+		t.Run(b.Mode, func(t *testing.T) {
+			netnstest.RequireCommands(t, b.IPTables, b.Save, b.Restore)
+			n := netnstest.New(t)
+			must(t, n.Do(func(ns.NetNS) error {
+				if res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), datapath.Netfilter6()); err != nil || !res.Changed() {
+					t.Fatalf("first sync: %+v, %v", res, err)
+				}
+				res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), datapath.Netfilter6())
+				if err != nil || res.Changed() {
+					t.Errorf("a restarted agent's sync rewrote: %+v, %v", res, err)
+				}
+				out, err := exec.Command(b.Save, "-t", "raw").CombinedOutput()
+				if err != nil {
+					t.Fatalf("%s: %v: %s", b.Save, err, out)
+				}
+				for _, want := range []string{"--icmpv6-type 134", "--icmpv6-type 137", "-m rpfilter --invert", "-A PREROUTING -m comment --comment trellis -j TRELLIS-PREROUTING"} {
+					if !strings.Contains(string(out), want) {
+						t.Errorf("ip6tables raw lacks %q:\n%s", want, out)
+					}
+				}
+				v4 := strings.Replace(b.Save, "ip6tables", "iptables", 1)
+				if out, _ := exec.Command(v4, "-t", "raw").CombinedOutput(); strings.Contains(string(out), "TRELLIS") {
+					t.Errorf("the IPv6 state reached iptables:\n%s", out)
+				}
+				removed, err := netfilter.Cleanup()
+				if err != nil || !reflect.DeepEqual(removed, []string{"raw/TRELLIS-PREROUTING (IPv6)"}) {
+					t.Errorf("Cleanup removed %v, %v", removed, err)
+				}
+				return nil
+			}))
+		})
+	}
+}

@@ -18,6 +18,18 @@ type Backend struct {
 	Mode string
 	// The commands, looked up in PATH.
 	IPTables, Save, Restore string
+	// V6 marks the ip6tables commands (IPv6 method): IPv6 rules live in tables of their own.
+	V6 bool
+}
+
+// IPv6 is the ip6tables variant of b, of the same mode: the kernel keeps IPv6 rules apart
+// from IPv4's, so a node's IPv6 chains are written with these commands.
+func (b Backend) IPv6() Backend {
+	if b.V6 {
+		return b
+	}
+	v6 := func(cmd string) string { return strings.Replace(cmd, "iptables", "ip6tables", 1) }
+	return Backend{Mode: b.Mode, IPTables: v6(b.IPTables), Save: v6(b.Save), Restore: v6(b.Restore), V6: true}
 }
 
 // The two variants iptables 1.8 installs side by side.
@@ -27,6 +39,14 @@ var (
 )
 
 func (b Backend) String() string { return b.Mode }
+
+// label names b in errors: the mode, and the family when it is IPv6.
+func (b Backend) label() string {
+	if b.V6 {
+		return b.Mode + " (ip6tables)"
+	}
+	return b.Mode
+}
 
 // detectTimeout bounds each iptables-save DetectBackend runs (nft listing can hang on a
 // wedged kernel; the wrapper bounds it too).

@@ -15,7 +15,8 @@ import (
 // backends that are installed (an agent may have used either), reading each with one
 // iptables-save (all tables: listing a legacy table by name would create it) and
 // writing each table that holds trellis chains with one iptables-restore --noflush. It
-// reports the chains removed as "table/chain".
+// reports the chains removed as "table/chain". The ip6tables variants of the backends are
+// cleaned alike where installed.
 func Cleanup() ([]string, error) {
 	var backends []Backend
 	for _, b := range []Backend{Legacy, NFT} {
@@ -30,13 +31,18 @@ func Cleanup() ([]string, error) {
 		}
 		backends = append(backends, plain)
 	}
+	for _, b := range backends {
+		if v6 := b.IPv6(); found(v6.Save) {
+			backends = append(backends, v6)
+		}
+	}
 	var removed []string
 	var errs []error
 	for _, b := range backends {
 		r, err := cleanup(b)
 		removed = append(removed, r...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", b.Mode, err))
+			errs = append(errs, fmt.Errorf("%s: %w", b.label(), err))
 		}
 	}
 	return removed, errors.Join(errs...)
@@ -74,6 +80,9 @@ func cleanup(b Backend) ([]string, error) {
 			continue
 		}
 		for _, c := range p.remove {
+			if b.V6 {
+				c += " (IPv6)"
+			}
 			removed = append(removed, table+"/"+c)
 		}
 	}

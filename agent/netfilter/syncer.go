@@ -521,7 +521,11 @@ func (s *Syncer) restore(ctx context.Context, input []byte) error {
 // the restore, which keeps them at the top).
 func (s *Syncer) ensureJump(table Table, j Jump) (added bool, err error) {
 	if s.ipt == nil {
-		ipt, err := iptables.New(iptables.IPFamily(iptables.ProtocolIPv4), iptables.Path(s.Backend.IPTables))
+		proto := iptables.ProtocolIPv4
+		if s.Backend.V6 {
+			proto = iptables.ProtocolIPv6
+		}
+		ipt, err := iptables.New(iptables.IPFamily(proto), iptables.Path(s.Backend.IPTables))
 		if err != nil {
 			return false, fmt.Errorf("%s: %w", s.Backend.IPTables, err)
 		}
