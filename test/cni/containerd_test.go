@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -24,62 +25,13 @@ import (
 // get addresses from the node's block, reach each other, the policy hook sees the real
 // pod names, and stopp/rmp (DEL twice, the second without netns) release everything.
 func TestThroughContainerd(t *testing.T) {
-	tools, err := rt.ToolsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	binDir, calls := t.TempDir(), t.TempDir()
-	for _, b := range []struct{ from, name string }{
-		{filepath.Join(pluginDir, "trellis"), "trellis.real"},
-		{filepath.Join(tools, "loopback"), "loopback"}, // containerd wires lo itself through it
-		{filepath.Join(tools, "portmap"), "portmap"},
-	} {
-		copyFile(t, b.from, filepath.Join(binDir, b.name))
-	}
-	// What containerd hands the plugin, each call kept in calls/<n>-<command>.
-	recordCalls(t, filepath.Join(binDir, "trellis"), filepath.Join(binDir, "trellis.real"), calls)
-	node := rt.StartNode(t, rt.NodeOptions{Name: "trellis", CNIBinDir: binDir})
-	nodeNS, err := ns.GetNS(node.NetNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nodeNS.Close()
-	// The agent turns forwarding on in the node; here the test plays the agent.
-	if err := nodeNS.Do(func(ns.NetNS) error {
-		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
-	}); err != nil {
-		t.Fatal(err)
-	}
 	socket, requests := fakeAgent(t, 50*time.Millisecond, true)
-	stateDir := t.TempDir()
 	block := netip.MustParsePrefix("10.244.3.0/24")
-	// The conflist exactly as the agent writes it, cniVersions and all: containerd 1.6's
-	// libcni predates cniVersions (and knows results up to 1.0.0 only) and runs it at its
-	// cniVersion, 1.0.0.
-	conf, err := cnicontract.NewConflist(cnicontract.NewestVersion, cnicontract.NetConf{
+	cn := startContainerdNode(t, cnicontract.NetConf{
 		PodCIDR: block.String(), MTU: 1450,
-		DataDir:   filepath.Join(stateDir, "ipam"),
-		ReadyFile: filepath.Join(stateDir, "ready"),
-		LogFile:   filepath.Join(stateDir, "cni.log"),
-		Policy:    &cnicontract.PolicyConf{Socket: socket, Timeout: "5s"},
+		Policy: &cnicontract.PolicyConf{Socket: socket, Timeout: "5s"},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(conf.CNIVersions) < 2 || conf.CNIVersion != "1.0.0" {
-		t.Fatalf("the agent's conflist offers %v with cniVersion %s, want 1.0.0 and newer", conf.CNIVersions, conf.CNIVersion)
-	}
-	if _, err := cniinstall.WriteConflist(node.CNIConfDir, conf); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			if log, err := os.ReadFile(filepath.Join(stateDir, "cni.log")); err == nil {
-				t.Logf("plugin log:\n%s", tail(string(log), 4000))
-			}
-		}
-	})
-	node.WaitNetworkReady(30 * time.Second)
+	node, nodeNS, stateDir, calls := cn.node, cn.ns, cn.stateDir, cn.calls
 
 	a := node.RunPod("a", "default")
 	bp := node.RunPod("b", "shop")
@@ -113,6 +65,7 @@ func TestThroughContainerd(t *testing.T) {
 			args = append(args, "--udp")
 		}
 		var out string
+		var err error
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			out, err = node.Exec(client, args...)
@@ -152,7 +105,7 @@ func TestThroughContainerd(t *testing.T) {
 	// containerd 1.6 ran the conflist at its cniVersion and, knowing no 1.1.0, never sent
 	// STATUS or GC.
 	commands := map[string]int{}
-	entries, err = os.ReadDir(calls)
+	entries, err := os.ReadDir(calls)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +129,127 @@ func TestThroughContainerd(t *testing.T) {
 	t.Logf("containerd's calls of the plugin: %v", commands)
 	if commands["ADD"] != 2 || commands["DEL"] < 2 || commands["STATUS"]+commands["GC"] != 0 {
 		t.Errorf("containerd called the plugin %v: want 2 ADDs, DELs, no STATUS or GC", commands)
+	}
+}
+
+// containerdNode is a node running containerd 1.6 with the trellis plugin (its calls
+// recorded in calls) on the conflist the agent writes for conf.
+type containerdNode struct {
+	node            *rt.Node
+	ns              ns.NetNS
+	stateDir, calls string
+}
+
+// startContainerdNode starts the node and writes the conflist, exactly as the agent does
+// (cniVersions and all: containerd 1.6's libcni predates cniVersions, knows results up
+// to 1.0.0 only and runs it at its cniVersion, 1.0.0), with conf's paths in a temporary
+// directory, and waits for containerd to load it.
+func startContainerdNode(t *testing.T, conf cnicontract.NetConf) containerdNode {
+	t.Helper()
+	tools, err := rt.ToolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	binDir, calls := t.TempDir(), t.TempDir()
+	for _, b := range []struct{ from, name string }{
+		{filepath.Join(pluginDir, "trellis"), "trellis.real"},
+		{filepath.Join(tools, "loopback"), "loopback"}, // containerd wires lo itself through it
+		{filepath.Join(tools, "portmap"), "portmap"},
+	} {
+		copyFile(t, b.from, filepath.Join(binDir, b.name))
+	}
+	// What containerd hands the plugin, each call kept in calls/<n>-<command>.
+	recordCalls(t, filepath.Join(binDir, "trellis"), filepath.Join(binDir, "trellis.real"), calls)
+	node := rt.StartNode(t, rt.NodeOptions{Name: "trellis", CNIBinDir: binDir})
+	nodeNS, err := ns.GetNS(node.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { nodeNS.Close() })
+	// The agent turns forwarding on in the node; here the test plays the agent.
+	forwarding := []string{"/proc/sys/net/ipv4/ip_forward"}
+	if conf.PodCIDRv6 != "" {
+		forwarding = append(forwarding, "/proc/sys/net/ipv6/conf/all/forwarding")
+	}
+	if err := nodeNS.Do(func(ns.NetNS) error {
+		for _, f := range forwarding {
+			if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := t.TempDir()
+	conf.DataDir = filepath.Join(stateDir, "ipam")
+	conf.ReadyFile = filepath.Join(stateDir, "ready")
+	conf.LogFile = filepath.Join(stateDir, "cni.log")
+	list, err := cnicontract.NewConflist(cnicontract.NewestVersion, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.CNIVersions) < 2 || list.CNIVersion != "1.0.0" {
+		t.Fatalf("the agent's conflist offers %v with cniVersion %s, want 1.0.0 and newer", list.CNIVersions, list.CNIVersion)
+	}
+	if _, err := cniinstall.WriteConflist(node.CNIConfDir, list); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			if log, err := os.ReadFile(filepath.Join(stateDir, "cni.log")); err == nil {
+				t.Logf("plugin log:\n%s", tail(string(log), 4000))
+			}
+		}
+	})
+	node.WaitNetworkReady(30 * time.Second)
+	return containerdNode{node: node, ns: nodeNS, stateDir: stateDir, calls: calls}
+}
+
+// A dual-stack node through containerd: the sandbox status (what the kubelet turns into
+// status.podIPs) lists both addresses, IPv4 first; the pods talk over IPv6 with their own
+// source address; stopp/rmp release both.
+func TestDualStackThroughContainerd(t *testing.T) {
+	block4, block6 := netip.MustParsePrefix("10.244.4.0/24"), netip.MustParsePrefix("fd00:10:244:4::/64")
+	cn := startContainerdNode(t, cnicontract.NetConf{PodCIDR: block4.String(), PodCIDRv6: block6.String(), MTU: 1450})
+	node := cn.node
+	a, b := node.RunPod("a", "default"), node.RunPod("b", "default")
+	for _, p := range []*rt.Pod{a, b} {
+		if len(p.IPs) != 2 || p.IP != p.IPs[0] {
+			t.Fatalf("pod %s: sandbox status IPs %v (primary %q), want one of each family", p.Name, p.IPs, p.IP)
+		}
+		v4, err4 := netip.ParseAddr(p.IPs[0])
+		v6, err6 := netip.ParseAddr(p.IPs[1])
+		if err4 != nil || err6 != nil || !block4.Contains(v4) || !block6.Contains(v6) {
+			t.Fatalf("pod %s: sandbox status IPs %v, want an address of %s then one of %s", p.Name, p.IPs, block4, block6)
+		}
+	}
+	node.StartContainer(b, rt.WorkloadImage, "serve", "--port", "8080")
+	client := node.StartContainer(a, rt.WorkloadImage, "serve", "--port", "8080")
+	target := net.JoinHostPort(b.IPs[1], "8080")
+	var out string
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		out, err = node.Exec(client, "workload", "connect", target, "--timeout", "2s")
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("tcp over IPv6 from pod a to pod b: %v", err)
+	}
+	if want := "remote=[" + a.IPs[1] + "]:"; !strings.Contains(out, want) {
+		t.Errorf("a -> b over IPv6 answered %q: want pod a's own IPv6 address as the source (%s)", out, want)
+	}
+	for _, p := range []*rt.Pod{a, b} {
+		node.StopPod(p)
+		node.RemovePod(p)
+	}
+	entries, _ := os.ReadDir(filepath.Join(cn.stateDir, "ipam", "trellis"))
+	for _, e := range entries {
+		if _, err := netip.ParseAddr(e.Name()); err == nil {
+			t.Errorf("address %s still allocated after rmp", e.Name())
+		}
 	}
 }
 

@@ -22,7 +22,10 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
@@ -66,10 +69,19 @@ type node struct {
 
 const nodeIP = "198.51.100.10"
 
+// nodeIP6 is the node's IPv6 underlay address on dual-stack nodes (documentation range,
+// inside the node namespace only).
+const nodeIP6 = "2001:db8:100::10"
+
 type nodeOpts struct {
 	version string
-	block   string
-	policy  map[string]any
+	block   string // "-": none (IPv6-only)
+	// block6 is the node's IPv6 block (podCIDRv6); empty: an IPv4-only node as before.
+	block6 string
+	// antiSpoofing6 syncs the agent's IPv6 anti-spoofing chain (datapath.Netfilter6) in
+	// the node namespace.
+	antiSpoofing6 bool
+	policy        map[string]any
 	// reportSocket is the conflist's reportSocket (empty: the plugin reports nothing).
 	reportSocket string
 }
@@ -97,19 +109,54 @@ func newNode(t *testing.T, o nodeOpts) *node {
 			return err
 		}
 		// The node agent turns forwarding on; here the test plays the agent.
-		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			return err
+		}
+		if o.block6 == "" {
+			return nil
+		}
+		if err := netlink.AddrAdd(d, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(nodeIP6), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}); err != nil {
+			return err
+		}
+		// A forwarding node that still takes router advertisements (accept_ra=2, common
+		// where the uplink is configured by RA): a pod's RA must not reach those settings.
+		for _, sc := range []struct{ path, value string }{
+			{"/proc/sys/net/ipv6/conf/all/forwarding", "1"},
+			{"/proc/sys/net/ipv6/conf/all/accept_ra", "2"},
+			{"/proc/sys/net/ipv6/conf/default/accept_ra", "2"},
+		} {
+			if err := os.WriteFile(sc.path, []byte(sc.value), 0o644); err != nil {
+				return err
+			}
+		}
+		if !o.antiSpoofing6 {
+			return nil
+		}
+		b, err := netfilter.DetectBackend()
+		if err != nil {
+			return err
+		}
+		_, err = (&netfilter.Syncer{Backend: b.IPv6()}).Sync(context.Background(), datapath.Netfilter6())
+		return err
 	})
 	if err != nil {
 		t.Fatalf("setting up node namespace: %v", err)
 	}
 	dir := t.TempDir()
+	if o.block == "-" { // IPv6-only
+		o.block = ""
+	}
+	block, _ := netip.ParsePrefix(o.block)
 	n := &node{
-		t: t, ns: nodeNS, dir: dir, block: netip.MustParsePrefix(o.block),
+		t: t, ns: nodeNS, dir: dir, block: block,
 		ipamDir: filepath.Join(dir, "ipam"), readyFile: filepath.Join(dir, "ready"), logFile: filepath.Join(dir, "cni.log"),
 	}
 	plugin := map[string]any{
 		"type": "trellis", "podCIDR": o.block, "mtu": 1450,
 		"dataDir": n.ipamDir, "readyFile": n.readyFile, "logFile": n.logFile,
+	}
+	if o.block6 != "" {
+		plugin["podCIDRv6"] = o.block6
 	}
 	if o.policy != nil {
 		plugin["policy"] = o.policy
@@ -251,7 +298,7 @@ func (n *node) hostState() (links, routes []string) {
 			return err
 		}
 		links = ls
-		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: veth.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		rs, err := netlink.RouteListFiltered(netlink.FAMILY_ALL, &netlink.Route{Protocol: veth.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			return err
 		}
