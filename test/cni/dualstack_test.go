@@ -155,6 +155,24 @@ func TestDualStack(t *testing.T) {
 	if got := n.allocations(); len(got) != 4 {
 		t.Errorf("allocations %v, want 2 per pod", got)
 	}
+	// STATUS is the agent's readiness, whatever the families.
+	if err := n.status(); err == nil {
+		t.Error("STATUS passed without the agent's ready file")
+	}
+	must(t, os.WriteFile(n.readyFile, nil, 0o644))
+	if err := n.status(); err != nil {
+		t.Errorf("STATUS with the ready file: %v", err)
+	}
+	// GC with only b valid releases a's addresses of both families and a's veth.
+	must(t, n.gc(b))
+	want := []string{b4.String(), b6.String()}
+	slices.Sort(want)
+	if got := n.allocations(); !slices.Equal(got, want) {
+		t.Errorf("allocations after GC %v, want b's %v", got, want)
+	}
+	if links, _ := n.hostState(); !slices.Equal(links, []string{veth.HostName(b.id, "eth0")}) {
+		t.Errorf("host veths after GC %v, want b's only", links)
+	}
 	for _, p := range []*pod{a, b} {
 		if err := n.del(p, true); err != nil {
 			t.Fatalf("DEL %s: %v", p.name, err)
