@@ -65,7 +65,7 @@ func importInto(ctx context.Context, work, archive string) error {
 	if err != nil {
 		return err
 	}
-	defer d.stop()
+	defer func() { _ = d.stop() }()
 	if _, err := procs.Run(ctx, "ctr", "--address", d.socket, "--namespace", "k8s.io", "images", "import", archive); err != nil {
 		return err
 	}
@@ -77,8 +77,8 @@ func importInto(ctx context.Context, work, archive string) error {
 type standalone struct {
 	socket, log string
 	cmd         *exec.Cmd
-	exited      chan error
-	stopped     error
+	exited      chan struct{} // closed once cmd.Wait returned, with its error in waitErr
+	waitErr     error
 	done        bool
 }
 
@@ -96,7 +96,7 @@ func startStandalone(ctx context.Context, work, root string) (*standalone, error
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
-	d := &standalone{socket: filepath.Join(work, "c.sock"), log: filepath.Join(work, "containerd.log"), exited: make(chan error, 1)}
+	d := &standalone{socket: filepath.Join(work, "c.sock"), log: filepath.Join(work, "containerd.log"), exited: make(chan struct{})}
 	config := filepath.Join(work, "containerd.toml")
 	toml := containerd.Config{
 		Root: root, State: dirs["state"], Socket: d.socket, OptDir: dirs["opt"],
@@ -121,13 +121,13 @@ func startStandalone(ctx context.Context, work, root string) (*standalone, error
 	if err := d.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting containerd: %w", err)
 	}
-	go func() { d.exited <- d.cmd.Wait() }()
+	go func() { d.waitErr = d.cmd.Wait(); close(d.exited) }()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		select {
-		case err := <-d.exited:
-			d.done, d.stopped = true, err
-			return nil, fmt.Errorf("containerd exited during startup (%v); %s", err, procs.LogTail(d.log, 4096))
+		case <-d.exited:
+			d.done = true
+			return nil, fmt.Errorf("containerd exited during startup (%w); %s", d.waitErr, procs.LogTail(d.log, 4096))
 		default:
 		}
 		_, err := procs.Run(ctx, "ctr", "--address", d.socket, "version")
@@ -135,7 +135,7 @@ func startStandalone(ctx context.Context, work, root string) (*standalone, error
 			return d, nil
 		}
 		if time.Now().After(deadline) {
-			d.stop()
+			_ = d.stop()
 			return nil, fmt.Errorf("containerd not ready after 30s: %w; %s", err, procs.LogTail(d.log, 4096))
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -75,7 +75,7 @@ func TestImageRootSeedsNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.stop()
+	defer func() { _ = d.stop() }()
 	out, err := procs.Run(ctx, "ctr", "--address", d.socket, "--namespace", "k8s.io", "images", "ls", "-q")
 	if err != nil {
 		t.Fatal(err)
