@@ -59,7 +59,7 @@ func run(o options) (code int) {
 		logf("creating the run directory: %v", err)
 		return 1
 	}
-	l := newLayout(prefix)
+	l := newLayout(prefix, o.sides)
 
 	defer func() {
 		if ctx.Err() != nil && code != 1 && !o.hold {
@@ -107,10 +107,10 @@ func run(o options) (code int) {
 // hold lists the pods of every path and waits for a signal.
 func hold(ctx context.Context, l *layout) {
 	for _, p := range paths {
-		for _, s := range []side{sideTrellis, sideReference} {
+		for _, s := range l.sides {
 			c := l.cluster(s, p.mode)
 			client, server := c.nodes[0].pods[0], c.nodes[p.node].pods[p.pod]
-			logf("%-9s %-6s %-23s %s (%s) -> %s (%s), client's node %s", s, p.mode, p.name, client.netns, client.ip, server.netns, server.ip, c.nodes[0].netns)
+			logf("%-12s %-6s %-23s %s (%s) -> %s (%s), client's node %s", s, p.mode, p.name, client.netns, client.ip, server.netns, server.ip, c.nodes[0].netns)
 		}
 	}
 	logf("holding: ^C (or SIGTERM) removes everything")
@@ -139,15 +139,34 @@ func setup(ctx context.Context, l *layout, o options, runDir string) error {
 				return err
 			}
 		}
-		var err error
-		if c.side == sideTrellis {
-			err = setupTrellis(ctx, c, o, runDir)
-		} else {
-			err = setupReference(ctx, c)
-		}
-		if err != nil {
+		if err := setupCluster(ctx, c, o, runDir); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// setupCluster programs a cluster's nodes as its side says: the trellis setup (and then
+// the ablation's one change), or the hand-built one (and then flannel's rules).
+func setupCluster(ctx context.Context, c *cluster, o options, runDir string) error {
+	if !c.side.trellisBuilt() {
+		if err := setupReference(ctx, c); err != nil {
+			return err
+		}
+		if c.side == sideFlannel {
+			for _, n := range c.nodes {
+				if err := flannelRules(ctx, c, n); err != nil {
+					return fmt.Errorf("flannel %s %s: %w", c.mode, n.name, err)
+				}
+			}
+		}
+		return nil
+	}
+	if err := setupTrellis(ctx, c, o, runDir); err != nil {
+		return err
+	}
+	if c.side.ablation() {
+		return ablate(ctx, c)
 	}
 	return nil
 }
@@ -166,7 +185,8 @@ func stragglers(l *layout) []string {
 
 // preflight fails early, saying what to do, when the run can't work here.
 func preflight(o options) error {
-	if err := benchrun.Preflight(map[string]string{"ip": "iproute2", "bridge": "iproute2", "iperf3": "iperf3", "iptables-restore": "iptables", "sysctl": "procps"}); err != nil {
+	if err := benchrun.Preflight(map[string]string{"ip": "iproute2", "bridge": "iproute2", "iperf3": "iperf3", "iptables-restore": "iptables", "sysctl": "procps",
+		"ipset": "ipset", "nft": "nftables"}); err != nil {
 		return err
 	}
 	if _, err := os.Stat(o.trellisBin); err != nil {

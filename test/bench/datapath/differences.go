@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/test/bench/rootns"
 )
 
@@ -15,7 +16,13 @@ import (
 // iptables rules, as read from the kernel and the agent's status, for the report: the
 // ratios include what these cost, and a reader needs to know which knob to turn.
 func differences(ctx context.Context, l *layout, txMode string) ([]string, error) {
-	var notes []string
+	notes, err := sideRules(ctx, l)
+	if err != nil {
+		return nil, err
+	}
+	if !slices.Contains(l.sides, sideReference) {
+		return notes, nil
+	}
 	for _, m := range []datapath.Mode{datapath.ModeVXLAN, datapath.ModeHybrid} {
 		t, err := vxlanSettings(ctx, l.cluster(sideTrellis, m).nodes[0].netns, vxlanDevice(sideTrellis))
 		if err != nil {
@@ -53,6 +60,51 @@ func differences(ctx context.Context, l *layout, txMode string) ([]string, error
 		notes = append(notes, fmt.Sprintf("sysctls: trellis nodes (the agent's status) %s; reference nodes %s", strings.Join(set, " "), strings.Join(refSet, " ")))
 	}
 	return notes, nil
+}
+
+// sideRules says, per side, how many iptables rules a node has per table and, on the
+// trellis-built sides, the rp_filter of trellis.vxlan and of a pod veth (VXLAN node1): what
+// each side really ran with, so an ablation that didn't take shows.
+func sideRules(ctx context.Context, l *layout) ([]string, error) {
+	var parts []string
+	for _, s := range l.sides {
+		n := l.cluster(s, datapath.ModeVXLAN).nodes[0]
+		rules, err := netfilterSummary(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		part := fmt.Sprintf("%s: %s", s, rules)
+		if s.trellisBuilt() {
+			rp, err := rpFilters(ctx, n)
+			if err != nil {
+				return nil, err
+			}
+			part += "; " + rp
+		}
+		parts = append(parts, part)
+	}
+	return []string{"iptables rules per table and rp_filter on a node (VXLAN node1): " + strings.Join(parts, " | ")}, nil
+}
+
+// rpFilters reads rp_filter of all, trellis.vxlan and the node's first pod veth.
+func rpFilters(ctx context.Context, n *node) (string, error) {
+	var veth string
+	err := inNetns(n.netns, func() error {
+		wired, err := policy.WiredPods()
+		if err != nil {
+			return err
+		}
+		veth = wired[n.pods[0].ip]
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	out, err := outputIn(ctx, n.netns, "sysctl", "net.ipv4.conf.all.rp_filter", datapath.VXLANRPFilter, "net.ipv4.conf."+veth+".rp_filter")
+	if err != nil {
+		return "", err
+	}
+	return "rp_filter " + strings.Join(strings.Fields(strings.NewReplacer("net.ipv4.conf.", "", ".rp_filter", "", " = ", "=").Replace(string(out))), " "), nil
 }
 
 // txChecksum reads a device's TX checksum offload setting in netns (the ethtool ioctl the

@@ -8,21 +8,6 @@ import (
 	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
-// The two sides compared.
-type side int
-
-const (
-	sideTrellis side = iota
-	sideReference
-)
-
-func (s side) String() string {
-	if s == sideTrellis {
-		return "trellis"
-	}
-	return "reference"
-}
-
 // The underlay is the local cluster's (test/cluster/topology): one L2 subnet
 // (UnderlaySubnet) on bridge br0, and a second one (RemoteSubnet) on br1 behind a router
 // (RouterUnderlayIP, RouterRemoteIP), documentation ranges, never the machines' own
@@ -69,6 +54,7 @@ type cluster struct {
 
 // layout is everything a run creates.
 type layout struct {
+	sides    []side // in report order
 	prefix   string // trlb-<pid>-
 	underlay string // the namespace with br0 and br1
 	router   string // the namespace routing between them
@@ -78,19 +64,22 @@ type layout struct {
 
 var modes = []datapath.Mode{datapath.ModeVXLAN, datapath.ModeDirect, datapath.ModeHybrid}
 
-// newLayout names the namespaces and addresses of a run. Cluster c (trellis VXLAN, Direct,
-// Hybrid, then the reference ones) has nodes 198.51.100.<10(c+1)+k> and pod CIDR
-// 10.<100+c>.0.0/16 with node k's block 10.<100+c>.k.0/24. Node1 has two pods (the client
-// and the same-node server), every other node one. Hybrid clusters have a third node on the
-// remote subnet, so Hybrid has a peer it must reach through VXLAN.
-func newLayout(prefix string) *layout {
+// newLayout names the namespaces and addresses of a run. Cluster c (VXLAN, Direct, Hybrid
+// of the first side, then of the next...) has nodes 198.51.100.<10(c+1)+k> (node3 of
+// Hybrid: 203.0.113.<10(c+1)+3>) and pod CIDR 10.<100+c>.0.0/16 with node k's block
+// 10.<100+c>.k.0/24. With every side, c < 3*numSides = 24, so the highest node address is
+// .243 (the router is .254) and the highest pod CIDR 10.123.0.0/16: both fit (layout_test checks). Node1 has two
+// pods (the client and the same-node server), every other node one. Hybrid clusters have a
+// third node on the remote subnet, so Hybrid has a peer it must reach through VXLAN.
+func newLayout(prefix string, sides []side) *layout {
 	l := &layout{
+		sides:    sides,
 		prefix:   prefix,
 		underlay: prefix + "ul",
 		router:   prefix + "rt",
 		floor:    [2]*pod{{netns: prefix + "va", ip: floorA.Addr()}, {netns: prefix + "vb", ip: floorB.Addr()}},
 	}
-	for _, s := range []side{sideTrellis, sideReference} {
+	for _, s := range sides {
 		for _, m := range modes {
 			c := len(l.clusters)
 			cl := &cluster{side: s, mode: m, podCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + c), 0, 0}), 16)}
@@ -101,14 +90,14 @@ func newLayout(prefix string) *layout {
 			for k := 1; k <= count; k++ {
 				n := &node{
 					name:   fmt.Sprintf("node%d", k),
-					netns:  fmt.Sprintf("%s%s%s%d", prefix, sideTag(s), modeTag(m), k),
+					netns:  fmt.Sprintf("%s%s%s%d", prefix, sideInfo[s].tag, modeTag(m), k),
 					subnet: topology.UnderlaySubnet,
 					block:  netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + c), byte(k), 0}), 24),
 				}
 				if k == 3 {
 					n.subnet = topology.RemoteSubnet
 				}
-				n.ip = nthAddr(n.subnet, 10*(c+1)+k)
+				n.ip = nthAddr(n.subnet, 10*(c+1)+k) // < 256: see above
 				pods := 1
 				if k == 1 {
 					pods = 2
@@ -124,13 +113,6 @@ func newLayout(prefix string) *layout {
 	return l
 }
 
-func sideTag(s side) string {
-	if s == sideTrellis {
-		return "t"
-	}
-	return "r"
-}
-
 func modeTag(m datapath.Mode) string {
 	switch m {
 	case datapath.ModeVXLAN:
@@ -144,6 +126,9 @@ func modeTag(m datapath.Mode) string {
 
 func nthAddr(p netip.Prefix, n int) netip.Addr {
 	a := p.Masked().Addr().As4()
+	if int(a[3])+n > 255 {
+		panic(fmt.Sprintf("address %d of %s does not fit its last byte", n, p))
+	}
 	a[3] += byte(n)
 	return netip.AddrFrom4(a)
 }

@@ -43,6 +43,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,6 +58,7 @@ type options struct {
 	duration   time.Duration // measured time of one iperf3 run (after the omitted warm-up)
 	repeat     int           // runs per path and side; the report shows the median
 	hold       bool          // set up, then wait for a signal instead of measuring
+	sides      []side        // the sides run, in report order (-sides)
 	// txChecksumOffload is the ClusterNetwork's vxlan.txChecksumOffload for the trellis side.
 	txChecksumOffload string
 }
@@ -80,8 +82,14 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.duration, "duration", 3*time.Second, "measured time of each iperf3 run (iperf3 runs 1s longer: the first second, TCP slow start, is omitted)")
 	fs.IntVar(&o.repeat, "repeat", 5, "iperf3 runs per path and side (trellis and reference alternate); the median is reported")
 	fs.StringVar(&o.txChecksumOffload, "tx-checksum-offload", offload.ModeAuto, "the ClusterNetwork's vxlan.txChecksumOffload for the trellis side: Auto (its default), Enabled or Disabled")
+	sides := fs.String("sides", strings.Join(sideNames(), ","), "comma-separated sides to run, trellis among them: "+strings.Join(sideNames(), ",")+
+		" (trellis, the hand-built reference, it plus flannel's iptables rules, trellis with one feature off each, trellis plus NOTRACK for pod-to-pod)")
 	fs.BoolVar(&o.hold, "hold", false, "set everything up, print the namespaces and wait for ^C instead of measuring (to look into a path by hand)")
 	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	var err error
+	if o.sides, err = parseSides(*sides); err != nil {
 		return o, err
 	}
 	switch {

@@ -30,27 +30,40 @@ var paths = []path{
 	{datapath.ModeHybrid, "cross node, via router", 2, 0, carrierVXLAN},
 }
 
-// row is a path's measurements on both sides.
+// row is a path's measurements on every side of the run.
 type row struct {
 	path
-	mtu     [2]int           // pod MTU, by side
-	results [2][]iperfResult // by side, in run order
+	mtu     [numSides]int           // pod MTU, by side
+	results [numSides][]iperfResult // by side, in run order; empty for a side not run
 }
 
-// measure runs every path on both sides repeat times. Runs alternate between the sides
-// (trellis first in even rounds, reference first in odd ones) and between the paths, so
-// the machine's other load and any drift over the run hit both sides alike; the bare veth
-// pair is measured at the start of every round. It returns at the first failure.
+// roundOrder is the order of the sides in a round: the list rotated by the round, so over
+// len(sides) rounds every side runs once in every position, and the machine's drift
+// within a round (a neighbour's job starting, caches warming) hits every side alike.
+// With two sides it is the old alternation: A B, then B A.
+func roundOrder(sides []side, round int) []side {
+	n := len(sides)
+	out := make([]side, n)
+	for i := range out {
+		out[i] = sides[(i+round)%n]
+	}
+	return out
+}
+
+// measure runs every path on every side repeat times. Per round, each path runs on all
+// sides back to back in roundOrder, so the machine's other load and any drift over the
+// run hit all sides alike; the bare veth pair is measured at the start of every round. It
+// returns at the first failure.
 func measure(ctx context.Context, l *layout, o options) (*report, error) {
-	rep := &report{duration: o.duration, repeat: o.repeat}
+	rep := &report{duration: o.duration, repeat: o.repeat, sides: l.sides}
 	for _, p := range paths {
 		r := &row{path: p}
-		for _, s := range []side{sideTrellis, sideReference} {
+		for _, s := range l.sides {
 			r.mtu[s] = l.cluster(s, p.mode).podMTU
 		}
 		rep.rows = append(rep.rows, r)
 	}
-	total, done := o.repeat*(1+2*len(paths)), 0
+	total, done := o.repeat*(1+len(l.sides)*len(paths)), 0
 	start := time.Now()
 	for round := range o.repeat {
 		res, err := runIperf(ctx, l.floor[0], l.floor[1], o.duration)
@@ -61,11 +74,7 @@ func measure(ctx context.Context, l *layout, o options) (*report, error) {
 		done++
 		logf("[%d/%d] bare veth pair: %.2f Gbit/s", done, total, res.gbps)
 		for _, r := range rep.rows {
-			order := []side{sideTrellis, sideReference}
-			if round%2 == 1 {
-				order[0], order[1] = order[1], order[0]
-			}
-			for _, s := range order {
+			for _, s := range roundOrder(l.sides, round) {
 				res, err := measurePath(ctx, l.cluster(s, r.mode), r.path, o.duration)
 				if err != nil {
 					return nil, fmt.Errorf("%s %s %s: %w", s, r.mode, r.name, err)

@@ -30,9 +30,10 @@ func (c carrier) String() string {
 // txCounters are the bytes a node has sent on its underlay and its VXLAN device.
 type txCounters struct{ underlay, vxlan uint64 }
 
-// vxlanDevice is the name of a side's VXLAN device.
+// vxlanDevice is the name of a side's VXLAN device (the agent's on the trellis side and its
+// ablations, the hand-built one on the others): every side's runs are checked.
 func vxlanDevice(s side) string {
-	if s == sideTrellis {
+	if s.trellisBuilt() {
 		return datapath.VXLANDevice
 	}
 	return refVXLANDev

@@ -36,7 +36,8 @@ const cniTimeout = time.Minute
 // sync on every node (twice: the first pass makes each node's VXLAN device, whose MAC the
 // peers need, as the NodeNetwork status publishes it), its iptables chains, then the
 // conflist with the pod MTU the sync chose, then the pods, ADDed by the trellis plugin
-// binary through libcni from inside the node namespace, then one more sync.
+// binary through libcni from inside the node namespace, then one more sync, and the
+// NetworkPolicy dispatch chains (enabled by default; no policy exists: policyDispatch).
 func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) error {
 	macs := map[string]net.HardwareAddr{}
 	var statuses []*datapath.Status
@@ -85,6 +86,11 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 		}
 		if i == 0 {
 			c.agent = st
+		}
+	}
+	for _, n := range c.nodes {
+		if err := policyDispatch(n); err != nil {
+			return fmt.Errorf("trellis %s %s: %w", c.mode, n.name, err)
 		}
 	}
 	return nil
@@ -154,7 +160,7 @@ func addPod(ctx context.Context, cni *libcni.CNIConfig, list *libcni.NetworkConf
 	rt := &libcni.RuntimeConf{
 		ContainerID: id, NetNS: procs.NetNSPath(p.netns), IfName: "eth0",
 		Args: [][2]string{
-			{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "bench"}, {"K8S_POD_NAME", p.netns},
+			{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", benchPodNamespace}, {"K8S_POD_NAME", p.netns},
 			{"K8S_POD_INFRA_CONTAINER_ID", id}, {"K8S_POD_UID", randomHex(16)},
 		},
 	}

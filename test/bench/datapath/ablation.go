@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/test/bench/benchrun"
+)
+
+// benchPodNamespace is the Kubernetes namespace of the benchmark's pods (K8S_POD_NAMESPACE
+// of the CNI ADD, and the policy engine's view of them).
+const benchPodNamespace = "bench"
+
+// policyDispatch programs n as the agent's policy engine does on a node where no
+// NetworkPolicy (nor ClusterNetworkPolicy) exists, with NetworkPolicy enabled (the
+// ClusterNetwork default): policy.Compile over the node's pods, found as the engine finds
+// them (policy.WiredPods: the plugin's /32 routes), written by policy.KernelApplier. That
+// is the static part only: the FORWARD/INPUT/OUTPUT jumps into TRELLIS-FORWARD and friends
+// (conntrack ESTABLISHED accept, the mid-stream pickup drops, the per-veth RETURNs) and
+// the empty "isolated" ipset; no pod chains.
+func policyDispatch(n *node) error {
+	return inNetns(n.netns, func() error {
+		wired, err := policy.WiredPods()
+		if err != nil {
+			return err
+		}
+		st := policy.State{Namespaces: []*policy.Namespace{{Name: benchPodNamespace}}}
+		for _, p := range n.pods {
+			iface := wired[p.ip]
+			if iface == "" {
+				return fmt.Errorf("policy dispatch on %s: no wired veth for pod %s (%s) among %v", n.netns, p.netns, p.ip, wired)
+			}
+			pod := &policy.Pod{Namespace: benchPodNamespace, Name: p.netns, UID: types.UID(p.netns), IP: p.ip, NodeName: n.name}
+			st.Pods = append(st.Pods, pod)
+			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: pod.Key(), IP: p.ip, Interface: iface})
+		}
+		rs := policy.Compile(st)
+		if len(rs.Endpoints) != len(n.pods) || len(rs.PodChains) != 0 || len(rs.Problems) != 0 {
+			return fmt.Errorf("policy dispatch on %s: compiled %d endpoints, %d pod chains, problems %v; want %d, 0, none",
+				n.netns, len(rs.Endpoints), len(rs.PodChains), rs.Problems, len(n.pods))
+		}
+		var a policy.KernelApplier
+		if _, err := a.Apply(rs, true); err != nil {
+			return fmt.Errorf("policy dispatch on %s: %w", n.netns, err)
+		}
+		return nil
+	})
+}
+
+// chainNoTrack is the notrack side's raw chain (a TRELLIS- name, so agent/netfilter
+// writes it; no agent state lists it).
+const chainNoTrack = "TRELLIS-BENCH-NOTRACK"
+
+// ablate changes a cluster the trellis setup built into its ablation side, node by node,
+// with the smallest change that removes exactly one feature (or, notrack, adds one rule):
+//
+//   - no-nat: the natOutgoing chain and its POSTROUTING jump synced away by agent/netfilter
+//     (a scope with no chains), then the nat table itself, now empty, deleted: its base
+//     chains alone would still hook every packet into NAT;
+//   - no-antispoof: the same for the raw chain TRELLIS-PREROUTING (the rpfilter rule) and
+//     the raw table;
+//   - no-dispatch: policy.KernelApplier.Remove (what the agent runs when NetworkPolicy is
+//     disabled: the chains, jumps and ipsets), then the empty filter table;
+//   - no-rpfilter: rp_filter 0 on trellis.vxlan and every pod veth, where the agent and
+//     the plugin set 2 (the kernel applies max(all, device); the report notes "all");
+//   - notrack: raw PREROUTING -s podCIDR -d podCIDR -j CT --notrack. One rule covers both
+//     directions of a pod-to-pod connection (the replies go pod CIDR to pod CIDR too);
+//     node-to-node packets (VXLAN's outer ones) stay tracked.
+//
+// Nothing re-syncs afterwards: the agent's periodic sync would put the feature back.
+func ablate(ctx context.Context, c *cluster) error {
+	for _, n := range c.nodes {
+		var err error
+		switch c.side {
+		case sideNoNAT:
+			err = removeChains(ctx, n, netfilter.NAT, datapath.ChainNAT)
+		case sideNoAntiSpoof:
+			err = removeChains(ctx, n, netfilter.Raw, datapath.ChainRaw)
+		case sideNoDispatch:
+			err = inNetns(n.netns, func() error { return (&policy.KernelApplier{}).Remove() })
+			if err == nil {
+				err = dropEmptyTable(ctx, n, netfilter.Filter)
+			}
+		case sideNoRPFilter:
+			err = inNetns(n.netns, looseRPFilterOff)
+		case sideNoTrack:
+			err = addNoTrack(n, c.podCIDR)
+		default:
+			return fmt.Errorf("%s is no ablation", c.side)
+		}
+		if err != nil {
+			return fmt.Errorf("%s %s %s: %w", c.side, c.mode, n.name, err)
+		}
+	}
+	return nil
+}
+
+// removeChains syncs away trellis's chain (and its jumps) in table, then drops the table.
+func removeChains(ctx context.Context, n *node, table netfilter.Table, chain string) error {
+	err := inNetns(n.netns, func() error {
+		var nf netfilter.Syncer
+		_, err := nf.Sync(ctx, netfilter.State{Scope: []string{chain}, Tables: map[netfilter.Table]netfilter.TableState{table: {}}})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("removing %s from the %s table: %w", chain, table, err)
+	}
+	return dropEmptyTable(ctx, n, table)
+}
+
+// dropEmptyTable deletes an iptables table that has no rule left, so no hook of it stays
+// registered. Only the nft backend can: a legacy table stays (its empty base chains cost
+// little, but the report's rule counts show it).
+func dropEmptyTable(ctx context.Context, n *node, table netfilter.Table) error {
+	return inNetns(n.netns, func() error {
+		b, err := netfilter.DetectBackend()
+		if err != nil {
+			return err
+		}
+		out, err := exec.CommandContext(ctx, b.Save, "-t", string(table)).Output()
+		if err != nil {
+			return fmt.Errorf("%s -t %s: %w", b.Save, table, err)
+		}
+		if rules := ruleCount(string(out)); rules > 0 {
+			return fmt.Errorf("the %s table still has %d rules", table, rules)
+		}
+		if b.Mode != netfilter.NFT.Mode {
+			return nil
+		}
+		if out, err := exec.CommandContext(ctx, "nft", "delete", "table", "ip", string(table)).CombinedOutput(); err != nil {
+			return fmt.Errorf("nft delete table ip %s: %w: %s", table, err, benchrun.FirstLines(out, 3))
+		}
+		return nil
+	})
+}
+
+// ruleCount counts the rules in iptables-save output.
+func ruleCount(save string) int {
+	n := 0
+	for _, l := range strings.Split(save, "\n") {
+		if strings.HasPrefix(l, "-A ") {
+			n++
+		}
+	}
+	return n
+}
+
+// looseRPFilterOff sets rp_filter 0 on trellis.vxlan (where the mode has it) and on every
+// pod veth of the current namespace: the settings agent/datapath and the plugin make 2.
+func looseRPFilterOff() error {
+	devs := []string{datapath.VXLANDevice}
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("listing links: %w", err)
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, cnicontract.HostVethPrefix) {
+			devs = append(devs, l.Attrs().Name)
+		}
+	}
+	for _, dev := range devs {
+		path := filepath.Join("/proc/sys/net/ipv4/conf", dev, "rp_filter")
+		if err := os.WriteFile(path, []byte("0"), 0o644); err != nil {
+			if errors.Is(err, os.ErrNotExist) && dev == datapath.VXLANDevice {
+				continue // Direct mode: no VXLAN device
+			}
+			return fmt.Errorf("setting %s to 0: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// addNoTrack adds the notrack side's rule, written by agent/netfilter.
+func addNoTrack(n *node, podCIDR netip.Prefix) error {
+	cidr := podCIDR.Masked().String()
+	st := netfilter.State{
+		Scope: []string{chainNoTrack},
+		Tables: map[netfilter.Table]netfilter.TableState{netfilter.Raw: {
+			Chains: []netfilter.Chain{{Name: chainNoTrack, Rules: []netfilter.Rule{{
+				Match:   []string{"-s", cidr, "-d", cidr},
+				Comment: "bench: pod to pod untracked",
+				Target:  []string{"-j", "CT", "--notrack"},
+			}}}},
+			Jumps: []netfilter.Jump{{From: "PREROUTING", Position: netfilter.First, Comment: "bench", To: chainNoTrack}},
+		}},
+	}
+	return inNetns(n.netns, func() error {
+		var nf netfilter.Syncer
+		_, err := nf.Sync(context.Background(), st)
+		return err
+	})
+}
+
+// flannelRules adds to a hand-built node the iptables rules flannel's vxlan backend
+// installs with ipMasq (the kube-flannel default), as flannel-io/flannel
+// pkg/trafficmngr/iptables/iptables.go (masqRules, forwardRules) renders them today
+// (file at commit 07c209467a601e3b938f60dd7b2601c5cb6ef33c): nat POSTROUTING jumps to
+// FLANNEL-POSTRTG (kube-proxy's masquerade mark RETURNs; node block <-> cluster CIDR
+// RETURN; outside -> node block RETURN; cluster CIDR -> not multicast MASQUERADE
+// --random-fully; outside -> cluster CIDR MASQUERADE --random-fully), and filter FORWARD
+// jumps to FLANNEL-FWD (ACCEPT from and to the cluster CIDR). Written with
+// iptables-restore --noflush of the backend trellis uses here.
+func flannelRules(ctx context.Context, c *cluster, n *node) error {
+	cluster, block := c.podCIDR.Masked().String(), n.block.Masked().String()
+	const masq, fwd = `-m comment --comment "flanneld masq"`, `-m comment --comment "flanneld forward"`
+	script := strings.Join([]string{
+		"*nat",
+		":FLANNEL-POSTRTG - [0:0]",
+		"-A POSTROUTING " + masq + " -j FLANNEL-POSTRTG",
+		"-A FLANNEL-POSTRTG -m mark --mark 0x4000/0x4000 " + masq + " -j RETURN",
+		fmt.Sprintf("-A FLANNEL-POSTRTG -s %s -d %s %s -j RETURN", block, cluster, masq),
+		fmt.Sprintf("-A FLANNEL-POSTRTG -s %s -d %s %s -j RETURN", cluster, block, masq),
+		fmt.Sprintf("-A FLANNEL-POSTRTG ! -s %s -d %s %s -j RETURN", cluster, block, masq),
+		fmt.Sprintf("-A FLANNEL-POSTRTG -s %s ! -d 224.0.0.0/4 %s -j MASQUERADE --random-fully", cluster, masq),
+		fmt.Sprintf("-A FLANNEL-POSTRTG ! -s %s -d %s %s -j MASQUERADE --random-fully", cluster, cluster, masq),
+		"COMMIT",
+		"*filter",
+		":FLANNEL-FWD - [0:0]",
+		"-A FORWARD " + fwd + " -j FLANNEL-FWD",
+		fmt.Sprintf("-A FLANNEL-FWD -s %s %s -j ACCEPT", cluster, fwd),
+		fmt.Sprintf("-A FLANNEL-FWD -d %s %s -j ACCEPT", cluster, fwd),
+		"COMMIT",
+	}, "\n") + "\n"
+	return inNetns(n.netns, func() error {
+		b, err := netfilter.DetectBackend()
+		if err != nil {
+			return err
+		}
+		cmd := exec.CommandContext(ctx, b.Restore, "--noflush", "--wait")
+		cmd.Stdin = strings.NewReader(script)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("flannel's rules on %s (%s): %w: %s", n.netns, b.Restore, err, benchrun.FirstLines(out, 5))
+		}
+		return nil
+	})
+}
+
+// netfilterSummary counts a node's iptables rules per table (the backend trellis uses),
+// for the report: it shows what each side really has.
+func netfilterSummary(ctx context.Context, n *node) (string, error) {
+	var parts []string
+	err := inNetns(n.netns, func() error {
+		b, err := netfilter.DetectBackend()
+		if err != nil {
+			return err
+		}
+		out, err := exec.CommandContext(ctx, b.Save).Output()
+		if err != nil {
+			return fmt.Errorf("%s: %w", b.Save, err)
+		}
+		table, counts := "", map[string]int{}
+		var order []string
+		for _, l := range strings.Split(string(out), "\n") {
+			switch {
+			case strings.HasPrefix(l, "*"):
+				table = l[1:]
+				order = append(order, table)
+			case strings.HasPrefix(l, "-A "):
+				counts[table]++
+			}
+		}
+		for _, t := range order {
+			parts = append(parts, fmt.Sprintf("%s %d", t, counts[t]))
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("rules of %s: %w", n.netns, err)
+	}
+	if len(parts) == 0 {
+		return "none", nil
+	}
+	return strings.Join(parts, ", "), nil
+}

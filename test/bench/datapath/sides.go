@@ -1,0 +1,94 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// side is one way of building a cluster. Every selected side gets a cluster per mode, so
+// all of them exist at once and their runs alternate.
+type side int
+
+const (
+	// sideTrellis is trellis as a node with the ClusterNetwork defaults runs it: the plugin,
+	// agent/datapath's Sync and netfilter chains (natOutgoing, anti-spoofing) and the
+	// NetworkPolicy dispatch chains of a node where no policy exists.
+	sideTrellis side = iota
+	// sideReference is the same topology by hand with ip/bridge, no iptables rules.
+	sideReference
+	// sideFlannel is the reference plus flannel's own iptables rules (masquerade, forward
+	// accepts): the peer a user would compare trellis with.
+	sideFlannel
+	// The ablations: the trellis side with one feature switched off (or, notrack, added)
+	// after the normal setup; see ablate.
+	sideNoNAT
+	sideNoAntiSpoof
+	sideNoRPFilter
+	sideNoDispatch
+	sideNoTrack
+	numSides
+)
+
+// sideInfo names each side on the command line and in the report (name), in namespace
+// names (tag: short, so the node's underlay port name stays within 15 characters), and
+// says in a line what it is.
+var sideInfo = [numSides]struct{ name, tag, what string }{
+	sideTrellis:     {"trellis", "t", "the trellis defaults (natOutgoing, anti-spoofing, rp_filter 2, policy dispatch)"},
+	sideReference:   {"reference", "r", "hand-built with ip/bridge, no iptables rules"},
+	sideFlannel:     {"flannel", "f", "the reference plus flannel's iptables rules (masquerade with ipMasq, FORWARD accepts)"},
+	sideNoNAT:       {"no-nat", "xn", "trellis without natOutgoing: its nat chain and jump removed (and the then empty nat table)"},
+	sideNoAntiSpoof: {"no-antispoof", "xa", "trellis without anti-spoofing: its raw rpfilter chain and jump removed (and the then empty raw table)"},
+	sideNoRPFilter:  {"no-rpfilter", "xr", "trellis with rp_filter 0 instead of 2 on trellis.vxlan and the pod veths"},
+	sideNoDispatch:  {"no-dispatch", "xd", "trellis without the policy dispatch chains and ipsets (and the then empty filter table)"},
+	sideNoTrack:     {"notrack", "nt", "trellis plus raw NOTRACK for pod CIDR to pod CIDR (conntrack skipped for pod-to-pod)"},
+}
+
+func (s side) String() string { return sideInfo[s].name }
+
+// trellisBuilt reports whether the side is set up by trellis's code (the trellis side and
+// its ablations) rather than by hand.
+func (s side) trellisBuilt() bool {
+	return s != sideReference && s != sideFlannel
+}
+
+// ablation reports whether the side is the trellis side with one feature changed.
+func (s side) ablation() bool { return s.trellisBuilt() && s != sideTrellis }
+
+// allSides is every side, in report order.
+func allSides() []side {
+	out := make([]side, numSides)
+	for i := range out {
+		out[i] = side(i)
+	}
+	return out
+}
+
+func sideNames() []string {
+	var names []string
+	for _, s := range allSides() {
+		names = append(names, s.String())
+	}
+	return names
+}
+
+// parseSides reads -sides: comma-separated side names, trellis among them (every row is
+// about it). The result is in report order, whatever the order given.
+func parseSides(list string) ([]side, error) {
+	var out []side
+	for _, name := range strings.Split(list, ",") {
+		name = strings.TrimSpace(name)
+		i := slices.Index(sideNames(), name)
+		if i < 0 {
+			return nil, fmt.Errorf("-sides: unknown side %q (want some of %s)", name, strings.Join(sideNames(), ","))
+		}
+		if !slices.Contains(out, side(i)) {
+			out = append(out, side(i))
+		}
+	}
+	if !slices.Contains(out, sideTrellis) {
+		return nil, fmt.Errorf("-sides %s: trellis must be one of them (every ratio is trellis's)", list)
+	}
+	slices.Sort(out)
+	return out, nil
+}
