@@ -66,24 +66,24 @@ func differences(ctx context.Context, l *layout, txMode string) ([]string, error
 // trellis-built sides, the rp_filter of trellis.vxlan and of a pod veth (VXLAN node1): what
 // each side really ran with, so an ablation that didn't take shows.
 func sideRules(ctx context.Context, l *layout) ([]string, error) {
-	var parts []string
+	var notes []string
 	for _, s := range l.sides {
 		n := l.cluster(s, datapath.ModeVXLAN).nodes[0]
 		rules, err := netfilterSummary(ctx, n)
 		if err != nil {
 			return nil, err
 		}
-		part := fmt.Sprintf("%s: %s", s, rules)
+		note := fmt.Sprintf("%s, a node (VXLAN node1): iptables rules per table: %s", s, rules)
 		if s.trellisBuilt() {
 			rp, err := rpFilters(ctx, n)
 			if err != nil {
 				return nil, err
 			}
-			part += "; " + rp
+			note += "; " + rp
 		}
-		parts = append(parts, part)
+		notes = append(notes, note)
 	}
-	return []string{"iptables rules per table and rp_filter on a node (VXLAN node1): " + strings.Join(parts, " | ")}, nil
+	return notes, nil
 }
 
 // rpFilters reads rp_filter of all, trellis.vxlan and the node's first pod veth.

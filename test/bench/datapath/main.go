@@ -1,7 +1,10 @@
 // Command datapath benchmarks pod-to-pod TCP throughput over the Trellis datapath against a
-// hand-built reference path on the same machine, in the same run, and prints both side by
-// side with the ratio trellis/reference. `make bench-datapath` runs it; it is a program, not
-// a test, so `go test ./...` never runs it.
+// hand-built reference path and a flannel-equivalent peer on the same machine, in the same
+// run, and attributes the difference to trellis's features with ablation sides. It prints
+// the medians side by side with the ratios trellis/reference and trellis/flannel, judged
+// against their goals (PASS, MISS, or inconclusive on a run that can't tell: verdict.go),
+// and each ablation's change over trellis. `make bench-datapath` runs it; it is a program,
+// not a test, so `go test ./...` never runs it.
 //
 // Every path is measured with iperf3 (one TCP stream) between two pod namespaces:
 //
@@ -13,17 +16,27 @@
 // packet: to a peer on the same subnet (routed directly) and to a peer behind a router on
 // another subnet (through VXLAN).
 //
-// The Trellis side uses the real code: pods are wired by the trellis CNI plugin binary
-// through libcni (as a container runtime drives it), the nodes are programmed by the agent's
-// datapath package (datapath.Sync, and a netfilter.Syncer writing datapath.Netfilter with
-// natOutgoing: exactly what the agent's reconcile runs). The reference side is the same topology built with plain ip
-// and bridge commands: Calico-style routed veths with /32 routes, static routes via the peer
-// node (Direct), a flannel-style VXLAN device with static neighbour and FDB entries (VXLAN),
-// no iptables rules. A bare veth pair between two namespaces is measured too, as the
-// ceiling of the machine.
+// The sides (sides.go; -sides picks some, trellis always among them):
 //
-// The runs of both sides alternate (trellis, reference, then reference, trellis, ...), so
-// the other load of the machine hits both alike; the report shows the medians.
+//   - trellis uses the real code: pods are wired by the trellis CNI plugin binary through
+//     libcni (as a container runtime drives it), the nodes are programmed by the agent's
+//     datapath package (datapath.Sync, and a netfilter.Syncer writing datapath.Netfilter
+//     with natOutgoing: exactly what the agent's reconcile runs) and by its policy engine's
+//     code for a node where no NetworkPolicy exists (NetworkPolicy is on by default):
+//     policy.Compile and policy.KernelApplier, the static dispatch chains only;
+//   - reference is the same topology built with plain ip and bridge commands:
+//     Calico-style routed veths with /32 routes, static routes via the peer node (Direct),
+//     a flannel-style VXLAN device with static neighbour and FDB entries (VXLAN), no
+//     iptables rules;
+//   - flannel is the reference plus the iptables rules flannel installs (masquerade with
+//     ipMasq, FORWARD accepts): the peer users compare with;
+//   - no-nat, no-antispoof, no-rpfilter, no-dispatch are trellis with one feature switched
+//     off after its normal setup, notrack is trellis plus NOTRACK for pod-to-pod (ablate).
+//
+// A bare veth pair between two namespaces is measured too, as the ceiling of the machine.
+// The runs of all sides rotate per path and round (measure), so the other load of the
+// machine hits every side alike; every run checks, from the client node's counters, that
+// the packets took the path's carrier.
 //
 // Everything happens in network namespaces the program creates (named trlb-<pid>-...) and
 // always deletes, also on SIGINT/SIGTERM; leftovers of a killed run are swept at the next
@@ -33,7 +46,7 @@
 //
 // Usage (as root):
 //
-//	go run ./test/bench/datapath -trellis PATH [-duration 3s -repeat 5] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold]
+//	go run ./test/bench/datapath -trellis PATH [-duration 3s -repeat 5] [-sides trellis,reference,...] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold]
 package main
 
 import (

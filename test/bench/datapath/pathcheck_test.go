@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/trellis-net/trellis/agent/datapath"
+)
 
 func TestCheckCarrier(t *testing.T) {
 	const got = 1 << 30
@@ -21,6 +25,20 @@ func TestCheckCarrier(t *testing.T) {
 		err := checkCarrier(tc.want, zero, tc.after, got)
 		if (err == nil) != tc.ok {
 			t.Errorf("%s with %+v: %v", tc.want, tc.after, err)
+		}
+	}
+}
+
+// TestEverySideIsCheckedOnItsOwnDevice: the carrier check reads the VXLAN device the side
+// really has, so it applies to every side (a wrong name would read as "sent nothing").
+func TestEverySideIsCheckedOnItsOwnDevice(t *testing.T) {
+	for _, s := range allSides() {
+		want := datapath.VXLANDevice
+		if s == sideReference || s == sideFlannel {
+			want = refVXLANDev
+		}
+		if got := vxlanDevice(s); got != want {
+			t.Errorf("%s: carrier check on %s, want %s", s, got, want)
 		}
 	}
 }

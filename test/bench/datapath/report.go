@@ -93,8 +93,12 @@ func (rep *report) print(w io.Writer) {
 		names = append(names, s.String())
 	}
 	fmt.Fprintf(w, "\nPod-to-pod TCP throughput (iperf3, 1 stream): %s\n", strings.Join(names, ", "))
-	fmt.Fprintf(w, "%d runs per path and side, %s each after a 1s warm-up, the sides' runs rotating per round; median (min-max)\n",
-		rep.repeat, rep.duration)
+	runs := "runs"
+	if rep.repeat == 1 {
+		runs = "run"
+	}
+	fmt.Fprintf(w, "%d %s per path and side, %s each after a 1s warm-up, the sides' runs rotating per round; median (min-max)\n",
+		rep.repeat, runs, rep.duration)
 	fmt.Fprintf(w, "%s\n", environment(rep.load.String()))
 	fmt.Fprintf(w, "ceiling, a bare veth pair between two namespaces: %s Gbit/s\n\n", spread(rep.floor))
 
