@@ -128,7 +128,9 @@ func (rep *report) print(w io.Writer) {
 		}
 		fmt.Fprintln(w, strings.TrimRight(line, " "))
 	}
-	fmt.Fprintln(w)
+	if len(active) > 0 {
+		fmt.Fprintln(w)
+	}
 	for i, g := range active {
 		fmt.Fprintf(w, "goal %s: %s\n", g, rep.goalSummary(verdicts[i], whys[i]))
 	}
