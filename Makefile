@@ -77,13 +77,14 @@ lint: ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(T
 	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./...
 
 .PHONY: deps
-deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS and the upstream e2e.test + ginkgo into $(TRELLIS_CACHE)).
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus and the upstream e2e.test + ginkgo into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
 	hack/build-k8s.sh >/dev/null
 	hack/build-runtime-tools.sh >/dev/null
 	hack/build-olm.sh >/dev/null
 	hack/build-kwok.sh >/dev/null
 	hack/build-coredns.sh >/dev/null
+	hack/build-prometheus.sh >/dev/null
 	hack/build-e2e.sh >/dev/null
 
 # The ClusterNetworkPolicy conformance tests make test runs (make conformance-cnp runs all):

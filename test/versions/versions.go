@@ -1,5 +1,5 @@
 // Package versions reads hack/versions.env, the one place that names the versions of what
-// the tests build and run against (Kubernetes, etcd, crictl, the reference CNI plugins, OLM, opm), so
+// the tests build and run against (Kubernetes, etcd, crictl, the reference CNI plugins, OLM, opm, kwok, Prometheus), so
 // that Go test code finds the same cached binaries the hack/ scripts build. As in the
 // scripts and the Makefile, a variable set in the environment wins over the file.
 package versions
@@ -36,6 +36,9 @@ type Set struct {
 	OPM string
 	// Kwok is the sigs.k8s.io/kwok release whose controller simulates nodes (KWOK_VERSION).
 	Kwok string
+	// Prometheus is the github.com/prometheus/prometheus module version the monitoring
+	// e2e's Prometheus server is built from (PROMETHEUS_VERSION; v0.3xx.y is release 3.xx.y).
+	Prometheus string
 	// Trellis is Trellis's own version (TRELLIS_VERSION): what the binaries the tests
 	// build report and the tag of the image config/manager pins.
 	Trellis string
@@ -74,6 +77,11 @@ func (s Set) KwokDir(cache string) string {
 	return filepath.Join(cache, "tools", "kwok-"+s.Kwok)
 }
 
+// PrometheusDir holds the Prometheus server (hack/build-prometheus.sh).
+func (s Set) PrometheusDir(cache string) string {
+	return filepath.Join(cache, "tools", "prometheus-"+s.Prometheus)
+}
+
 // Load reads the repository's hack/versions.env, with the environment's values winning.
 func Load() (Set, error) {
 	path, err := path()
@@ -107,6 +115,7 @@ func fromVars(vars map[string]string, getenv func(string) string) (Set, error) {
 		"OLM_VERSION":         &s.OLM,
 		"OPM_VERSION":         &s.OPM,
 		"KWOK_VERSION":        &s.Kwok,
+		"PROMETHEUS_VERSION":  &s.Prometheus,
 		"TRELLIS_VERSION":     &s.Trellis,
 	} {
 		v := getenv(key)

@@ -51,7 +51,7 @@ func TestFromVarsEnvironmentWins(t *testing.T) {
 		"K8S_VERSION": "v1.37.2", "ETCD_VERSION": "v3.6.16",
 		"CRI_TOOLS_VERSION": "v1.37.0", "CNI_PLUGINS_VERSION": "v1.10.0",
 		"OLM_VERSION": "v0.46.0", "OPM_VERSION": "v1.74.0", "KWOK_VERSION": "v0.8.0",
-		"TRELLIS_VERSION": "v0.2.0",
+		"PROMETHEUS_VERSION": "v0.316.0", "TRELLIS_VERSION": "v0.2.0",
 	}
 	for _, tc := range []struct {
 		name string
@@ -61,17 +61,17 @@ func TestFromVarsEnvironmentWins(t *testing.T) {
 	}{
 		{
 			name: "file only",
-			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Trellis: "v0.2.0"},
+			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Prometheus: "v0.316.0", Trellis: "v0.2.0"},
 		},
 		{
 			name: "environment overrides one",
 			env:  map[string]string{"K8S_VERSION": "v1.36.0"},
-			want: Set{Kubernetes: "v1.36.0", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Trellis: "v0.2.0"},
+			want: Set{Kubernetes: "v1.36.0", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Prometheus: "v0.316.0", Trellis: "v0.2.0"},
 		},
 		{
 			name: "empty environment value does not",
 			env:  map[string]string{"K8S_VERSION": ""},
-			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Trellis: "v0.2.0"},
+			want: Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Prometheus: "v0.316.0", Trellis: "v0.2.0"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -100,7 +100,7 @@ func repoRoot(t *testing.T) string {
 }
 
 // keys are the variables of hack/versions.env this package reads.
-var keys = []string{"K8S_VERSION", "ETCD_VERSION", "CRI_TOOLS_VERSION", "CNI_PLUGINS_VERSION", "OLM_VERSION", "OPM_VERSION", "KWOK_VERSION", "TRELLIS_VERSION"}
+var keys = []string{"K8S_VERSION", "ETCD_VERSION", "CRI_TOOLS_VERSION", "CNI_PLUGINS_VERSION", "OLM_VERSION", "OPM_VERSION", "KWOK_VERSION", "PROMETHEUS_VERSION", "TRELLIS_VERSION"}
 
 // loadFile loads the file's versions, without the caller's environment overrides.
 func loadFile(t *testing.T) Set {
@@ -120,7 +120,7 @@ func loadFile(t *testing.T) Set {
 // never fill.
 func TestScriptsAndMakefileAgree(t *testing.T) {
 	s := loadFile(t)
-	want := strings.Join([]string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Kwok, s.Trellis}, " ")
+	want := strings.Join([]string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Kwok, s.Prometheus, s.Trellis}, " ")
 	var shellVars, makeVars []string
 	for _, k := range keys {
 		shellVars = append(shellVars, "${"+k+"}")
@@ -169,7 +169,7 @@ func TestNoCopiesInGoCode(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for _, v := range []string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Trellis} {
+		for _, v := range []string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Prometheus, s.Trellis} {
 			if bytes.Contains(data, []byte(`"`+v+`"`)) {
 				rel, _ := filepath.Rel(root, p)
 				t.Errorf("%s holds the version literal %q: read it with test/versions", rel, v)
@@ -185,13 +185,15 @@ func TestNoCopiesInGoCode(t *testing.T) {
 // The directories must stay where the scripts put them: a machine's cache (25 minutes of
 // Kubernetes build) is found again only at the same path.
 func TestDirs(t *testing.T) {
-	s := Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0"}
+	s := Set{Kubernetes: "v1.37.2", Etcd: "v3.6.16", CRITools: "v1.37.0", CNIPlugins: "v1.10.0", OLM: "v0.46.0", OPM: "v1.74.0", Kwok: "v0.8.0", Prometheus: "v0.316.0"}
 	for _, tc := range []struct{ got, want string }{
 		{s.KubernetesDir("/c"), "/c/k8s/v1.37.2"},
 		{s.AgnhostDir("/c"), "/c/agnhost/v1.37.2"},
 		{s.RuntimeToolsDir("/c"), "/c/tools/cri-tools-v1.37.0_cni-plugins-v1.10.0"},
 		{s.OLMDir("/c"), "/c/tools/olm-v0.46.0"},
 		{s.OPMDir("/c"), "/c/tools/opm-v1.74.0"},
+		{s.KwokDir("/c"), "/c/tools/kwok-v0.8.0"},
+		{s.PrometheusDir("/c"), "/c/tools/prometheus-v0.316.0"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("got %s, want %s", tc.got, tc.want)
