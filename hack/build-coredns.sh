@@ -43,17 +43,12 @@ if have_files "${BIN_DIR}" coredns && has_plugins "${BIN_DIR}/coredns"; then
 fi
 
 prepare_go_build
-src="$(go mod download -json "github.com/coredns/coredns@${COREDNS_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
-[[ -d "${src}" ]] || { log "could not download github.com/coredns/coredns@${COREDNS_VERSION}"; exit 1; }
+src="$(module_source github.com/coredns/coredns "${COREDNS_VERSION}")"
 mkdir -p "${BIN_DIR}"
 
 log "building CoreDNS ${COREDNS_VERSION} with plugins ${PLUGINS[*]} (about 2 minutes cold on 2 cores)"
-# The module cache is read-only; the build needs its own writable copy (go.sum may change,
-# go generate rewrites the plugin lists).
-rm -rf "${WORK_DIR}"
-mkdir -p "${WORK_DIR}"
-cp -R "${src}/." "${WORK_DIR}/"
-chmod -R u+w "${WORK_DIR}"
+# A writable copy: go.sum may change, go generate rewrites the plugin lists.
+writable_copy "${src}" "${WORK_DIR}"
 cd "${WORK_DIR}"
 for p in "${PLUGINS[@]}"; do
   grep -q "^${p}:" plugin.cfg || { log "plugin.cfg of CoreDNS ${COREDNS_VERSION} has no plugin ${p}"; exit 1; }

@@ -30,18 +30,13 @@ if have_all; then
 fi
 
 prepare_go_build
-src="$(go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
-[[ -d "${src}" ]] || { log "could not download sigs.k8s.io/kwok@${KWOK_VERSION}"; exit 1; }
+src="$(module_source sigs.k8s.io/kwok "${KWOK_VERSION}")"
 mkdir -p "${BIN_DIR}"
 for s in "${STAGES[@]}"; do cp "${src}/${s}" "${BIN_DIR}/"; done
 
 if [[ ! -s "${BIN_DIR}/kwok" ]]; then
   log "building kwok ${KWOK_VERSION} (about 5 minutes cold on 2 cores)"
-  # The module cache is read-only; the build needs its own writable copy (go.sum may change).
-  rm -rf "${WORK_DIR}"
-  mkdir -p "${WORK_DIR}"
-  cp -R "${src}/." "${WORK_DIR}/"
-  chmod -R u+w "${WORK_DIR}"
+  writable_copy "${src}" "${WORK_DIR}"  # go.sum may change
   cd "${WORK_DIR}"
   go mod download >&2
   go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \

@@ -28,16 +28,11 @@ fi
 
 prepare_go_build
 export GOWORK=off
-src="$(go mod download -json "github.com/prometheus/prometheus@${PROMETHEUS_VERSION}" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
-[[ -d "${src}" ]] || { log "could not download github.com/prometheus/prometheus@${PROMETHEUS_VERSION}"; exit 1; }
+src="$(module_source github.com/prometheus/prometheus "${PROMETHEUS_VERSION}")"
 mkdir -p "${BIN_DIR}"
 
 log "building Prometheus ${PROMETHEUS_VERSION} (about 10 minutes cold on 2 cores)"
-# The module cache is read-only; the build needs its own writable copy (go.sum may change).
-rm -rf "${WORK_DIR}"
-mkdir -p "${WORK_DIR}"
-cp -R "${src}/." "${WORK_DIR}/"
-chmod -R u+w "${WORK_DIR}"
+writable_copy "${src}" "${WORK_DIR}"
 cd "${WORK_DIR}"
 go build -trimpath -tags netgo,remove_all_sd,enable_kubernetes_sd \
   -ldflags "-s -w -X github.com/prometheus/common/version.Version=$(cat VERSION) -X github.com/prometheus/common/version.Revision=${PROMETHEUS_VERSION}" \

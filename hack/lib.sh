@@ -44,6 +44,24 @@ prepare_go_build() {
   export CGO_ENABLED=0
 }
 
+# module_source MODULE VERSION — downloads MODULE@VERSION into the Go module cache and
+# prints its directory there (read-only: build in a writable_copy of it).
+module_source() {
+  local dir
+  dir="$(go mod download -json "$1@$2" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  [[ -d "${dir}" ]] || { log "could not download $1@$2"; exit 1; }
+  echo "${dir}"
+}
+
+# writable_copy SRC DIR — makes DIR a fresh, writable copy of SRC (a module's source out of
+# the read-only module cache, for a build that may change go.sum or generate files).
+writable_copy() {
+  rm -rf "$2"
+  mkdir -p "$2"
+  cp -R "$1/." "$2/"
+  chmod -R u+w "$2"
+}
+
 # write_k8s_module MODULE — writes go.mod in the working directory: a module MODULE requiring
 # k8s.io/kubernetes@$K8S_VERSION with the staging modules (k8s.io/api, client-go ...)
 # replaced by their published v0.x versions, exactly the list of the replace block in
