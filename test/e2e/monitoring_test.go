@@ -225,7 +225,7 @@ func monConfig(t *testing.T) string {
 
 // monManifest runs Prometheus as a user would without the Prometheus Operator: its
 // service account bound to trellis-metrics-reader (to scrape) and allowed to discover
-// endpoints in trellis-system, its configuration and rules in a ConfigMap, its storage an
+// EndpointSlices, Services and pods in trellis-system, its configuration and rules in a ConfigMap, its storage an
 // emptyDir, unprivileged; a Service in front of its API. %[1]s: namespace; %[2]s: image;
 // %[3]s, %[4]s: prometheus.yml and the rule file, each a JSON string.
 const monManifest = `apiVersion: v1
@@ -259,7 +259,7 @@ metadata:
   namespace: trellis-system
 rules:
 - apiGroups: [""]
-  resources: [endpoints, services, pods]
+  resources: [services, pods]
   verbs: [get, list, watch]
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
