@@ -1,14 +1,11 @@
 package conformance
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // Kube is cyclonus's kube.IKubernetes for a local cluster: cyclonus's own client
@@ -275,7 +274,7 @@ func (k *Kube) podNetns(namespace, name string) (*podNetns, error) {
 	if pod.Status.PodIP == "" || pod.Spec.HostNetwork {
 		return nil, fmt.Errorf("pod %s has no pod IP of its own (phase %s)", key, pod.Status.Phase)
 	}
-	path, err := PodNetnsPath(string(pod.UID))
+	path, err := framework.PodNetnsPath(string(pod.UID))
 	if err != nil {
 		return nil, fmt.Errorf("pod %s: %w", key, err)
 	}
@@ -308,26 +307,4 @@ func hasAddress(ip string) error {
 		}
 	}
 	return fmt.Errorf("no interface has the pod IP %s (addresses: %s)", ip, strings.Join(have, ", "))
-}
-
-// PodNetnsPath returns /proc/PID/ns/net of a process of the pod with this UID, found by
-// the pod's cgroup (the kubelet names it pod<UID>, with _ for - under the systemd
-// driver): the pod's containers share its network namespace.
-func PodNetnsPath(uid string) (string, error) {
-	keys := [][]byte{[]byte("pod" + uid), []byte("pod" + strings.ReplaceAll(uid, "-", "_"))}
-	procs, err := filepath.Glob("/proc/[0-9]*/cgroup")
-	if err != nil {
-		return "", err
-	}
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !(bytes.Contains(b, keys[0]) || bytes.Contains(b, keys[1])) {
-			continue
-		}
-		path := filepath.Join(filepath.Dir(p), "ns", "net")
-		if _, err := os.Stat(path); err == nil {
-			return path, nil
-		}
-	}
-	return "", fmt.Errorf("no process of pod UID %s found by its cgroup", uid)
 }

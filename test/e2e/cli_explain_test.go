@@ -14,6 +14,7 @@ import (
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cli/explain"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 const explainNS = "explain-e2e"
@@ -64,22 +65,22 @@ spec:
   ports:
   - {name: sql, port: 5432, targetPort: tcp-echo}
 `, explainNS)
-	pods := applyPods(ctx, t, c, b.String(), explainNS, "explain", map[string]string{"web": node1, "db": node2, "other": node2})
+	pods := framework.ApplyPods(ctx, t, c, b.String(), explainNS, "explain", map[string]string{"web": node1, "db": node2, "other": node2})
 	web, db, other := pods["web"], pods["db"], pods["other"]
-	tcpEcho(t, db.NetNS, 9100)
+	framework.TCPEcho(t, db.NetNS, 9100)
 	dbAddr := netip.AddrPortFrom(db.IP, 9100).String()
 
 	// No policy yet: allowed, nobody isolated.
-	waitAllowed(t, web.NetNS, dbAddr, 10*time.Second)
+	framework.WaitAllowed(t, web.NetNS, dbAddr, 10*time.Second)
 	r := env.kubectlTrellis(ctx, t, "explain", "-n", explainNS, "web", "db:9100")
 	expectExplain(t, r, "ALLOWED", "no policy selects the pod for ingress")
 
 	// A default deny for db and one rule letting web in on db's named port.
-	applyPolicyIn(ctx, t, c, explainNS, "default-deny", "spec:\n  podSelector: {}\n  policyTypes: [Ingress]\n")
-	applyPolicyIn(ctx, t, c, explainNS, "db-from-web", "spec:\n  podSelector: {matchLabels: {app: db}}\n  policyTypes: [Ingress]\n"+
+	framework.ApplyPolicyIn(ctx, t, c, explainNS, "default-deny", "spec:\n  podSelector: {}\n  policyTypes: [Ingress]\n")
+	framework.ApplyPolicyIn(ctx, t, c, explainNS, "db-from-web", "spec:\n  podSelector: {matchLabels: {app: db}}\n  policyTypes: [Ingress]\n"+
 		"  ingress:\n  - from:\n    - podSelector: {matchLabels: {app: web}}\n    ports:\n    - {port: tcp-echo}\n")
-	waitDenied(t, other.NetNS, dbAddr, 10*time.Second)
-	waitAllowed(t, web.NetNS, dbAddr, 10*time.Second)
+	framework.WaitDenied(t, other.NetNS, dbAddr, 10*time.Second)
+	framework.WaitAllowed(t, web.NetNS, dbAddr, 10*time.Second)
 
 	t.Run("PodToPodAllowedAcrossNodes", func(t *testing.T) {
 		r := env.kubectlTrellis(ctx, t, "explain", "-n", explainNS, "web", "db:tcp-echo")
@@ -89,7 +90,7 @@ spec:
 			"NetworkPolicy explain-e2e/db-from-web spec.ingress[0].from[0].ports[0]",
 			"matched: pods of namespace explain-e2e matching {app=web}",
 			"Egress of pod explain-e2e/web (rules of node "+node1+")")
-		if err := dialEcho(web.NetNS, dbAddr); err != nil {
+		if err := framework.DialEcho(web.NetNS, dbAddr); err != nil {
 			t.Errorf("explain says ALLOWED, but web -> db %s: %v", dbAddr, err)
 		}
 	})
@@ -99,7 +100,7 @@ spec:
 		expectExplain(t, r, "DENIED", "no rule of the NetworkPolicies isolating the pod allows it",
 			"NetworkPolicies isolating it: explain-e2e/db-from-web, explain-e2e/default-deny",
 			"not allowed by policy")
-		if err := dialEcho(other.NetNS, dbAddr); err == nil {
+		if err := framework.DialEcho(other.NetNS, dbAddr); err == nil {
 			t.Errorf("explain says DENIED, but other -> db %s connected", dbAddr)
 		}
 	})
@@ -115,8 +116,8 @@ spec:
 		r = env.kubectlTrellis(ctx, t, "explain", "-n", explainNS, "other", "svc/db:sql")
 		expectExplain(t, r, "DENIED", "Endpoint explain-e2e/db")
 		// Through kube-proxy, as the answer says.
-		waitAllowed(t, web.NetNS, vip, 10*time.Second)
-		if err := dialEcho(other.NetNS, vip); err == nil {
+		framework.WaitAllowed(t, web.NetNS, vip, 10*time.Second)
+		if err := framework.DialEcho(other.NetNS, vip); err == nil {
 			t.Errorf("explain says DENIED, but other -> service db %s connected", vip)
 		}
 	})

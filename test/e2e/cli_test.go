@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // TestKubectlTrellis runs `kubectl trellis` as a user does — the binary, found by kubectl
@@ -26,7 +27,7 @@ func TestKubectlTrellis(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	env := newCLIEnv(t, c)
-	waitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
+	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
 
 	t.Run("Status", func(t *testing.T) { testCLIStatus(ctx, t, env) })
 	t.Run("Explain", func(t *testing.T) { testCLIExplain(ctx, t, env) })

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1) on the local cluster, beside
@@ -19,26 +20,26 @@ import (
 // an edit reaching established connections, and the status the operator gathers from the
 // agents. The upstream conformance suite (make conformance-cnp) covers the API's rules
 // one by one; these cover how the tiers meet NetworkPolicy.
-func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, serverNode cluster.Node, server, client, friend testPod, tcpAddr string) {
-	allowClient := ingressFrom("role: server", "role: client")
+func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, serverNode cluster.Node, server, client, friend framework.Pod, tcpAddr string) {
+	allowClient := framework.IngressFrom("role: server", "role: client")
 	// Each subtest starts from client and friend both reaching the server.
 	start := func(t *testing.T) {
 		t.Helper()
-		waitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
-		waitAllowed(t, friend.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitAllowed(t, friend.NetNS, tcpAddr, 10*time.Second)
 	}
 
 	t.Run("AdminDenyBeatsNetworkPolicyAllow", func(t *testing.T) {
 		start(t)
-		applyPolicy(ctx, t, c, "allow-client", allowClient)
-		defer deletePolicy(ctx, t, c, "allow-client")
-		waitDenied(t, friend.NetNS, tcpAddr, 10*time.Second) // the NetworkPolicy is in force
-		if err := dialEcho(client.NetNS, tcpAddr); err != nil {
+		framework.ApplyPolicy(ctx, t, c, "allow-client", allowClient)
+		defer framework.DeletePolicy(ctx, t, c, "allow-client")
+		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second) // the NetworkPolicy is in force
+		if err := framework.DialEcho(client.NetNS, tcpAddr); err != nil {
 			t.Fatalf("client -> server under the NetworkPolicy allowing it: %v", err)
 		}
 		applyCNP(ctx, t, c, "admin-deny-client", "Admin", 10, serverSubject, ingressRules(rule("Deny", "role: client")))
 		defer deleteCNP(ctx, t, c, "admin-deny-client")
-		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		waitProgrammed(ctx, t, c, "admin-deny-client")
 	})
 
@@ -47,28 +48,28 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 		// Admin: Pass the client, Deny everyone else from the namespace.
 		applyCNP(ctx, t, c, "admin-pass", "Admin", 10, serverSubject, ingressRules(rule("Pass", "role: client"), rule("Deny", "")))
 		defer deleteCNP(ctx, t, c, "admin-pass")
-		waitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
-		if err := dialEcho(client.NetNS, tcpAddr); err != nil {
+		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
+		if err := framework.DialEcho(client.NetNS, tcpAddr); err != nil {
 			t.Fatalf("client -> server passed with no NetworkPolicy (default allow): %v", err)
 		}
 		// A NetworkPolicy isolating the server that doesn't admit the client now decides.
-		applyPolicy(ctx, t, c, "deny-server", denyIngress("role: server"))
-		defer deletePolicy(ctx, t, c, "deny-server")
-		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
-		applyPolicy(ctx, t, c, "deny-server", allowClient)
-		waitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
+		framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
+		defer framework.DeletePolicy(ctx, t, c, "deny-server")
+		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
+		framework.ApplyPolicy(ctx, t, c, "deny-server", allowClient)
+		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
 	})
 
 	t.Run("BaselineDenyOverriddenByNetworkPolicyAllow", func(t *testing.T) {
 		start(t)
 		applyCNP(ctx, t, c, "baseline-deny", "Baseline", 10, serverSubject, ingressRules(rule("Deny", "")))
 		defer deleteCNP(ctx, t, c, "baseline-deny")
-		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
-		waitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
-		applyPolicy(ctx, t, c, "allow-client", allowClient)
-		defer deletePolicy(ctx, t, c, "allow-client")
-		waitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
-		if err := dialEcho(friend.NetNS, tcpAddr); err == nil {
+		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
+		framework.ApplyPolicy(ctx, t, c, "allow-client", allowClient)
+		defer framework.DeletePolicy(ctx, t, c, "allow-client")
+		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
+		if err := framework.DialEcho(friend.NetNS, tcpAddr); err == nil {
 			t.Error("friend -> server allowed: the NetworkPolicy isolating the server doesn't admit it")
 		}
 	})
@@ -79,27 +80,27 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 		defer deleteCNP(ctx, t, c, "deny-all")
 		applyCNP(ctx, t, c, "accept-client", "Admin", 10, serverSubject, ingressRules(rule("Accept", "role: client")))
 		defer deleteCNP(ctx, t, c, "accept-client")
-		waitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
-		waitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
 		// The Accept moves behind the Deny.
 		applyCNP(ctx, t, c, "accept-client", "Admin", 30, serverSubject, ingressRules(rule("Accept", "role: client")))
-		waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 	})
 
 	t.Run("EditReachesEstablishedConnections", func(t *testing.T) {
 		start(t)
 		applyCNP(ctx, t, c, "edit-me", "Admin", 10, serverSubject, ingressRules(rule("Accept", "role: client")))
 		defer deleteCNP(ctx, t, c, "edit-me")
-		s := startStream(t, client.NetNS, tcpAddr)
-		defer s.stop()
-		s.waitFlowing(t)
+		s := framework.StartStream(t, client.NetNS, tcpAddr)
+		defer s.Stop()
+		s.WaitFlowing(t)
 		applyCNP(ctx, t, c, "edit-me", "Admin", 10, serverSubject, ingressRules(rule("Deny", "role: client")))
-		enforced := waitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
+		enforced := framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		time.Sleep(time.Second)
-		if last := s.lastEcho(); last.After(enforced.Add(time.Second)) {
+		if last := s.LastEcho(); last.After(enforced.Add(time.Second)) {
 			t.Errorf("an established connection still carried data %v after the edit denying it was enforced", last.Sub(enforced))
 		}
-		if s.echoesSince(time.Now().Add(-500*time.Millisecond)) > 0 {
+		if s.EchoesSince(time.Now().Add(-500*time.Millisecond)) > 0 {
 			t.Error("the established connection still flows after the ClusterNetworkPolicy edit denied it")
 		}
 		waitProgrammed(ctx, t, c, "edit-me")
@@ -108,28 +109,28 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 	t.Run("EgressDenyToNetworksAndOwnNode", func(t *testing.T) {
 		start(t)
 		node := netip.MustParseAddr(nodeInternalIP(ctx, t, c, serverNode.Name))
-		nodeNS := openNetns(t, serverNode.NetNSPath())
-		tcpEcho(t, nodeNS, 9300) // a host-network server on the server pod's node
+		nodeNS := framework.OpenNetns(t, serverNode.NetNSPath())
+		framework.TCPEcho(t, nodeNS, 9300) // a host-network server on the server pod's node
 		nodeAddr := netip.AddrPortFrom(node, 9300).String()
-		waitAllowed(t, friend.NetNS, nodeAddr, 10*time.Second)
+		framework.WaitAllowed(t, friend.NetNS, nodeAddr, 10*time.Second)
 		// nodes peers are of the experimental channel; the local cluster installs the
 		// standard one (config/default): the node by its address.
 		egress := fmt.Sprintf("  egress:\n  - action: Deny\n    to:\n    - networks: [%s/32]\n  - action: Deny\n    to:\n    - networks: [%s/32]\n", server.IP, node)
 		applyCNP(ctx, t, c, "egress-deny", "Admin", 10, "  subject:\n    pods:\n      namespaceSelector: {}\n      podSelector: {matchLabels: {role: friend}}\n", egress)
 		defer deleteCNP(ctx, t, c, "egress-deny")
-		waitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
-		waitDenied(t, friend.NetNS, nodeAddr, 10*time.Second) // friend runs on that node: its own node too
-		if err := dialEcho(client.NetNS, nodeAddr); err != nil {
+		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
+		framework.WaitDenied(t, friend.NetNS, nodeAddr, 10*time.Second) // friend runs on that node: its own node too
+		if err := framework.DialEcho(client.NetNS, nodeAddr); err != nil {
 			t.Errorf("client -> %s (not a subject): %v", nodeAddr, err)
 		}
 	})
 }
 
-const serverSubject = "  subject:\n    pods:\n      namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: " + policyNS + "}}\n      podSelector: {matchLabels: {role: server}}\n"
+const serverSubject = "  subject:\n    pods:\n      namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: " + framework.PolicyNamespace + "}}\n      podSelector: {matchLabels: {role: server}}\n"
 
 // rule is an ingress rule from the pods of the policy namespace matching labels ("" every pod).
 func rule(action, labels string) string {
-	return fmt.Sprintf("  - action: %s\n    from:\n    - pods:\n        namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}\n        podSelector: {matchLabels: {%s}}\n", action, policyNS, labels)
+	return fmt.Sprintf("  - action: %s\n    from:\n    - pods:\n        namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}\n        podSelector: {matchLabels: {%s}}\n", action, framework.PolicyNamespace, labels)
 }
 
 func ingressRules(rules ...string) string { return "  ingress:\n" + strings.Join(rules, "") }

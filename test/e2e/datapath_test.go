@@ -22,6 +22,7 @@ import (
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // What a user checks of a pod network in a given encapsulation: pods reach each other on
@@ -39,7 +40,7 @@ const (
 // datapathPods are the pods checkDatapath uses: client and neighbour share a node, server
 // is on another (with hostPort), svcIP is a ClusterIP Service in front of server.
 type datapathPods struct {
-	client, neighbour, server testPod
+	client, neighbour, server framework.Pod
 	serverNode                cluster.Node
 	// from is a node namespace other than the server's (hostPort is checked from there).
 	from  cluster.Node
@@ -54,9 +55,9 @@ func checkDatapath(ctx context.Context, t *testing.T, c *cluster.Cluster, p data
 		from *os.File
 		to   netip.AddrPort
 	}{
-		{"SameNode", p.client.NetNS, netip.AddrPortFrom(p.neighbour.IP, serverPort)},
-		{"CrossNode", p.client.NetNS, netip.AddrPortFrom(p.server.IP, serverPort)},
-		{"CrossNodeBack", p.server.NetNS, netip.AddrPortFrom(p.client.IP, serverPort)},
+		{"SameNode", p.client.NetNS, netip.AddrPortFrom(p.neighbour.IP, framework.ServerPort)},
+		{"CrossNode", p.client.NetNS, netip.AddrPortFrom(p.server.IP, framework.ServerPort)},
+		{"CrossNodeBack", p.server.NetNS, netip.AddrPortFrom(p.client.IP, framework.ServerPort)},
 		{"ClusterIP", p.client.NetNS, netip.AddrPortFrom(p.svcIP, 80)},
 		{"HostPortFromPod", p.client.NetNS, netip.AddrPortFrom(p.serverNode.IP, hostPort)},
 	}
@@ -68,7 +69,7 @@ func checkDatapath(ctx context.Context, t *testing.T, c *cluster.Cluster, p data
 		})
 	}
 	t.Run(mode+"/HostPortFromNode", func(t *testing.T) {
-		ns := openNetns(t, p.from.NetNSPath())
+		ns := framework.OpenNetns(t, p.from.NetNSPath())
 		to := netip.AddrPortFrom(p.serverNode.IP, hostPort).String()
 		if err := retryDial(ns, to, 10*time.Second); err != nil {
 			t.Errorf("hostPort in %s: %s connecting to %s: %v", mode, p.from.Name, to, err)
@@ -81,7 +82,7 @@ func checkDatapath(ctx context.Context, t *testing.T, c *cluster.Cluster, p data
 func retryDial(ns *os.File, addr string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		err := dialFrom(ns, addr)
+		err := framework.DialFrom(ns, addr)
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
@@ -92,10 +93,10 @@ func retryDial(ns *os.File, addr string, timeout time.Duration) error {
 // checkMTU checks that a pod's interface has mtu and that a datagram filling it, sent
 // with DF, reaches the pod at to whole; one byte more is refused by the sender's kernel
 // (so mtu is really the pod's, not just a number in a status).
-func checkMTU(t *testing.T, from, to testPod, mtu int) {
+func checkMTU(t *testing.T, from, to framework.Pod, mtu int) {
 	t.Helper()
 	var got int
-	if err := inNetns(from.NetNS, func() error {
+	if err := framework.InNetns(from.NetNS, func() error {
 		ifc, err := net.InterfaceByName("eth0")
 		if err != nil {
 			return err
@@ -109,7 +110,7 @@ func checkMTU(t *testing.T, from, to testPod, mtu int) {
 		t.Fatalf("pod %s's eth0 MTU is %d, want %d", from.IP, got, mtu)
 	}
 	var conn *net.UDPConn
-	if err := inNetns(to.NetNS, func() error {
+	if err := framework.InNetns(to.NetNS, func() error {
 		var err error
 		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: mtuPort})
 		return err
@@ -146,7 +147,7 @@ func checkMTU(t *testing.T, from, to testPod, mtu int) {
 // sendDF sends one UDP datagram of size bytes from ns to dst with the DF bit set (path
 // MTU discovery "do": never fragment).
 func sendDF(ns *os.File, dst string, size int) error {
-	return inNetns(ns, func() error {
+	return framework.InNetns(ns, func() error {
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			var serr error
 			err := rc.Control(func(fd uintptr) {
@@ -180,8 +181,8 @@ const trellisRouteProto = 202
 func peerStateOn(t *testing.T, n cluster.Node, block netip.Prefix, peerIP netip.Addr) peerState {
 	t.Helper()
 	var st peerState
-	ns := openNetns(t, n.NetNSPath())
-	if err := inNetns(ns, func() error {
+	ns := framework.OpenNetns(t, n.NetNSPath())
+	if err := framework.InNetns(ns, func() error {
 		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: trellisRouteProto}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			return fmt.Errorf("listing routes: %w", err)
@@ -254,7 +255,7 @@ func waitPeerState(t *testing.T, on []cluster.Node, block netip.Prefix, peerIP n
 // clusterMTU is the ClusterNetwork's status.mtu.
 func clusterMTU(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
 	t.Helper()
-	out := clusterNetworkField(ctx, t, c, ".status.mtu")
+	out := framework.ClusterNetworkField(ctx, t, c, ".status.mtu")
 	mtu, err := strconv.Atoi(out)
 	if err != nil {
 		t.Fatalf("ClusterNetwork status.mtu %q: %v", out, err)
@@ -274,7 +275,7 @@ type kernelState struct {
 func readKernelState(t *testing.T, n cluster.Node) kernelState {
 	t.Helper()
 	st := kernelState{Rules: map[string]uint64{}}
-	if err := inNetns(openNetns(t, n.NetNSPath()), func() error {
+	if err := framework.InNetns(framework.OpenNetns(t, n.NetNSPath()), func() error {
 		if vx, err := netlink.LinkByName("trellis.vxlan"); err == nil {
 			st.VXLANIndex = vx.Attrs().Index
 		}

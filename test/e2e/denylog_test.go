@@ -9,25 +9,26 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // testDenyLogs: with the namespace annotated, a denied connection makes a line in the
 // agent's log naming both pods and the policy; without the annotation, or with deny logs
 // off cluster-wide, it makes none; mode All logs in a namespace without the annotation.
-func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods map[string]testPod, tcpAddr string) {
+func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods map[string]framework.Pod, tcpAddr string) {
 	const annotation = "network.trellis.dev/deny-logs"
 	client, friend := pods["client"], pods["friend"]
 	serverNode := c.Nodes[0]
-	applyPolicy(ctx, t, c, "deny-server", denyIngress("role: server"))
-	defer deletePolicy(ctx, t, c, "deny-server")
+	framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
+	defer framework.DeletePolicy(ctx, t, c, "deny-server")
 	annotate := func(v string) {
 		t.Helper()
 		arg := annotation + "=" + v
 		if v == "" {
 			arg = annotation + "-"
 		}
-		if _, err := c.Kubectl(ctx, "annotate", "--overwrite", "namespace", policyNS, arg); err != nil {
-			t.Fatalf("annotating namespace %s %s: %v", policyNS, arg, err)
+		if _, err := c.Kubectl(ctx, "annotate", "--overwrite", "namespace", framework.PolicyNamespace, arg); err != nil {
+			t.Fatalf("annotating namespace %s %s: %v", framework.PolicyNamespace, arg, err)
 		}
 	}
 	setMode := func(mode string) {
@@ -65,17 +66,17 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 		}
 		var found []string
 		for _, l := range strings.Split(out, "\n") {
-			if strings.Contains(l, "connection denied") && strings.Contains(l, policyNS+"/"+from) {
+			if strings.Contains(l, "connection denied") && strings.Contains(l, framework.PolicyNamespace+"/"+from) {
 				found = append(found, l)
 			}
 		}
 		return found
 	}
 	// deniedAttempt makes one denied connection attempt from pod and returns the lines it made.
-	deniedAttempt := func(from string, ns testPod) []string {
+	deniedAttempt := func(from string, ns framework.Pod) []string {
 		t.Helper()
 		before := len(lines(from))
-		if err := dialEcho(ns.NetNS, tcpAddr); err == nil {
+		if err := framework.DialEcho(ns.NetNS, tcpAddr); err == nil {
 			t.Fatalf("%s -> %s was allowed under deny-server", from, tcpAddr)
 		}
 		time.Sleep(2 * time.Second)
@@ -89,7 +90,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 		if len(got) != 1 {
 			t.Fatalf("one denied attempt client -> server made %d lines, want 1: %q", len(got), got)
 		}
-		for _, want := range []string{`"srcPod":"` + policyNS + `/client"`, `"dstPod":"` + policyNS + `/server"`, `"policies":["` + policyNS + `/deny-server"]`,
+		for _, want := range []string{`"srcPod":"` + framework.PolicyNamespace + `/client"`, `"dstPod":"` + framework.PolicyNamespace + `/server"`, `"policies":["` + framework.PolicyNamespace + `/deny-server"]`,
 			`"direction":"ingress"`, `"protocol":"tcp"`, `"port":9100`} {
 			if !strings.Contains(got[0], want) {
 				t.Errorf("the deny log line lacks %s: %s", want, got[0])

@@ -19,6 +19,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // Cluster DNS on the local cluster (Options.DNS): CoreDNS behind kube-dns answers pods
@@ -39,7 +40,7 @@ func TestClusterDNS(t *testing.T) {
 	c := cluster.ForTest(t, cluster.Options{Name: "dns", Nodes: 2, CNI: cluster.CNITrellis, DNS: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	waitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
+	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
 
 	out, err := c.Kubectl(ctx, "get", "service", "-n", cluster.DNSNamespace, cluster.DNSService, "-o", "jsonpath={.spec.clusterIP}")
 	if err != nil || strings.TrimSpace(out) != cluster.ClusterDNS.String() {
@@ -93,10 +94,10 @@ func TestClusterDNS(t *testing.T) {
 	})
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
-		applyPolicyIn(ctx, t, c, dnsNS, "default-deny-egress", "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n")
-		defer deletePolicyIn(ctx, t, c, dnsNS, "default-deny-egress")
-		applyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
-		defer deletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
+		framework.ApplyPolicyIn(ctx, t, c, dnsNS, "default-deny-egress", "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n")
+		defer framework.DeletePolicyIn(ctx, t, c, dnsNS, "default-deny-egress")
+		framework.ApplyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
+		defer framework.DeletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
 
 		// Denied egress to the Service proves the default-deny in force; the lookup
 		// before the connection must still work.
@@ -114,7 +115,7 @@ func TestClusterDNS(t *testing.T) {
 		}
 
 		// The default-deny alone: DNS is denied too (fails closed).
-		deletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
+		framework.DeletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
 		t0 := time.Now()
 		waitLookupFails(t, udpClient.NetNS, "udp", svcName, 15*time.Second)
 		t.Logf("without the DNS rule: the first failed lookup ended %v after the rule's deletion (its 3 s timeout included)", time.Since(t0).Round(10*time.Millisecond))
@@ -134,7 +135,7 @@ func TestClusterDNS(t *testing.T) {
 		}
 
 		// The DNS rule back: lookups work again.
-		applyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
+		framework.ApplyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
 		waitLookup(t, udpClient.NetNS, "udp", svcName, serviceIP, 15*time.Second)
 		checkLookup(t, udpClient.NetNS, "tcp", svcName, serviceIP)
 		if err := connectFromPod(ctx, c, "client-tcp", "web:80"); err == nil || !strings.Contains(err.Error(), "TIMEOUT") {
@@ -162,7 +163,7 @@ var allowDNS = fmt.Sprintf(`spec:
 // deployDNSPods: the server (agnhost netexec on 8080) on the first node, the two clients
 // on the second, their resolvers bounded (1 s, 2 attempts) so that a denied lookup fails
 // in seconds, client-tcp's over TCP.
-func deployDNSPods(ctx context.Context, t *testing.T, c *cluster.Cluster) map[string]testPod {
+func deployDNSPods(ctx context.Context, t *testing.T, c *cluster.Cluster) map[string]framework.Pod {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", dnsNS)
@@ -207,7 +208,7 @@ spec:
     args: ["pause"]
 `, client.name, dnsNS, c.Nodes[1].Name, client.extra, images.AgnhostImage)
 	}
-	return applyPods(ctx, t, c, b.String(), dnsNS, "dns", map[string]string{
+	return framework.ApplyPods(ctx, t, c, b.String(), dnsNS, "dns", map[string]string{
 		"server": c.Nodes[0].Name, "client-udp": c.Nodes[1].Name, "client-tcp": c.Nodes[1].Name,
 	})
 }
@@ -238,10 +239,10 @@ spec:
 		t.Fatalf("Service web's ClusterIP %q: %v", out, err)
 	}
 	// The server Ready and kube-proxy programmed: the ClusterIP answers from the node.
-	nodeNS := openNetns(t, c.Nodes[1].NetNSPath())
+	nodeNS := framework.OpenNetns(t, c.Nodes[1].NetNSPath())
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := dialFrom(nodeNS, netip.AddrPortFrom(ip, 80).String())
+		err := framework.DialFrom(nodeNS, netip.AddrPortFrom(ip, 80).String())
 		if err == nil {
 			return ip
 		}
@@ -321,7 +322,7 @@ func nsResolver(ns *os.File, network string) *net.Resolver {
 	server := netip.AddrPortFrom(cluster.ClusterDNS, 53).String()
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var conn net.Conn
-		err := inNetns(ns, func() error {
+		err := framework.InNetns(ns, func() error {
 			var d net.Dialer
 			var err error
 			conn, err = d.DialContext(ctx, network, server)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // jumpsBackWithin bounds how long trellis's policy jumps may stay behind kube-proxy's: the
@@ -30,24 +31,24 @@ func TestPolicyJumpsStayFirst(t *testing.T) {
 	c := cluster.ForTest(t, cluster.Options{Name: "jumps", Nodes: 2, CNI: cluster.CNITrellis})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	waitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
+	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
 	serverNode := c.Nodes[0]
-	pods := deployPolicyPods(ctx, t, c, "jumps", []policyPod{
+	pods := framework.DeployPolicyPods(ctx, t, c, "jumps", []framework.PolicyPod{
 		{Name: "server", Node: serverNode.Name, Labels: "role: server"},
 		{Name: "client", Node: c.Nodes[1].Name, Labels: "role: client"},
 	})
 	server, client := pods["server"], pods["client"]
-	tcpEcho(t, server.NetNS, 9100)
+	framework.TCPEcho(t, server.NetNS, 9100)
 	addr := netip.AddrPortFrom(serverNode.IP, createNodePort(ctx, t, c, "server", 9100)).String()
-	waitAllowed(t, client.NetNS, addr, 30*time.Second)
-	applyPolicy(ctx, t, c, "deny-server", denyIngress("role: server"))
-	defer deletePolicy(ctx, t, c, "deny-server")
-	waitDenied(t, client.NetNS, addr, 10*time.Second)
+	framework.WaitAllowed(t, client.NetNS, addr, 30*time.Second)
+	framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
+	defer framework.DeletePolicy(ctx, t, c, "deny-server")
+	framework.WaitDenied(t, client.NetNS, addr, 10*time.Second)
 	policyChains := []string{"FORWARD", "INPUT"}
 	waitFirst(t, serverNode, policyChains, netfilter.ChainPrefix, 0) // before the test
 
-	probe := startProber(t, client.NetNS, addr)
-	defer probe.stop()
+	probe := framework.StartProber(t, client.NetNS, addr)
+	defer probe.Stop()
 	t0 := time.Now()
 	removed := removeKubeJumps(t, serverNode)
 	if err := c.RestartKubeProxy(serverNode.Name); err != nil {
@@ -90,13 +91,13 @@ func TestPolicyJumpsStayFirst(t *testing.T) {
 	}
 	time.Sleep(5 * time.Second) // and a little after
 
-	_, fails, total := probe.gapSince(t0)
+	_, fails, total := probe.GapSince(t0)
 	t.Logf("%d connection attempts to %s (NodePort of the pod under default-deny ingress), %d failed", total, addr, fails)
 	// The prober waits out each denied attempt (about 4 a second): ~7 s of probing.
 	if total < 15 {
-		t.Errorf("only %d connection attempts: the flow was not probed throughout (last error: %v)", total, probe.lastError())
+		t.Errorf("only %d connection attempts: the flow was not probed throughout (last error: %v)", total, probe.LastError())
 	}
-	early, during, after := probe.successesSince(t0)-probe.successesSince(inserted), probe.successesSince(inserted)-probe.successesSince(back), probe.successesSince(back)
+	early, during, after := probe.SuccessesSince(t0)-probe.SuccessesSince(inserted), probe.SuccessesSince(inserted)-probe.SuccessesSince(back), probe.SuccessesSince(back)
 	if early > 0 || after > 0 {
 		t.Errorf("%d connection(s) to the default-deny pod got through while trellis's policy jumps were first: %d before kube-proxy's went in, %d after trellis's were back", early+after, early, after)
 	}
@@ -115,11 +116,11 @@ spec:
   selector: {role: %[1]s}
   ports:
   - {port: %[3]d, targetPort: %[3]d, protocol: TCP}
-`, name, policyNS, port)
+`, name, framework.PolicyNamespace, port)
 	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
 		t.Fatalf("creating Service %s: %v", name, err)
 	}
-	out, err := c.Kubectl(ctx, "get", "service", "-n", policyNS, name, "-o", "jsonpath={.spec.ports[0].nodePort}")
+	out, err := c.Kubectl(ctx, "get", "service", "-n", framework.PolicyNamespace, name, "-o", "jsonpath={.spec.ports[0].nodePort}")
 	if err != nil {
 		t.Fatalf("Service %s: %v", name, err)
 	}
@@ -134,7 +135,7 @@ spec:
 // them without "-A CHAIN ".
 func filterRules(t *testing.T, n cluster.Node) map[string][]string {
 	t.Helper()
-	out, err := nodeOutput(n, "iptables-save", "-t", "filter")
+	out, err := framework.NodeOutput(n, "iptables-save", "-t", "filter")
 	if err != nil {
 		t.Fatalf("%s: %v", n.Name, err)
 	}
@@ -169,7 +170,7 @@ func removeKubeJumps(t *testing.T, n cluster.Node) int {
 			if !goesTo(r, "KUBE-") {
 				continue
 			}
-			if _, err := nodeOutput(n, "iptables", append([]string{"-t", "filter", "-D", chain}, netfilter.SplitRule(r)...)...); err != nil {
+			if _, err := framework.NodeOutput(n, "iptables", append([]string{"-t", "filter", "-D", chain}, netfilter.SplitRule(r)...)...); err != nil {
 				t.Fatalf("%s: deleting %q from %s: %v", n.Name, r, chain, err)
 			}
 			removed++

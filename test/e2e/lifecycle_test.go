@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // Day-2 changes that go wrong, under continuous pod-to-pod traffic across all nodes: an agent
@@ -25,22 +26,22 @@ func TestRolloutsThatGoWrong(t *testing.T) {
 	c := cluster.ForTest(t, cluster.Options{Name: "lifecycle", Nodes: 3, CNI: cluster.CNITrellis})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	pods := deployTestPods(ctx, t, c, "life", []podSpec{
+	pods := framework.DeployPods(ctx, t, c, "life", []framework.PodSpec{
 		{Name: "life-a", Node: c.Nodes[0].Name}, {Name: "life-b", Node: c.Nodes[1].Name}, {Name: "life-c", Node: c.Nodes[2].Name},
 	})
-	defer deletePods(ctx, t, c, "life")
+	defer framework.DeletePods(ctx, t, c, "life")
 	ring := [][2]string{{"life-a", "life-b"}, {"life-b", "life-c"}, {"life-c", "life-a"}}
-	var probers []*prober
+	var probers []*framework.Prober
 	for _, r := range ring {
-		p := startProber(t, pods[r[0]].NetNS, netip.AddrPortFrom(pods[r[1]].IP, serverPort).String())
-		defer p.stop()
-		p.waitFlowing(t, 30*time.Second)
+		p := framework.StartProber(t, pods[r[0]].NetNS, netip.AddrPortFrom(pods[r[1]].IP, framework.ServerPort).String())
+		defer p.Stop()
+		p.WaitFlowing(t, 30*time.Second)
 		probers = append(probers, p)
 	}
 	checkGaps := func(t *testing.T, since time.Time, what string) {
 		t.Helper()
 		for i, p := range probers {
-			gap, fails, total := p.gapSince(since)
+			gap, fails, total := p.GapSince(since)
 			t.Logf("%s: %s -> %s longest gap %v (%d of %d connects failed)", what, ring[i][0], ring[i][1], gap.Round(time.Millisecond), fails, total)
 			if gap >= time.Second {
 				t.Errorf("%s: traffic %s -> %s stopped for %v, want < 1s", what, ring[i][0], ring[i][1], gap.Round(time.Millisecond))
@@ -123,7 +124,7 @@ func TestRolloutsThatGoWrong(t *testing.T) {
 		waitClusterCondition(ctx, t, c, "Degraded", "False", time.Minute)
 
 		// A pod range holding the nodes' own addresses.
-		cidrs := clusterNetworkField(ctx, t, c, ".spec.podCIDRs")
+		cidrs := framework.ClusterNetworkField(ctx, t, c, ".spec.podCIDRs")
 		var orig []string
 		if err := json.Unmarshal([]byte(cidrs), &orig); err != nil {
 			t.Fatalf("spec.podCIDRs %q: %v", cidrs, err)

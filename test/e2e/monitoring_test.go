@@ -21,6 +21,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/testenv"
 	"github.com/trellis-net/trellis/test/versions"
 )
@@ -104,7 +105,7 @@ func TestMonitoring(t *testing.T) {
 	t0 := time.Now()
 	var killed int
 	monWait(ctx, t, c, 2*time.Minute, "TrellisAgentNotReady and TrellisAgentDown firing for "+broken.Name, func() error {
-		for _, pid := range agentPids(t, broken) {
+		for _, pid := range framework.AgentPids(t, broken) {
 			if unix.Kill(pid, unix.SIGKILL) == nil {
 				killed++
 			}

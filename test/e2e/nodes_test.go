@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // testNodeJoinsAndLeaves adds a node to the running cluster and removes it again, as a
@@ -72,16 +73,16 @@ func testNodeJoinsAndLeaves(ctx context.Context, t *testing.T, c *cluster.Cluste
 	t.Logf("%s joined: conflist after %v, Ready after %v", n.Name, confAt.Sub(t0).Round(100*time.Millisecond), time.Since(t0).Round(100*time.Millisecond))
 
 	// A pod made the moment the node is Ready is networked.
-	pods := deployTestPods(ctx, t, c, "joined", []podSpec{{Name: "joined", Node: n.Name}})
+	pods := framework.DeployPods(ctx, t, c, "joined", []framework.PodSpec{{Name: "joined", Node: n.Name}})
 	joined := pods["joined"]
-	defer deletePods(ctx, t, c, "joined")
+	defer framework.DeletePods(ctx, t, c, "joined")
 	for _, cn := range []struct {
 		what string
 		from *os.File
 		to   netip.AddrPort
 	}{
-		{"new pod -> server pod", joined.NetNS, netip.AddrPortFrom(dp.server.IP, serverPort)},
-		{"client pod -> new pod", dp.client.NetNS, netip.AddrPortFrom(joined.IP, serverPort)},
+		{"new pod -> server pod", joined.NetNS, netip.AddrPortFrom(dp.server.IP, framework.ServerPort)},
+		{"client pod -> new pod", dp.client.NetNS, netip.AddrPortFrom(joined.IP, framework.ServerPort)},
 	} {
 		if err := retryDial(cn.from, cn.to.String(), 10*time.Second); err != nil {
 			t.Errorf("%s (%s): %v", cn.what, cn.to, err)

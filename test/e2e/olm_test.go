@@ -19,6 +19,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/versions"
 )
 
@@ -102,24 +103,24 @@ spec: {name: trellis, channel: alpha, source: trellis, sourceNamespace: trellis-
 	if out, err := c.Kubectl(ctx, "wait", "--for=condition=Ready", "node", "--all", "--timeout=3m"); err != nil {
 		t.Fatalf("nodes not Ready with Trellis %s: %v\n%s\n%s", rel.Version, err, out, c.Diagnose(ctx))
 	}
-	waitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
+	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
 	waitAgents(ctx, t, c, rel.Image(), 3*time.Minute)
 	step("Trellis %s: nodes Ready, NodeNetworks Ready, agents running", rel.Version)
 
-	pods := deployTestPods(ctx, t, c, "olm", []podSpec{
+	pods := framework.DeployPods(ctx, t, c, "olm", []framework.PodSpec{
 		{Name: "olm-client", Node: c.Nodes[0].Name},
 		{Name: "olm-server", Node: c.Nodes[1].Name},
 	})
 	client, server := pods["olm-client"], pods["olm-server"]
-	serverAddr := netip.AddrPortFrom(server.IP, serverPort).String()
-	if err := dialFrom(client.NetNS, serverAddr); err != nil {
+	serverAddr := netip.AddrPortFrom(server.IP, framework.ServerPort).String()
+	if err := framework.DialFrom(client.NetNS, serverAddr); err != nil {
 		t.Fatalf("pod %s on %s -> pod %s on %s: %v", client.IP, client.Node, server.IP, server.Node, err)
 	}
 	step("pod %s on %s reaches pod %s on %s", client.IP, client.Node, server.IP, server.Node)
 
-	p := startProber(t, client.NetNS, serverAddr)
-	defer p.stop()
-	p.waitFlowing(t, 30*time.Second)
+	p := framework.StartProber(t, client.NetNS, serverAddr)
+	defer p.Stop()
+	p.WaitFlowing(t, 30*time.Second)
 
 	// Publish N+1: opm restarted on the same address with the repository's catalog.
 	since := time.Now()
@@ -149,22 +150,22 @@ spec: {name: trellis, channel: alpha, source: trellis, sourceNamespace: trellis-
 	if out, err := c.Kubectl(ctx, "wait", "--for=condition=Available", "clusternetwork/default", "--timeout=2m"); err != nil {
 		t.Fatalf("ClusterNetwork not Available after the upgrade: %v\n%s", err, out)
 	}
-	waitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
+	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
 	step("agents rolled to %s, ClusterNetwork Available (%v after the switch)", images.TrellisImage, time.Since(since).Round(100*time.Millisecond))
 
 	time.Sleep(2 * time.Second) // a few more probes after the last agent is Ready
-	gap, fails, total := p.gapSince(since)
+	gap, fails, total := p.GapSince(since)
 	step("upgrade %s -> %s under traffic: longest gap between successful connects %v (%d of %d attempts failed, last error: %v)",
-		rel.Version, images.TrellisVersion, gap.Round(time.Millisecond), fails, total, p.lastError())
+		rel.Version, images.TrellisVersion, gap.Round(time.Millisecond), fails, total, p.LastError())
 	if gap >= 2*time.Second {
 		t.Errorf("traffic from %s to %s stopped for %v during the upgrade, want < 2s", client.Node, server.Node, gap.Round(time.Millisecond))
 	}
 	for name, pod := range pods {
-		if ip := podIP(ctx, t, c, name); ip != pod.IP {
+		if ip := framework.PodIP(ctx, t, c, name); ip != pod.IP {
 			t.Errorf("pod %s's IP changed during the upgrade: %s -> %s", name, pod.IP, ip)
 		}
 	}
-	if err := dialFrom(client.NetNS, serverAddr); err != nil {
+	if err := framework.DialFrom(client.NetNS, serverAddr); err != nil {
 		t.Errorf("a new connection after the upgrade: %v", err)
 	}
 	step("done: pods kept their IPs")

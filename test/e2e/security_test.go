@@ -28,6 +28,7 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -67,8 +68,8 @@ func TestNodeSecurity(t *testing.T) {
 	})
 
 	t.Run("RootOnlyFiles", func(t *testing.T) {
-		deployTestPods(ctx, t, c, "files", []podSpec{{Name: "files-a", Node: nodeA.Name}}) // for the IPAM state
-		defer deletePods(ctx, t, c, "files")
+		framework.DeployPods(ctx, t, c, "files", []framework.PodSpec{{Name: "files-a", Node: nodeA.Name}}) // for the IPAM state
+		defer framework.DeletePods(ctx, t, c, "files")
 		for _, f := range []struct {
 			path string
 			mode os.FileMode
@@ -145,7 +146,7 @@ metadata:
 			t.Fatal(err)
 		}
 		reader, nobody := saToken(ctx, t, c, "e2e-prometheus"), saToken(ctx, t, c, "e2e-nobody")
-		from := openNetns(t, nodeA.NetNSPath())
+		from := framework.OpenNetns(t, nodeA.NetNSPath())
 		agents := serviceEndpoints(ctx, t, c, "trellis-agent-metrics", len(c.Nodes))
 		operator := serviceEndpoints(ctx, t, c, "trellis-operator-metrics", 1)
 		for _, ep := range append(append([]string{}, agents...), operator...) {
@@ -163,8 +164,8 @@ metadata:
 		// The series move: a pod made on node A brings a NetworkPolicy sync there.
 		agentA := nodeA.IP.String() + ":9798"
 		_, before := scrape(t, from, agentA, reader)
-		deployTestPods(ctx, t, c, "metrics", []podSpec{{Name: "metrics-b", Node: nodeA.Name}})
-		defer deletePods(ctx, t, c, "metrics")
+		framework.DeployPods(ctx, t, c, "metrics", []framework.PodSpec{{Name: "metrics-b", Node: nodeA.Name}})
+		defer framework.DeletePods(ctx, t, c, "metrics")
 		// The plugin reports its ADD to the agent; the policy engine syncs for the new pod.
 		moved := func(after string) []string {
 			var still []string
@@ -173,8 +174,8 @@ metadata:
 				`trellis_cni_operation_duration_seconds_count{command="ADD"}`,
 				"trellis_policy_sync_duration_seconds_count",
 			} {
-				if metricValue(after, series) <= metricValue(before, series) {
-					still = append(still, fmt.Sprintf("%s %v", series, metricValue(after, series)))
+				if framework.MetricValue(after, series) <= framework.MetricValue(before, series) {
+					still = append(still, fmt.Sprintf("%s %v", series, framework.MetricValue(after, series)))
 				}
 			}
 			return still
@@ -184,7 +185,7 @@ metadata:
 			still := moved(after)
 			if len(still) == 0 {
 				// The pod holds an address of the node's block (others may come and go).
-				if in, free := metricValue(after, "trellis_agent_ipam_addresses_in_use"), metricValue(after, "trellis_agent_ipam_addresses_free"); in < 1 || free < 1 {
+				if in, free := framework.MetricValue(after, "trellis_agent_ipam_addresses_in_use"), framework.MetricValue(after, "trellis_agent_ipam_addresses_free"); in < 1 || free < 1 {
 					t.Errorf("on %s with a pod: trellis_agent_ipam_addresses_in_use %v, _free %v", nodeA.Name, in, free)
 				}
 				break
@@ -194,14 +195,14 @@ metadata:
 			}
 		}
 		_, body := scrape(t, from, operator[0], reader)
-		if metricValue(body, `controller_runtime_reconcile_total{controller="clusternetwork",result="success"}`) < 1 {
+		if framework.MetricValue(body, `controller_runtime_reconcile_total{controller="clusternetwork",result="success"}`) < 1 {
 			t.Errorf("the operator reports no successful reconcile:\n%.500s", body)
 		}
 		for series, want := range map[string]float64{
 			`trellis_operator_pod_blocks{state="allocated"}`: float64(len(c.Nodes)),
 			`trellis_operator_nodes{state="available"}`:      float64(len(c.Nodes)),
 		} {
-			if got := metricValue(body, series); got != want {
+			if got := framework.MetricValue(body, series); got != want {
 				t.Errorf("operator %s = %v, want %v", series, got, want)
 			}
 		}
@@ -288,7 +289,7 @@ func serviceEndpoints(ctx context.Context, t *testing.T, c *cluster.Cluster, nam
 func scrape(t *testing.T, ns *os.File, addr, token string) (int, string) {
 	t.Helper()
 	var conn net.Conn
-	if err := inNetns(ns, func() error {
+	if err := framework.InNetns(ns, func() error {
 		var err error
 		conn, err = net.DialTimeout("tcp", addr, 5*time.Second)
 		return err
@@ -372,7 +373,7 @@ subjects:
 func theAgentPid(t *testing.T, n cluster.Node) int {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
-		pids := agentPids(t, n)
+		pids := framework.AgentPids(t, n)
 		if len(pids) == 1 {
 			return pids[0]
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // ipamGCInterval is the agent's default --ipam-gc-interval (the DaemonSet doesn't set it):
@@ -43,33 +44,33 @@ func TestStaticPod(t *testing.T) {
 	if c.Nodes[0].StaticPodDir == "" {
 		t.Fatalf("node %s has no static pod directory (a cluster brought up before test/cluster had one: make cluster-down)", c.Nodes[0].Name)
 	}
-	waitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	client := deployPolicyPods(ctx, t, c, "static-clients", []policyPod{{Name: "client", Node: c.Nodes[1].Name, Labels: "role: client"}})["client"]
+	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
+	client := framework.DeployPolicyPods(ctx, t, c, "static-clients", []framework.PolicyPod{{Name: "client", Node: c.Nodes[1].Name, Labels: "role: client"}})["client"]
 
 	t.Run("PolicyEnabled", func(t *testing.T) {
 		s := startStaticPod(ctx, t, c, c.Nodes[0], "static-on", client)
 		// Reached while no policy selects it; a default-deny closes it, an allow opens it:
 		// the agent knows the pod and its rules apply to it.
-		applyPolicy(ctx, t, c, "deny-static", denyIngress("role: static"))
-		defer deletePolicy(ctx, t, c, "deny-static")
-		waitDenied(t, client.NetNS, s.addr, 10*time.Second)
-		applyPolicy(ctx, t, c, "allow-client", ingressFrom("role: static", "role: client"))
-		defer deletePolicy(ctx, t, c, "allow-client")
-		waitAllowed(t, client.NetNS, s.addr, 10*time.Second)
+		framework.ApplyPolicy(ctx, t, c, "deny-static", framework.DenyIngress("role: static"))
+		defer framework.DeletePolicy(ctx, t, c, "deny-static")
+		framework.WaitDenied(t, client.NetNS, s.addr, 10*time.Second)
+		framework.ApplyPolicy(ctx, t, c, "allow-client", framework.IngressFrom("role: static", "role: client"))
+		defer framework.DeletePolicy(ctx, t, c, "allow-client")
+		framework.WaitAllowed(t, client.NetNS, s.addr, 10*time.Second)
 		s.survivesIPAMGC(ctx, t)
 		s.remove(ctx, t)
 	})
 
 	t.Run("PolicyDisabled", func(t *testing.T) {
-		setPolicyEnabled(ctx, t, c, false)
+		framework.SetPolicyEnabled(ctx, t, c, false)
 		if c.Shared {
 			// A reused cluster is left as it was found.
 			defer func() {
-				setPolicyEnabled(ctx, t, c, true)
-				waitPolicyEnforced(ctx, t, c, true, 3*time.Minute)
+				framework.SetPolicyEnabled(ctx, t, c, true)
+				framework.WaitPolicyEnforced(ctx, t, c, true, 3*time.Minute)
 			}()
 		}
-		waitPolicyEnforced(ctx, t, c, false, 3*time.Minute)
+		framework.WaitPolicyEnforced(ctx, t, c, false, 3*time.Minute)
 		s := startStaticPod(ctx, t, c, c.Nodes[0], "static-off", client)
 		s.survivesIPAMGC(ctx, t)
 		s.remove(ctx, t)
@@ -87,14 +88,14 @@ type staticPod struct {
 	netns        *os.File
 	// addr is a TCP echo server the test serves in the pod's namespace.
 	addr   string
-	client testPod
+	client framework.Pod
 }
 
 // startStaticPod writes a static pod manifest (agnhost netexec, on the pod network,
 // labelled role=static) into node's static pod directory, waits for its mirror pod to
 // be Running and Ready, checks its IP is from the node's block, serves a TCP echo in it
 // and checks client reaches that.
-func startStaticPod(ctx context.Context, t *testing.T, c *cluster.Cluster, node cluster.Node, name string, client testPod) *staticPod {
+func startStaticPod(ctx context.Context, t *testing.T, c *cluster.Cluster, node cluster.Node, name string, client framework.Pod) *staticPod {
 	t.Helper()
 	// The name is also a label: each manifest differs, so its config hash (the kubelet's
 	// UID for it) does too, and the kubelet never mistakes it for an earlier static pod.
@@ -116,7 +117,7 @@ spec:
     readinessProbe:
       tcpSocket: {port: 8080}
       periodSeconds: 1
-`, name, policyNS, name, images.AgnhostImage)
+`, name, framework.PolicyNamespace, name, images.AgnhostImage)
 	s := &staticPod{c: c, node: node, manifest: filepath.Join(node.StaticPodDir, name+".yaml"),
 		mirror: name + "-" + node.Name, client: client}
 	// Written atomically (the kubelet skips the dot-file it is written to first).
@@ -143,10 +144,10 @@ spec:
 	s.ip = ip
 	t.Logf("static pod %s: UID (config hash) %s, mirror pod UID %s, IP %s", s.mirror, s.hash, p.UID, ip)
 	// Its processes run in cgroups named by the kubelet's UID, the hash.
-	s.netns = podNetns(t, s.hash)
-	tcpEcho(t, s.netns, 9100)
+	s.netns = framework.PodNetns(t, s.hash)
+	framework.TCPEcho(t, s.netns, 9100)
 	s.addr = netip.AddrPortFrom(ip, 9100).String()
-	waitAllowed(t, client.NetNS, s.addr, 10*time.Second)
+	framework.WaitAllowed(t, client.NetNS, s.addr, 10*time.Second)
 	return s
 }
 
@@ -159,7 +160,7 @@ func (s *staticPod) waitMirrorReady(ctx context.Context, t *testing.T, timeout t
 	}
 	deadline := time.Now().Add(timeout)
 	for {
-		p, err := kc.CoreV1().Pods(policyNS).Get(ctx, s.mirror, metav1.GetOptions{})
+		p, err := kc.CoreV1().Pods(framework.PolicyNamespace).Get(ctx, s.mirror, metav1.GetOptions{})
 		if err == nil && p.Status.Phase == corev1.PodRunning && podReady(p) && p.Status.PodIP != "" {
 			return p
 		}
@@ -168,7 +169,7 @@ func (s *staticPod) waitMirrorReady(ctx context.Context, t *testing.T, timeout t
 			if err == nil {
 				state = fmt.Sprintf("phase %s, ready %t, IP %q", p.Status.Phase, podReady(p), p.Status.PodIP)
 			}
-			events, _ := s.c.Kubectl(ctx, "get", "events", "-n", policyNS, "--field-selector", "involvedObject.name="+s.mirror)
+			events, _ := s.c.Kubectl(ctx, "get", "events", "-n", framework.PolicyNamespace, "--field-selector", "involvedObject.name="+s.mirror)
 			t.Fatalf("mirror pod %s of the static pod in %s not Running and Ready with an IP after %v: %s\nits events:\n%s\n%s",
 				s.mirror, s.manifest, timeout, state, events, s.c.Diagnose(ctx))
 		}
@@ -225,7 +226,7 @@ func (s *staticPod) survivesIPAMGC(ctx context.Context, t *testing.T) {
 	if a, ok := s.allocation(t); !ok || a.IP != s.ip {
 		t.Fatalf("after an IPAM collection the static pod's address %s is no longer allocated to it (%v, %t): the collector took it for a leak", s.ip, a, ok)
 	}
-	if err := dialEcho(s.client.NetNS, s.addr); err != nil {
+	if err := framework.DialEcho(s.client.NetNS, s.addr); err != nil {
 		t.Fatalf("client -> static pod %s after an IPAM collection: %v", s.addr, err)
 	}
 	p := s.waitMirrorReady(ctx, t, 10*time.Second)
@@ -246,7 +247,7 @@ func (s *staticPod) remove(ctx context.Context, t *testing.T) {
 	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		_, err := kc.CoreV1().Pods(policyNS).Get(ctx, s.mirror, metav1.GetOptions{})
+		_, err := kc.CoreV1().Pods(framework.PolicyNamespace).Get(ctx, s.mirror, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			break
 		}

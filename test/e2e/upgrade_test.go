@@ -16,6 +16,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // The kustomize upgrade path, N -> N+1, under traffic: release N (hack/previous-release,
@@ -67,26 +68,26 @@ func TestKustomizeUpgrade(t *testing.T) {
 	waitClusterCondition(ctx, t, c, "Available", "True", 2*time.Minute)
 	step("Trellis %s (commit %.7s) installed with kubectl apply -k", rel.Version, rel.Commit)
 
-	pods := deployTestPods(ctx, t, c, "upg", []podSpec{
+	pods := framework.DeployPods(ctx, t, c, "upg", []framework.PodSpec{
 		{Name: "upg-a", Node: c.Nodes[0].Name}, {Name: "upg-b", Node: c.Nodes[1].Name}, {Name: "upg-c", Node: c.Nodes[2].Name},
 	})
-	defer deletePods(ctx, t, c, "upg")
+	defer framework.DeletePods(ctx, t, c, "upg")
 	const echoPort = 9100
 	for _, p := range pods {
-		tcpEcho(t, p.NetNS, echoPort)
+		framework.TCPEcho(t, p.NetNS, echoPort)
 	}
 	ring := [][2]string{{"upg-a", "upg-b"}, {"upg-b", "upg-c"}, {"upg-c", "upg-a"}}
-	var probers []*prober
-	var streams []*stream
+	var probers []*framework.Prober
+	var streams []*framework.Stream
 	for _, r := range ring {
 		from, to := pods[r[0]], pods[r[1]]
-		p := startProber(t, from.NetNS, netip.AddrPortFrom(to.IP, serverPort).String())
-		defer p.stop()
-		p.waitFlowing(t, 30*time.Second)
+		p := framework.StartProber(t, from.NetNS, netip.AddrPortFrom(to.IP, framework.ServerPort).String())
+		defer p.Stop()
+		p.WaitFlowing(t, 30*time.Second)
 		probers = append(probers, p)
-		s := startStream(t, from.NetNS, netip.AddrPortFrom(to.IP, echoPort).String())
-		defer s.stop()
-		s.waitFlowing(t)
+		s := framework.StartStream(t, from.NetNS, netip.AddrPortFrom(to.IP, echoPort).String())
+		defer s.Stop()
+		s.WaitFlowing(t)
 		streams = append(streams, s)
 	}
 	step("traffic: new connections every 100 ms and an established connection on each of %v", ring)
@@ -138,35 +139,35 @@ func TestKustomizeUpgrade(t *testing.T) {
 	} else if last := progressing[len(progressing)-1]; !strings.Contains(last, "is rolled out: 3 of 3 nodes updated, 3 available") {
 		t.Errorf("Progressing ends with %q", last)
 	}
-	waitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
+	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
 
 	time.Sleep(2 * time.Second)
 	for i, p := range probers {
-		gap, fails, total := p.gapSince(since)
+		gap, fails, total := p.GapSince(since)
 		step("%s -> %s (%s -> %s): longest gap in new connections %v (goal < 1s), %d of %d failed",
 			ring[i][0], ring[i][1], pods[ring[i][0]].Node, pods[ring[i][1]].Node, gap.Round(time.Millisecond), fails, total)
 		if gap >= 2*time.Second {
 			t.Errorf("new connections %s -> %s stopped for %v during the upgrade", ring[i][0], ring[i][1], gap.Round(time.Millisecond))
 		}
 		s := streams[i]
-		gap = s.longestGap(since)
+		gap = s.LongestGap(since)
 		step("%s -> %s: established connection, longest gap between echoes %v", ring[i][0], ring[i][1], gap.Round(time.Millisecond))
-		if s.echoesSince(time.Now().Add(-time.Second)) == 0 || gap >= 2*time.Second {
+		if s.EchoesSince(time.Now().Add(-time.Second)) == 0 || gap >= 2*time.Second {
 			t.Errorf("the established connection %s -> %s broke during the upgrade (longest gap %v)", ring[i][0], ring[i][1], gap.Round(time.Millisecond))
 		}
 	}
 	for name, pod := range pods {
-		if ip := podIP(ctx, t, c, name); ip != pod.IP {
+		if ip := framework.PodIP(ctx, t, c, name); ip != pod.IP {
 			t.Errorf("pod %s's IP changed during the upgrade: %s -> %s", name, pod.IP, ip)
 		}
 	}
 
 	// The ClusterNetwork N stored: its defaulted checksumOffload: false now reads as
 	// txChecksumOffload Auto, and the agents applied it (offload on, the self-test passing).
-	if got := clusterNetworkField(ctx, t, c, ".spec.vxlan.txChecksumOffload"); got != "Auto" {
+	if got := framework.ClusterNetworkField(ctx, t, c, ".spec.vxlan.txChecksumOffload"); got != "Auto" {
 		t.Errorf("spec.vxlan.txChecksumOffload of the ClusterNetwork %s made reads %q, want Auto", rel.Version, got)
 	}
-	if got := clusterNetworkField(ctx, t, c, ".status.podCIDRs"); !strings.Contains(got, "10.244.0.0/16") {
+	if got := framework.ClusterNetworkField(ctx, t, c, ".status.podCIDRs"); !strings.Contains(got, "10.244.0.0/16") {
 		t.Errorf("status.podCIDRs %q after the upgrade", got)
 	}
 	out, err := c.Kubectl(ctx, "get", "nodenetworks", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.kernel.vxlanTXChecksumOffload} {.status.agentVersion}{\"\\n\"}{end}")
@@ -189,17 +190,17 @@ func TestKustomizeUpgrade(t *testing.T) {
 	step("rolled back to %s in %v", rel.Version, time.Since(back).Round(100*time.Millisecond))
 	time.Sleep(2 * time.Second)
 	for i, p := range probers {
-		gap, fails, total := p.gapSince(back)
+		gap, fails, total := p.GapSince(back)
 		step("rollback %s -> %s: longest gap in new connections %v, %d of %d failed", ring[i][0], ring[i][1], gap.Round(time.Millisecond), fails, total)
 		if gap >= 2*time.Second {
 			t.Errorf("new connections %s -> %s stopped for %v during the rollback", ring[i][0], ring[i][1], gap.Round(time.Millisecond))
 		}
-		if gap := streams[i].longestGap(back); streams[i].echoesSince(time.Now().Add(-time.Second)) == 0 || gap >= 2*time.Second {
+		if gap := streams[i].LongestGap(back); streams[i].EchoesSince(time.Now().Add(-time.Second)) == 0 || gap >= 2*time.Second {
 			t.Errorf("the established connection %s -> %s broke during the rollback (longest gap %v)", ring[i][0], ring[i][1], gap.Round(time.Millisecond))
 		}
 	}
 	for name, pod := range pods {
-		if ip := podIP(ctx, t, c, name); ip != pod.IP {
+		if ip := framework.PodIP(ctx, t, c, name); ip != pod.IP {
 			t.Errorf("pod %s's IP changed during the rollback: %s -> %s", name, pod.IP, ip)
 		}
 	}
@@ -249,25 +250,4 @@ func indexWith(list []string, prefix string) int {
 		}
 	}
 	return -1
-}
-
-// longestGap is the longest time between two echoes (or from the last one to now) since t0.
-func (s *stream) longestGap(t0 time.Time) time.Duration {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var gap time.Duration
-	prev := t0
-	for _, e := range s.echoes {
-		if e.Before(t0) {
-			continue
-		}
-		if e.Sub(prev) > gap {
-			gap = e.Sub(prev)
-		}
-		prev = e
-	}
-	if time.Since(prev) > gap {
-		gap = time.Since(prev)
-	}
-	return gap
 }

@@ -1,0 +1,275 @@
+package framework
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/cluster/images"
+)
+
+// PodNamespace holds the pods DeployPods makes; ServerPort is their agnhost netexec HTTP
+// port (and the target port of CreateService).
+const (
+	PodNamespace = "agent-e2e"
+	ServerPort   = 8080 // agnhost netexec's HTTP port in the test pods
+)
+
+// Pod is a pod of the test with its network namespace open.
+type Pod struct {
+	Node  string
+	IP    netip.Addr
+	NetNS *os.File
+}
+
+// PodSpec is a test pod: an agnhost netexec server on node, with hostPort mapped to its
+// port when set.
+type PodSpec struct {
+	Name, Node string
+	HostPort   int
+}
+
+// DeployPods creates the pods of batch (labelled with it), waits until they are Ready
+// and opens their network namespaces.
+func DeployPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []PodSpec) map[string]Pod {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", PodNamespace)
+	for _, ps := range specs {
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s
+  labels:
+    app: agent-e2e
+    batch: %s
+    name: %s
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: agnhost
+    image: %s
+    imagePullPolicy: IfNotPresent
+    args: ["netexec", "--http-port=%d"]
+    ports:
+    - containerPort: %d
+`, ps.Name, PodNamespace, batch, ps.Name, ps.Node, images.AgnhostImage, ServerPort, ServerPort)
+		if ps.HostPort != 0 {
+			fmt.Fprintf(&b, "      hostPort: %d\n", ps.HostPort)
+		}
+		fmt.Fprintf(&b, `    readinessProbe:
+      tcpSocket:
+        port: %d
+      periodSeconds: 1
+`, ServerPort)
+	}
+	nodes := map[string]string{}
+	for _, ps := range specs {
+		nodes[ps.Name] = ps.Node
+	}
+	return ApplyPods(ctx, t, c, b.String(), PodNamespace, batch, nodes)
+}
+
+// ApplyPods applies manifest, waits until the pods of batch in namespace are Ready, checks
+// each is on its node (nodes: pod name -> node) and opens its network namespace.
+func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, namespace, batch string, nodes map[string]string) map[string]Pod {
+	t.Helper()
+	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("creating the test pods: %v", err)
+	}
+	if out, err := c.Kubectl(ctx, "wait", "-n", namespace, "--for=condition=Ready", "pod", "-l", "batch="+batch, "--timeout=2m"); err != nil {
+		t.Fatalf("test pods not Ready: %v\n%s\n%s", err, out, c.Diagnose(ctx))
+	}
+	kc, err := c.Client()
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	pods := map[string]Pod{}
+	for name, node := range nodes {
+		p, err := kc.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("pod %s: %v", name, err)
+		}
+		ip, err := netip.ParseAddr(p.Status.PodIP)
+		if err != nil {
+			t.Fatalf("pod %s's IP %q: %v", name, p.Status.PodIP, err)
+		}
+		if p.Spec.NodeName != node {
+			t.Fatalf("pod %s on %s, want %s", name, p.Spec.NodeName, node)
+		}
+		ns := PodNetns(t, string(p.UID))
+		// Make sure it is the pod's namespace: the pod IP must be on one of its interfaces.
+		if err := InNetns(ns, func() error {
+			addrs, err := net.InterfaceAddrs()
+			if err != nil {
+				return err
+			}
+			for _, a := range addrs {
+				if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() == ip {
+					return nil
+				}
+			}
+			return fmt.Errorf("pod IP %s not among %v", ip, addrs)
+		}); err != nil {
+			t.Fatalf("pod %s's network namespace: %v", name, err)
+		}
+		pods[name] = Pod{Node: node, IP: ip, NetNS: ns}
+	}
+	return pods
+}
+
+// DeletePods deletes the pods of batch without waiting for them to go.
+func DeletePods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string) {
+	t.Helper()
+	if _, err := c.Kubectl(ctx, "delete", "pod", "-n", PodNamespace, "-l", "batch="+batch, "--wait=false"); err != nil {
+		t.Errorf("deleting the pods of %s: %v", batch, err)
+	}
+}
+
+// CreateService creates a ClusterIP Service named like the pod it selects, port 80 to
+// the pod's ServerPort, and returns its ClusterIP.
+func CreateService(ctx context.Context, t *testing.T, c *cluster.Cluster, pod string) netip.Addr {
+	t.Helper()
+	svc := fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+spec:
+  selector:
+    name: %[1]s
+  ports:
+  - port: 80
+    targetPort: %[3]d
+`, pod, PodNamespace, ServerPort)
+	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
+		t.Fatalf("creating Service %s: %v", pod, err)
+	}
+	out, err := c.Kubectl(ctx, "get", "service", "-n", PodNamespace, pod, "-o", "jsonpath={.spec.clusterIP}")
+	if err != nil {
+		t.Fatalf("Service %s: %v", pod, err)
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("Service %s's ClusterIP %q: %v", pod, out, err)
+	}
+	return ip
+}
+
+// PodIP is the IP of pod name in PodNamespace.
+func PodIP(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) netip.Addr {
+	t.Helper()
+	out, err := c.Kubectl(ctx, "get", "pod", "-n", PodNamespace, name, "-o", "jsonpath={.status.podIP}")
+	if err != nil {
+		t.Fatalf("pod %s: %v", name, err)
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("pod %s's IP %q: %v", name, out, err)
+	}
+	return ip
+}
+
+// PodNetns opens the network namespace of the pod with this UID (PodNetnsPath), closed
+// when the test ends.
+func PodNetns(t *testing.T, uid string) *os.File {
+	t.Helper()
+	path, err := PodNetnsPath(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return OpenNetns(t, path)
+}
+
+// PodNetnsPath returns /proc/PID/ns/net of a process of the pod with this UID, found by
+// the pod's cgroup (the kubelet names it pod<UID>, with _ for - under the systemd
+// driver): the pod's containers share its network namespace.
+func PodNetnsPath(uid string) (string, error) {
+	keys := [][]byte{[]byte("pod" + uid), []byte("pod" + strings.ReplaceAll(uid, "-", "_"))}
+	procs, err := filepath.Glob("/proc/[0-9]*/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !(bytes.Contains(b, keys[0]) || bytes.Contains(b, keys[1])) {
+			continue
+		}
+		path := filepath.Join(filepath.Dir(p), "ns", "net")
+		if _, err := os.Stat(path); err == nil {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("no process of pod UID %s found by its cgroup", uid)
+}
+
+// PolicyNamespace is the namespace of the NetworkPolicy tests' pods.
+const PolicyNamespace = "policy-e2e"
+
+// PolicyPod is a pod of the policy tests: agnhost netexec (TCP 8080, its readiness probe)
+// with named ports declared for the servers the test opens in its namespace.
+type PolicyPod struct {
+	Name, Node, Labels string
+	// Draining: the pod's preStop hook holds it terminating for 30 s after deletion (as a
+	// pod draining its connections does).
+	Draining bool
+}
+
+func DeployPolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []PolicyPod) map[string]Pod {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", PolicyNamespace)
+	for _, ps := range specs {
+		grace, preStop := 1, ""
+		if ps.Draining {
+			grace, preStop = 30, "    lifecycle:\n      preStop:\n        exec: {command: [\"/agnhost\", \"pause\"]}\n"
+		}
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: %s
+  labels: {batch: %s, %s}
+spec:
+  nodeName: %s
+  terminationGracePeriodSeconds: %d
+  containers:
+  - name: agnhost
+    image: %s
+    args: ["netexec", "--http-port=8080"]
+    ports:
+    - {name: http, containerPort: 8080}
+    - {name: tcp-echo, containerPort: 9100}
+    - {name: udp-echo, containerPort: 9200, protocol: UDP}
+    readinessProbe:
+      tcpSocket: {port: 8080}
+      periodSeconds: 1
+%s`, ps.Name, PolicyNamespace, batch, ps.Labels, ps.Node, grace, images.AgnhostImage, preStop)
+	}
+	nodes := map[string]string{}
+	for _, ps := range specs {
+		nodes[ps.Name] = ps.Node
+	}
+	return ApplyPods(ctx, t, c, b.String(), PolicyNamespace, batch, nodes)
+}
+
+// DeletePolicyPods deletes the pods of batch in PolicyNamespace and waits for them to go.
+func DeletePolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string) {
+	t.Helper()
+	if _, err := c.Kubectl(ctx, "delete", "pod", "-n", PolicyNamespace, "-l", "batch="+batch, "--wait=true", "--timeout=60s"); err != nil {
+		t.Errorf("deleting the pods of %s: %v", batch, err)
+	}
+}
