@@ -13,10 +13,9 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/versions"
 )
 
@@ -339,27 +338,13 @@ func (s *CatalogServer) Stop() {
 	}
 }
 
-// dialInNetNS connects to addr from the network namespace at path, on a locked OS thread
-// that Go discards afterwards (it is never unlocked).
+// dialInNetNS connects to addr from the network namespace at path (netnstest.EnterPath).
 func dialInNetNS(path, addr string) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		f, err := os.Open(path)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", path, err)
-			return
-		}
+	return netnstest.EnterPath(path, func() error {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			conn.Close()
 		}
-		errc <- err
-	}()
-	return <-errc
+		return err
+	})
 }

@@ -18,7 +18,7 @@ import (
 
 // The node agent's e2e tests. Everything the test process sends to pods or to the external
 // host is sent from inside a network namespace entered with setns on a locked OS thread
-// (framework.InNetns); nothing is configured in, or sent from, the root network namespace.
+// (netnstest.Enter); nothing is configured in, or sent from, the root network namespace.
 
 // TestAgentDatapath runs the node agent's datapath tests on one 3-node cluster (all nodes on
 // one subnet, Trellis, VXLAN to start with): connectivity and MTU in VXLAN, natOutgoing, a

@@ -23,6 +23,7 @@ import (
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // What a user checks of a pod network in a given encapsulation: pods reach each other on
@@ -96,7 +97,7 @@ func retryDial(ns *os.File, addr string, timeout time.Duration) error {
 func checkMTU(t *testing.T, from, to framework.Pod, mtu int) {
 	t.Helper()
 	var got int
-	if err := framework.InNetns(from.NetNS, func() error {
+	if err := netnstest.Enter(from.NetNS, func() error {
 		ifc, err := net.InterfaceByName("eth0")
 		if err != nil {
 			return err
@@ -110,7 +111,7 @@ func checkMTU(t *testing.T, from, to framework.Pod, mtu int) {
 		t.Fatalf("pod %s's eth0 MTU is %d, want %d", from.IP, got, mtu)
 	}
 	var conn *net.UDPConn
-	if err := framework.InNetns(to.NetNS, func() error {
+	if err := netnstest.Enter(to.NetNS, func() error {
 		var err error
 		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: mtuPort})
 		return err
@@ -147,7 +148,7 @@ func checkMTU(t *testing.T, from, to framework.Pod, mtu int) {
 // sendDF sends one UDP datagram of size bytes from ns to dst with the DF bit set (path
 // MTU discovery "do": never fragment).
 func sendDF(ns *os.File, dst string, size int) error {
-	return framework.InNetns(ns, func() error {
+	return netnstest.Enter(ns, func() error {
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			var serr error
 			err := rc.Control(func(fd uintptr) {
@@ -182,7 +183,7 @@ func peerStateOn(t *testing.T, n cluster.Node, block netip.Prefix, peerIP netip.
 	t.Helper()
 	var st peerState
 	ns := framework.OpenNetns(t, n.NetNSPath())
-	if err := framework.InNetns(ns, func() error {
+	if err := netnstest.Enter(ns, func() error {
 		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: trellisRouteProto}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			return fmt.Errorf("listing routes: %w", err)
@@ -275,7 +276,7 @@ type kernelState struct {
 func readKernelState(t *testing.T, n cluster.Node) kernelState {
 	t.Helper()
 	st := kernelState{Rules: map[string]uint64{}}
-	if err := framework.InNetns(framework.OpenNetns(t, n.NetNSPath()), func() error {
+	if err := netnstest.Enter(framework.OpenNetns(t, n.NetNSPath()), func() error {
 		if vx, err := netlink.LinkByName("trellis.vxlan"); err == nil {
 			st.VXLANIndex = vx.Attrs().Index
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Cluster DNS on the local cluster (Options.DNS): CoreDNS behind kube-dns answers pods
@@ -322,7 +323,7 @@ func nsResolver(ns *os.File, network string) *net.Resolver {
 	server := netip.AddrPortFrom(cluster.ClusterDNS, 53).String()
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var conn net.Conn
-		err := framework.InNetns(ns, func() error {
+		err := netnstest.Enter(ns, func() error {
 			var d net.Dialer
 			var err error
 			conn, err = d.DialContext(ctx, network, server)

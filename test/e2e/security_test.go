@@ -29,6 +29,7 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -289,7 +290,7 @@ func serviceEndpoints(ctx context.Context, t *testing.T, c *cluster.Cluster, nam
 func scrape(t *testing.T, ns *os.File, addr, token string) (int, string) {
 	t.Helper()
 	var conn net.Conn
-	if err := framework.InNetns(ns, func() error {
+	if err := netnstest.Enter(ns, func() error {
 		var err error
 		conn, err = net.DialTimeout("tcp", addr, 5*time.Second)
 		return err

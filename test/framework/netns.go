@@ -6,12 +6,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // OpenNetns opens the network namespace at path (a bind mount or /proc/PID/ns/net),
@@ -26,22 +24,6 @@ func OpenNetns(t *testing.T, path string) *os.File {
 	return f
 }
 
-// InNetns runs f on an OS thread of its own that has joined the network namespace ns. The
-// thread is never unlocked, so Go discards it when f returns: no other goroutine ever runs
-// in that namespace.
-func InNetns(ns *os.File, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
-}
-
 // LinkMTU is the MTU of link name in node n's namespace.
 func LinkMTU(t *testing.T, n cluster.Node, name string) int {
 	t.Helper()
@@ -52,7 +34,7 @@ func LinkMTU(t *testing.T, n cluster.Node, name string) int {
 func LinkMTUIn(t *testing.T, ns *os.File, name string) int {
 	t.Helper()
 	var mtu int
-	if err := InNetns(ns, func() error {
+	if err := netnstest.Enter(ns, func() error {
 		ifc, err := net.InterfaceByName(name)
 		if err == nil {
 			mtu = ifc.MTU

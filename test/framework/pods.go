@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // PodNamespace holds the pods DeployPods makes; ServerPort is their agnhost netexec HTTP
@@ -111,7 +112,7 @@ func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, 
 		}
 		ns := PodNetns(t, string(p.UID))
 		// Make sure it is the pod's namespace: the pod IP must be on one of its interfaces.
-		if err := InNetns(ns, func() error {
+		if err := netnstest.Enter(ns, func() error {
 			addrs, err := net.InterfaceAddrs()
 			if err != nil {
 				return err

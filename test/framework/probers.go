@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Prober connects to a TCP address every 100 ms from a pod's network namespace.
@@ -33,7 +35,7 @@ func StartProber(t *testing.T, ns *os.File, addr string) *Prober {
 	p := &Prober{done: make(chan struct{}), finished: make(chan struct{})}
 	go func() {
 		defer close(p.finished)
-		err := InNetns(ns, func() error {
+		err := netnstest.Enter(ns, func() error {
 			tick := time.NewTicker(probeInterval)
 			defer tick.Stop()
 			for {
@@ -166,7 +168,7 @@ type Stream struct {
 func StartStream(t *testing.T, ns *os.File, addr string) *Stream {
 	t.Helper()
 	s := &Stream{done: make(chan struct{})}
-	if err := InNetns(ns, func() error {
+	if err := netnstest.Enter(ns, func() error {
 		var err error
 		s.conn, err = net.DialTimeout("tcp", addr, time.Second)
 		return err

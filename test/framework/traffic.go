@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Transfer sends size bytes over one TCP connection from namespace from to ip in
@@ -19,7 +21,7 @@ import (
 func Transfer(from, to *os.File, ip netip.Addr, size int) error {
 	const port = 9300
 	var ln net.Listener
-	if err := InNetns(to, func() error {
+	if err := netnstest.Enter(to, func() error {
 		var err error
 		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
 		return err
@@ -39,7 +41,7 @@ func Transfer(from, to *os.File, ip netip.Addr, size int) error {
 		n, _ := io.Copy(io.Discard, conn)
 		got <- n
 	}()
-	if err := InNetns(from, func() error {
+	if err := netnstest.Enter(from, func() error {
 		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, port).String(), 3*time.Second)
 		if err != nil {
 			return err
@@ -59,7 +61,7 @@ func Transfer(from, to *os.File, ip netip.Addr, size int) error {
 
 // DialFrom connects to addr from the namespace ns and sends a line.
 func DialFrom(ns *os.File, addr string) error {
-	return InNetns(ns, func() error {
+	return netnstest.Enter(ns, func() error {
 		conn, err := net.DialTimeout("tcp", addr, 3*time.Second)
 		if err != nil {
 			return err
@@ -104,7 +106,7 @@ func WaitPeer(t *testing.T, peer <-chan netip.Addr) netip.Addr {
 func ListenIn(t *testing.T, ns *os.File, port int) net.Listener {
 	t.Helper()
 	var ln net.Listener
-	if err := InNetns(ns, func() error {
+	if err := netnstest.Enter(ns, func() error {
 		var err error
 		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
 		return err
@@ -117,7 +119,7 @@ func ListenIn(t *testing.T, ns *os.File, port int) net.Listener {
 
 // DialEcho connects from ns, sends a line and reads it back (one short attempt).
 func DialEcho(ns *os.File, addr string) error {
-	return InNetns(ns, func() error {
+	return netnstest.Enter(ns, func() error {
 		conn, err := net.DialTimeout("tcp", addr, 700*time.Millisecond)
 		if err != nil {
 			return err
@@ -194,7 +196,7 @@ func TCPEcho(t *testing.T, ns *os.File, port int) {
 func UDPEcho(t *testing.T, ns *os.File, port int) {
 	t.Helper()
 	var pc net.PacketConn
-	if err := InNetns(ns, func() error {
+	if err := netnstest.Enter(ns, func() error {
 		var err error
 		pc, err = net.ListenPacket("udp", ":"+strconv.Itoa(port))
 		return err
@@ -217,7 +219,7 @@ func UDPEcho(t *testing.T, ns *os.File, port int) {
 // UDPRoundTrip sends a datagram from ns to addr (an UDPEcho) and waits for it to come
 // back, three tries.
 func UDPRoundTrip(ns *os.File, addr string) error {
-	return InNetns(ns, func() error {
+	return netnstest.Enter(ns, func() error {
 		conn, err := net.Dial("udp", addr)
 		if err != nil {
 			return err

@@ -1,6 +1,7 @@
 // Package netnstest gives tests network namespaces of their own: created fresh, with
 // loopback up, and removed when the test ends (also when it fails). Tests that program the
-// kernel do it in these, never in the root namespace.
+// kernel do it in these, never in the root namespace; Enter and EnterPath, which run code
+// inside a namespace, refuse the machine's own.
 package netnstest
 
 import (
@@ -121,4 +122,87 @@ func setLoUp(t testing.TB, n ns.NetNS) {
 	}); err != nil {
 		t.Fatalf("setting lo up in %s: %v", n.Path(), err)
 	}
+}
+
+// home is the network namespace this process started in, the machine's own: read before
+// main (and any test) runs, so before any thread moved. (PID 1's is no better a witness:
+// in a container it may be unreadable, even to root.)
+var home, homeErr = netnsID("/proc/self/ns/net")
+
+// nsID names a network namespace (its nsfs inode).
+type nsID struct{ dev, ino uint64 }
+
+func netnsID(path string) (nsID, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return nsID{}, fmt.Errorf("reading the network namespace %s: %w", path, err)
+	}
+	return nsID{st.Dev, st.Ino}, nil
+}
+
+// Enter runs f on an OS thread of its own that has joined the network namespace ns, so
+// sockets, netlink calls and the processes f starts act there. It refuses to run f, with
+// an error, when ns is the machine's own network namespace (the one this process started
+// in): a wrong path or handle must not let a test or a benchmark program the host.
+//
+// Afterwards the thread goes back to the namespace it came from and to the Go scheduler;
+// if it can't go back, it stays locked and Go discards it, so no other goroutine ever runs
+// in ns. Discarding it every time would be simpler, but the kernel kills a process started
+// with Pdeathsig when the thread that started it ends, and any thread the scheduler hands
+// out may have started one (test/scale's agents, the benchmarks' iperf3).
+func Enter(ns *os.File, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		back, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("reading this thread's network namespace: %w", err)
+			return
+		}
+		defer back.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("entering the network namespace %s: %w", ns.Name(), err)
+			return
+		}
+		// Judge where the thread is now, not the handle: that is where f would act.
+		if err = refuseMachineNetns("/proc/thread-self/ns/net"); err != nil {
+			err = fmt.Errorf("refusing to act in %s: %w", ns.Name(), err)
+		} else {
+			err = f()
+		}
+		if unix.Setns(int(back.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// EnterPath is Enter for the network namespace at path: a bind mount (/run/netns/NAME) or
+// a process's /proc/PID/ns/net.
+func EnterPath(path string, f func() error) error {
+	ns, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("opening the network namespace: %w", err)
+	}
+	defer ns.Close()
+	return Enter(ns, f)
+}
+
+// refuseMachineNetns fails when the network namespace at path is the machine's own, or
+// when that can't be told.
+func refuseMachineNetns(path string) error {
+	cur, err := netnsID(path)
+	if err != nil {
+		return err
+	}
+	if homeErr != nil {
+		return homeErr
+	}
+	if cur == home {
+		return errors.New("it is the machine's own network namespace")
+	}
+	return nil
 }

@@ -26,7 +26,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -46,6 +45,7 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 	"github.com/trellis-net/trellis/test/versions"
 )
@@ -539,14 +539,10 @@ func (rn *RealNode) Remove() {
 	}
 }
 
-// do runs f on an OS thread in the node's namespace.
+// do runs f on an OS thread in the node's namespace (netnstest.EnterPath: never the
+// machine's own).
 func (rn *RealNode) do(f func() error) error {
-	n, err := ns.GetNS(procs.NetNSPath(rn.NS))
-	if err != nil {
-		return err
-	}
-	defer n.Close()
-	return n.Do(func(ns.NetNS) error { return f() })
+	return netnstest.EnterPath(procs.NetNSPath(rn.NS), f)
 }
 
 // parallel runs f for each name, workers at a time; it returns every error.

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +23,7 @@ import (
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // node is the benchmark's node namespace with the real pods, each in a namespace of its
@@ -190,25 +190,9 @@ func (n *node) iperf(ctx context.Context, d time.Duration) (float64, error) {
 	return r.End.SumReceived.BitsPerSecond, nil
 }
 
-// inNetns runs f on an OS thread that joined the named network namespace; the thread is
-// discarded afterwards.
+// inNetns runs f in the named network namespace (netnstest.Enter: never the machine's own).
 func inNetns(name string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		fd, err := unix.Open(procs.NetNSPath(name), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("entering %s: %w", name, err)
-			return
-		}
-		errc <- f()
-	}()
-	return <-errc
+	return netnstest.EnterPath(procs.NetNSPath(name), f)
 }
 
 var errTimeout = errors.New("no change within 10 s")
