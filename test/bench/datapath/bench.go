@@ -33,10 +33,6 @@ func run(o options) (code int) {
 		logf("%v", err)
 		return 2
 	}
-	if err := rememberHomeNetns(); err != nil {
-		logf("%v", err)
-		return 1
-	}
 	if removed, err := benchrun.Sweep(namePrefix); err != nil {
 		logf("%v", err)
 		return 1

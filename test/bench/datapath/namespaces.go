@@ -4,48 +4,24 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // namePrefix is the base of every namespace and directory a run creates
 // ("trlb-<pid of the run>-...", benchrun.Prefix).
 const namePrefix = "trlb-"
 
-// homeNetns is the network namespace the program started in (the machine's own): nothing
-// may be programmed there. Set once by run before any namespace is entered.
-var homeNetns os.FileInfo
-
-func rememberHomeNetns() error {
-	st, err := os.Stat("/proc/thread-self/ns/net")
-	if err != nil {
-		return fmt.Errorf("reading this program's network namespace: %w", err)
-	}
-	homeNetns = st
-	return nil
-}
-
 // inNetns runs f on a thread locked into the named namespace, so netlink calls and the
-// processes f starts (the CNI plugin, iptables) act there. It refuses to run f if the
-// namespace turns out to be the machine's own: a wrong bind mount must not let the agent's
-// code rewrite the host's routes.
+// processes f starts (the CNI plugin, iptables) act there. netnstest.EnterPath refuses to
+// run f if the namespace turns out to be the machine's own: a wrong bind mount must not let
+// the agent's code rewrite the host's routes.
 func inNetns(name string, f func() error) error {
-	return ns.WithNetNSPath(procs.NetNSPath(name), func(ns.NetNS) error {
-		cur, err := os.Stat("/proc/thread-self/ns/net")
-		if err != nil {
-			return fmt.Errorf("reading the network namespace of this thread: %w", err)
-		}
-		if homeNetns == nil || os.SameFile(cur, homeNetns) {
-			return fmt.Errorf("refusing to act in %s: it is the machine's own network namespace", name)
-		}
-		return f()
-	})
+	return netnstest.EnterPath(procs.NetNSPath(name), f)
 }
 
 // createNetns adds the named namespace and brings its lo up.
