@@ -26,6 +26,7 @@ import (
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers/render"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 var (
@@ -50,28 +51,28 @@ func TestOperator(t *testing.T) {
 		for i := 1; i <= 5; i++ {
 			createNode(t, fmt.Sprintf("node-%d", i))
 		}
-		eventually(t, "Degraded/PodCIDRExhausted", func() error {
+		check.Eventually(t, 30*time.Second, "Degraded/PodCIDRExhausted", func() error {
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "PodCIDRExhausted",
 				"1 node(s) lack a pod block (node-5)")
 		})
 		if got := len(blocksByNode(t)); got != 4 {
 			t.Fatalf("%d nodes got a block from a /22 of /24 blocks, want 4", got)
 		}
-		eventually(t, "trellis_operator_pod_blocks with the /22 full", func() error {
+		check.Eventually(t, 30*time.Second, "trellis_operator_pod_blocks with the /22 full", func() error {
 			return expectGauges("trellis_operator_pod_blocks", map[string]float64{"allocated": 4, "free": 0})
 		})
 
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) {
 			s.PodCIDRs = append(s.PodCIDRs, "10.245.0.0/22")
 		})
-		eventually(t, "all 5 nodes have blocks", func() error {
+		check.Eventually(t, 30*time.Second, "all 5 nodes have blocks", func() error {
 			if n := len(blocksByNode(t)); n != 5 {
 				return fmt.Errorf("%d blocks", n)
 			}
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, "AsExpected", "")
 		})
 		assertBlocksValid(t, blocksByNode(t), []string{"10.244.0.0/22", "10.245.0.0/22"})
-		eventually(t, "trellis_operator_pod_blocks with a second /22", func() error {
+		check.Eventually(t, 30*time.Second, "trellis_operator_pod_blocks with a second /22", func() error {
 			return expectGauges("trellis_operator_pod_blocks", map[string]float64{"allocated": 5, "free": 3})
 		})
 		if got := blocksByNode(t)["node-5"]; got != "10.245.0.0/24" {
@@ -93,7 +94,7 @@ func TestOperator(t *testing.T) {
 		stop()
 		stop = startOperator(top)
 		createNode(t, "node-6")
-		eventually(t, "node-6 has a block", func() error {
+		check.Eventually(t, 30*time.Second, "node-6 has a block", func() error {
 			if _, ok := blocksByNode(t)["node-6"]; !ok {
 				return fmt.Errorf("no block yet")
 			}
@@ -113,7 +114,7 @@ func TestOperator(t *testing.T) {
 		if err := k8s.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-3"}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "NodeNetwork node-3 is deleted", func() error {
+		check.Eventually(t, 30*time.Second, "NodeNetwork node-3 is deleted", func() error {
 			err := k8s.Get(ctx, types.NamespacedName{Name: "node-3"}, &v1alpha1.NodeNetwork{})
 			if apierrors.IsNotFound(err) {
 				return nil
@@ -124,7 +125,7 @@ func TestOperator(t *testing.T) {
 			return errors.New("still there")
 		})
 		createNode(t, "node-7")
-		eventually(t, "node-7 gets the freed block", func() error {
+		check.Eventually(t, 30*time.Second, "node-7 gets the freed block", func() error {
 			if got := blocksByNode(t)["node-7"]; got != freed {
 				return fmt.Errorf("node-7 has %q, want the freed %s", got, freed)
 			}
@@ -137,7 +138,7 @@ func TestOperator(t *testing.T) {
 		before := agentConfig(t)
 		// The VXLAN port while nodes on the old and the new port would have to talk.
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.VXLAN.Port = 8472 })
-		eventually(t, "Degraded/DisruptiveChangeRefused", func() error {
+		check.Eventually(t, 30*time.Second, "Degraded/DisruptiveChangeRefused", func() error {
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "DisruptiveChangeRefused",
 				"spec.vxlan.port 4789 -> 8472 refused")
 		})
@@ -154,7 +155,7 @@ func TestOperator(t *testing.T) {
 			s.VXLAN.Port = before.VXLAN.Port
 			s.PodCIDRs = append(s.PodCIDRs, "10.0.0.0/22")
 		})
-		eventually(t, "Degraded/PodCIDRConflict", func() error {
+		check.Eventually(t, 30*time.Second, "Degraded/PodCIDRConflict", func() error {
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "PodCIDRConflict",
 				"spec.podCIDRs entry 10.0.0.0/22 overlaps Service range 10.0.0.0/24 (ServiceCIDR kubernetes)")
 		})
@@ -173,7 +174,7 @@ func TestOperator(t *testing.T) {
 		if err := k8s.Update(ctx, cur); err != nil {
 			t.Fatalf("removing the refused range: %v", err)
 		}
-		eventually(t, "not Degraded", func() error {
+		check.Eventually(t, 30*time.Second, "not Degraded", func() error {
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, "AsExpected", "")
 		})
 	})
@@ -192,7 +193,7 @@ func TestOperator(t *testing.T) {
 			s.MTU = 1400
 		})
 		ds := &appsv1.DaemonSet{}
-		eventually(t, "DaemonSet has the custom image", func() error {
+		check.Eventually(t, 30*time.Second, "DaemonSet has the custom image", func() error {
 			if err := k8s.Get(ctx, dsKey, ds); err != nil {
 				return err
 			}
@@ -292,7 +293,7 @@ func TestOperator(t *testing.T) {
 
 	t.Run("the operator image is the default agent image", func(t *testing.T) {
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.Image = "" })
-		eventually(t, "DaemonSet runs RELATED_IMAGE_AGENT", func() error {
+		check.Eventually(t, 30*time.Second, "DaemonSet runs RELATED_IMAGE_AGENT", func() error {
 			ds := &appsv1.DaemonSet{}
 			if err := k8s.Get(ctx, dsKey, ds); err != nil {
 				return err
@@ -310,7 +311,7 @@ func TestOperator(t *testing.T) {
 			t.Fatal("pod template has no config hash annotation")
 		}
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Encapsulation = v1alpha1.EncapsulationDirect })
-		eventually(t, "config hash changes", func() error {
+		check.Eventually(t, 30*time.Second, "config hash changes", func() error {
 			after := templateHash(t)
 			if after == before {
 				return fmt.Errorf("hash still %s", after)
@@ -338,7 +339,7 @@ func TestOperator(t *testing.T) {
 		if err := k8s.Update(ctx, cm); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "ConfigMap restored", func() error {
+		check.Eventually(t, 30*time.Second, "ConfigMap restored", func() error {
 			if got := agentConfig(t); got.Encapsulation != want.Encapsulation || !slices.Equal(got.PodCIDRs, want.PodCIDRs) {
 				return fmt.Errorf("config %+v", got)
 			}
@@ -351,7 +352,7 @@ func TestOperator(t *testing.T) {
 		if err := k8s.Delete(ctx, ds); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "DaemonSet re-created", func() error {
+		check.Eventually(t, 30*time.Second, "DaemonSet re-created", func() error {
 			ds := &appsv1.DaemonSet{}
 			if err := k8s.Get(ctx, dsKey, ds); err != nil {
 				return err
@@ -368,7 +369,7 @@ func TestOperator(t *testing.T) {
 		if err := k8s.Update(ctx, role); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "ClusterRole edit reverted", func() error {
+		check.Eventually(t, 30*time.Second, "ClusterRole edit reverted", func() error {
 			role := &rbacv1.ClusterRole{}
 			mustGet(t, types.NamespacedName{Name: "trellis-agent"}, role)
 			for _, r := range role.Rules {
@@ -382,11 +383,11 @@ func TestOperator(t *testing.T) {
 
 	t.Run("status follows the rollout", func(t *testing.T) {
 		// No kube-controller-manager runs here: the test plays the DaemonSet controller.
-		eventually(t, "Progressing while no agent is updated", func() error {
+		check.Eventually(t, 30*time.Second, "Progressing while no agent is updated", func() error {
 			return expectCondition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, "RollingOut", "0 of 0 nodes updated")
 		})
 		setDaemonSetStatus(t, 6, 3, 3)
-		eventually(t, "Progressing with counts", func() error {
+		check.Eventually(t, 30*time.Second, "Progressing with counts", func() error {
 			if err := expectCondition(v1alpha1.ConditionProgressing, metav1.ConditionTrue, "RollingOut", "3 of 6 nodes updated, 3 available"); err != nil {
 				return err
 			}
@@ -420,14 +421,14 @@ func TestOperator(t *testing.T) {
 		}
 		clockOffset.Store(int64(11 * time.Minute))
 		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Rollout.ProgressDeadlineSeconds = 601 })
-		eventually(t, "Degraded/ProgressDeadlineExceeded naming the node and the reason", func() error {
+		check.Eventually(t, 30*time.Second, "Degraded/ProgressDeadlineExceeded naming the node and the reason", func() error {
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "ProgressDeadlineExceeded",
 				`spec.rollout.progressDeadlineSeconds (10m1s): 3 of 6 nodes updated, 3 available; node node-2: pod trellis-agent-stuck container agent ErrImagePull: failed to pull "registry.example/trellis:nope": not found`)
 		})
 		clockOffset.Store(0)
 
 		setDaemonSetStatus(t, 6, 6, 6)
-		eventually(t, "Available, not Progressing, not Degraded", func() error {
+		check.Eventually(t, 30*time.Second, "Available, not Progressing, not Degraded", func() error {
 			if err := expectCondition(v1alpha1.ConditionAvailable, metav1.ConditionTrue, "AgentsAvailable", "6 of 6"); err != nil {
 				return err
 			}
@@ -436,7 +437,7 @@ func TestOperator(t *testing.T) {
 			}
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, "AsExpected", "")
 		})
-		eventually(t, "trellis_operator_nodes after the rollout", func() error {
+		check.Eventually(t, 30*time.Second, "trellis_operator_nodes after the rollout", func() error {
 			return expectGauges("trellis_operator_nodes", map[string]float64{"desired": 6, "updated": 6, "ready": 6, "available": 6})
 		})
 	})
@@ -451,7 +452,7 @@ func TestOperator(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, "status.mtu 1400", func() error {
+		check.Eventually(t, 30*time.Second, "status.mtu 1400", func() error {
 			cur := &v1alpha1.ClusterNetwork{}
 			mustGet(t, client.ObjectKeyFromObject(cn), cur)
 			if cur.Status.MTU != 1400 {
@@ -467,7 +468,7 @@ func TestOperator(t *testing.T) {
 		if err := k8s.Create(ctx, other); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "Degraded/NotDefault", func() error {
+		check.Eventually(t, 30*time.Second, "Degraded/NotDefault", func() error {
 			cur := &v1alpha1.ClusterNetwork{}
 			mustGet(t, client.ObjectKeyFromObject(other), cur)
 			c := meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionDegraded)

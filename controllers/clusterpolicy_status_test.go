@@ -27,6 +27,7 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -321,7 +322,7 @@ func getPolicy(t *testing.T, name string) *policyv1beta1.ClusterNetworkPolicy {
 // observedGeneration given and a message containing msgPart.
 func expectPolicyCondition(t *testing.T, name, typ string, status metav1.ConditionStatus, reason string, gen int64, msgPart string) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("ClusterNetworkPolicy %s %s=%s (%s)", name, typ, status, reason), func() error {
+	check.Eventually(t, 30*time.Second, fmt.Sprintf("ClusterNetworkPolicy %s %s=%s (%s)", name, typ, status, reason), func() error {
 		p := &policyv1beta1.ClusterNetworkPolicy{}
 		if err := k8s.Get(ctx, types.NamespacedName{Name: name}, p); err != nil {
 			return err

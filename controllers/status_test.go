@@ -24,6 +24,7 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // These tests call Reconcile themselves (no manager runs), one pass at a time, on a
@@ -191,7 +192,7 @@ func freshClusterNetwork(t *testing.T) {
 			if err := k8s.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
 				t.Fatalf("deleting %T %s: %v", obj, obj.GetName(), err)
 			}
-			eventually(t, fmt.Sprintf("%T %s gone", obj, obj.GetName()), func() error {
+			check.Eventually(t, 30*time.Second, fmt.Sprintf("%T %s gone", obj, obj.GetName()), func() error {
 				switch err := k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj); {
 				case err == nil:
 					return errors.New("still there")
@@ -239,25 +240,25 @@ func TestRolloutJudgedAgainstTheApply(t *testing.T) {
 	// A cached client may read a copy one write behind: retry conflicts, as the controller does.
 	pass := func(t *testing.T) {
 		t.Helper()
-		eventually(t, "a pass without conflict", func() error {
+		check.Eventually(t, 30*time.Second, "a pass without conflict", func() error {
 			_, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: types.NamespacedName{Name: v1alpha1.ClusterNetworkName}})
 			return err
 		})
 	}
 	createClusterNetwork(t, nil)
 	pass(t) // the finalizer
-	eventually(t, "the DaemonSet applied", func() error {
+	check.Eventually(t, 30*time.Second, "the DaemonSet applied", func() error {
 		pass(t)
 		return k8s.Get(ctx, dsKey, &appsv1.DaemonSet{})
 	})
 	setDaemonSetStatus(t, 1, 1, 1)
-	eventually(t, "the cache shows the first rollout complete", func() error {
+	check.Eventually(t, 30*time.Second, "the cache shows the first rollout complete", func() error {
 		if ds := cached(); ds.Status.ObservedGeneration != ds.Generation || ds.Status.UpdatedNumberScheduled != 1 {
 			return fmt.Errorf("cached DaemonSet generation %d, status %+v", ds.Generation, ds.Status)
 		}
 		return nil
 	})
-	eventually(t, "Progressing=False/RolloutComplete for the first configuration", func() error {
+	check.Eventually(t, 30*time.Second, "Progressing=False/RolloutComplete for the first configuration", func() error {
 		pass(t)
 		return expectCondition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, controllers.ReasonRolloutComplete, "")
 	})
@@ -266,7 +267,7 @@ func TestRolloutJudgedAgainstTheApply(t *testing.T) {
 	// A change that rolls: the apply bumps the DaemonSet's generation; for the next 3s the
 	// cache still shows the old template, rolled out.
 	updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.LogLevel = "debug" })
-	eventually(t, "a pass of the new generation", func() error {
+	check.Eventually(t, 30*time.Second, "a pass of the new generation", func() error {
 		pass(t)
 		if cn := getClusterNetwork(t); cn.Status.ConfigHash == first {
 			return fmt.Errorf("status.configHash still %s", first)
@@ -289,7 +290,7 @@ func TestRolloutJudgedAgainstTheApply(t *testing.T) {
 	// Once the DaemonSet controller has rolled the new template and the cache shows it.
 	setDaemonSetStatus(t, 1, 1, 1)
 	time.Sleep(lag)
-	eventually(t, "Progressing=False/RolloutComplete for the new configuration", func() error {
+	check.Eventually(t, 30*time.Second, "Progressing=False/RolloutComplete for the new configuration", func() error {
 		pass(t)
 		return expectCondition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, controllers.ReasonRolloutComplete, "")
 	})

@@ -179,18 +179,3 @@ func zapLevel() zapcore.Level {
 	}
 	return zapcore.ErrorLevel // errors only: keeps test output readable
 }
-
-// eventually polls cond until it returns nil or the timeout passes, then fails with the
-// last error.
-func eventually(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: still not true after 30s: %v", what, err)
-}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // Deleting the ClusterNetwork: the operator holds it with its finalizer, deletes the agent
@@ -41,7 +42,7 @@ func TestUninstall(t *testing.T) {
 		if err := k8s.Create(ctx, cn); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("creating ClusterNetwork default: %v", err)
 		}
-		eventually(t, "finalizer on the ClusterNetwork, DaemonSet and NodeNetworks there", func() error {
+		check.Eventually(t, 30*time.Second, "finalizer on the ClusterNetwork, DaemonSet and NodeNetworks there", func() error {
 			cur := &v1alpha1.ClusterNetwork{}
 			if err := k8s.Get(ctx, client.ObjectKeyFromObject(cn), cur); err != nil {
 				return err
@@ -72,7 +73,7 @@ func TestUninstall(t *testing.T) {
 		if err := k8s.Delete(ctx, &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ClusterNetworkName}}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "DaemonSet deleted in the foreground, ClusterNetwork held", func() error {
+		check.Eventually(t, 30*time.Second, "DaemonSet deleted in the foreground, ClusterNetwork held", func() error {
 			ds := &appsv1.DaemonSet{}
 			if err := k8s.Get(ctx, dsKey, ds); err != nil {
 				return err
@@ -149,7 +150,7 @@ func playGarbageCollector(t *testing.T) {
 
 func waitClusterNetworkGone(t *testing.T) {
 	t.Helper()
-	eventually(t, "ClusterNetwork default gone (finalizer released)", func() error {
+	check.Eventually(t, 30*time.Second, "ClusterNetwork default gone (finalizer released)", func() error {
 		cn := &v1alpha1.ClusterNetwork{}
 		err := k8s.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, cn)
 		if apierrors.IsNotFound(err) {
@@ -165,7 +166,7 @@ func waitClusterNetworkGone(t *testing.T) {
 func waitEvent(t *testing.T, typ, reason, notePart string) eventsv1.Event {
 	t.Helper()
 	var found eventsv1.Event
-	eventually(t, "event "+reason, func() error {
+	check.Eventually(t, 30*time.Second, "event "+reason, func() error {
 		var list eventsv1.EventList
 		if err := k8s.List(ctx, &list); err != nil {
 			return err

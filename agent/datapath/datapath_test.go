@@ -16,6 +16,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -44,17 +45,10 @@ type topology struct {
 	tweak func(*datapath.Config)
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // link creates a veth from namespace a (name an, address aAddr) to b (bn, bAddr).
 func link(t *testing.T, a ns.NetNS, an, aAddr string, b ns.NetNS, bn, bAddr string) {
 	t.Helper()
-	must(t, a.Do(func(ns.NetNS) error {
+	check.Must(t, a.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = an
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: bn, PeerNamespace: netlink.NsFd(int(b.Fd()))}); err != nil {
@@ -62,7 +56,7 @@ func link(t *testing.T, a ns.NetNS, an, aAddr string, b ns.NetNS, bn, bAddr stri
 		}
 		return configure(an, aAddr)
 	}))
-	must(t, b.Do(func(ns.NetNS) error { return configure(bn, bAddr) }))
+	check.Must(t, b.Do(func(ns.NetNS) error { return configure(bn, bAddr) }))
 }
 
 func configure(name, addr string) error {
@@ -88,7 +82,7 @@ func newTopology(t *testing.T) *topology {
 	netnstest.RequireCommands(t, "iptables-restore")
 	topo := &topology{t: t, router: netnstest.New(t)}
 	sw := netnstest.New(t)
-	must(t, sw.Do(func(ns.NetNS) error {
+	check.Must(t, sw.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "br0"
 		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: la}); err != nil {
@@ -97,7 +91,7 @@ func newTopology(t *testing.T) *topology {
 		return configure("br0", "")
 	}))
 	plug := func(swName string) {
-		must(t, sw.Do(func(ns.NetNS) error {
+		check.Must(t, sw.Do(func(ns.NetNS) error {
 			l, err := netlink.LinkByName(swName)
 			if err != nil {
 				return err
@@ -111,7 +105,7 @@ func newTopology(t *testing.T) *topology {
 	}
 	link(t, topo.router, "eth0", "198.51.100.1/24", sw, "p-router", "")
 	plug("p-router")
-	must(t, topo.router.Do(func(ns.NetNS) error {
+	check.Must(t, topo.router.Do(func(ns.NetNS) error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
 	}))
 	for i, spec := range []struct{ ip, gw, block string }{
@@ -127,13 +121,13 @@ func newTopology(t *testing.T) *topology {
 		} else {
 			link(t, n.ns, "eth0", spec.ip, topo.router, "eth1", "203.0.113.1/24")
 		}
-		must(t, n.ns.Do(func(ns.NetNS) error {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			l, _ := netlink.LinkByName("eth0")
 			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(spec.gw)})
 		}))
 		n.pod = netnstest.New(t)
 		n.podIP = n.block.Addr().Next().Next()
-		must(t, n.ns.Do(func(ns.NetNS) error {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", []netip.Addr{n.podIP}, 1400)
 			return err
 		}))
@@ -156,7 +150,7 @@ func (topo *topology) sync(i int, mode datapath.Mode, peers ...int) *datapath.St
 		topo.tweak(&cfg)
 	}
 	var st *datapath.Status
-	must(topo.t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(topo.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
 		st, err = datapath.Sync(cfg)
 		return err
@@ -287,7 +281,7 @@ func TestStalePeersAreRemovedAndOthersLeftAlone(t *testing.T) {
 	topo.syncAll(datapath.ModeVXLAN)
 	// Someone else's route must survive trellis's syncs.
 	foreign := &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("10.99.0.0").To4(), Mask: net.CIDRMask(16, 32)}, Gw: net.ParseIP("198.51.100.1")}
-	must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error { return netlink.RouteAdd(foreign) }))
+	check.Must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error { return netlink.RouteAdd(foreign) }))
 	st := topo.sync(0, datapath.ModeVXLAN, 2) // node2 is gone
 	if st.RoutesDeleted != 1 {
 		t.Fatalf("deleted %d routes, want node2's block only", st.RoutesDeleted)
@@ -298,7 +292,7 @@ func TestStalePeersAreRemovedAndOthersLeftAlone(t *testing.T) {
 	if _, err := topo.reach(0, 2); err != nil {
 		t.Errorf("node3's pod lost: %v", err)
 	}
-	must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
+	check.Must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
 		rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: foreign.Dst}, netlink.RT_FILTER_DST)
 		if err == nil && len(rs) != 1 {
 			t.Errorf("the foreign route 10.99.0.0/16 was touched")
@@ -313,7 +307,7 @@ func TestMasqueradeAndAntiSpoofing(t *testing.T) {
 	rules := datapath.Netfilter([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, true)
 	syncers := make([]netfilter.Syncer, len(topo.nodes))
 	for i, n := range topo.nodes {
-		must(t, n.ns.Do(func(ns.NetNS) error {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			_, err := syncers[i].Sync(context.Background(), rules)
 			return err
 		}))
@@ -329,13 +323,13 @@ func TestMasqueradeAndAntiSpoofing(t *testing.T) {
 	}
 	// A pod sending from an address that isn't its own is dropped.
 	spoofed := "10.244.1.99"
-	must(t, topo.nodes[0].pod.Do(func(ns.NetNS) error {
+	check.Must(t, topo.nodes[0].pod.Do(func(ns.NetNS) error {
 		l, _ := netlink.LinkByName("eth0")
 		a, _ := netlink.ParseAddr(spoofed + "/32")
 		return netlink.AddrAdd(l, a)
 	}))
 	var l net.Listener
-	must(t, topo.nodes[1].pod.Do(func(ns.NetNS) error {
+	check.Must(t, topo.nodes[1].pod.Do(func(ns.NetNS) error {
 		var err error
 		l, err = net.Listen("tcp", net.JoinHostPort(topo.nodes[1].podIP.String(), "0"))
 		return err
@@ -355,7 +349,7 @@ func TestMasqueradeAndAntiSpoofing(t *testing.T) {
 	// Idempotent: the second sync leaves the chains alone, and so does the first sync of
 	// a restarted agent (a syncer that never wrote them).
 	for _, s := range []*netfilter.Syncer{&syncers[0], {}} {
-		must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
+		check.Must(t, topo.nodes[0].ns.Do(func(ns.NetNS) error {
 			res, err := s.Sync(context.Background(), rules)
 			if res.Changed() {
 				t.Errorf("an unchanged ruleset was rewritten: %+v", res)

@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 func writeProc(n ns.NetNS, values map[string]string) error {
@@ -27,7 +28,7 @@ func writeProc(n ns.NetNS, values map[string]string) error {
 func readProc(t *testing.T, n ns.NetNS, path string) string {
 	t.Helper()
 	var v string
-	must(t, n.Do(func(ns.NetNS) error {
+	check.Must(t, n.Do(func(ns.NetNS) error {
 		b, err := os.ReadFile("/proc/sys/" + path)
 		v = string(b)
 		return err
@@ -42,7 +43,7 @@ func TestKernelSettings(t *testing.T) {
 	node1 := topo.nodes[0]
 	topo.syncAll(datapath.ModeVXLAN)
 	// Strict defaults, forwarding off, and a veth from a plugin that didn't set rp_filter.
-	must(t, writeProc(node1.ns, map[string]string{
+	check.Must(t, writeProc(node1.ns, map[string]string{
 		"net/ipv4/ip_forward":                   "0",
 		"net/ipv4/conf/all/rp_filter":           "1",
 		"net/ipv4/conf/trellis.vxlan/rp_filter": "1",
@@ -86,10 +87,10 @@ func TestKernelSettingRefused(t *testing.T) {
 	topo := newTopology(t)
 	procSys := t.TempDir()
 	// ip_forward as a directory: writing it fails as a read-only /proc/sys would.
-	must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755))
+	check.Must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755))
 	vxlanRP := filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan/rp_filter")
-	must(t, os.MkdirAll(filepath.Dir(vxlanRP), 0o755))
-	must(t, os.WriteFile(vxlanRP, []byte("1\n"), 0o644))
+	check.Must(t, os.MkdirAll(filepath.Dir(vxlanRP), 0o755))
+	check.Must(t, os.WriteFile(vxlanRP, []byte("1\n"), 0o644))
 	n := topo.nodes[0]
 	cfg := datapath.Config{Mode: datapath.ModeVXLAN, VNI: 1, Port: 4789, ProcSys: procSys,
 		Local: datapath.Local{NodeIP: n.ip, PodCIDR: n.block}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
@@ -120,7 +121,7 @@ func TestChecksumOffload(t *testing.T) {
 	txcsum := func() bool {
 		t.Helper()
 		var on bool
-		must(t, n.ns.Do(func(ns.NetNS) error {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			var err error
 			on, err = datapath.TXChecksum(datapath.VXLANDevice)
 			return err
@@ -141,7 +142,7 @@ func TestChecksumOffload(t *testing.T) {
 		if got := txcsum(); got != step.want || st.TXChecksumOffload != step.want {
 			t.Errorf("checksumOffload %v: TX checksum offload on the device %v, reported %v; want %v", step.offload, got, st.TXChecksumOffload, step.want)
 		}
-		must(t, n.ns.Do(func(ns.NetNS) error {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			changed, err := datapath.SetTXChecksum(datapath.VXLANDevice, step.want)
 			if changed {
 				t.Errorf("checksumOffload %v: setting it again changed the device", step.offload)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -79,7 +80,7 @@ func TestNetfilterUpgradeRewritesNothing(t *testing.T) {
 		t.Run(b.Mode, func(t *testing.T) {
 			netnstest.RequireCommands(t, b.IPTables, b.Restore)
 			n := netnstest.New(t)
-			must(t, n.Do(func(ns.NetNS) error {
+			check.Must(t, n.Do(func(ns.NetNS) error {
 				cmd := exec.Command(b.Restore, "--noflush")
 				cmd.Stdin = strings.NewReader(previousRestore)
 				if out, err := cmd.CombinedOutput(); err != nil {
@@ -109,7 +110,7 @@ func TestNetfilter6(t *testing.T) {
 		t.Run(b.Mode, func(t *testing.T) {
 			netnstest.RequireCommands(t, b.IPTables, b.Save, b.Restore)
 			n := netnstest.New(t)
-			must(t, n.Do(func(ns.NetNS) error {
+			check.Must(t, n.Do(func(ns.NetNS) error {
 				if res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), datapath.Netfilter6()); err != nil || !res.Changed() {
 					t.Fatalf("first sync: %+v, %v", res, err)
 				}

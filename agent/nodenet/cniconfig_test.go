@@ -19,6 +19,7 @@ import (
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -31,9 +32,9 @@ func TestShadowingCNIConfig(t *testing.T) {
 	netnstest.RequireCommands(t, "iptables", "iptables-restore")
 	k8s := apiServer(t)
 	cs, err := kubernetes.NewForConfig(envCfg)
-	must(t, err)
+	check.Must(t, err)
 	scheme, err := trellisscheme.New()
-	must(t, err)
+	check.Must(t, err)
 	recorder := eventRecorder(t, cs, scheme)
 
 	for i, tc := range []struct {
@@ -49,7 +50,7 @@ func TestShadowingCNIConfig(t *testing.T) {
 			name := fmt.Sprintf("shadow-%d", i)
 			a := newAgent(t, k8s, name, fmt.Sprintf("198.51.100.%d", 81+i), fmt.Sprintf("10.244.%d.0/24", 81+i), cfg)
 			a.rec.Recorder = recorder
-			must(t, a.sync())
+			check.Must(t, a.sync())
 			a.expectReady(t)
 			a.expectCNIConfig(t, metav1.ConditionTrue, nodenet.ReasonConflistFirst, cniinstall.ConflistName)
 
@@ -70,7 +71,7 @@ func TestShadowingCNIConfig(t *testing.T) {
 			defer stop()
 
 			other := filepath.Join(a.rec.CNIConfDir, "00-other.conflist")
-			must(t, os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644))
+			check.Must(t, os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644))
 			if tc.remove {
 				waitFor(t, "the agent removes 00-other.conflist", func() bool {
 					_, err := os.Stat(other)
@@ -111,7 +112,7 @@ func TestShadowingCNIConfig(t *testing.T) {
 			}
 
 			// The other CNI's file goes: trellis's is in effect again.
-			must(t, os.Remove(other))
+			check.Must(t, os.Remove(other))
 			waitFor(t, "CNIConfigInEffect True again", func() bool {
 				c := meta.FindStatusCondition(a.nodeNetwork(t).Status.Conditions, v1alpha1.ConditionCNIConfigInEffect)
 				return c != nil && c.Status == metav1.ConditionTrue
@@ -136,7 +137,7 @@ func (a *agent) shadowEvents(t *testing.T, cs kubernetes.Interface) []corev1.Eve
 	t.Helper()
 	evs, err := cs.CoreV1().Events("").List(ctx, metav1.ListOptions{
 		FieldSelector: "involvedObject.name=" + a.rec.NodeName + ",reason=" + nodenet.ReasonConflistShadowed})
-	must(t, err)
+	check.Must(t, err)
 	return evs.Items
 }
 

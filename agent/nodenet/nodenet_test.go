@@ -37,6 +37,7 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
 )
@@ -92,7 +93,7 @@ func TestTwoAgents(t *testing.T) {
 	k8s := apiServer(t)
 
 	nsA, nsB := netnstest.New(t), netnstest.New(t)
-	must(t, nsA.Do(func(ns.NetNS) error {
+	check.Must(t, nsA.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "eth0"
 		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))})
@@ -114,8 +115,8 @@ func TestTwoAgents(t *testing.T) {
 	}
 	// Another CNI's configuration, which stays unless spec.agent.removeOtherCNIConfigs.
 	for _, dir := range dirs {
-		must(t, os.MkdirAll(filepath.Join(dir, "net.d"), 0o755))
-		must(t, os.WriteFile(filepath.Join(dir, "net.d", "05-other.conflist"), []byte(`{"name":"other"}`), 0o644))
+		check.Must(t, os.MkdirAll(filepath.Join(dir, "net.d"), 0o755))
+		check.Must(t, os.WriteFile(filepath.Join(dir, "net.d", "05-other.conflist"), []byte(`{"name":"other"}`), 0o644))
 	}
 	// Before any sync: not ready, no conflist.
 	if recs[0].Ready() == nil {
@@ -123,7 +124,7 @@ func TestTwoAgents(t *testing.T) {
 	}
 	for pass := 0; pass < 2; pass++ { // the first publishes the VTEP MACs the second uses
 		for i, n := range nodes {
-			must(t, n.ns.Do(func(ns.NetNS) error {
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
 				_, err := recs[i].Reconcile(ctx, ctrl.Request{})
 				return err
 			}))
@@ -134,7 +135,7 @@ func TestTwoAgents(t *testing.T) {
 			t.Errorf("%s not ready: %v", n.name, err)
 		}
 		nn := &v1alpha1.NodeNetwork{}
-		must(t, k8s.Get(ctx, types.NamespacedName{Name: n.name}, nn))
+		check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: n.name}, nn))
 		c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady)
 		if nn.Status.NodeIP != n.ip || nn.Status.VTEPMAC == "" || nn.Status.MTU != 1450 || nn.Status.Encapsulation != "VXLAN" ||
 			nn.Status.AgentVersion != "test" || c == nil || c.Status != metav1.ConditionTrue || c.Message != "0 peer(s) direct, 1 via VXLAN" {
@@ -148,7 +149,7 @@ func TestTwoAgents(t *testing.T) {
 			CNIVersion string           `json:"cniVersion"`
 			Plugins    []map[string]any `json:"plugins"`
 		}
-		must(t, json.Unmarshal(b, &conf))
+		check.Must(t, json.Unmarshal(b, &conf))
 		if conf.CNIVersion != "1.0.0" || conf.Plugins[0]["podCIDR"] != n.block || conf.Plugins[0]["mtu"] != float64(1450) || conf.Plugins[1]["type"] != "portmap" {
 			t.Errorf("%s conflist %s", n.name, b)
 		}
@@ -174,16 +175,16 @@ func TestTwoAgents(t *testing.T) {
 	// Pods on the two nodes reach each other through the routes the agents programmed.
 	podA, podB := netnstest.New(t), netnstest.New(t)
 	ipA, ipB := netip.MustParseAddr("10.244.10.5"), netip.MustParseAddr("10.244.11.5")
-	must(t, nsA.Do(func(ns.NetNS) error {
+	check.Must(t, nsA.Do(func(ns.NetNS) error {
 		_, err := veth.Setup(podA, "trlpoda", "eth0", []netip.Addr{ipA}, 1450)
 		return err
 	}))
-	must(t, nsB.Do(func(ns.NetNS) error {
+	check.Must(t, nsB.Do(func(ns.NetNS) error {
 		_, err := veth.Setup(podB, "trlpodb", "eth0", []netip.Addr{ipB}, 1450)
 		return err
 	}))
 	var l net.Listener
-	must(t, podB.Do(func(ns.NetNS) error {
+	check.Must(t, podB.Do(func(ns.NetNS) error {
 		var err error
 		l, err = net.Listen("tcp", ipB.String()+":8080")
 		return err
@@ -194,7 +195,7 @@ func TestTwoAgents(t *testing.T) {
 			c.Close()
 		}
 	}()
-	must(t, podA.Do(func(ns.NetNS) error {
+	check.Must(t, podA.Do(func(ns.NetNS) error {
 		c, err := net.DialTimeout("tcp", ipB.String()+":8080", 3*time.Second)
 		if err != nil {
 			return fmt.Errorf("pod on node-a -> pod on node-b: %w", err)
@@ -205,22 +206,22 @@ func TestTwoAgents(t *testing.T) {
 	// A kernel setting that can't be applied turns Ready False with a reason naming it,
 	// and Ready comes back once it can be.
 	procSys := t.TempDir()
-	must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755)) // writes fail
-	must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan"), 0o755))
+	check.Must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755)) // writes fail
+	check.Must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan"), 0o755))
 	recs[0].ProcSys = procSys
 	err := nsA.Do(func(ns.NetNS) error { _, err := recs[0].Reconcile(ctx, ctrl.Request{}); return err })
 	if err == nil {
 		t.Error("a sync whose ip_forward write failed returned no error")
 	}
 	nn := &v1alpha1.NodeNetwork{}
-	must(t, k8s.Get(ctx, types.NamespacedName{Name: "node-a"}, nn))
+	check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: "node-a"}, nn))
 	c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady)
 	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != nodenet.ReasonIPForwardNotSet || !strings.Contains(c.Message, "net.ipv4.ip_forward") {
 		t.Errorf("Ready with ip_forward refused: %+v, want False/%s naming net.ipv4.ip_forward", c, nodenet.ReasonIPForwardNotSet)
 	}
 	recs[0].ProcSys = ""
-	must(t, nsA.Do(func(ns.NetNS) error { _, err := recs[0].Reconcile(ctx, ctrl.Request{}); return err }))
-	must(t, k8s.Get(ctx, types.NamespacedName{Name: "node-a"}, nn))
+	check.Must(t, nsA.Do(func(ns.NetNS) error { _, err := recs[0].Reconcile(ctx, ctrl.Request{}); return err }))
+	check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: "node-a"}, nn))
 	if c := meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionTrue {
 		t.Errorf("Ready after the setting could be applied again: %+v", c)
 	}
@@ -229,19 +230,12 @@ func TestTwoAgents(t *testing.T) {
 	removing := *agentCfg
 	removing.RemoveOtherCNIConfigs = true
 	recs[1].Config = &removing
-	must(t, nsB.Do(func(ns.NetNS) error { _, err := recs[1].Reconcile(ctx, ctrl.Request{}); return err }))
+	check.Must(t, nsB.Do(func(ns.NetNS) error { _, err := recs[1].Reconcile(ctx, ctrl.Request{}); return err }))
 	if _, err := os.Stat(filepath.Join(dirs["node-b"], "net.d", "05-other.conflist")); err == nil {
 		t.Error("node-b: another CNI's conflist still there with removeOtherCNIConfigs")
 	}
 	if _, err := os.Stat(filepath.Join(dirs["node-b"], "net.d", cniinstall.ConflistName)); err != nil {
 		t.Errorf("node-b: trellis's own conflist: %v", err)
-	}
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -255,7 +249,7 @@ func TestReadinessFollowsLastSync(t *testing.T) {
 	if err := a.rec.Ready(); err == nil {
 		t.Fatal("ready before the first sync")
 	}
-	must(t, a.sync())
+	check.Must(t, a.sync())
 	a.expectReady(t)
 
 	for _, tc := range []struct {
@@ -267,8 +261,8 @@ func TestReadinessFollowsLastSync(t *testing.T) {
 		name: "ip_forward can't be set",
 		breakIt: func() {
 			procSys := t.TempDir()
-			must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755)) // writes fail
-			must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan"), 0o755))
+			check.Must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/ip_forward"), 0o755)) // writes fail
+			check.Must(t, os.MkdirAll(filepath.Join(procSys, "net/ipv4/conf/trellis.vxlan"), 0o755))
 			a.rec.ProcSys = procSys
 		},
 		fix:    func() { a.rec.ProcSys = "" },
@@ -277,7 +271,7 @@ func TestReadinessFollowsLastSync(t *testing.T) {
 		name: "the CNI configuration can't be written",
 		breakIt: func() {
 			file := filepath.Join(t.TempDir(), "file")
-			must(t, os.WriteFile(file, nil, 0o644))
+			check.Must(t, os.WriteFile(file, nil, 0o644))
 			a.rec.CNIConfDir = filepath.Join(file, "net.d") // under a regular file
 		},
 		fix:    func() { a.rec.CNIConfDir = filepath.Join(a.dir, "net.d") },
@@ -311,7 +305,7 @@ func TestReadinessFollowsLastSync(t *testing.T) {
 				}
 			}
 			tc.fix()
-			must(t, a.sync())
+			check.Must(t, a.sync())
 			a.expectReady(t)
 		})
 	}
@@ -326,9 +320,9 @@ func TestConfigTakesEffect(t *testing.T) {
 	peerBlock := "10.244.99.0/24"
 	addNode(t, k8s, "cfg-peer", "198.51.100.50", peerBlock)
 	peer := &v1alpha1.NodeNetwork{}
-	must(t, k8s.Get(ctx, types.NamespacedName{Name: "cfg-peer"}, peer))
+	check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: "cfg-peer"}, peer))
 	peer.Status.NodeIP, peer.Status.VTEPMAC = "198.51.100.50", "02:00:00:00:00:50"
-	must(t, k8s.Status().Update(ctx, peer))
+	check.Must(t, k8s.Status().Update(ctx, peer))
 
 	for i, tc := range []struct {
 		name   string
@@ -376,7 +370,7 @@ func TestConfigTakesEffect(t *testing.T) {
 		},
 		check: func(t *testing.T, a *agent, nn *v1alpha1.NodeNetwork) {
 			var vx *netlink.Vxlan
-			must(t, a.ns.Do(func(ns.NetNS) error {
+			check.Must(t, a.ns.Do(func(ns.NetNS) error {
 				l, err := netlink.LinkByName(datapath.VXLANDevice)
 				vx, _ = l.(*netlink.Vxlan)
 				return err
@@ -417,12 +411,12 @@ func TestConfigTakesEffect(t *testing.T) {
 			}
 			a := newAgent(t, k8s, fmt.Sprintf("cfg-%d", i), "198.51.100.41", fmt.Sprintf("10.244.%d.0/24", 40+i), cfg)
 			other := filepath.Join(a.rec.CNIConfDir, "05-other.conflist")
-			must(t, os.MkdirAll(a.rec.CNIConfDir, 0o755))
-			must(t, os.WriteFile(other, []byte(`{"name":"other"}`), 0o644))
+			check.Must(t, os.MkdirAll(a.rec.CNIConfDir, 0o755))
+			check.Must(t, os.WriteFile(other, []byte(`{"name":"other"}`), 0o644))
 			if tc.setup != nil {
-				must(t, a.ns.Do(func(ns.NetNS) error { return tc.setup() }))
+				check.Must(t, a.ns.Do(func(ns.NetNS) error { return tc.setup() }))
 			}
-			must(t, a.sync())
+			check.Must(t, a.sync())
 			nn := a.expectReady(t)
 			if tc.check != nil {
 				tc.check(t, a, nn)
@@ -445,12 +439,12 @@ func baseConfig() *agentconfig.Config {
 func addNode(t *testing.T, k8s client.Client, name, ip, block string) {
 	t.Helper()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	must(t, k8s.Create(ctx, node))
+	check.Must(t, k8s.Create(ctx, node))
 	t.Cleanup(func() { _ = k8s.Delete(ctx, node) })
 	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
-	must(t, k8s.Status().Update(ctx, node))
+	check.Must(t, k8s.Status().Update(ctx, node))
 	nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.NodeNetworkSpec{PodCIDR: block}}
-	must(t, k8s.Create(ctx, nn))
+	check.Must(t, k8s.Create(ctx, nn))
 	t.Cleanup(func() { _ = k8s.Delete(ctx, nn) })
 }
 
@@ -493,7 +487,7 @@ type agent struct {
 func newAgent(t *testing.T, k8s client.Client, name, ip, block string, cfg *agentconfig.Config) *agent {
 	t.Helper()
 	a := &agent{ns: netnstest.New(t), dir: t.TempDir()}
-	must(t, a.ns.Do(func(ns.NetNS) error { return addLink("eth0", ip+"/24") }))
+	check.Must(t, a.ns.Do(func(ns.NetNS) error { return addLink("eth0", ip+"/24") }))
 	addNode(t, k8s, name, ip, block)
 	a.rec = &nodenet.Reconciler{Client: k8s, NodeName: name, Config: cfg, CNIConfDir: filepath.Join(a.dir, "net.d"),
 		ReadyFile: filepath.Join(a.dir, "run", "cni-ready"), CNIVersion: "1.0.0", Version: "test"}
@@ -508,7 +502,7 @@ func (a *agent) sync() error {
 func (a *agent) nodeNetwork(t *testing.T) *v1alpha1.NodeNetwork {
 	t.Helper()
 	nn := &v1alpha1.NodeNetwork{}
-	must(t, a.rec.Get(ctx, types.NamespacedName{Name: a.rec.NodeName}, nn))
+	check.Must(t, a.rec.Get(ctx, types.NamespacedName{Name: a.rec.NodeName}, nn))
 	return nn
 }
 
@@ -529,7 +523,7 @@ func (a *agent) expectReady(t *testing.T) *v1alpha1.NodeNetwork {
 func (a *agent) masqueraded(t *testing.T) string {
 	t.Helper()
 	var out []byte
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		var err error
 		out, err = exec.Command("iptables", "-w", "-t", "nat", "-S").CombinedOutput()
 		if err != nil {
@@ -552,7 +546,7 @@ func (a *agent) masqueraded(t *testing.T) string {
 // route is the device and gateway of the agent's route to dst.
 func (a *agent) route(t *testing.T, dst string) (dev, gw string) {
 	t.Helper()
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
 		if err != nil {
 			return err
@@ -576,11 +570,11 @@ func (a *agent) route(t *testing.T, dst string) (dev, gw string) {
 func (a *agent) conflist(t *testing.T) map[string]any {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(a.rec.CNIConfDir, cniinstall.ConflistName))
-	must(t, err)
+	check.Must(t, err)
 	var conf struct {
 		Plugins []map[string]any `json:"plugins"`
 	}
-	must(t, json.Unmarshal(b, &conf))
+	check.Must(t, json.Unmarshal(b, &conf))
 	return conf.Plugins[0]
 }
 
@@ -600,23 +594,23 @@ func TestPeerProgrammedOncePublished(t *testing.T) {
 	cfg.Encapsulation = "Direct"
 	a := newAgent(t, k8s, "pub-a", "198.51.100.61", "10.244.61.0/24", cfg)
 	addNode(t, k8s, "pub-b", "198.51.100.62", "10.244.62.0/24") // a Node with an InternalIP, no status yet
-	must(t, a.sync())
+	check.Must(t, a.sync())
 	if got := a.peerRoutes(t); len(got) != 0 {
 		t.Fatalf("routes %v before the peer published its node IP, want none (no fallback to the Node's InternalIP)", got)
 	}
 
 	nn := &v1alpha1.NodeNetwork{}
-	must(t, k8s.Get(ctx, types.NamespacedName{Name: "pub-b"}, nn))
+	check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: "pub-b"}, nn))
 	orig := nn.DeepCopy()
 	mac := datapath.VTEPMACFor(netip.MustParseAddr("198.51.100.62"))
 	nn.Status.NodeIP, nn.Status.VTEPMAC = "198.51.100.62", mac.String()
-	must(t, k8s.Status().Patch(ctx, nn, client.MergeFrom(orig)))
-	must(t, a.sync())
+	check.Must(t, k8s.Status().Patch(ctx, nn, client.MergeFrom(orig)))
+	check.Must(t, a.sync())
 	if dev, gw := a.route(t, "10.244.62.0/24"); dev != "eth0" || gw != "198.51.100.62" {
 		t.Errorf("route to the published peer via %s %s, want eth0 198.51.100.62", dev, gw)
 	}
 	var fdb bool
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		vx, err := netlink.LinkByName(datapath.VXLANDevice)
 		if err != nil {
 			return err
@@ -636,7 +630,7 @@ func TestPeerProgrammedOncePublished(t *testing.T) {
 func (a *agent) peerRoutes(t *testing.T) []string {
 	t.Helper()
 	var dsts []string
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: datapath.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 		for _, r := range routes {
 			dsts = append(dsts, r.Dst.String())
@@ -649,7 +643,7 @@ func (a *agent) peerRoutes(t *testing.T) []string {
 // upUnderlay gives the node namespace's eth0 its underlay address (/24) and brings it up.
 func upUnderlay(t *testing.T, node ns.NetNS, ip string) {
 	t.Helper()
-	must(t, node.Do(func(ns.NetNS) error {
+	check.Must(t, node.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err

@@ -29,6 +29,7 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -119,13 +120,13 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 	defer cancel()
 
 	cs, err := kubernetes.NewForConfig(envCfg)
-	must(t, err)
+	check.Must(t, err)
 	scheme, err := trellisscheme.New()
-	must(t, err)
+	check.Must(t, err)
 	recorder := eventRecorder(t, cs, scheme)
 
 	nsA, nsB := netnstest.New(t), netnstest.New(t)
-	must(t, nsA.Do(func(ns.NetNS) error {
+	check.Must(t, nsA.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "eth0"
 		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))})
@@ -162,7 +163,7 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 	syncAll := func() {
 		t.Helper()
 		for _, n := range nodes {
-			must(t, n.ns.Do(func(ns.NetNS) error { _, err := n.rec.Reconcile(ctx, ctrl.Request{}); return err }))
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := n.rec.Reconcile(ctx, ctrl.Request{}); return err }))
 		}
 	}
 	// offloadState syncs the nodes until node n's TXChecksumOffload condition has reason
@@ -174,12 +175,12 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			syncAll()
 			nn := &v1alpha1.NodeNetwork{}
-			must(t, k8s.Get(ctx, types.NamespacedName{Name: n.name}, nn))
+			check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: n.name}, nn))
 			c = meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionTXChecksumOffload)
 			if c != nil && c.Reason == reason || time.Now().After(deadline) {
 				on := nn.Status.Kernel.VXLANTXChecksumOffload
 				var dev bool
-				must(t, n.ns.Do(func(ns.NetNS) error { var err error; dev, err = datapath.TXChecksum(datapath.VXLANDevice); return err }))
+				check.Must(t, n.ns.Do(func(ns.NetNS) error { var err error; dev, err = datapath.TXChecksum(datapath.VXLANDevice); return err }))
 				if on == nil || *on != dev {
 					t.Errorf("%s: status.kernel.vxlanTXChecksumOffload %v, the device %v", n.name, on, dev)
 				}
@@ -197,7 +198,7 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 		syncAll()
 		pod := netnstest.New(t)
 		ip := netip.MustParseAddr(strings.TrimSuffix(n.block, "0/24") + "5")
-		must(t, n.ns.Do(func(ns.NetNS) error {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			_, err := veth.Setup(pod, fmt.Sprintf("trlcsum%d", i), "eth0", []netip.Addr{ip}, 1450)
 			return err
 		}))
@@ -224,10 +225,10 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 			t.Errorf("%s on a healthy underlay: offload %v, condition %+v; want on, True", n.name, on, c)
 		}
 	}
-	must(t, bothWays())
+	check.Must(t, bothWays())
 
 	// Node A's NIC breaks offloaded checksums: pod traffic through the tunnel fails ...
-	must(t, nsA.Do(func(ns.NetNS) error {
+	check.Must(t, nsA.Do(func(ns.NetNS) error {
 		// POSTROUTING: the last hook before the device, where the inner checksum of a
 		// packet left to offload still holds the seed (the kernel completes it only in
 		// software, later, for a device that can't).
@@ -265,7 +266,7 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 	var evs *corev1.EventList
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		evs, err = cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=csum-a,reason=" + v1alpha1.ReasonChecksumOffloadBroken})
-		must(t, err)
+		check.Must(t, err)
 		if len(evs.Items) > 0 || time.Now().After(deadline) {
 			break
 		}
@@ -308,7 +309,7 @@ func echoServer(t *testing.T, pod ns.NetNS, ip string) {
 	t.Helper()
 	var l net.Listener
 	var pc net.PacketConn
-	must(t, pod.Do(func(ns.NetNS) error {
+	check.Must(t, pod.Do(func(ns.NetNS) error {
 		var err error
 		if l, err = net.Listen("tcp", ip+":7"); err != nil {
 			return err

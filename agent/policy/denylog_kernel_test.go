@@ -26,6 +26,7 @@ import (
 	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // lines collects the JSON lines a logr logger writes.
@@ -79,7 +80,7 @@ func TestDenyLogsKernel(t *testing.T) {
 				return st
 			}
 			h, err := netns.GetFromPath(n.ns.Path())
-			must(t, err)
+			check.Must(t, err)
 			defer h.Close()
 			var got lines
 			reg := prometheus.NewRegistry()
@@ -92,7 +93,7 @@ func TestDenyLogsKernel(t *testing.T) {
 				Open:    func(ctx context.Context, g uint16) (*denylog.Reader, error) { return denylog.OpenAt(ctx, h, g) },
 				PodByIP: func(a netip.Addr) (types.NamespacedName, bool) { k, ok := byIP[a]; return k, ok },
 			}
-			must(t, d.Register(reg))
+			check.Must(t, d.Register(reg))
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { _ = d.Start(ctx); close(done) }()
@@ -102,7 +103,7 @@ func TestDenyLogsKernel(t *testing.T) {
 				t.Helper()
 				st := state(annotation)
 				rs := policy.Compile(st)
-				must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
+				check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 				d.SetRules(rs)
 			}
 			apply("true")
@@ -213,7 +214,7 @@ func (n *node) dialFor(from, to string, port int, timeout time.Duration) error {
 func (n *node) udpFlood(from, to string, port int, d time.Duration) int {
 	sent := 0
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(n.pods[to].ip, uint16(port)))
-	must(n.t, n.pods[from].ns.Do(func(ns.NetNS) error {
+	check.Must(n.t, n.pods[from].ns.Do(func(ns.NetNS) error {
 		end := time.Now().Add(d)
 		for time.Now().Before(end) {
 			c, err := net.DialUDP("udp", nil, dst)
@@ -233,7 +234,7 @@ func (n *node) udpFlood(from, to string, port int, d time.Duration) int {
 // drops is the packet counter of the per-pod chains' DROP rules.
 func (n *node) drops(backend netfilter.Backend) uint64 {
 	var out []byte
-	must(n.t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
 		out, err = exec.Command(backend.Save, "-c", "-t", "filter").Output()
 		return err
@@ -248,7 +249,7 @@ func (n *node) drops(backend netfilter.Backend) uint64 {
 func counter(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
-	must(t, err)
+	check.Must(t, err)
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -273,7 +274,7 @@ func TestDenyLogProbeKernel(t *testing.T) {
 	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
 		t.Run(backend.Mode, func(t *testing.T) {
 			n := newNode(t, backend)
-			must(t, n.ns.Do(func(ns.NetNS) error {
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
 				// What a probe killed between its two restores leaves.
 				cmd := exec.Command(backend.IPTables, "-w", "-t", "filter", "-N", "TRELLIS-DENYLOG-PROBE")
 				if out, err := cmd.CombinedOutput(); err != nil {
@@ -282,7 +283,7 @@ func TestDenyLogProbeKernel(t *testing.T) {
 				return nil
 			}))
 			var err error
-			must(t, n.ns.Do(func(ns.NetNS) error {
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
 				err = policy.ProbeDenyLogs(context.Background(), backend)
 				return nil
 			}))
@@ -294,7 +295,7 @@ func TestDenyLogProbeKernel(t *testing.T) {
 			}
 			// And an applier writing with this backend asks the same.
 			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
-			must(t, n.ns.Do(func(ns.NetNS) error { err = a.ProbeDenyLogs(); return nil }))
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { err = a.ProbeDenyLogs(); return nil }))
 			if err != nil {
 				t.Errorf("KernelApplier.ProbeDenyLogs on %s = %v, want nil", backend.Mode, err)
 			}

@@ -22,6 +22,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -46,7 +47,7 @@ func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
 	n := &node{t: t, ns: netnstest.New(t), pods: map[string]*kpod{}}
 	for i, name := range names {
 		p := &kpod{name: name, ns: netnstest.New(t), ip: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})}
-		must(t, n.ns.Do(func(ns.NetNS) error {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			_, err := veth.Setup(p.ns, veth.HostName(name, "eth0"), "eth0", []netip.Addr{p.ip}, 1500)
 			return err
 		}))
@@ -56,7 +57,7 @@ func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
 		echo(t, p.ns, 7001)
 		n.pods[name] = p
 	}
-	must(t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(t, n.ns.Do(func(ns.NetNS) error {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 			return err
 		}
@@ -72,7 +73,7 @@ func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
 func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
 	st := policy.State{Namespaces: []*policy.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies}
 	var wired map[netip.Addr]string
-	must(n.t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
 		wired, err = policy.WiredPods()
 		return err
@@ -92,7 +93,7 @@ func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
 func (n *node) apply(a *policy.KernelApplier, st policy.State) bool {
 	n.t.Helper()
 	var changed bool
-	must(n.t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
 		changed, err = a.Apply(policy.Compile(st), true)
 		return err
@@ -115,7 +116,7 @@ func (n *node) dial(from, to string, port int) error {
 
 func (n *node) save(backend netfilter.Backend) string {
 	var out []byte
-	must(n.t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
 		out, err = exec.Command(backend.Save, "-t", "filter").Output()
 		return err
@@ -180,7 +181,7 @@ func TestKernelEnforcement(t *testing.T) {
 				t.Errorf("relabelling a pod rewrote chains:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
 			// Remove: no chain, jump or set left; the node's own chains stay.
-			must(t, n.ns.Do(func(ns.NetNS) error { return restarted.Remove() }))
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { return restarted.Remove() }))
 			left := n.save(backend)
 			for _, c := range []string{"TRELLIS-FORWARD", "TRELLIS-INPUT", "TRELLIS-I-", "TRELLIS-E-", "TRELLIS-TO-POD", "TRELLIS-FROM-POD"} {
 				if strings.Contains(left, c) {
@@ -188,7 +189,7 @@ func TestKernelEnforcement(t *testing.T) {
 				}
 			}
 			var sets []byte
-			must(t, n.ns.Do(func(ns.NetNS) error {
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
 				var err error
 				sets, err = exec.Command("ipset", "list", "-name").Output()
 				return err
@@ -211,7 +212,7 @@ func TestEstablishedConnectionDenied(t *testing.T) {
 	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
 	n.apply(a, n.state())
 	var conn net.Conn
-	must(t, n.pods["web"].ns.Do(func(ns.NetNS) error {
+	check.Must(t, n.pods["web"].ns.Do(func(ns.NetNS) error {
 		var err error
 		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(n.pods["db"].ip, 7000).String(), time.Second)
 		return err
@@ -232,7 +233,7 @@ func TestEstablishedConnectionDenied(t *testing.T) {
 	deny := policyFor("deny", map[string]string{"app": "db"}, nil)
 	st := n.state(deny)
 	rs := policy.Compile(st)
-	must(t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(t, n.ns.Do(func(ns.NetNS) error {
 		_, err := a.Apply(rs, true)
 		return err
 	}))
@@ -255,7 +256,7 @@ func (n *node) deleteDenied(st policy.State, rs *policy.Ruleset) uint {
 		ifaces[e.IP] = e.Interface
 	}
 	var removed uint
-	must(n.t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
 		removed, err = policy.DeleteDeniedConnections(rs, ifaces)
 		return err
@@ -266,7 +267,7 @@ func (n *node) deleteDenied(st policy.State, rs *policy.Ruleset) uint {
 func echo(t *testing.T, pod ns.NetNS, port int) {
 	t.Helper()
 	var ln net.Listener
-	must(t, pod.Do(func(ns.NetNS) error {
+	check.Must(t, pod.Do(func(ns.NetNS) error {
 		var err error
 		ln, err = net.Listen("tcp", ":"+itoa(port))
 		return err
@@ -311,13 +312,6 @@ func stripCounters(save string) string {
 		out = append(out, l)
 	}
 	return strings.Join(out, "\n")
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -44,7 +45,7 @@ func roundTrip(conn net.Conn, r *bufio.Reader) error {
 // flushConntrack forgets every tracked connection of the node, as an idle connection's
 // entry expiring (or a conntrack table overflow) does.
 func (n *node) flushConntrack(t *testing.T) {
-	must(t, n.ns.Do(func(ns.NetNS) error { return netlink.ConntrackTableFlush(netlink.ConntrackTable) }))
+	check.Must(t, n.ns.Do(func(ns.NetNS) error { return netlink.ConntrackTableFlush(netlink.ConntrackTable) }))
 }
 
 // An idle connection whose conntrack entry expired goes on between pods no policy
@@ -56,10 +57,10 @@ func TestIdleConnectionAfterConntrackExpiry(t *testing.T) {
 			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
 			n.apply(a, n.state())
 			conn, err := n.dialIn(t, "web", netip.AddrPortFrom(n.pods["db"].ip, 7000))
-			must(t, err)
+			check.Must(t, err)
 			defer conn.Close()
 			r := bufio.NewReader(conn)
-			must(t, roundTrip(conn, r))
+			check.Must(t, roundTrip(conn, r))
 			n.flushConntrack(t)
 			if err := roundTrip(conn, r); err != nil {
 				t.Errorf("a connection between pods no policy selects broke after its conntrack entry went: %v", err)
@@ -69,10 +70,10 @@ func TestIdleConnectionAfterConntrackExpiry(t *testing.T) {
 			n.apply(a, n.state(policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{
 				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}})))
 			conn2, err := n.dialIn(t, "web", netip.AddrPortFrom(n.pods["db"].ip, 7000))
-			must(t, err)
+			check.Must(t, err)
 			defer conn2.Close()
 			r2 := bufio.NewReader(conn2)
-			must(t, roundTrip(conn2, r2))
+			check.Must(t, roundTrip(conn2, r2))
 			n.flushConntrack(t)
 			if err := roundTrip(conn2, r2); err == nil {
 				t.Error("a connection to an isolated pod was picked up mid-stream after its conntrack entry went")
@@ -87,7 +88,7 @@ func (n *node) underlay(t *testing.T) (nodeIP, otherIP netip.Addr) {
 	t.Helper()
 	nodeIP, otherIP = netip.MustParseAddr("198.51.100.10"), netip.MustParseAddr("198.51.100.20")
 	other := netnstest.New(t)
-	must(t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(t, n.ns.Do(func(ns.NetNS) error {
 		la := netlink.NewLinkAttrs()
 		la.Name = "underlay0"
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "underlay1"}); err != nil {
@@ -102,7 +103,7 @@ func (n *node) underlay(t *testing.T) (nodeIP, otherIP netip.Addr) {
 		}
 		return netlink.LinkSetNsFd(peer, int(other.Fd()))
 	}))
-	must(t, other.Do(func(ns.NetNS) error {
+	check.Must(t, other.Do(func(ns.NetNS) error {
 		l, err := addrUp("underlay1", otherIP)
 		if err != nil {
 			return err
@@ -176,7 +177,7 @@ func TestUnknownPodInterfaceIsDropped(t *testing.T) {
 			st := n.state()
 			ghost := n.pods["ghost"]
 			st.Endpoints = slices.DeleteFunc(st.Endpoints, func(e policy.Endpoint) bool { return e.IP == ghost.ip })
-			must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(policy.Compile(st), true); return err }))
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(policy.Compile(st), true); return err }))
 			if err := n.dial("web", "db", 7000); err != nil {
 				t.Fatalf("web -> db between known pods without policy: %v", err)
 			}

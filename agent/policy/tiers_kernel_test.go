@@ -14,6 +14,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 func shopPods(app string) cnp.ClusterNetworkPolicySubject {
@@ -87,7 +88,7 @@ func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
 
 			// An established cache -> db connection; an Admin Deny of cache ends it.
 			var conn net.Conn
-			must(t, n.pods["cache"].ns.Do(func(ns.NetNS) error {
+			check.Must(t, n.pods["cache"].ns.Do(func(ns.NetNS) error {
 				var err error
 				conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(n.pods["db"].ip, 7000).String(), time.Second)
 				return err
@@ -96,7 +97,7 @@ func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
 			cluster[0].Spec.Ingress = append(cluster[0].Spec.Ingress, cnp.ClusterNetworkPolicyIngressRule{Action: cnp.ClusterNetworkPolicyRuleActionDeny, From: fromApp("cache")})
 			cluster[0].Generation++
 			rs := policy.Compile(st)
-			must(t, n.ns.Do(func(ns.NetNS) error {
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
 				_, err := restarted.Apply(rs, true)
 				return err
 			}))
@@ -172,7 +173,7 @@ func TestKernelOwnNodeConnectionNotPickedUpByTheNode(t *testing.T) {
 	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
 	// A server on the node that speaks every 50 ms (a watch, a stream).
 	var ln net.Listener
-	must(t, n.ns.Do(func(ns.NetNS) error {
+	check.Must(t, n.ns.Do(func(ns.NetNS) error {
 		var err error
 		ln, err = net.Listen("tcp", netip.AddrPortFrom(nodeIP, 7100).String())
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/uninstall"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -34,7 +35,7 @@ func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
 	}
 	image := filepath.Join(dir, "image")
 	for _, d := range []string{n.CNIBinDir, n.CNIConfDir, filepath.Dir(n.ReadyFile), image} {
-		must(t, os.MkdirAll(d, 0o755))
+		check.Must(t, os.MkdirAll(d, 0o755))
 	}
 	files := map[string]string{
 		filepath.Join(image, "trellis"):  "trellis v2",
@@ -51,12 +52,12 @@ func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
 		n.ReadyFile: "now",
 	}
 	for path, content := range files {
-		must(t, os.WriteFile(path, []byte(content), 0o755))
+		check.Must(t, os.WriteFile(path, []byte(content), 0o755))
 	}
 	n.Plugins = []string{filepath.Join(image, "trellis"), filepath.Join(image, "portmap"), filepath.Join(image, "loopback")}
 
 	foreignRoute := &net.IPNet{IP: net.IPv4(10, 99, 0, 0).To4(), Mask: net.CIDRMask(16, 32)}
-	must(t, node.Do(func(ns.NetNS) error {
+	check.Must(t, node.Do(func(ns.NetNS) error {
 		for _, name := range []string{"lo", "eth0", "other0"} {
 			if name != "lo" {
 				// (veth pairs: the kernel here has no dummy driver)
@@ -111,14 +112,14 @@ func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
 	}))
 
 	var removed []string
-	must(t, node.Do(func(ns.NetNS) error {
+	check.Must(t, node.Do(func(ns.NetNS) error {
 		var err error
 		removed, err = uninstall.Run(n)
 		return err
 	}))
 	t.Logf("removed: %v", removed)
 
-	must(t, node.Do(func(ns.NetNS) error {
+	check.Must(t, node.Do(func(ns.NetNS) error {
 		if _, err := netlink.LinkByName(datapath.VXLANDevice); err == nil {
 			t.Errorf("%s is still there", datapath.VXLANDevice)
 		}
@@ -175,7 +176,7 @@ func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
 	}
 
 	// Idempotent: a second run (the agent's cleanup after a manual one) finds nothing.
-	must(t, node.Do(func(ns.NetNS) error {
+	check.Must(t, node.Do(func(ns.NetNS) error {
 		again, err := uninstall.Run(n)
 		if len(again) > 1 { // "trellis.vxlan and its routes" is reported either way
 			t.Errorf("a second cleanup removed %v", again)
@@ -230,13 +231,6 @@ func splitArgs(s string) []string {
 	return args
 }
 
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // trellis's IPAM store goes with trellis once no pod holds an address in it; while one
 // does, the store stays (it is what says the address is taken), and other networks'
 // state under the data directory always stays.
@@ -267,11 +261,11 @@ func TestRunRemovesUnusedIPAMStore(t *testing.T) {
 				ReadyFile: filepath.Join(dir, "run", "cni-ready"), DataDir: filepath.Join(dir, "lib", "cni", "trellis")}
 			for rel, content := range tc.files {
 				p := filepath.Join(n.DataDir, rel)
-				must(t, os.MkdirAll(filepath.Dir(p), 0o755))
-				must(t, os.WriteFile(p, []byte(content), 0o600))
+				check.Must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+				check.Must(t, os.WriteFile(p, []byte(content), 0o600))
 			}
 			var removed []string
-			must(t, node.Do(func(ns.NetNS) error {
+			check.Must(t, node.Do(func(ns.NetNS) error {
 				var err error
 				removed, err = uninstall.Run(n)
 				return err

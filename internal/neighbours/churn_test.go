@@ -17,6 +17,7 @@ import (
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/neighbours"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -31,7 +32,7 @@ func TestListingUnderChurn(t *testing.T) {
 	var host netlink.Link
 	// A big enough table that a dump takes several messages: 60 pod-like veths with /32
 	// routes and permanent neighbours.
-	must(t, node.Do(func(ns.NetNS) error {
+	check.Must(t, node.Do(func(ns.NetNS) error {
 		for i := range 60 {
 			la := netlink.NewLinkAttrs()
 			la.Name = fmt.Sprintf("trlchurn%03d", i)
@@ -91,7 +92,7 @@ func TestListingUnderChurn(t *testing.T) {
 	deadline := time.Now().Add(3 * time.Second)
 	var plain, safe int
 	var safeErrs []error
-	must(t, node.Do(func(ns.NetNS) error {
+	check.Must(t, node.Do(func(ns.NetNS) error {
 		for time.Now().Before(deadline) {
 			// The plain dumps, as the agent and plugin made them before.
 			if _, err := netlink.LinkList(); errors.Is(err, netlink.ErrDumpInterrupted) {
@@ -123,12 +124,5 @@ func TestListingUnderChurn(t *testing.T) {
 	}
 	if len(safeErrs) > 0 {
 		t.Errorf("%d listings failed under churn, first: %v", len(safeErrs), safeErrs[0])
-	}
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/trellis-net/trellis/agent/cnimetrics"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // The real plugin, driven by libcni as a runtime drives it, reports every command to the
@@ -19,8 +20,8 @@ import (
 func TestCNIMetrics(t *testing.T) {
 	socket := filepath.Join(t.TempDir(), "run", "cni-report.sock")
 	// A stale socket of an earlier agent is replaced.
-	must(t, os.MkdirAll(filepath.Dir(socket), 0o700))
-	must(t, os.WriteFile(socket, nil, 0o600))
+	check.Must(t, os.MkdirAll(filepath.Dir(socket), 0o700))
+	check.Must(t, os.WriteFile(socket, nil, 0o600))
 	reports := make(chan struct{}, 100)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -125,12 +126,5 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-	}
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
 	}
 }

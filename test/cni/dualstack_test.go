@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 const (
@@ -79,7 +80,7 @@ func TestDualStack(t *testing.T) {
 	}
 
 	// The pod's side, as the kernel has it.
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -108,7 +109,7 @@ func TestDualStack(t *testing.T) {
 		return nil
 	}))
 	hostA := veth.HostName(a.id, "eth0")
-	must(t, n.in(func() error {
+	check.Must(t, n.in(func() error {
 		for name, want := range map[string]string{"accept_ra": "0", "accept_redirects": "0", "disable_ipv6": "0"} {
 			if got := readSysctl(t, "net/ipv6/conf/"+hostA+"/"+name); got != want {
 				t.Errorf("host veth %s = %s, want %s", name, got, want)
@@ -141,7 +142,7 @@ func TestDualStack(t *testing.T) {
 		t.Fatalf("CHECK of an intact dual-stack pod: %v", err)
 	}
 	// CHECK sees a missing IPv6 default route in the pod.
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -159,12 +160,12 @@ func TestDualStack(t *testing.T) {
 	if err := n.status(); err == nil {
 		t.Error("STATUS passed without the agent's ready file")
 	}
-	must(t, os.WriteFile(n.readyFile, nil, 0o644))
+	check.Must(t, os.WriteFile(n.readyFile, nil, 0o644))
 	if err := n.status(); err != nil {
 		t.Errorf("STATUS with the ready file: %v", err)
 	}
 	// GC with only b valid releases a's addresses of both families and a's veth.
-	must(t, n.gc(b))
+	check.Must(t, n.gc(b))
 	want := []string{b4.String(), b6.String()}
 	slices.Sort(want)
 	if got := n.allocations(); !slices.Equal(got, want) {
@@ -198,7 +199,7 @@ func TestIPv6Only(t *testing.T) {
 	if err := n.check(a); err != nil {
 		t.Errorf("CHECK: %v", err)
 	}
-	must(t, n.del(a, true))
+	check.Must(t, n.del(a, true))
 	n.assertClean()
 }
 
@@ -220,7 +221,7 @@ func TestIPv6AntiSpoofing(t *testing.T) {
 
 	// Pod a takes pod c's address and a free one of the block as extra sources.
 	free := netip.MustParseAddr("fd00:10:244:7::99")
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -252,7 +253,7 @@ func TestIPv6AntiSpoofing(t *testing.T) {
 	}
 
 	for _, p := range []*pod{a, b, c} {
-		must(t, n.del(p, true))
+		check.Must(t, n.del(p, true))
 	}
 	n.assertClean()
 	if after := rootIPv6(t); after != before {
@@ -284,13 +285,13 @@ func TestIPv4OnlyUnchanged(t *testing.T) {
 	if got, _ := json.Marshal(printed["routes"]); string(got) != wantRoutes {
 		t.Errorf("routes %s, want %s", got, wantRoutes)
 	}
-	must(t, n.in(func() error {
+	check.Must(t, n.in(func() error {
 		if got := readSysctl(t, "net/ipv6/conf/"+veth.HostName(a.id, "eth0")+"/disable_ipv6"); got != "1" {
 			t.Errorf("IPv4-only host veth disable_ipv6 = %s, want 1", got)
 		}
 		return nil
 	}))
-	must(t, a.ns.Do(func(ns.NetNS) error {
+	check.Must(t, a.ns.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err
@@ -303,7 +304,7 @@ func TestIPv4OnlyUnchanged(t *testing.T) {
 		}
 		return nil
 	}))
-	must(t, n.del(a, true))
+	check.Must(t, n.del(a, true))
 	n.assertClean()
 }
 
@@ -343,7 +344,7 @@ func rootIPv6(t *testing.T) string {
 func raRoutes(t *testing.T, n *node) []string {
 	t.Helper()
 	var out []string
-	must(t, n.in(func() error {
+	check.Must(t, n.in(func() error {
 		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return err
@@ -363,7 +364,7 @@ func raRoutes(t *testing.T, n *node) []string {
 func udpSink(t *testing.T, netns ns.NetNS, ip netip.Addr) func() []string {
 	t.Helper()
 	var conn net.PacketConn
-	must(t, netns.Do(func(ns.NetNS) error {
+	check.Must(t, netns.Do(func(ns.NetNS) error {
 		var err error
 		conn, err = net.ListenPacket("udp", net.JoinHostPort(ip.String(), "9000"))
 		return err
@@ -396,7 +397,7 @@ func udpSink(t *testing.T, netns ns.NetNS, ip netip.Addr) func() []string {
 // sendUDP sends one datagram from src to dst:9000 inside netns.
 func sendUDP(t *testing.T, netns ns.NetNS, src, dst netip.Addr, payload string) {
 	t.Helper()
-	must(t, netns.Do(func(ns.NetNS) error {
+	check.Must(t, netns.Do(func(ns.NetNS) error {
 		c, err := net.DialUDP("udp", &net.UDPAddr{IP: src.AsSlice()}, &net.UDPAddr{IP: dst.AsSlice(), Port: 9000})
 		if err != nil {
 			return err
@@ -412,7 +413,7 @@ func sendUDP(t *testing.T, netns ns.NetNS, src, dst netip.Addr, payload string) 
 // route information option for 2001:db8:ff::/48.
 func sendRA(t *testing.T, netns ns.NetNS) {
 	t.Helper()
-	must(t, netns.Do(func(ns.NetNS) error {
+	check.Must(t, netns.Do(func(ns.NetNS) error {
 		link, err := netlink.LinkByName("eth0")
 		if err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -80,7 +81,7 @@ func TestAgentReadsClusterNetworkPolicies(t *testing.T) {
 	}
 	// RBAC is loaded by the API server's informers: wait for the agent's binding to count.
 	var list *unstructured.UnstructuredList
-	eventually(t, "the agent lists ClusterNetworkPolicies", func() error {
+	check.Eventually(t, 60*time.Second, "the agent lists ClusterNetworkPolicies", func() error {
 		list, err = agent.Resource(cnp("v1beta1")).List(ctx, metav1.ListOptions{})
 		return err
 	})

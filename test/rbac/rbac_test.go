@@ -45,6 +45,7 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/audit"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -151,7 +152,7 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 	ds := &unstructured.Unstructured{}
 	ds.SetAPIVersion("apps/v1")
 	ds.SetKind("DaemonSet")
-	eventually(t, "the agent DaemonSet and a NodeNetwork per node", func() error {
+	check.Eventually(t, 60*time.Second, "the agent DaemonSet and a NodeNetwork per node", func() error {
 		if err := admin.Get(ctx, types.NamespacedName{Namespace: "trellis-system", Name: "trellis-agent"}, ds); err != nil {
 			return err
 		}
@@ -182,7 +183,7 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 	if err := admin.Update(ctx, cm); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the ClusterRoleBinding re-created and the ConfigMap put back", func() error {
+	check.Eventually(t, 60*time.Second, "the ClusterRoleBinding re-created and the ConfigMap put back", func() error {
 		if err := admin.Get(ctx, client.ObjectKeyFromObject(crb), &rbacv1.ClusterRoleBinding{}); err != nil {
 			return err
 		}
@@ -199,7 +200,7 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 	if err := admin.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-c"}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "node-c's NodeNetwork deleted", func() error {
+	check.Eventually(t, 60*time.Second, "node-c's NodeNetwork deleted", func() error {
 		err := admin.Get(ctx, types.NamespacedName{Name: "node-c"}, &v1alpha1.NodeNetwork{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -216,7 +217,7 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 	if err := admin.Create(ctx, other); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "ClusterNetwork other reports NotDefault", func() error {
+	check.Eventually(t, 60*time.Second, "ClusterNetwork other reports NotDefault", func() error {
 		if err := admin.Get(ctx, client.ObjectKeyFromObject(other), other); err != nil {
 			return err
 		}
@@ -233,7 +234,7 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 	if err := admin.Create(ctx, cnp); err != nil {
 		t.Fatalf("creating a ClusterNetworkPolicy: %v", err)
 	}
-	eventually(t, "ClusterNetworkPolicy deny-all reports NoNodes", func() error {
+	check.Eventually(t, 60*time.Second, "ClusterNetworkPolicy deny-all reports NoNodes", func() error {
 		if err := admin.Get(ctx, client.ObjectKeyFromObject(cnp), cnp); err != nil {
 			return err
 		}
@@ -295,7 +296,7 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 	if err := admin.Delete(ctx, cn); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the agent DaemonSet being deleted", func() error {
+	check.Eventually(t, 60*time.Second, "the agent DaemonSet being deleted", func() error {
 		if err := admin.Get(ctx, client.ObjectKeyFromObject(ds), ds); err != nil {
 			return err
 		}
@@ -308,7 +309,7 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 	if err := admin.Update(ctx, ds); err != nil {
 		t.Fatalf("completing the DaemonSet's deletion: %v", err)
 	}
-	eventually(t, "the ClusterNetwork deleted (uninstall done)", func() error {
+	check.Eventually(t, 60*time.Second, "the ClusterNetwork deleted (uninstall done)", func() error {
 		err := admin.Get(ctx, client.ObjectKeyFromObject(cn), &v1alpha1.ClusterNetwork{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -499,7 +500,7 @@ func scrape(t *testing.T, addr, token string) {
 		// The operator's self-signed serving certificate.
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a loopback test server
 	}}
-	eventually(t, "GET /metrics with the scraper's token", func() error {
+	check.Eventually(t, 60*time.Second, "GET /metrics with the scraper's token", func() error {
 		req, err := http.NewRequest(http.MethodGet, "https://"+addr+"/metrics", nil)
 		if err != nil {
 			return err
@@ -526,19 +527,6 @@ func freeLoopbackAddr(t *testing.T) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-func eventually(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: still not true after 60s: %v", what, err)
 }
 
 func tail(b []byte, n int) []byte {
