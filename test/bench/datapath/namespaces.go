@@ -24,19 +24,6 @@ func inNetns(name string, f func() error) error {
 	return netnstest.EnterPath(procs.NetNSPath(name), f)
 }
 
-// createNetns adds the named namespace and brings its lo up.
-func createNetns(ctx context.Context, name string) error {
-	if err := runCmd(ctx, "ip", "netns", "add", name); err != nil {
-		return err
-	}
-	return ipIn(ctx, name, "link", "set", "lo", "up")
-}
-
-// ipIn runs `ip -n netns args...`.
-func ipIn(ctx context.Context, netns string, args ...string) error {
-	return runCmd(ctx, "ip", append([]string{"-n", netns}, args...)...)
-}
-
 // ipBatch runs the ip commands of script (one per line, without "ip") in netns with a
 // single `ip -batch`.
 func ipBatch(ctx context.Context, netns string, script []string) error {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
 // The reference side's names: the host end of pod p's veth and the VXLAN device.
@@ -67,7 +68,7 @@ func refMAC(kind, k, i int) net.HardwareAddr {
 }
 
 func refPod(ctx context.Context, n *node, p *pod, host string, hostMAC net.HardwareAddr, mtu int) error {
-	if err := createNetns(ctx, p.netns); err != nil {
+	if err := topology.AddNetNS(ctx, p.netns); err != nil {
 		return err
 	}
 	if err := ipBatch(ctx, n.netns, []string{

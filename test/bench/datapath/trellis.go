@@ -20,6 +20,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
 // The agent's settings the benchmark programs, the ClusterNetwork defaults.
@@ -69,7 +70,7 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 			return err
 		}
 		for _, p := range n.pods {
-			if err := createNetns(ctx, p.netns); err != nil {
+			if err := topology.AddNetNS(ctx, p.netns); err != nil {
 				return err
 			}
 			if err := addPod(ctx, cni, list, n, p); err != nil {

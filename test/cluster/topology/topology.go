@@ -127,20 +127,8 @@ func (l Layout) NextHop(from, to Host) netip.Addr {
 // Create makes the namespaces, bridges, links, addresses and routes. It expects none of
 // them to exist (remove leftovers first).
 func (l Layout) Create(ctx context.Context) error {
-	if err := addNetNS(ctx, l.Underlay); err != nil {
+	if err := CreateUnderlay(ctx, l.Underlay, l.Router != nil); err != nil {
 		return err
-	}
-	bridges := []string{"br0"}
-	if l.Router != nil {
-		bridges = append(bridges, "br1")
-	}
-	for _, br := range bridges {
-		if err := ip(ctx, l.Underlay, "link", "add", br, "type", "bridge"); err != nil {
-			return err
-		}
-		if err := ip(ctx, l.Underlay, "link", "set", br, "up"); err != nil {
-			return err
-		}
 	}
 	hosts := append([]Host{l.ControlPlane, l.External}, l.Nodes...)
 	if l.Router != nil {
@@ -159,7 +147,7 @@ func (l Layout) Create(ctx context.Context) error {
 	}
 	if l.Router != nil {
 		r := *l.Router
-		if err := l.attach(ctx, r, "eth1", "br1", "v-router-r", RouterRemoteIP, RemoteSubnet); err != nil {
+		if err := Attach(ctx, l.Underlay, r.NetNS, "v-router-r", "eth1", RouterRemoteIP, RemoteSubnet); err != nil {
 			return fmt.Errorf("attaching the router to the remote subnet: %w", err)
 		}
 		if err := Sysctl(ctx, r.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
@@ -216,14 +204,10 @@ func underlayNode(prefix string, i int) Host {
 // addHost creates h's namespace and attaches its eth0 to its subnet's bridge, with its
 // default route.
 func (l Layout) addHost(ctx context.Context, h Host) error {
-	if err := addNetNS(ctx, h.NetNS); err != nil {
+	if err := AddNetNS(ctx, h.NetNS); err != nil {
 		return err
 	}
-	bridge := "br0"
-	if h.Subnet == RemoteSubnet {
-		bridge = "br1"
-	}
-	if err := l.attach(ctx, h, "eth0", bridge, "v-"+h.Name, h.IP, h.Subnet); err != nil {
+	if err := Attach(ctx, l.Underlay, h.NetNS, "v-"+h.Name, "eth0", h.IP, h.Subnet); err != nil {
 		return fmt.Errorf("attaching %s: %w", h.Name, err)
 	}
 	if h.Gateway.IsValid() {
@@ -232,19 +216,46 @@ func (l Layout) addHost(ctx context.Context, h Host) error {
 	return nil
 }
 
-// attach links h's ifname to bridge (the veth's other end, named veth, stays in the
-// underlay namespace) and gives it addr.
-func (l Layout) attach(ctx context.Context, h Host, ifname, bridge, veth string, addr netip.Addr, subnet netip.Prefix) error {
-	if err := ip(ctx, l.Underlay, "link", "add", veth, "type", "veth", "peer", "name", ifname, "netns", h.NetNS); err != nil {
+// CreateUnderlay adds the namespace underlay holding the bridges: br0 for UnderlaySubnet
+// and, with remote, br1 for RemoteSubnet. The local cluster and bench-datapath build
+// their networks on it.
+func CreateUnderlay(ctx context.Context, underlay string, remote bool) error {
+	if err := AddNetNS(ctx, underlay); err != nil {
 		return err
 	}
-	if err := ip(ctx, l.Underlay, "link", "set", veth, "master", bridge, "up"); err != nil {
+	bridges := []string{"br0"}
+	if remote {
+		bridges = append(bridges, "br1")
+	}
+	for _, br := range bridges {
+		if err := ip(ctx, underlay, "link", "add", br, "type", "bridge"); err != nil {
+			return err
+		}
+		if err := ip(ctx, underlay, "link", "set", br, "up"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Attach links ifname in netns to the bridge of subnet in the underlay namespace (the
+// veth is created there, its other end, port, stays there: nothing appears in the root
+// namespace, not even for a moment), gives ifname addr on subnet and brings both ends up.
+func Attach(ctx context.Context, underlay, netns, port, ifname string, addr netip.Addr, subnet netip.Prefix) error {
+	bridge := "br0"
+	if subnet == RemoteSubnet {
+		bridge = "br1"
+	}
+	if err := ip(ctx, underlay, "link", "add", port, "type", "veth", "peer", "name", ifname, "netns", netns); err != nil {
 		return err
 	}
-	if err := ip(ctx, h.NetNS, "addr", "add", netip.PrefixFrom(addr, subnet.Bits()).String(), "dev", ifname); err != nil {
+	if err := ip(ctx, underlay, "link", "set", port, "master", bridge, "up"); err != nil {
 		return err
 	}
-	return ip(ctx, h.NetNS, "link", "set", ifname, "up")
+	if err := ip(ctx, netns, "addr", "add", netip.PrefixFrom(addr, subnet.Bits()).String(), "dev", ifname); err != nil {
+		return err
+	}
+	return ip(ctx, netns, "link", "set", ifname, "up")
 }
 
 // AddRoute adds a route to dst via nexthop in namespace netns.
@@ -261,7 +272,8 @@ func Sysctl(ctx context.Context, netns, key, value string) error {
 	return nil
 }
 
-func addNetNS(ctx context.Context, name string) error {
+// AddNetNS adds the named network namespace with its loopback up.
+func AddNetNS(ctx context.Context, name string) error {
 	if _, err := procs.Run(ctx, "ip", "netns", "add", name); err != nil {
 		return err
 	}
