@@ -36,7 +36,7 @@ func imageRoot(ctx context.Context, rootsDir, archive string) (string, error) {
 	root := filepath.Join(rootsDir, "root-"+hex.EncodeToString(sum[:])[:20])
 	if _, err := os.Stat(root); err == nil {
 		now := time.Now()
-		_ = os.Chtimes(root, now, now) // most recently used: kept by pruneRoots
+		_ = os.Chtimes(root, now, now) // most recently used: kept by images.Prune
 		return root, nil
 	}
 	if err := os.MkdirAll(rootsDir, 0o755); err != nil {
@@ -54,7 +54,7 @@ func imageRoot(ctx context.Context, rootsDir, archive string) (string, error) {
 	if err := os.Rename(filepath.Join(work, "root"), root); err != nil && !errors.Is(err, fs.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY) {
 		return "", fmt.Errorf("storing %s: %w", root, err)
 	}
-	pruneRoots(rootsDir, 2)
+	images.Prune(rootsDir, "root-", 2)
 	return root, nil
 }
 
@@ -198,33 +198,5 @@ func emptyDir(dir string) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		_ = os.RemoveAll(filepath.Join(dir, e.Name()))
-	}
-}
-
-// pruneRoots keeps the keep most recently used roots of dir.
-func pruneRoots(dir string, keep int) {
-	entries, _ := os.ReadDir(dir)
-	type root struct {
-		path string
-		mod  time.Time
-	}
-	var roots []root
-	for _, e := range entries {
-		if !e.IsDir() || !strings.HasPrefix(e.Name(), "root-") {
-			continue
-		}
-		if info, err := e.Info(); err == nil {
-			roots = append(roots, root{filepath.Join(dir, e.Name()), info.ModTime()})
-		}
-	}
-	for len(roots) > keep {
-		oldest := 0
-		for i, r := range roots {
-			if r.mod.Before(roots[oldest].mod) {
-				oldest = i
-			}
-		}
-		_ = os.RemoveAll(roots[oldest].path)
-		roots = append(roots[:oldest], roots[oldest+1:]...)
 	}
 }

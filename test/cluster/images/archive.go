@@ -110,26 +110,28 @@ func Archive(cacheDir string, specs []Spec) (path string, cached bool, err error
 	if err := os.Rename(tmp, path); err != nil {
 		return "", false, fmt.Errorf("storing %s: %w", path, err)
 	}
-	prune(cacheDir, "images-", 3)
+	Prune(cacheDir, "images-", 3)
 	return path, false, nil
 }
 
-// prune keeps the keep most recently used files of dir named prefix*.
-func prune(dir, prefix string, keep int) {
+// Prune keeps the keep most recently used entries of dir named prefix* (files or
+// directories: the archives here, the imported containerd roots of test/cluster) and
+// removes the others; users touch what they reuse.
+func Prune(dir, prefix string, keep int) {
 	entries, _ := os.ReadDir(dir)
 	type f struct {
 		path string
 		mod  time.Time
 	}
-	var files []f
+	var found []f
 	for _, e := range entries {
-		if info, err := e.Info(); err == nil && strings.HasPrefix(e.Name(), prefix) && info.Mode().IsRegular() {
-			files = append(files, f{filepath.Join(dir, e.Name()), info.ModTime()})
+		if info, err := e.Info(); err == nil && strings.HasPrefix(e.Name(), prefix) && (info.Mode().IsRegular() || info.IsDir()) {
+			found = append(found, f{filepath.Join(dir, e.Name()), info.ModTime()})
 		}
 	}
-	sort.Slice(files, func(i, j int) bool { return files[i].mod.After(files[j].mod) })
-	for i := keep; i < len(files); i++ {
-		_ = os.Remove(files[i].path)
+	sort.Slice(found, func(i, j int) bool { return found[i].mod.After(found[j].mod) })
+	for i := keep; i < len(found); i++ {
+		_ = os.RemoveAll(found[i].path)
 	}
 }
 

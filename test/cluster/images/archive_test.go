@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestArchiveCache builds an archive, gets it from the cache the second time, and a new
@@ -211,5 +212,37 @@ func TestPreviousReleaseFile(t *testing.T) {
 	}
 	if out, err := exec.Command("git", "-C", root, "cat-file", "-e", r.Commit+"^{commit}").CombinedOutput(); err != nil {
 		t.Fatalf("%s names commit %s, not in this clone: %v %s", PreviousReleaseFile, r.Commit, err, out)
+	}
+}
+
+// TestPruneKeepsTheMostRecent: archives (files) and imported roots (directories, not
+// empty) alike, only those named with the prefix.
+func TestPruneKeepsTheMostRecent(t *testing.T) {
+	dir := t.TempDir()
+	now := time.Now()
+	for i, name := range []string{"root-a", "root-b", "root-c"} {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Join(p, "content"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(p, "content", "blob"), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mod := now.Add(time.Duration(i-3) * time.Hour)
+		if err := os.Chtimes(p, mod, mod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "other"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	Prune(dir, "root-", 2)
+	var left []string
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if want := []string{"other", "root-b", "root-c"}; !slices.Equal(left, want) {
+		t.Errorf("after Prune: %v, want %v", left, want)
 	}
 }
