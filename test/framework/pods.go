@@ -228,6 +228,9 @@ type PolicyPod struct {
 	Draining bool
 }
 
+// DeployPolicyPods creates the policy tests' pods of batch in PolicyNamespace (labelled
+// with it and with each spec's Labels), waits until they are Ready and opens their
+// network namespaces, as DeployPods does for the datapath tests.
 func DeployPolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []PolicyPod) map[string]Pod {
 	t.Helper()
 	var b strings.Builder
