@@ -148,11 +148,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	for _, ip := range ips {
 		gw := veth.Gateway(ip)
 		result.IPs = append(result.IPs, &current.IPConfig{Address: *veth.Prefix(ip), Gateway: gw, Interface: current.Int(1)})
-		def := net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
-		if ip.Is6() {
-			def = net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
-		}
-		result.Routes = append(result.Routes, &types.Route{Dst: def, GW: gw})
+		result.Routes = append(result.Routes, &types.Route{Dst: *veth.DefaultRoute(ip), GW: gw})
 	}
 	log.Info("pod wired", "hostInterface", hostName, "namespace", string(k8s.K8S_POD_NAMESPACE), "pod", string(k8s.K8S_POD_NAME))
 	return types.PrintResult(result, conf.CNIVersion)

@@ -56,8 +56,8 @@ func Prefix(ip netip.Addr) *net.IPNet {
 	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
 }
 
-// defaultRoute is the default destination of ip's family.
-func defaultRoute(ip netip.Addr) *net.IPNet {
+// DefaultRoute is the default destination of ip's family (0.0.0.0/0 or ::/0).
+func DefaultRoute(ip netip.Addr) *net.IPNet {
 	if ip.Is4() {
 		return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
 	}
@@ -180,7 +180,7 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ips []netip.Addr, mtu int
 			if err := netlink.NeighSet(neigh); err != nil {
 				return fmt.Errorf("adding neighbour %s -> %s on %s: %w", gw, att.HostMAC, podIfName, err)
 			}
-			def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw, Dst: defaultRoute(ip)}
+			def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw, Dst: DefaultRoute(ip)}
 			if ip.Is4() {
 				def.Flags = int(netlink.FLAG_ONLINK) // a link-local IPv6 gateway is on-link by definition
 			}
@@ -338,7 +338,7 @@ func checkPod(link netlink.Link, podName string, ip netip.Addr, hostMAC net.Hard
 	if err != nil {
 		return nil, fmt.Errorf("listing routes of %s: %w", podName, err)
 	}
-	def := defaultRoute(ip)
+	def := DefaultRoute(ip)
 	hasDefault := false
 	for _, r := range routes {
 		isDefault := r.Dst == nil || (r.Dst.IP.Equal(def.IP) && r.Dst.Mask.String() == def.Mask.String())
