@@ -4,10 +4,12 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 )
@@ -21,7 +23,9 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 	serverNode := c.Nodes[0]
 	framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
 	defer framework.DeletePolicy(ctx, t, c, "deny-server")
-	annotate := func(v string) {
+	// The helpers take the calling (sub)test's t: a helper that failed the parent from a
+	// subtest would end the run with "subtest may have called FailNow on a parent test".
+	annotate := func(t *testing.T, v string) {
 		t.Helper()
 		arg := annotation + "=" + v
 		if v == "" {
@@ -31,19 +35,21 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 			t.Fatalf("annotating namespace %s %s: %v", framework.PolicyNamespace, arg, err)
 		}
 	}
-	setMode := func(mode string) {
+	// setMode changes the cluster-wide mode and waits until the agents rolled out with it:
+	// until then an agent pod may be initializing and its log unreadable.
+	setMode := func(t *testing.T, mode string) {
 		t.Helper()
 		if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type=merge", "-p", `{"spec":{"networkPolicy":{"denyLogs":{"mode":"`+mode+`"}}}}`); err != nil {
 			t.Fatalf("setting spec.networkPolicy.denyLogs.mode=%s: %v", mode, err)
 		}
+		waitRolledOut(ctx, t, c, 4*time.Minute)
 	}
 	defer func() {
-		annotate("")
-		setMode("Annotated")
-		waitRolledOut(ctx, t, c, 4*time.Minute)
+		annotate(t, "")
+		setMode(t, "Annotated")
 	}()
 	// waitLogRules waits until the server's node has (or hasn't) deny log rules.
-	waitLogRules := func(want bool, timeout time.Duration) {
+	waitLogRules := func(t *testing.T, want bool, timeout time.Duration) {
 		t.Helper()
 		deadline := time.Now().Add(timeout)
 		for {
@@ -57,13 +63,23 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
-	// lines are the agents' deny log lines naming pod from as the source.
-	lines := func(from string) []string {
+	// lines are the deny log lines naming pod from as the source, in the log of the agent
+	// on the server's node (ingress drops are logged where the server is).
+	lines := func(t *testing.T, from string) []string {
 		t.Helper()
-		out, err := c.Kubectl(ctx, "logs", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent", "--tail=-1", "--prefix")
-		if err != nil {
-			t.Fatalf("agent logs: %v", err)
-		}
+		var out string
+		check.Eventually(t, time.Minute, "reading the log of the agent on "+serverNode.Name, func() error {
+			pod, err := c.Kubectl(ctx, "get", "pods", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent",
+				"--field-selector", "spec.nodeName="+serverNode.Name, "-o", "jsonpath={.items[*].metadata.name}")
+			if err != nil {
+				return err
+			}
+			if f := strings.Fields(pod); len(f) != 1 {
+				return fmt.Errorf("agent pods on %s: %q, want one", serverNode.Name, pod)
+			}
+			out, err = c.Kubectl(ctx, "logs", "-n", "trellis-system", strings.TrimSpace(pod), "-c", "agent", "--tail=-1")
+			return err
+		})
 		var found []string
 		for _, l := range strings.Split(out, "\n") {
 			if strings.Contains(l, "connection denied") && strings.Contains(l, framework.PolicyNamespace+"/"+from) {
@@ -73,20 +89,24 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 		return found
 	}
 	// deniedAttempt makes one denied connection attempt from pod and returns the lines it made.
-	deniedAttempt := func(from string, ns framework.Pod) []string {
+	deniedAttempt := func(t *testing.T, from string, ns framework.Pod) []string {
 		t.Helper()
-		before := len(lines(from))
+		before := len(lines(t, from))
 		if err := framework.DialEcho(ns.NetNS, tcpAddr); err == nil {
 			t.Fatalf("%s -> %s was allowed under deny-server", from, tcpAddr)
 		}
 		time.Sleep(2 * time.Second)
-		return lines(from)[before:]
+		after := lines(t, from)
+		if len(after) < before {
+			t.Fatalf("the agent's log on %s lost lines during the attempt (%d -> %d): did the agent restart?", serverNode.Name, before, len(after))
+		}
+		return after[before:]
 	}
 
 	t.Run("AnnotationOn", func(t *testing.T) {
-		annotate("true")
-		waitLogRules(true, 30*time.Second)
-		got := deniedAttempt("client", client)
+		annotate(t, "true")
+		waitLogRules(t, true, 30*time.Second)
+		got := deniedAttempt(t, "client", client)
 		if len(got) != 1 {
 			t.Fatalf("one denied attempt client -> server made %d lines, want 1: %q", len(got), got)
 		}
@@ -99,24 +119,24 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 		t.Logf("deny log line: %s", got[0])
 	})
 	t.Run("AnnotationOff", func(t *testing.T) {
-		annotate("")
-		waitLogRules(false, 30*time.Second)
-		if got := deniedAttempt("friend", friend); len(got) != 0 {
+		annotate(t, "")
+		waitLogRules(t, false, 30*time.Second)
+		if got := deniedAttempt(t, "friend", friend); len(got) != 0 {
 			t.Errorf("a denied attempt in a namespace without the annotation made lines: %q", got)
 		}
 	})
 	t.Run("ClusterWideAll", func(t *testing.T) {
-		setMode("All")
-		waitLogRules(true, 4*time.Minute) // the agents roll with the new configuration
-		if got := deniedAttempt("friend", friend); len(got) != 1 {
+		setMode(t, "All")
+		waitLogRules(t, true, 30*time.Second)
+		if got := deniedAttempt(t, "friend", friend); len(got) != 1 {
 			t.Errorf("mode All: a denied attempt made %d lines, want 1: %q", len(got), got)
 		}
 	})
 	t.Run("ClusterWideOff", func(t *testing.T) {
-		annotate("true")
-		setMode("Off")
-		waitLogRules(false, 4*time.Minute)
-		if got := deniedAttempt("client", client); len(got) != 0 {
+		annotate(t, "true")
+		setMode(t, "Off")
+		waitLogRules(t, false, 30*time.Second)
+		if got := deniedAttempt(t, "client", client); len(got) != 0 {
 			t.Errorf("mode Off with the namespace annotated: a denied attempt made lines: %q", got)
 		}
 	})
