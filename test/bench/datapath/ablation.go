@@ -80,32 +80,50 @@ const chainNoTrack = "TRELLIS-BENCH-NOTRACK"
 //     directions of a pod-to-pod connection (the replies go pod CIDR to pod CIDR too);
 //     node-to-node packets (VXLAN's outer ones) stay tracked.
 //
+// no-netfilter and bare are several of these at once (ablations).
+//
 // Nothing re-syncs afterwards: the agent's periodic sync would put the feature back.
 func ablate(ctx context.Context, c *cluster) error {
 	for _, n := range c.nodes {
-		var err error
-		switch c.side {
-		case sideNoNAT:
-			err = removeChains(ctx, n, netfilter.NAT, datapath.ChainNAT)
-		case sideNoAntiSpoof:
-			err = removeChains(ctx, n, netfilter.Raw, datapath.ChainRaw)
-		case sideNoDispatch:
-			err = inNetns(n.netns, func() error { return (&policy.KernelApplier{}).Remove() })
-			if err == nil {
-				err = dropEmptyTable(ctx, n, netfilter.Filter)
-			}
-		case sideNoRPFilter:
-			err = inNetns(n.netns, looseRPFilterOff)
-		case sideNoTrack:
-			err = addNoTrack(n, c.podCIDR)
-		default:
+		steps, ok := ablations[c.side]
+		if !ok {
 			return fmt.Errorf("%s is no ablation", c.side)
 		}
-		if err != nil {
-			return fmt.Errorf("%s %s %s: %w", c.side, c.mode, n.name, err)
+		for _, step := range steps {
+			var err error
+			switch step {
+			case sideNoNAT:
+				err = removeChains(ctx, n, netfilter.NAT, datapath.ChainNAT)
+			case sideNoAntiSpoof:
+				err = removeChains(ctx, n, netfilter.Raw, datapath.ChainRaw)
+			case sideNoDispatch:
+				err = inNetns(n.netns, func() error { return (&policy.KernelApplier{}).Remove() })
+				if err == nil {
+					err = dropEmptyTable(ctx, n, netfilter.Filter)
+				}
+			case sideNoRPFilter:
+				err = inNetns(n.netns, looseRPFilterOff)
+			case sideNoTrack:
+				err = addNoTrack(n, c.podCIDR)
+			}
+			if err != nil {
+				return fmt.Errorf("%s %s %s: %w", c.side, c.mode, n.name, err)
+			}
 		}
 	}
 	return nil
+}
+
+// ablations are the steps of each ablation side, in order: the single-feature sides are
+// their own one step.
+var ablations = map[side][]side{
+	sideNoNAT:       {sideNoNAT},
+	sideNoAntiSpoof: {sideNoAntiSpoof},
+	sideNoRPFilter:  {sideNoRPFilter},
+	sideNoDispatch:  {sideNoDispatch},
+	sideNoTrack:     {sideNoTrack},
+	sideNoNetfilter: {sideNoNAT, sideNoAntiSpoof, sideNoDispatch},
+	sideBare:        {sideNoNAT, sideNoAntiSpoof, sideNoDispatch, sideNoRPFilter},
 }
 
 // removeChains syncs away trellis's chain (and its jumps) in table, then drops the table.

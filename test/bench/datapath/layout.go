@@ -65,10 +65,10 @@ type layout struct {
 var modes = []datapath.Mode{datapath.ModeVXLAN, datapath.ModeDirect, datapath.ModeHybrid}
 
 // newLayout names the namespaces and addresses of a run. Cluster c (VXLAN, Direct, Hybrid
-// of the first side, then of the next...) has nodes 198.51.100.<10(c+1)+k> (node3 of
-// Hybrid: 203.0.113.<10(c+1)+3>) and pod CIDR 10.<100+c>.0.0/16 with node k's block
-// 10.<100+c>.k.0/24. With every side, c < 3*numSides = 24, so the highest node address is
-// .243 (the router is .254) and the highest pod CIDR 10.123.0.0/16: both fit (layout_test checks). Node1 has two
+// of the first side, then of the next...) has nodes 198.51.100.<10+4c+k> (node3 of
+// Hybrid: 203.0.113.<10+4c+3>) and pod CIDR 10.<100+c>.0.0/16 with node k's block
+// 10.<100+c>.k.0/24. With every side, c < 3*numSides = 30, so the highest node address is
+// .129 (the router is .254) and the highest pod CIDR 10.129.0.0/16: both fit (layout_test checks). Node1 has two
 // pods (the client and the same-node server), every other node one. Hybrid clusters have a
 // third node on the remote subnet, so Hybrid has a peer it must reach through VXLAN.
 func newLayout(prefix string, sides []side) *layout {
@@ -97,7 +97,7 @@ func newLayout(prefix string, sides []side) *layout {
 				if k == 3 {
 					n.subnet = topology.RemoteSubnet
 				}
-				n.ip = nthAddr(n.subnet, 10*(c+1)+k) // < 256: see above
+				n.ip = nthAddr(n.subnet, 10+4*c+k) // < 254: see above
 				pods := 1
 				if k == 1 {
 					pods = 2

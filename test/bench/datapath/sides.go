@@ -27,6 +27,12 @@ const (
 	sideNoRPFilter
 	sideNoDispatch
 	sideNoTrack
+	// sideNoNetfilter and sideBare switch several features off at once: when no single
+	// one accounts for the gap, their sum (conntrack and the netfilter hooks as a whole,
+	// which any one table left keeps on) or what is left besides them (the devices and
+	// routes) may.
+	sideNoNetfilter
+	sideBare
 	numSides
 )
 
@@ -42,6 +48,8 @@ var sideInfo = [numSides]struct{ name, tag, what string }{
 	sideNoRPFilter:  {"no-rpfilter", "xr", "trellis with rp_filter 0 instead of 2 on trellis.vxlan and the pod veths"},
 	sideNoDispatch:  {"no-dispatch", "xd", "trellis without the policy dispatch chains and ipsets (and the then empty filter table)"},
 	sideNoTrack:     {"notrack", "nt", "trellis plus raw NOTRACK for pod CIDR to pod CIDR (conntrack skipped for pod-to-pod)"},
+	sideNoNetfilter: {"no-netfilter", "xf", "trellis without any iptables rule: no-nat, no-antispoof and no-dispatch at once (no table left, so no conntrack)"},
+	sideBare:        {"bare", "xb", "no-netfilter and no-rpfilter at once: trellis's devices and routes alone"},
 }
 
 func (s side) String() string { return sideInfo[s].name }
