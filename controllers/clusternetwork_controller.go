@@ -581,7 +581,7 @@ func (r *ClusterNetworkReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	nodeNetworkChange := predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
-			return o.Spec != n.Spec || o.Status.MTU != n.Status.MTU ||
+			return !o.Spec.Equal(n.Spec) || o.Status.MTU != n.Status.MTU ||
 				o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() || readyReason(o) != readyReason(n)
 		},
 	}

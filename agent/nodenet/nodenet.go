@@ -527,7 +527,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			},
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
-				return o.Spec != n.Spec || o.Status.NodeIP != n.Status.NodeIP || o.Status.VTEPMAC != n.Status.VTEPMAC ||
+				return !o.Spec.Equal(n.Spec) || o.Status.NodeIP != n.Status.NodeIP || o.Status.VTEPMAC != n.Status.VTEPMAC ||
 					o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
 			},
 		})).

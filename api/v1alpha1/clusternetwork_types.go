@@ -57,24 +57,33 @@ const (
 )
 
 // ClusterNetworkSpec is the desired pod network of the whole cluster.
-// +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).prefixLength() < self.nodeBlockSize)",message="spec.nodeBlockSize must be longer than the prefix of every entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSize"
+// +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).ip().family() != 4 || cidr(c).prefixLength() < self.nodeBlockSize)",message="spec.nodeBlockSize must be longer than the prefix of every IPv4 entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSize"
+// +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).ip().family() != 6 || cidr(c).prefixLength() < self.nodeBlockSizeV6)",message="spec.nodeBlockSizeV6 must be longer than the prefix of every IPv6 entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSizeV6"
+// +kubebuilder:validation:XValidation:rule="self.nodeBlockSizeV6 == oldSelf.nodeBlockSizeV6 || !oldSelf.podCIDRs.exists(c, isCIDR(c) && cidr(c).ip().family() == 6)",message="spec.nodeBlockSizeV6 is immutable once spec.podCIDRs holds an IPv6 range: changing it would re-address every pod; create a new cluster network instead",fieldPath=".nodeBlockSizeV6"
 type ClusterNetworkSpec struct {
-	// PodCIDRs are the address ranges pods get their IPs from. Only IPv4 is supported today;
-	// the list leaves room for dual-stack and for growing the pod network. Entries in effect
-	// (status.podCIDRs) are immutable: append a CIDR to add room. An entry not yet in effect
-	// (one the operator refused) may be removed.
+	// Of the rules on podCIDRs, the one refusing IPv6 ("not supported yet") is there because
+	// the agent does not program IPv6 yet, so pods would get IPv4 only: deleting that one
+	// rule is all the API needs once it does (issue #22); the others are family-aware.
+	// IPv4-mapped ranges (::ffff:0:0/96) are no CIDR to the API server's cidr library, so
+	// isCIDR refuses them and the special-purpose list can't name them.
+
+	// PodCIDRs are the address ranges pods get their IPs from, IPv4 and (once the agent
+	// programs it, issue #22) IPv6, several of each. Entries in effect (status.podCIDRs) are
+	// immutable: append a CIDR to add room, or the first range of a family to add it. An
+	// entry not yet in effect (one the operator refused) may be removed.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
-	// +kubebuilder:validation:items:MaxLength=18
-	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each spec.podCIDRs entry must be a CIDR such as 10.244.0.0/16"
-	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() == 4",message="spec.podCIDRs entries must be IPv4 (IPv6 is not supported yet)"
-	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address (host bits zero), e.g. 10.244.0.0/16 rather than 10.244.1.0/16"
-	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '240.0.0.0/4'].all(r, !cidr(r).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(r)))",messageExpression="'spec.podCIDRs entry ' + self + ' overlaps a special-purpose range that cannot carry pod traffic (0.0.0.0/8 this network, 127.0.0.0/8 loopback, 169.254.0.0/16 link-local, where pods reach their gateway 169.254.1.1, 224.0.0.0/4 multicast, 240.0.0.0/4 reserved and broadcast): use a private range such as 10.244.0.0/16'"
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each spec.podCIDRs entry must be a CIDR such as 10.244.0.0/16 or fd00:10:244::/56"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() == 4",messageExpression="'IPv6 pod CIDRs are not supported yet: spec.podCIDRs entry ' + self + ' would leave pods with IPv4 only, since the node agent does not program IPv6 routes or policy (issue #22)'"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address (host bits zero), e.g. 10.244.0.0/16 rather than 10.244.1.0/16, fd00:10:244::/56 rather than fd00:10:244:1::/56"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() != 4 || ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '240.0.0.0/4'].all(r, !cidr(r).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(r)))",messageExpression="'spec.podCIDRs entry ' + self + ' overlaps a special-purpose range that cannot carry pod traffic (0.0.0.0/8 this network, 127.0.0.0/8 loopback, 169.254.0.0/16 link-local, where pods reach their gateway 169.254.1.1, 224.0.0.0/4 multicast, 240.0.0.0/4 reserved and broadcast): use a private range such as 10.244.0.0/16'"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() != 6 || ['::/128', '::1/128', '64:ff9b::/96', '100::/64', 'fe80::/10', 'ff00::/8'].all(r, !cidr(r).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(r)))",messageExpression="'spec.podCIDRs entry ' + self + ' overlaps a special-purpose range that cannot carry pod traffic (::/128 unspecified, ::1/128 loopback, 64:ff9b::/96 NAT64, 100::/64 discard-only, fe80::/10 link-local, where pods reach their gateway, ff00::/8 multicast): use a unique local range such as fd00:10:244::/56'"
 	// +kubebuilder:validation:XValidation:rule="self.all(a, !isCIDR(a) || self.filter(b, isCIDR(b) && (cidr(a).containsCIDR(cidr(b)) || cidr(b).containsCIDR(cidr(a)))).size() == 1)",message="spec.podCIDRs entries must not overlap each other"
 	// +listType=atomic
 	PodCIDRs []string `json:"podCIDRs"`
 
-	// NodeBlockSize is the prefix length of the block each node gets from the pod CIDRs.
+	// NodeBlockSize is the prefix length of the block each node gets from the IPv4 pod CIDRs.
 	// It cannot be changed once set: every running pod's address depends on it.
 	// +kubebuilder:default=24
 	// +kubebuilder:validation:Minimum=16
@@ -82,6 +91,16 @@ type ClusterNetworkSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.nodeBlockSize is immutable: changing it would re-address every pod; create a new cluster network instead"
 	// +optional
 	NodeBlockSize int32 `json:"nodeBlockSize,omitempty"`
+
+	// NodeBlockSizeV6 is the prefix length of the block each node gets from the IPv6 pod
+	// CIDRs (/64 as kube-controller-manager's node IPAM; the CNI plugin takes /64 to /120).
+	// It can't be changed once spec.podCIDRs holds an IPv6 range: every running pod's IPv6
+	// address depends on it.
+	// +kubebuilder:default=64
+	// +kubebuilder:validation:Minimum=64
+	// +kubebuilder:validation:Maximum=120
+	// +optional
+	NodeBlockSizeV6 int32 `json:"nodeBlockSizeV6,omitempty"`
 
 	// Encapsulation selects how pod traffic crosses between nodes.
 	// +kubebuilder:default=VXLAN
@@ -341,10 +360,40 @@ type ClusterNetworkStatus struct {
 	// PodCIDRs are the pod ranges in effect: the spec.podCIDRs the agents were last given.
 	// They can't be removed from or changed in spec.podCIDRs.
 	// +kubebuilder:validation:MaxItems=8
-	// +kubebuilder:validation:items:MaxLength=18
+	// +kubebuilder:validation:items:MaxLength=43
 	// +listType=atomic
 	// +optional
 	PodCIDRs []string `json:"podCIDRs,omitempty"`
+
+	// Blocks are the node blocks of each family of spec.podCIDRs: how many the ranges hold
+	// and how many nodes hold one, IPv4 first.
+	// +kubebuilder:validation:MaxItems=2
+	// +listType=map
+	// +listMapKey=family
+	// +optional
+	Blocks []FamilyBlocks `json:"blocks,omitempty"`
+}
+
+// IPFamily is an IP address family.
+// +kubebuilder:validation:Enum=IPv4;IPv6
+type IPFamily string
+
+// The IP families, named as in Kubernetes' Service spec.ipFamilies.
+const (
+	IPv4 IPFamily = "IPv4"
+	IPv6 IPFamily = "IPv6"
+)
+
+// FamilyBlocks is the use of one family's node blocks.
+type FamilyBlocks struct {
+	// Family of the blocks.
+	Family IPFamily `json:"family"`
+	// BlockSize is the prefix length of each node's block of this family.
+	BlockSize int32 `json:"blockSize"`
+	// Capacity is how many node blocks the family's spec.podCIDRs hold (at most 2^63-1).
+	Capacity int64 `json:"capacity"`
+	// Allocated is how many nodes hold a block of this family.
+	Allocated int32 `json:"allocated"`
 }
 
 // ClusterNetwork is the cluster's pod network. Only the one named "default" is acted on.
@@ -361,6 +410,10 @@ type ClusterNetworkStatus struct {
 // +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.conditions[?(@.type=="Available")].status`
 // +kubebuilder:printcolumn:name="Updated",type=integer,JSONPath=`.status.nodes.updated`,priority=1,description="Nodes running the agent of the current configuration"
 // +kubebuilder:printcolumn:name="MTU",type=integer,JSONPath=`.status.mtu`,priority=1
+// +kubebuilder:printcolumn:name="IPv4 Blocks",type=integer,JSONPath=`.status.blocks[?(@.family=="IPv4")].allocated`,priority=1,description="Nodes holding an IPv4 block"
+// +kubebuilder:printcolumn:name="IPv4 Capacity",type=integer,JSONPath=`.status.blocks[?(@.family=="IPv4")].capacity`,priority=1,description="IPv4 node blocks spec.podCIDRs hold"
+// +kubebuilder:printcolumn:name="IPv6 Blocks",type=integer,JSONPath=`.status.blocks[?(@.family=="IPv6")].allocated`,priority=1,description="Nodes holding an IPv6 block"
+// +kubebuilder:printcolumn:name="IPv6 Capacity",type=integer,JSONPath=`.status.blocks[?(@.family=="IPv6")].capacity`,priority=1,description="IPv6 node blocks spec.podCIDRs hold"
 // +kubebuilder:printcolumn:name="Policy",type=boolean,JSONPath=`.spec.networkPolicy.enabled`,priority=1,description="NetworkPolicy enforcement enabled"
 // +kubebuilder:printcolumn:name="Progressing",type=string,JSONPath=`.status.conditions[?(@.type=="Progressing")].status`,priority=1
 // +kubebuilder:printcolumn:name="Degraded",type=string,JSONPath=`.status.conditions[?(@.type=="Degraded")].status`,priority=1

@@ -1,17 +1,47 @@
 package v1alpha1
 
 import (
+	"slices"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // NodeNetworkSpec is what the operator allocated to the node.
+// +kubebuilder:validation:XValidation:rule="!has(self.podCIDR) || !has(self.podCIDRs) || self.podCIDRs[0] == self.podCIDR",message="spec.podCIDR must equal spec.podCIDRs[0]: agents that read spec.podCIDR only must see the node's first block",fieldPath=".podCIDR"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.podCIDRs) || has(self.podCIDRs)",message="spec.podCIDRs can't be removed: pods on the node hold addresses from its blocks",fieldPath=".podCIDRs"
 type NodeNetworkSpec struct {
-	// PodCIDR is the node's pod block, allocated from ClusterNetwork spec.podCIDRs.
-	// +kubebuilder:validation:MaxLength=18
+	// PodCIDR is the node's first pod block (spec.podCIDRs[0]), allocated from ClusterNetwork
+	// spec.podCIDRs. Kept for agents that read this field only.
+	// +kubebuilder:validation:MaxLength=43
 	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).masked() == cidr(self)",message="spec.podCIDR must be a network address in CIDR form"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.podCIDR is immutable: pods on the node hold addresses from it"
 	// +optional
 	PodCIDR string `json:"podCIDR,omitempty"`
+
+	// PodCIDRs are the node's pod blocks, at most one per family, IPv4 first, as a Node's
+	// spec.podCIDRs. Existing entries are immutable (pods on the node hold addresses from
+	// them); the block of a family the node lacks may be appended (a cluster gaining IPv6).
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self) && cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address in CIDR form"
+	// +kubebuilder:validation:XValidation:rule="self.size() < 2 || !isCIDR(self[0]) || !isCIDR(self[1]) || (cidr(self[0]).ip().family() == 4 && cidr(self[1]).ip().family() == 6)",message="spec.podCIDRs holds at most one block per family, IPv4 first"
+	// +kubebuilder:validation:XValidation:rule="oldSelf.all(c, c in self)",message="spec.podCIDRs: existing entries are immutable: pods on the node hold addresses from them; only the block of a family the node lacks may be appended"
+	// +kubebuilder:validation:XValidation:rule="self.size() >= oldSelf.size()",message="spec.podCIDRs: a family can't be removed from a node: its pods hold addresses of that family, and ClusterNetwork spec.podCIDRs in effect can't lose it either"
+	// +listType=atomic
+	// +optional
+	PodCIDRs []string `json:"podCIDRs,omitempty"`
+}
+
+// Blocks are the node's pod blocks: spec.podCIDRs, or spec.podCIDR as NodeNetworks written
+// before spec.podCIDRs existed hold it.
+func (s NodeNetworkSpec) Blocks() []string {
+	if len(s.PodCIDRs) > 0 {
+		return s.PodCIDRs
+	}
+	if s.PodCIDR != "" {
+		return []string{s.PodCIDR}
+	}
+	return nil
 }
 
 // NodeNetworkStatus is what the node's agent reports.
@@ -122,6 +152,7 @@ type PolicyDirections struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=nn
 // +kubebuilder:printcolumn:name="PodCIDR",type=string,JSONPath=`.spec.podCIDR`
+// +kubebuilder:printcolumn:name="PodCIDRs",type=string,JSONPath=`.spec.podCIDRs`,priority=1,description="The node's pod block of each family"
 // +kubebuilder:printcolumn:name="NodeIP",type=string,JSONPath=`.status.nodeIP`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.encapsulation`
 // +kubebuilder:printcolumn:name="MTU",type=integer,JSONPath=`.status.mtu`
@@ -146,4 +177,9 @@ type NodeNetworkList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []NodeNetwork `json:"items"`
+}
+
+// Equal says whether two specs hold the same blocks.
+func (s NodeNetworkSpec) Equal(o NodeNetworkSpec) bool {
+	return s.PodCIDR == o.PodCIDR && slices.Equal(s.PodCIDRs, o.PodCIDRs)
 }

@@ -2,6 +2,7 @@ package v1alpha1_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -53,8 +54,32 @@ func TestInvalidClusterNetworksAreRefused(t *testing.T) {
 			[]string{"spec.podCIDRs", "must be a CIDR"}},
 		{"pod CIDR has host bits", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.1.0/16"} },
 			[]string{"spec.podCIDRs", "network address"}},
-		{"pod CIDR is IPv6", func(s map[string]any) { s["podCIDRs"] = []any{"fd00::/48"}; s["nodeBlockSize"] = 24 },
-			[]string{"spec.podCIDRs", "IPv4"}},
+		{"pod CIDR is IPv6 (not supported yet)", func(s map[string]any) { s["podCIDRs"] = []any{"fd00::/48"}; s["nodeBlockSize"] = 24 },
+			[]string{"IPv6 pod CIDRs are not supported yet: spec.podCIDRs entry fd00::/48", "issue #22"}},
+		{"IPv6 pod CIDR has host bits", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8::1/48"} },
+			[]string{"spec.podCIDRs", "network address"}},
+		{"IPv6 pod CIDR is loopback", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "::1/128"} },
+			[]string{"spec.podCIDRs entry ::1/128 overlaps a special-purpose range", "::1/128 loopback"}},
+		{"IPv6 pod CIDR is the whole space", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "::/0"} },
+			[]string{"spec.podCIDRs entry ::/0 overlaps a special-purpose range"}},
+		{"IPv6 pod CIDR is unspecified", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "::/120"} },
+			[]string{"spec.podCIDRs entry ::/120 overlaps a special-purpose range", "::/128 unspecified"}},
+		{"IPv6 pod CIDR is link-local", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "fe80::/56"} },
+			[]string{"spec.podCIDRs entry fe80::/56 overlaps a special-purpose range", "fe80::/10 link-local"}},
+		{"IPv6 pod CIDR is multicast", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "ff05::/56"} },
+			[]string{"spec.podCIDRs entry ff05::/56 overlaps a special-purpose range", "ff00::/8 multicast"}},
+		{"IPv6 pod CIDR is NAT64", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "64:ff9b::/96"}; s["nodeBlockSizeV6"] = 112 },
+			[]string{"spec.podCIDRs entry 64:ff9b::/96 overlaps a special-purpose range", "NAT64"}},
+		{"IPv6 pod CIDR is IPv4-mapped", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "::ffff:0:0/96"}; s["nodeBlockSizeV6"] = 112 },
+			[]string{"spec.podCIDRs", "must be a CIDR"}},
+		{"IPv6 pod CIDRs overlap", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8::/48", "2001:db8:0:1::/60"} },
+			[]string{"spec.podCIDRs", "must not overlap"}},
+		{"IPv6 block size too small", func(s map[string]any) { s["nodeBlockSizeV6"] = 63 },
+			[]string{"spec.nodeBlockSizeV6", "greater than or equal to 64"}},
+		{"IPv6 block size too large", func(s map[string]any) { s["nodeBlockSizeV6"] = 121 },
+			[]string{"spec.nodeBlockSizeV6", "less than or equal to 120"}},
+		{"IPv6 CIDR does not leave 2 blocks", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8::/64"} },
+			[]string{"spec.nodeBlockSizeV6", "every IPv6 entry", "at least 2 node blocks"}},
 		{"pod CIDRs overlap", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "10.244.128.0/17"} },
 			[]string{"spec.podCIDRs", "overlap"}},
 		{"pod CIDR is loopback", func(s map[string]any) { s["podCIDRs"] = []any{"127.0.0.0/16"} },
@@ -156,6 +181,7 @@ func TestValidClusterNetworkGetsDefaults(t *testing.T) {
 		got, want any
 	}{
 		{"nodeBlockSize", s.NodeBlockSize, int32(24)},
+		{"nodeBlockSizeV6", s.NodeBlockSizeV6, int32(64)},
 		{"encapsulation", s.Encapsulation, v1alpha1.EncapsulationVXLAN},
 		{"vxlan.port", s.VXLAN.Port, int32(4789)},
 		{"vxlan.vni", s.VXLAN.VNI, int32(1)},
@@ -299,5 +325,125 @@ func TestEffectiveTXChecksumOffload(t *testing.T) {
 		if got := v.EffectiveTXChecksumOffload(); got != tc.want {
 			t.Errorf("checksumOffload %v, txChecksumOffload %q: %q, want %q", tc.legacy, tc.mode, got, tc.want)
 		}
+	}
+}
+
+// A valid dual-stack spec is refused by the one rule that says IPv6 isn't supported yet,
+// and by no other: deleting that rule is all the API needs once the agent programs IPv6.
+func TestDualStackRefusedOnlyAsNotYetSupported(t *testing.T) {
+	spec := validSpec()
+	spec["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8:1::/48", "10.245.0.0/16", "2001:db8:2::/48"}
+	spec["nodeBlockSizeV6"] = 80
+	obj := clusterNetwork("dual-stack", spec)
+	err := k8s.Create(context.Background(), obj)
+	if err == nil {
+		_ = k8s.Delete(context.Background(), obj)
+		t.Fatal("the API server accepted IPv6 pod CIDRs, which the agent does not program yet")
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) || status.Status().Details == nil {
+		t.Fatalf("want an Invalid error with causes, got %v", err)
+	}
+	causes := status.Status().Details.Causes
+	if len(causes) != 2 {
+		t.Fatalf("want exactly the 2 IPv6 entries refused as not supported yet, got %d causes: %v", len(causes), err)
+	}
+	for _, c := range causes {
+		if !strings.Contains(c.Message, "IPv6 pod CIDRs are not supported yet") {
+			t.Errorf("a rule other than the not-supported-yet one fired: %s: %s", c.Field, c.Message)
+		}
+	}
+}
+
+// Until a cluster has an IPv6 range, its IPv6 block size may still be chosen (a running
+// IPv4 cluster picks it when it gains IPv6); the IPv4 one is immutable from the start.
+func TestNodeBlockSizeV6SettableOnIPv4Cluster(t *testing.T) {
+	ctx := context.Background()
+	cn := &v1alpha1.ClusterNetwork{}
+	cn.Name = "v6-block-size"
+	cn.Spec.PodCIDRs = []string{"10.244.0.0/16"}
+	if err := k8s.Create(ctx, cn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, cn) })
+	cn.Spec.NodeBlockSizeV6 = 80
+	if err := k8s.Update(ctx, cn); err != nil {
+		t.Fatalf("choosing spec.nodeBlockSizeV6 on an IPv4-only cluster was refused: %v", err)
+	}
+}
+
+func nodeNetwork(name string, spec v1alpha1.NodeNetworkSpec) *v1alpha1.NodeNetwork {
+	return &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
+}
+
+func TestNodeNetworkPodCIDRs(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name string
+		spec v1alpha1.NodeNetworkSpec
+		want string // "" when valid
+	}{
+		{"old shape, podCIDR only", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.1.0/24"}, ""},
+		{"dual-stack", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.2.0/24", PodCIDRs: []string{"10.244.2.0/24", "2001:db8:0:2::/64"}}, ""},
+		{"podCIDR is not podCIDRs[0]", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.3.0/24", PodCIDRs: []string{"10.244.4.0/24"}}, "spec.podCIDR must equal spec.podCIDRs[0]"},
+		{"two IPv4 blocks", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"10.244.5.0/24", "10.244.6.0/24"}}, "at most one block per family, IPv4 first"},
+		{"IPv6 first", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"2001:db8:0:7::/64", "10.244.7.0/24"}}, "at most one block per family, IPv4 first"},
+		{"host bits", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"10.244.8.0/24", "2001:db8::1/64"}}, "network address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nn := nodeNetwork("nn-"+strings.ReplaceAll(strings.ToLower(tc.name), " ", "-"), tc.spec)
+			nn.Name = strings.NewReplacer(",", "", "[", "", "]", "", "(", "", ")", "").Replace(nn.Name)
+			err := k8s.Create(ctx, nn)
+			if err == nil {
+				t.Cleanup(func() { _ = k8s.Delete(ctx, nn) })
+			}
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("want a refusal mentioning %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+// The IPv4 -> dual-stack migration appends a family to a node's blocks; nothing else
+// about them may change.
+func TestNodeNetworkPodCIDRsAppendOnly(t *testing.T) {
+	ctx := context.Background()
+	nn := nodeNetwork("nn-append", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.1.0/24"})
+	if err := k8s.Create(ctx, nn); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, nn) })
+	nn.Spec.PodCIDRs = []string{"10.244.1.0/24"}
+	if err := k8s.Update(ctx, nn); err != nil {
+		t.Fatalf("filling spec.podCIDRs of an old-shaped NodeNetwork: %v", err)
+	}
+	nn.Spec.PodCIDRs = []string{"10.244.1.0/24", "2001:db8:0:1::/64"}
+	if err := k8s.Update(ctx, nn); err != nil {
+		t.Fatalf("appending the IPv6 block: %v", err)
+	}
+	for _, change := range []struct {
+		name string
+		spec v1alpha1.NodeNetworkSpec
+		want string
+	}{
+		{"changing the IPv6 block", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24", "2001:db8:0:2::/64"}},
+			"spec.podCIDRs: existing entries are immutable"},
+		{"removing the IPv6 family", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.1.0/24", PodCIDRs: []string{"10.244.1.0/24"}},
+			"a family can't be removed from a node"},
+		{"removing spec.podCIDRs", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.1.0/24"},
+			"spec.podCIDRs can't be removed"},
+		{"changing spec.podCIDR", v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.9.0/24", PodCIDRs: []string{"10.244.9.0/24", "2001:db8:0:1::/64"}},
+			"spec.podCIDR is immutable"},
+	} {
+		t.Run(change.name, func(t *testing.T) {
+			upd := nn.DeepCopy()
+			upd.Spec = change.spec
+			if err := k8s.Update(ctx, upd); err == nil || !strings.Contains(err.Error(), change.want) {
+				t.Fatalf("want a refusal mentioning %q, got %v", change.want, err)
+			}
+		})
 	}
 }
