@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -71,7 +72,7 @@ type ClusterNetworkReconciler struct {
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks,resourceNames=default,verbs=patch
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/status,verbs=patch
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=clusternetworks/finalizers,resourceNames=default,verbs=update
-// +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups=network.trellis.dev,resources=nodenetworks/status,verbs=patch
 // +kubebuilder:rbac:groups="",resources=nodes;pods;namespaces,verbs=list;watch
 // +kubebuilder:rbac:groups="",resources=namespaces,resourceNames=trellis-system,verbs=create;patch
@@ -131,7 +132,8 @@ func (r *ClusterNetworkReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 			r.Recorder.Eventf(cn, nil, corev1.EventTypeWarning, refused[0].reason, "Refuse", "%s", refused[0].message)
 		}
 	} else {
-		problems, blocksErr := r.reconcileBlocks(ctx, cn)
+		usage, problems, blocksErr := r.reconcileBlocks(ctx, cn)
+		o.blocks = usage
 		o.problems = append(o.problems, problems...)
 		errs = append(errs, blocksErr)
 
@@ -207,7 +209,7 @@ func (r *ClusterNetworkReconciler) refuseNotDefault(ctx context.Context, cn *v1a
 // reconcileBlocks gives every Node a block in its NodeNetwork and removes NodeNetworks of
 // deleted Nodes (the garbage collector does too, through the owner reference; this covers
 // clusters where it lags or a Node was re-created under the same name).
-func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1alpha1.ClusterNetwork) ([]problem, error) {
+func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1alpha1.ClusterNetwork) ([]v1alpha1.FamilyBlocks, []problem, error) {
 	log := logf.FromContext(ctx)
 	// Metadata only: the allocator needs names, UIDs and deletion, and the cache then holds
 	// no Node status (a good part of each Node, and what changes on every heartbeat).
@@ -215,11 +217,11 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	nodes.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("NodeList"))
 	// The lists are only read: no copy of thousands of objects on every pass.
 	if err := r.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing nodes: %w", err)
+		return nil, nil, fmt.Errorf("listing nodes: %w", err)
 	}
 	var nns v1alpha1.NodeNetworkList
 	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("listing nodenetworks: %w", err)
+		return nil, nil, fmt.Errorf("listing nodenetworks: %w", err)
 	}
 	nodeUID := make(map[string]types.UID, len(nodes.Items))
 	names := make([]string, 0, len(nodes.Items))
@@ -231,46 +233,55 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	}
 	existing := make([]blocks.Existing, 0, len(nns.Items))
 	stale := map[string]bool{}
-	cached := make(map[string]string, len(nns.Items)) // node → the block the cache shows
+	cached := make(map[string][]string, len(nns.Items)) // node → the blocks the cache shows
 	cachedUID := make(map[string]types.UID, len(nns.Items))
-	for _, nn := range nns.Items {
-		cached[nn.Name] = nn.Spec.PodCIDR
+	live := make(map[string]*v1alpha1.NodeNetwork, len(nns.Items)) // the node's own, not being deleted
+	for i, nn := range nns.Items {
+		cached[nn.Name] = nn.Spec.Blocks()
 		cachedUID[nn.Name] = nn.UID
 		_, hasNode := nodeUID[nn.Name]
 		if !nn.DeletionTimestamp.IsZero() {
-			// Still there, so still holding its block; the node gets one once it is gone.
-			existing = append(existing, blocks.Existing{Node: nn.Name, CIDR: nn.Spec.PodCIDR, Deleting: true})
+			// Still there, so still holding its blocks; the node gets new ones once it is gone.
+			existing = append(existing, blocks.Existing{Node: nn.Name, CIDRs: nn.Spec.Blocks(), Deleting: true})
 			stale[nn.Name] = hasNode
 			continue
 		}
 		if hasNode && !ownedBy(&nn, nodeUID[nn.Name]) {
 			// A Node re-created under the same name: the old NodeNetwork belongs to the old one.
-			existing = append(existing, blocks.Existing{Node: nn.Name + staleSuffix, CIDR: nn.Spec.PodCIDR})
+			existing = append(existing, blocks.Existing{Node: nn.Name + staleSuffix, CIDRs: nn.Spec.Blocks()})
 			stale[nn.Name] = true
 			continue
 		}
-		existing = append(existing, blocks.Existing{Node: nn.Name, CIDR: nn.Spec.PodCIDR})
+		existing = append(existing, blocks.Existing{Node: nn.Name, CIDRs: nn.Spec.Blocks()})
+		live[nn.Name] = &nns.Items[i]
 	}
-	// What this operator wrote that the cache doesn't show yet holds its block too.
-	r.pending.Observe(func(node, cidr string) bool {
+	// What this operator wrote that the cache doesn't show yet holds its blocks too.
+	r.pending.Observe(func(node string, cidrs []string) bool {
 		shown, ok := cached[node]
-		return ok && shown == cidr
+		return ok && slices.Equal(shown, cidrs)
 	})
 	_, verifyErr := concurrently(r.pending.Due(r.now(), pendingVerifyAfter), func(name string) error {
 		return r.readPending(ctx, name)
 	})
 	for _, h := range r.pending.Held() {
+		if _, ok := live[h.Node]; ok && extends(h.CIDRs, cached[h.Node]) {
+			// A family appended to the node's NodeNetwork: the claim is its blocks.
+			i := slices.IndexFunc(existing, func(e blocks.Existing) bool { return e.Node == h.Node })
+			existing[i].CIDRs = h.CIDRs
+			continue
+		}
 		if _, ok := cached[h.Node]; ok {
-			// The cache shows an older NodeNetwork of this name: the claim's block is
+			// The cache shows an older NodeNetwork of this name: the claim's blocks are
 			// taken, but the node's entry is the cached one.
 			h.Deleting = true
 		}
 		existing = append(existing, h)
 	}
 
-	plan, err := blocks.Compute(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize), names, existing)
+	sizes := blocks.Sizes{V4: int(cn.Spec.NodeBlockSize), V6: int(cn.Spec.NodeBlockSizeV6)}
+	plan, err := blocks.Compute(cn.Spec.PodCIDRs, sizes, names, existing)
 	if err != nil {
-		return []problem{{ReasonAllocationFailed, err.Error()}}, nil
+		return nil, []problem{{ReasonAllocationFailed, err.Error()}}, nil
 	}
 
 	errs := []error{verifyErr}
@@ -304,49 +315,149 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	errs = append(errs, err)
 	if len(released) > 0 {
 		log.Info("released node blocks", "nodes", len(released), "first", firstN(released, 5))
-		msg := "released the pod block of deleted node " + released[0]
+		msg := "released the pod blocks of deleted node " + released[0]
 		if len(released) > 1 {
 			msg = fmt.Sprintf("released the pod blocks of %d deleted nodes (%s)", len(released), strings.Join(firstN(released, 5), ", "))
 		}
 		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockReleased", "Release", "%s", msg)
 	}
-	allocated := make([]string, 0, len(plan.Allocate))
+
+	// A node without a NodeNetwork gets one with its blocks; one whose NodeNetwork lacks a
+	// family gets its block appended, and one written before spec.podCIDRs existed gets
+	// spec.podCIDRs filled in (spec.podCIDR, which older agents read, stays as it is).
+	var toCreate, toUpdate []string
 	for name := range plan.Allocate {
-		if !stale[name] { // allocated once the old NodeNetwork is gone (its deletion requeues)
-			allocated = append(allocated, name)
+		switch {
+		case stale[name]: // allocated once the old NodeNetwork is gone (its deletion requeues)
+		case r.pending.Has(name):
+			// A write of this operator the cache doesn't show yet: the pass its event
+			// brings appends to what it wrote.
+		case live[name] != nil:
+			toUpdate = append(toUpdate, name)
+		default:
+			toCreate = append(toCreate, name)
 		}
 	}
-	slices.Sort(allocated)
-	created, err := concurrently(allocated, func(name string) error {
-		return r.createNodeNetwork(ctx, name, nodeUID[name], plan.Allocate[name].String())
+	for name, nn := range live {
+		if _, ok := plan.Allocate[name]; !ok && !r.pending.Has(name) && len(nn.Spec.PodCIDRs) == 0 && nn.Spec.PodCIDR != "" {
+			toUpdate = append(toUpdate, name)
+		}
+	}
+	slices.Sort(toCreate)
+	slices.Sort(toUpdate)
+	created, err := concurrently(toCreate, func(name string) error {
+		return r.createNodeNetwork(ctx, name, nodeUID[name], prefixStrings(plan.Allocate[name]))
 	})
 	errs = append(errs, err)
-	recordBlocks(blocks.Capacity(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize)), len(plan.Keep)+len(created))
-	if len(created) > 0 {
+	updated, err := concurrently(toUpdate, func(name string) error {
+		return r.addBlocks(ctx, live[name], prefixStrings(plan.Allocate[name]))
+	})
+	errs = append(errs, err)
+
+	// Per family: what the ranges hold and how many nodes hold a block, as written.
+	written := map[string]bool{}
+	for _, n := range append(slices.Clone(created), updated...) {
+		written[n] = true
+	}
+	var usage []v1alpha1.FamilyBlocks
+	for _, f := range familiesOf(cn.Spec.PodCIDRs) {
+		holding := 0
+		for _, bs := range plan.Keep {
+			holding += countFamily(bs, f)
+		}
+		for n, bs := range plan.Allocate {
+			if written[n] {
+				holding += countFamily(bs, f)
+			}
+		}
+		capacity := blocks.Capacity(cn.Spec.PodCIDRs, f, sizes.Of(f))
+		recordBlocks(f, capacity, holding)
+		usage = append(usage, v1alpha1.FamilyBlocks{
+			Family: v1alpha1.IPFamily(f.String()), BlockSize: int32(sizes.Of(f)), Capacity: capacity, Allocated: int32(holding),
+		})
+	}
+	if got := allocatedIn(plan, created, updated); len(got) > 0 {
 		// One event per pass, not per node: thousands of nodes joining at once would
 		// otherwise mean thousands of Event writes competing with the allocations.
-		log.Info("allocated node blocks", "nodes", len(created), "first", firstN(created, 5))
-		msg := fmt.Sprintf("node %s got pod block %s", created[0], plan.Allocate[created[0]])
-		if len(created) > 1 {
-			msg = fmt.Sprintf("%d nodes got a pod block (%s)", len(created), strings.Join(firstN(created, 5), ", "))
+		log.Info("allocated node blocks", "nodes", len(got), "first", firstN(got, 5))
+		msg := fmt.Sprintf("node %s got pod block(s) %s", got[0], strings.Join(prefixStrings(plan.Allocate[got[0]]), ", "))
+		if len(got) > 1 {
+			msg = fmt.Sprintf("%d nodes got pod blocks (%s)", len(got), strings.Join(firstN(got, 5), ", "))
 		}
 		r.Recorder.Eventf(cn, nil, corev1.EventTypeNormal, "BlockAllocated", "Allocate", "%s", msg)
 	}
 
 	var problems []problem
-	if n := len(plan.Unallocated); n > 0 {
+	for _, f := range blocks.Families {
+		unallocated := plan.Unallocated[f]
+		if len(unallocated) == 0 {
+			continue
+		}
+		ranges := slices.DeleteFunc(slices.Clone(cn.Spec.PodCIDRs), func(c string) bool {
+			p, err := netip.ParsePrefix(c)
+			return err != nil || blocks.FamilyOf(p) != f
+		})
 		problems = append(problems, problem{ReasonPodCIDRExhausted, fmt.Sprintf(
-			"%d node(s) lack a pod block (%s): spec.podCIDRs %v hold only %d /%d blocks; append a CIDR to spec.podCIDRs",
-			n, strings.Join(firstN(plan.Unallocated, 5), ", "), cn.Spec.PodCIDRs,
-			blocks.Capacity(cn.Spec.PodCIDRs, int(cn.Spec.NodeBlockSize)), cn.Spec.NodeBlockSize)})
-		r.Recorder.Eventf(cn, nil, corev1.EventTypeWarning, ReasonPodCIDRExhausted, "Allocate", "%d node(s) lack a pod block", n)
+			"%d node(s) lack an %s pod block (%s): the %s ranges of spec.podCIDRs %v hold only %d /%d blocks; append an %s CIDR to spec.podCIDRs (a node with no block yet waits for one of every family)",
+			len(unallocated), f, strings.Join(firstN(unallocated, 5), ", "), f, ranges,
+			blocks.Capacity(cn.Spec.PodCIDRs, f, sizes.Of(f)), sizes.Of(f), f)})
+		r.Recorder.Eventf(cn, nil, corev1.EventTypeWarning, ReasonPodCIDRExhausted, "Allocate", "%d node(s) lack an %s pod block", len(unallocated), f)
 	}
 	for _, c := range plan.Conflicts {
 		problems = append(problems, problem{ReasonNodeBlockConflict, fmt.Sprintf(
-			"NodeNetwork %s holds spec.podCIDR %s, which is %s; delete that NodeNetwork (after draining node %s) to get a new block",
+			"NodeNetwork %s holds pod block %s, which is %s; delete that NodeNetwork (after draining node %s) to get a new block",
 			c.Node, c.CIDR, c.Reason, c.Node)})
 	}
-	return problems, errors.Join(errs...)
+	return usage, problems, errors.Join(errs...)
+}
+
+// extends says whether claim holds every block of recorded (and so only appends to it).
+func extends(claim, recorded []string) bool {
+	return len(claim) > len(recorded) && !slices.ContainsFunc(recorded, func(c string) bool { return !slices.Contains(claim, c) })
+}
+
+// allocatedIn are the nodes written that got a new block, sorted.
+func allocatedIn(plan *blocks.Plan, created, updated []string) []string {
+	var got []string
+	for _, n := range append(slices.Clone(created), updated...) {
+		if len(plan.Allocate[n]) > 0 {
+			got = append(got, n)
+		}
+	}
+	slices.Sort(got)
+	return got
+}
+
+// familiesOf are the families of the pod CIDRs, IPv4 first.
+func familiesOf(podCIDRs []string) []blocks.Family {
+	var fs []blocks.Family
+	for _, f := range blocks.Families {
+		if slices.ContainsFunc(podCIDRs, func(c string) bool {
+			p, err := netip.ParsePrefix(c)
+			return err == nil && blocks.FamilyOf(p) == f
+		}) {
+			fs = append(fs, f)
+		}
+	}
+	return fs
+}
+
+func countFamily(ps []netip.Prefix, f blocks.Family) int {
+	n := 0
+	for _, p := range ps {
+		if blocks.FamilyOf(p) == f {
+			n++
+		}
+	}
+	return n
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return out
 }
 
 // staleSuffix marks, for the allocator, a NodeNetwork left by an earlier Node of the same name.
@@ -393,9 +504,9 @@ func concurrently(names []string, f func(string) error) ([]string, error) {
 	return done, errors.Join(errs...)
 }
 
-// createNodeNetwork records node's block as held before it asks for it, so that no pass
-// hands it out again before the cache shows the NodeNetwork (see blocks.Pending).
-func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name string, uid types.UID, block string) error {
+// createNodeNetwork records node's blocks as held before it asks for them, so that no pass
+// hands them out again before the cache shows the NodeNetwork (see blocks.Pending).
+func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name string, uid types.UID, cidrs []string) error {
 	nn := &v1alpha1.NodeNetwork{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name,
@@ -404,26 +515,66 @@ func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name s
 			}},
 			Labels: map[string]string{"app.kubernetes.io/part-of": "trellis"},
 		},
-		Spec: v1alpha1.NodeNetworkSpec{PodCIDR: block},
+		Spec: v1alpha1.NodeNetworkSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs},
 	}
-	r.pending.Add(name, block, r.now())
+	r.pending.Add(name, cidrs, r.now())
 	err := r.Create(ctx, nn)
-	switch {
-	case err == nil:
-		return nil
-	case apierrors.IsAlreadyExists(err):
-		// One the cache doesn't show yet, holding a block of its own: read which.
+	if apierrors.IsAlreadyExists(err) {
+		// One the cache doesn't show yet, holding blocks of its own: read which.
 		if rerr := r.readPending(ctx, name); rerr != nil {
 			return rerr
 		}
-	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsForbidden(err):
-		r.pending.Forget(name) // refused: nothing was created
-	default:
-		// A timeout or a lost connection: it may have been created. The block stays held
-		// and the next pass reads which.
-		r.pending.Add(name, block, time.Time{})
+		return fmt.Errorf("creating NodeNetwork %s with blocks %v: %w", name, cidrs, err)
 	}
-	return fmt.Errorf("creating NodeNetwork %s with block %s: %w", name, block, err)
+	return r.settle(name, cidrs, err, fmt.Sprintf("creating NodeNetwork %s with blocks %v", name, cidrs))
+}
+
+// addBlocks appends the blocks of the families nn lacks to its spec.podCIDRs (filling
+// spec.podCIDRs from spec.podCIDR first in NodeNetworks written before it existed). The
+// patch holds nn's resourceVersion: it applies to the NodeNetwork the allocator read, or
+// fails; it never creates one.
+func (r *ClusterNetworkReconciler) addBlocks(ctx context.Context, cached *v1alpha1.NodeNetwork, add []string) error {
+	nn := cached.DeepCopy() // the list was read without copies
+	cidrs := append(slices.Clone(nn.Spec.Blocks()), add...)
+	slices.SortStableFunc(cidrs, func(a, b string) int { return familyRank(a) - familyRank(b) })
+	patch := client.MergeFromWithOptions(cached.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	nn.Spec.PodCIDRs = cidrs
+	if nn.Spec.PodCIDR == "" {
+		nn.Spec.PodCIDR = cidrs[0]
+	}
+	r.pending.Add(nn.Name, cidrs, r.now())
+	err := r.Patch(ctx, nn, patch)
+	if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+		// Changed or gone since the cache showed it: nothing was written, and the cache
+		// (which will show what changed) holds its blocks.
+		r.pending.Forget(nn.Name)
+	}
+	return r.settle(nn.Name, cidrs, err, fmt.Sprintf("setting NodeNetwork %s spec.podCIDRs to %v", nn.Name, cidrs))
+}
+
+// familyRank orders a node's blocks IPv4 first, as NodeNetwork spec.podCIDRs lists them.
+func familyRank(cidr string) int {
+	if p, err := netip.ParsePrefix(cidr); err == nil && blocks.FamilyOf(p) == blocks.IPv6 {
+		return 1
+	}
+	return 0
+}
+
+// settle records the outcome of a write of node's blocks: none (err nil) keeps the claim
+// until the cache shows it; a refusal drops it (nothing was written); anything else (a
+// timeout, a lost connection: it may have been written) keeps the blocks held and has the
+// next pass read which.
+func (r *ClusterNetworkReconciler) settle(name string, cidrs []string, err error, what string) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsForbidden(err):
+		r.pending.Forget(name)
+	case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+	default:
+		r.pending.Add(name, cidrs, time.Time{})
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // pendingVerifyAfter is how long a claim may go unseen by the cache before the
@@ -442,7 +593,7 @@ func (r *ClusterNetworkReconciler) readPending(ctx context.Context, name string)
 	case err != nil:
 		return fmt.Errorf("reading NodeNetwork %s from the API server: %w", name, err)
 	default:
-		r.pending.Add(name, nn.Spec.PodCIDR, r.now())
+		r.pending.Add(name, nn.Spec.Blocks(), r.now())
 	}
 	return nil
 }

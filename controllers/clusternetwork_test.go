@@ -53,7 +53,7 @@ func TestOperator(t *testing.T) {
 		}
 		check.Eventually(t, 30*time.Second, "Degraded/PodCIDRExhausted", func() error {
 			return expectCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, "PodCIDRExhausted",
-				"1 node(s) lack a pod block (node-5)")
+				"1 node(s) lack an IPv4 pod block (node-5)")
 		})
 		if got := len(blocksByNode(t)); got != 4 {
 			t.Fatalf("%d nodes got a block from a /22 of /24 blocks, want 4", got)

@@ -4,6 +4,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/trellis-net/trellis/controllers/blocks"
 )
 
 // The operator's own figures; reconcile errors and durations are controller-runtime's
@@ -11,8 +13,8 @@ import (
 var (
 	podBlocks = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "trellis_operator_pod_blocks",
-		Help: "Node pod blocks the ClusterNetwork's spec.podCIDRs hold, by state (allocated to a node, or free).",
-	}, []string{"state"})
+		Help: "Node pod blocks the ClusterNetwork's spec.podCIDRs hold, by family (IPv4, IPv6) and state (allocated to a node, or free).",
+	}, []string{"family", "state"})
 	rolloutNodes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "trellis_operator_nodes",
 		Help: "Nodes of the agent rollout by state: desired (should run the agent), updated (run the current configuration), ready, available.",
@@ -23,11 +25,10 @@ func init() {
 	metrics.Registry.MustRegister(podBlocks, rolloutNodes)
 }
 
-// recordBlocks publishes the block allocation: capacity of the pod CIDRs, blocks held.
-func recordBlocks(capacity uint64, allocated int) {
-	free := int64(capacity) - int64(allocated)
-	podBlocks.WithLabelValues("allocated").Set(float64(allocated))
-	podBlocks.WithLabelValues("free").Set(float64(max(free, 0)))
+// recordBlocks publishes one family's block allocation: capacity of its pod CIDRs, blocks held.
+func recordBlocks(f blocks.Family, capacity int64, allocated int) {
+	podBlocks.WithLabelValues(f.String(), "allocated").Set(float64(allocated))
+	podBlocks.WithLabelValues(f.String(), "free").Set(float64(max(capacity-int64(allocated), 0)))
 }
 
 // recordRollout publishes the agent DaemonSet's counts (all zero while it is missing).

@@ -42,6 +42,8 @@ type observed struct {
 	processed bool
 	// podCIDRs of the spec this pass applied (status.podCIDRs once processed).
 	podCIDRs []string
+	// blocks: the use of each family's node blocks; nil when the allocator did not run.
+	blocks []v1alpha1.FamilyBlocks
 	// configHash of the agent configuration this pass applied; "" when it applied none.
 	configHash string
 	daemonSet  *appsv1.DaemonSet // nil when not (yet) there
@@ -92,6 +94,9 @@ func computeStatus(prev v1alpha1.ClusterNetworkStatus, o observed) (v1alpha1.Clu
 	}
 	if o.configHash != "" {
 		st.ConfigHash = o.configHash
+	}
+	if o.blocks != nil {
+		st.Blocks = o.blocks
 	}
 	if o.mtu != 0 {
 		st.MTU = o.mtu

@@ -21,7 +21,9 @@ import (
 // columns (kubectl asks for a Table; -o wide also shows priority 1).
 func TestPrinterColumns(t *testing.T) {
 	ctx := context.Background()
-	nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: "printed-node"}, Spec: v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.9.0/24"}}
+	nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: "printed-node"}, Spec: v1alpha1.NodeNetworkSpec{
+		PodCIDR: "10.244.9.0/24", PodCIDRs: []string{"10.244.9.0/24", "2001:db8:0:9::/64"},
+	}}
 	if err := k8s.Create(ctx, nn); err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +37,7 @@ func TestPrinterColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertRow(t, "nodenetworks/printed-node", map[string]column{
-		"PodCIDR": {0, "10.244.9.0/24"}, "Pods": {0, "12"}, "Capacity": {1, "253"}, "Agent": {0, "v9.8.7"},
+		"PodCIDR": {0, "10.244.9.0/24"}, "PodCIDRs": {1, `["10.244.9.0/24","2001:db8:0:9::/64"]`}, "Pods": {0, "12"}, "Capacity": {1, "253"}, "Agent": {0, "v9.8.7"},
 		"Policy": {0, "true"}, "Ready": {0, "True"}, "Mode": {0, "VXLAN"}, "MTU": {0, "1450"},
 	})
 
@@ -47,6 +49,10 @@ func TestPrinterColumns(t *testing.T) {
 	}
 	cn.Status.Nodes = v1alpha1.NodeCounts{Desired: 5, Updated: 3, Ready: 4}
 	cn.Status.MTU = 1450
+	cn.Status.Blocks = []v1alpha1.FamilyBlocks{
+		{Family: v1alpha1.IPv4, BlockSize: 24, Capacity: 256, Allocated: 5},
+		{Family: v1alpha1.IPv6, BlockSize: 64, Capacity: 65536, Allocated: 4},
+	}
 	for typ, st := range map[string]metav1.ConditionStatus{v1alpha1.ConditionAvailable: "False", v1alpha1.ConditionProgressing: "True", v1alpha1.ConditionDegraded: "False"} {
 		meta.SetStatusCondition(&cn.Status.Conditions, metav1.Condition{Type: typ, Status: st, Reason: "Test"})
 	}
@@ -56,6 +62,7 @@ func TestPrinterColumns(t *testing.T) {
 	assertRow(t, "clusternetworks/printed", map[string]column{
 		"Nodes": {0, "5"}, "Ready": {0, "4"}, "Available": {0, "False"},
 		"Updated": {1, "3"}, "MTU": {1, "1450"}, "Policy": {1, "true"}, "Progressing": {1, "True"}, "Degraded": {1, "False"},
+		"IPv4 Blocks": {1, "5"}, "IPv4 Capacity": {1, "256"}, "IPv6 Blocks": {1, "4"}, "IPv6 Capacity": {1, "65536"},
 	})
 }
 

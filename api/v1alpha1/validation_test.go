@@ -68,9 +68,15 @@ func TestInvalidClusterNetworksAreRefused(t *testing.T) {
 			[]string{"spec.podCIDRs entry fe80::/56 overlaps a special-purpose range", "fe80::/10 link-local"}},
 		{"IPv6 pod CIDR is multicast", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "ff05::/56"} },
 			[]string{"spec.podCIDRs entry ff05::/56 overlaps a special-purpose range", "ff00::/8 multicast"}},
-		{"IPv6 pod CIDR is NAT64", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "64:ff9b::/96"}; s["nodeBlockSizeV6"] = 112 },
+		{"IPv6 pod CIDR is NAT64", func(s map[string]any) {
+			s["podCIDRs"] = []any{"10.244.0.0/16", "64:ff9b::/96"}
+			s["nodeBlockSizeV6"] = 112
+		},
 			[]string{"spec.podCIDRs entry 64:ff9b::/96 overlaps a special-purpose range", "NAT64"}},
-		{"IPv6 pod CIDR is IPv4-mapped", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "::ffff:0:0/96"}; s["nodeBlockSizeV6"] = 112 },
+		{"IPv6 pod CIDR is IPv4-mapped", func(s map[string]any) {
+			s["podCIDRs"] = []any{"10.244.0.0/16", "::ffff:0:0/96"}
+			s["nodeBlockSizeV6"] = 112
+		},
 			[]string{"spec.podCIDRs", "must be a CIDR"}},
 		{"IPv6 pod CIDRs overlap", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8::/48", "2001:db8:0:1::/60"} },
 			[]string{"spec.podCIDRs", "must not overlap"}},

@@ -5,19 +5,63 @@ package blocks
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"slices"
 	"sort"
 )
 
-// Existing is a block recorded in a NodeNetwork.
+// Family is an IP address family, numbered as in "IPv4" and "IPv6".
+type Family int
+
+// The families, in the order a node's blocks list them.
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+// Families are the families in the order a node's blocks list them.
+var Families = []Family{IPv4, IPv6}
+
+// FamilyOf is p's family.
+func FamilyOf(p netip.Prefix) Family {
+	if p.Addr().Is4() {
+		return IPv4
+	}
+	return IPv6
+}
+
+func (f Family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
+
+// bits is the length of the family's addresses.
+func (f Family) bits() int {
+	if f == IPv4 {
+		return 32
+	}
+	return 128
+}
+
+// Sizes are the node block prefix lengths of each family (ClusterNetwork spec.nodeBlockSize
+// and spec.nodeBlockSizeV6).
+type Sizes struct{ V4, V6 int }
+
+// Of is family f's block size.
+func (s Sizes) Of(f Family) int {
+	if f == IPv4 {
+		return s.V4
+	}
+	return s.V6
+}
+
+// Existing is a NodeNetwork's recorded blocks.
 type Existing struct {
 	// Node is the NodeNetwork's (and the node's) name.
 	Node string
-	// CIDR is spec.podCIDR; empty if it was never allocated.
-	CIDR string
-	// Deleting: the NodeNetwork is being deleted. Its block is held until it is gone, but
-	// it is neither kept for the node nor released again.
+	// CIDRs are its blocks (spec.podCIDRs, or spec.podCIDR in NodeNetworks written before
+	// that existed), at most one per family; empty if none was ever allocated.
+	CIDRs []string
+	// Deleting: the NodeNetwork is being deleted. Its blocks are held until it is gone, but
+	// they are neither kept for the node nor released again.
 	Deleting bool
 }
 
@@ -31,46 +75,115 @@ type Conflict struct {
 
 // Plan is the allocator's decision.
 type Plan struct {
-	// Keep: nodes whose recorded block stays.
-	Keep map[string]netip.Prefix
-	// Allocate: nodes that get a new block.
-	Allocate map[string]netip.Prefix
+	// Keep: nodes' recorded blocks that stay, IPv4 first.
+	Keep map[string][]netip.Prefix
+	// Allocate: nodes' new blocks, one for each family of the pod CIDRs the node lacks,
+	// IPv4 first. A node with no block yet gets one of every family or none, so that no
+	// node starts with fewer families than the cluster has.
+	Allocate map[string][]netip.Prefix
 	// Release: NodeNetworks of nodes that no longer exist.
 	Release []string
-	// Unallocated: nodes left without a block because the pod CIDRs are exhausted.
-	Unallocated []string
+	// Unallocated: by family, nodes left without a block of it because that family's pod
+	// CIDRs are exhausted.
+	Unallocated map[Family][]string
 	// Conflicts: recorded blocks that are outside the pod CIDRs, of the wrong size, or taken twice.
 	Conflicts []Conflict
 }
 
-// Compute decides the blocks of nodes, given the pod CIDRs, the block prefix length and the
-// blocks recorded so far. Recorded blocks are never moved; new blocks are the lowest free
-// ones, handed out in node-name order so the result is deterministic.
-func Compute(podCIDRs []string, blockSize int, nodes []string, existing []Existing) (*Plan, error) {
-	pools := make([]netip.Prefix, 0, len(podCIDRs))
+// Holding is how many nodes keep or get a block of family f.
+func (p *Plan) Holding(f Family) int {
+	n := 0
+	for _, m := range []map[string][]netip.Prefix{p.Keep, p.Allocate} {
+		for _, blocks := range m {
+			n += len(slices.DeleteFunc(slices.Clone(blocks), func(b netip.Prefix) bool { return FamilyOf(b) != f }))
+		}
+	}
+	return n
+}
+
+// Compute decides the blocks of nodes, one per family of the pod CIDRs, given the block
+// sizes and the blocks recorded so far. Each family is allocated on its own: recorded
+// blocks are never moved; new blocks are the lowest free ones, handed out in node-name
+// order so the result is deterministic.
+func Compute(podCIDRs []string, sizes Sizes, nodes []string, existing []Existing) (*Plan, error) {
+	pools := map[Family][]netip.Prefix{}
 	for i, c := range podCIDRs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
 			return nil, fmt.Errorf("spec.podCIDRs[%d] %q: %w", i, c, err)
 		}
-		if p != p.Masked() || !p.Addr().Is4() || p.Bits() >= blockSize || blockSize > 32 {
-			return nil, fmt.Errorf("spec.podCIDRs[%d] %q cannot hold /%d node blocks", i, c, blockSize)
+		f := FamilyOf(p)
+		if size := sizes.Of(f); p != p.Masked() || p.Addr().Is4In6() || p.Bits() >= size || size > f.bits() {
+			return nil, fmt.Errorf("spec.podCIDRs[%d] %q cannot hold /%d %s node blocks", i, c, size, f)
 		}
-		pools = append(pools, p)
+		pools[f] = append(pools[f], p)
 	}
-	plan := &Plan{Keep: map[string]netip.Prefix{}, Allocate: map[string]netip.Prefix{}}
+	plan := &Plan{Keep: map[string][]netip.Prefix{}, Allocate: map[string][]netip.Prefix{}, Unallocated: map[Family][]string{}}
 	nodeSet := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		nodeSet[n] = true
 	}
-
 	sorted := slices.Clone(existing)
 	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Node < sorted[j].Node })
+	recorded := map[string]bool{} // nodes that hold a block of some family
+	for _, e := range sorted {
+		if !e.Deleting && !nodeSet[e.Node] {
+			plan.Release = append(plan.Release, e.Node)
+		}
+		if !e.Deleting && len(e.CIDRs) > 0 {
+			recorded[e.Node] = true
+		}
+	}
+
+	for _, f := range Families {
+		if len(pools[f]) == 0 {
+			continue
+		}
+		fp := computeFamily(f, pools[f], sizes.Of(f), nodes, nodeSet, sorted)
+		for n, b := range fp.keep {
+			plan.Keep[n] = append(plan.Keep[n], b)
+		}
+		for n, b := range fp.allocate {
+			plan.Allocate[n] = append(plan.Allocate[n], b)
+		}
+		if len(fp.unallocated) > 0 {
+			plan.Unallocated[f] = fp.unallocated
+		}
+		plan.Conflicts = append(plan.Conflicts, fp.conflicts...)
+	}
+	// A node without blocks that can't have one of every family gets none for now (its
+	// pods would start without the family that lacks room): it is reported unallocated in
+	// that family, and its blocks of the others stay free.
+	for _, unallocated := range plan.Unallocated {
+		for _, n := range unallocated {
+			if !recorded[n] {
+				delete(plan.Allocate, n)
+			}
+		}
+	}
+	return plan, nil
+}
+
+// familyPlan is Compute's decision for one family.
+type familyPlan struct {
+	keep, allocate map[string]netip.Prefix
+	unallocated    []string
+	conflicts      []Conflict
+}
+
+// computeFamily allocates family f's blocks; existing is sorted by node.
+func computeFamily(f Family, pools []netip.Prefix, blockSize int, nodes []string, nodeSet map[string]bool, existing []Existing) familyPlan {
+	plan := familyPlan{keep: map[string]netip.Prefix{}, allocate: map[string]netip.Prefix{}}
 	taken := map[netip.Prefix]bool{}
 	var foreign []netip.Prefix // recorded blocks not aligned to the block grid
-	for _, e := range sorted {
+	conflicted := map[string]bool{}
+	for _, e := range existing {
+		cidr, p, err := entryOf(f, e.CIDRs)
+		if cidr == "" {
+			continue
+		}
 		if e.Deleting {
-			if p, err := netip.ParsePrefix(e.CIDR); err == nil {
+			if err == nil {
 				if p.Bits() == blockSize && p == p.Masked() {
 					taken[p] = true
 				} else {
@@ -80,40 +193,40 @@ func Compute(podCIDRs []string, blockSize int, nodes []string, existing []Existi
 			continue
 		}
 		if !nodeSet[e.Node] {
-			plan.Release = append(plan.Release, e.Node)
 			// Its block is free once the deletion is seen, not in this pass: were the
 			// deletion to fail, handing it out now would route it to two nodes.
-			if p, err := netip.ParsePrefix(e.CIDR); err == nil {
+			if err == nil {
 				taken[p.Masked()] = true
 			}
 			continue
 		}
-		if e.CIDR == "" {
-			continue
-		}
-		p, err := netip.ParsePrefix(e.CIDR)
+		var reason string
 		switch {
 		case err != nil:
-			plan.Conflicts = append(plan.Conflicts, Conflict{e.Node, e.CIDR, "not a CIDR"})
+			plan.conflicts = append(plan.conflicts, Conflict{e.Node, cidr, "not a CIDR"})
+			conflicted[e.Node] = true
 			continue
 		case !inAny(pools, p):
-			plan.Conflicts = append(plan.Conflicts, Conflict{e.Node, e.CIDR, "outside spec.podCIDRs"})
+			reason = "outside spec.podCIDRs"
 		case p.Bits() != blockSize || p != p.Masked():
-			plan.Conflicts = append(plan.Conflicts, Conflict{e.Node, e.CIDR, fmt.Sprintf("not a /%d block", blockSize)})
+			reason = fmt.Sprintf("not a /%d block", blockSize)
 		case taken[p]:
-			plan.Conflicts = append(plan.Conflicts, Conflict{e.Node, e.CIDR, "already held by another node"})
+			plan.conflicts = append(plan.conflicts, Conflict{e.Node, cidr, "already held by another node"})
+			conflicted[e.Node] = true
 			continue
 		default:
-			plan.Keep[e.Node] = p
+			plan.keep[e.Node] = p
 			taken[p] = true
 			continue
 		}
+		plan.conflicts = append(plan.conflicts, Conflict{e.Node, cidr, reason})
+		conflicted[e.Node] = true
 		foreign = append(foreign, p)
 	}
 
 	var need []string
 	for _, n := range nodes {
-		if _, ok := plan.Keep[n]; ok || hasConflict(plan.Conflicts, n) {
+		if _, ok := plan.keep[n]; ok || conflicted[n] {
 			continue
 		}
 		need = append(need, n)
@@ -124,21 +237,46 @@ func Compute(podCIDRs []string, blockSize int, nodes []string, existing []Existi
 	for _, n := range need {
 		p, ok := next()
 		if !ok {
-			plan.Unallocated = append(plan.Unallocated, n)
+			plan.unallocated = append(plan.unallocated, n)
 			continue
 		}
-		plan.Allocate[n] = p
+		plan.allocate[n] = p
 	}
-	return plan, nil
+	return plan
 }
 
-// Capacity is how many node blocks the pod CIDRs hold.
-func Capacity(podCIDRs []string, blockSize int) uint64 {
-	var total uint64
-	for _, c := range podCIDRs {
-		if p, err := netip.ParsePrefix(c); err == nil && p.Bits() <= blockSize {
-			total += 1 << uint(blockSize-p.Bits())
+// entryOf is the entry of family f among a node's recorded blocks: its text and prefix
+// (the first entry, whatever it is, if one doesn't parse: its family is unknown, and a
+// node's first block is the one to report).
+func entryOf(f Family, cidrs []string) (string, netip.Prefix, error) {
+	for i, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			if i == 0 && f == IPv4 {
+				return c, p, err
+			}
+			continue
 		}
+		if FamilyOf(p) == f {
+			return c, p, nil
+		}
+	}
+	return "", netip.Prefix{}, nil
+}
+
+// Capacity is how many node blocks of family f the pod CIDRs hold, at most math.MaxInt64.
+func Capacity(podCIDRs []string, f Family, blockSize int) int64 {
+	var total int64
+	for _, c := range podCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || FamilyOf(p) != f || p.Bits() > blockSize {
+			continue
+		}
+		shift := blockSize - p.Bits()
+		if shift >= 63 || total > math.MaxInt64-int64(1)<<shift {
+			return math.MaxInt64
+		}
+		total += int64(1) << shift
 	}
 	return total
 }
@@ -162,7 +300,14 @@ func freeBlocks(pools []netip.Prefix, blockSize int, taken map[netip.Prefix]bool
 				}
 				cur = netip.PrefixFrom(nextAddr, blockSize)
 			}
-			if taken[cur] || overlapsAny(foreign, cur) {
+			if taken[cur] {
+				continue
+			}
+			if q, ok := overlapping(foreign, cur); ok {
+				if q.Bits() < blockSize {
+					// Skip the whole foreign range at once: an IPv6 one may span billions of blocks.
+					cur = netip.PrefixFrom(lastAddr(q), blockSize).Masked()
+				}
 				continue
 			}
 			taken[cur] = true
@@ -174,14 +319,32 @@ func freeBlocks(pools []netip.Prefix, blockSize int, taken map[netip.Prefix]bool
 
 // advance returns the first address after block p.
 func advance(p netip.Prefix) (netip.Addr, bool) {
-	a := p.Addr().As4()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	step := uint32(1) << uint(32-p.Bits())
-	if v+step < v {
+	b := p.Addr().AsSlice()
+	bit := len(b)*8 - p.Bits() // add 2^bit
+	if bit >= len(b)*8 {
 		return netip.Addr{}, false
 	}
-	v += step
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), true
+	carry := uint16(1) << (bit % 8)
+	for i := len(b) - 1 - bit/8; i >= 0 && carry != 0; i-- {
+		sum := uint16(b[i]) + carry
+		b[i], carry = byte(sum), sum>>8
+	}
+	if carry != 0 {
+		return netip.Addr{}, false
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a, true
+}
+
+// lastAddr is the last address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := range b {
+		hostBits := min(max(p.Bits()-i*8, 0), 8)
+		b[i] |= byte(0xff >> hostBits)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func inAny(pools []netip.Prefix, p netip.Prefix) bool {
@@ -193,20 +356,11 @@ func inAny(pools []netip.Prefix, p netip.Prefix) bool {
 	return false
 }
 
-func overlapsAny(ps []netip.Prefix, p netip.Prefix) bool {
+func overlapping(ps []netip.Prefix, p netip.Prefix) (netip.Prefix, bool) {
 	for _, q := range ps {
 		if q.Overlaps(p) {
-			return true
+			return q, true
 		}
 	}
-	return false
-}
-
-func hasConflict(cs []Conflict, node string) bool {
-	for _, c := range cs {
-		if c.Node == node {
-			return true
-		}
-	}
-	return false
+	return netip.Prefix{}, false
 }

@@ -1,6 +1,7 @@
 package blocks
 
 import (
+	"slices"
 	"sync"
 	"time"
 )
@@ -18,18 +19,19 @@ type Pending struct {
 }
 
 type claim struct {
-	cidr  string
+	cidrs []string
 	since time.Time
 }
 
-// Add records that node's NodeNetwork holds (or is being created with) cidr, as of now.
-func (p *Pending) Add(node, cidr string, now time.Time) {
+// Add records that node's NodeNetwork holds (or is being created or updated with) the
+// blocks cidrs, as of now.
+func (p *Pending) Add(node string, cidrs []string, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.byNode == nil {
 		p.byNode = map[string]claim{}
 	}
-	p.byNode[node] = claim{cidr: cidr, since: now}
+	p.byNode[node] = claim{cidrs: slices.Clone(cidrs), since: now}
 }
 
 // Forget drops node's claim: its NodeNetwork is known not to exist, or not to hold the
@@ -40,6 +42,14 @@ func (p *Pending) Forget(node string) {
 	delete(p.byNode, node)
 }
 
+// Has says whether node has a claim.
+func (p *Pending) Has(node string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.byNode[node]
+	return ok
+}
+
 // Len is the number of claims the cache does not show yet.
 func (p *Pending) Len() int {
 	p.mu.Lock()
@@ -47,14 +57,14 @@ func (p *Pending) Len() int {
 	return len(p.byNode)
 }
 
-// Observe drops the claims the cache shows (node's NodeNetwork with the claimed block): it
-// is their authority from now on. A claim whose node the cache shows with another block
-// (an older NodeNetwork of the same name) stays.
-func (p *Pending) Observe(inCache func(node, cidr string) bool) {
+// Observe drops the claims the cache shows (node's NodeNetwork with the claimed blocks): it
+// is their authority from now on. A claim whose node the cache shows with other blocks
+// (an older NodeNetwork of the same name, or one not yet updated) stays.
+func (p *Pending) Observe(inCache func(node string, cidrs []string) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for node, c := range p.byNode {
-		if inCache(node, c.cidr) {
+		if inCache(node, c.cidrs) {
 			delete(p.byNode, node)
 		}
 	}
@@ -96,7 +106,7 @@ func (p *Pending) Held() []Existing {
 	defer p.mu.Unlock()
 	held := make([]Existing, 0, len(p.byNode))
 	for node, c := range p.byNode {
-		held = append(held, Existing{Node: node, CIDR: c.cidr})
+		held = append(held, Existing{Node: node, CIDRs: slices.Clone(c.cidrs)})
 	}
 	return held
 }
