@@ -69,6 +69,7 @@ var grantedUnused = map[string]string{
 var unscopedWrites = map[string]string{
 	"network.trellis.dev nodenetworks create":                      "one per node, named after the node",
 	"network.trellis.dev nodenetworks delete":                      "one per node, named after the node",
+	"network.trellis.dev nodenetworks patch":                       "one per node, named after the node: appends a family's block, fills spec.podCIDRs of those written before it existed",
 	"network.trellis.dev clusternetworks/status patch":             "a ClusterNetwork not named default is told so on its status",
 	"network.trellis.dev nodenetworks/status patch":                "held to grant the agent, whose admission policy limits it to its own node",
 	"coordination.k8s.io leases create":                            "client-go's leader election creates the Lease with a POST, whose name RBAC can't see",
@@ -145,6 +146,19 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// node-a's NodeNetwork as the previous operator wrote it (spec.podCIDR only): this one
+	// fills in spec.podCIDRs, with a patch.
+	nodeA := &corev1.Node{}
+	if err := admin.Get(ctx, types.NamespacedName{Name: "node-a"}, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Create(ctx, &v1alpha1.NodeNetwork{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-a", Labels: map[string]string{"app.kubernetes.io/part-of": "trellis"},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: "node-a", UID: nodeA.UID}}},
+		Spec: v1alpha1.NodeNetworkSpec{PodCIDR: "10.244.7.0/24"},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	cn := sampleClusterNetwork(t)
 	if err := admin.Create(ctx, cn); err != nil {
 		t.Fatalf("creating the sample ClusterNetwork: %v", err)
@@ -162,6 +176,11 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 		}
 		if len(nns.Items) != 3 {
 			return fmt.Errorf("%d NodeNetworks", len(nns.Items))
+		}
+		for _, nn := range nns.Items {
+			if len(nn.Spec.PodCIDRs) == 0 {
+				return fmt.Errorf("NodeNetwork %s has no spec.podCIDRs yet", nn.Name)
+			}
 		}
 		return nil
 	})
