@@ -9,32 +9,27 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
-// Family is an IP address family, numbered as in "IPv4" and "IPv6".
-type Family int
+// Family is an IP address family: the CNI IPAM's, whose blocks these are.
+type Family = ipam.Family
 
 // The families, in the order a node's blocks list them.
 const (
-	IPv4 Family = 4
-	IPv6 Family = 6
+	IPv4 = ipam.IPv4
+	IPv6 = ipam.IPv6
 )
 
 // Families are the families in the order a node's blocks list them.
-var Families = []Family{IPv4, IPv6}
+var Families = ipam.Families
 
 // FamilyOf is p's family.
-func FamilyOf(p netip.Prefix) Family {
-	if p.Addr().Is4() {
-		return IPv4
-	}
-	return IPv6
-}
+func FamilyOf(p netip.Prefix) Family { return ipam.FamilyOf(p.Addr()) }
 
-func (f Family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
-
-// bits is the length of the family's addresses.
-func (f Family) bits() int {
+// addrBits is the length of family f's addresses.
+func addrBits(f Family) int {
 	if f == IPv4 {
 		return 32
 	}
@@ -113,7 +108,7 @@ func Compute(podCIDRs []string, sizes Sizes, nodes []string, existing []Existing
 			return nil, fmt.Errorf("spec.podCIDRs[%d] %q: %w", i, c, err)
 		}
 		f := FamilyOf(p)
-		if size := sizes.Of(f); p != p.Masked() || p.Addr().Is4In6() || p.Bits() >= size || size > f.bits() {
+		if size := sizes.Of(f); p != p.Masked() || p.Addr().Is4In6() || p.Bits() >= size || size > addrBits(f) {
 			return nil, fmt.Errorf("spec.podCIDRs[%d] %q cannot hold /%d %s node blocks", i, c, size, f)
 		}
 		pools[f] = append(pools[f], p)
