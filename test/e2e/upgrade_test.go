@@ -26,7 +26,8 @@ import (
 // replaced, rolls the agents node by node within rollout.maxUnavailable (sampled), agents of
 // both versions run side by side, the ClusterNetwork goes Progressing -> Available, no
 // established connection breaks, no pod loses its IP, the traffic gap per node pair is
-// reported, and the ClusterNetwork N stored (checksumOffload: false, defaulted) reads as
+// reported, the NodeNetworks N wrote (spec.podCIDR only) get spec.podCIDRs with their block
+// unchanged, and the ClusterNetwork N stored (checksumOffload: false, defaulted) reads as
 // txChecksumOffload Auto and works. Then N's manifests are applied again: the rollback.
 func TestKustomizeUpgrade(t *testing.T) {
 	t0 := time.Now()
@@ -91,6 +92,10 @@ func TestKustomizeUpgrade(t *testing.T) {
 		streams = append(streams, s)
 	}
 	step("traffic: new connections every 100 ms and an established connection on each of %v", ring)
+
+	// The blocks N's operator wrote (spec.podCIDR only): the new operator must fill in
+	// spec.podCIDRs without moving them.
+	blocksN := nodeBlocks(ctx, t, c)
 
 	// Upgrade: this tree, the same way.
 	since := time.Now()
@@ -160,6 +165,16 @@ func TestKustomizeUpgrade(t *testing.T) {
 		if ip := framework.PodIP(ctx, t, c, name); ip != pod.IP {
 			t.Errorf("pod %s's IP changed during the upgrade: %s -> %s", name, pod.IP, ip)
 		}
+	}
+
+	for node, b := range nodeBlocks(ctx, t, c) {
+		if want := blocksN[node]; b != (blocks{podCIDR: want.podCIDR, podCIDRs: `["` + want.podCIDR + `"]`}) {
+			t.Errorf("NodeNetwork %s after the upgrade: spec.podCIDR %s, spec.podCIDRs %s; want %s kept and spec.podCIDRs [%[4]s] filled in",
+				node, b.podCIDR, b.podCIDRs, want.podCIDR)
+		}
+	}
+	if got := framework.ClusterNetworkField(ctx, t, c, `.status.blocks[?(@.family=="IPv4")].allocated`); got != "3" {
+		t.Errorf("status.blocks IPv4 allocated %q after the upgrade, want 3", got)
 	}
 
 	// The ClusterNetwork N stored: its defaulted checksumOffload: false now reads as
@@ -250,4 +265,33 @@ func indexWith(list []string, prefix string) int {
 		}
 	}
 	return -1
+}
+
+// blocks are a NodeNetwork's spec.podCIDR and spec.podCIDRs (as kubectl's jsonpath prints
+// the list; "" when absent).
+type blocks struct{ podCIDR, podCIDRs string }
+
+// nodeBlocks are the NodeNetworks' blocks by node; every node must have one.
+func nodeBlocks(ctx context.Context, t *testing.T, c *cluster.Cluster) map[string]blocks {
+	t.Helper()
+	out, err := c.Kubectl(ctx, "get", "nodenetworks", "-o", `jsonpath={range .items[*]}{.metadata.name} {.spec.podCIDR} {.spec.podCIDRs}{"\n"}{end}`)
+	if err != nil {
+		t.Fatalf("reading the NodeNetworks' blocks: %v", err)
+	}
+	got := map[string]blocks{}
+	for line := range strings.Lines(strings.TrimSpace(out)) {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			t.Fatalf("NodeNetwork without a block: %q", line)
+		}
+		b := blocks{podCIDR: f[1]}
+		if len(f) > 2 {
+			b.podCIDRs = f[2]
+		}
+		got[f[0]] = b
+	}
+	if len(got) != len(c.Nodes) {
+		t.Fatalf("%d NodeNetworks with blocks for %d nodes: %v", len(got), len(c.Nodes), got)
+	}
+	return got
 }
