@@ -31,6 +31,8 @@ declare -A packages=(
   [unshare]=util-linux
   # test/bench/datapath (make bench-datapath): TCP throughput inside the pod namespaces.
   [iperf3]=iperf3
+  # ... and its -profile mode (where the CPU time goes, per netfilter part).
+  [perf]=linux-perf
   # test/e2e (kubectl trellis connectivity test, a broken node): a table of the test's own
   # in one node's namespace.
   [nft]=nftables

@@ -90,6 +90,13 @@ func run(o options) (code int) {
 		hold(ctx, l)
 		return 0
 	}
+	if o.profile != "" {
+		if err := profilePath(ctx, l, o, runDir, os.Stdout); err != nil {
+			return failed(ctx, "profiling", err)
+		}
+		logf("total run time %s", time.Since(start).Round(time.Second))
+		return 0
+	}
 	rep, err := measure(ctx, l, o)
 	if err != nil {
 		return failed(ctx, "measuring", err)
@@ -184,6 +191,11 @@ func preflight(o options) error {
 	if err := benchrun.Preflight(map[string]string{"ip": "iproute2", "bridge": "iproute2", "iperf3": "iperf3", "iptables-restore": "iptables", "sysctl": "procps",
 		"ipset": "ipset", "nft": "nftables"}); err != nil {
 		return err
+	}
+	if o.profile != "" {
+		if err := benchrun.Preflight(map[string]string{"perf": "linux-perf"}); err != nil {
+			return err
+		}
 	}
 	if _, err := os.Stat(o.trellisBin); err != nil {
 		return fmt.Errorf("trellis plugin: %w (go build -o DIR/trellis ./cmd/cni)", err)

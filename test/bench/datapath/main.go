@@ -46,7 +46,7 @@
 //
 // Usage (as root):
 //
-//	go run ./test/bench/datapath -trellis PATH [-duration 3s -repeat 5] [-sides trellis,reference,...] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold]
+//	go run ./test/bench/datapath -trellis PATH [-duration 3s -repeat 5] [-sides trellis,reference,...] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold | -profile PATH]
 package main
 
 import (
@@ -56,6 +56,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -71,6 +72,7 @@ type options struct {
 	duration   time.Duration // measured time of one iperf3 run (after the omitted warm-up)
 	repeat     int           // runs per path and side; the report shows the median
 	hold       bool          // set up, then wait for a signal instead of measuring
+	profile    string        // a path ("VXLAN cross node") to profile with perf instead of measuring all
 	sides      []side        // the sides run, in report order (-sides)
 	// txChecksumOffload is the ClusterNetwork's vxlan.txChecksumOffload for the trellis side.
 	txChecksumOffload string
@@ -97,6 +99,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.txChecksumOffload, "tx-checksum-offload", offload.ModeAuto, "the ClusterNetwork's vxlan.txChecksumOffload for the trellis side: Auto (its default), Enabled or Disabled")
 	sides := fs.String("sides", strings.Join(sideNames(), ","), "comma-separated sides to run, trellis among them: "+strings.Join(sideNames(), ",")+
 		" (trellis, the hand-built reference, it plus flannel's iptables rules, trellis with one feature off each, trellis plus NOTRACK for pod-to-pod)")
+	fs.StringVar(&o.profile, "profile", "", "profile one path with perf instead of measuring every path: each side runs it -repeat times under perf record -a, and the report gives perf samples per GB and netfilter's share by part; one of: "+strings.Join(pathNames(), ", "))
 	fs.BoolVar(&o.hold, "hold", false, "set everything up, print the namespaces and wait for ^C instead of measuring (to look into a path by hand)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -114,6 +117,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-trellis %s: the binary must be named trellis (the conflist's type)", o.trellisBin)
 	case o.duration < time.Second || o.duration%time.Second != 0:
 		return o, errors.New("-duration must be a whole number of seconds, at least 1s (iperf3 takes seconds)")
+	case o.profile != "" && !slices.Contains(pathNames(), o.profile):
+		return o, fmt.Errorf("-profile %q: want one of %s", o.profile, strings.Join(pathNames(), ", "))
 	case o.repeat < 1:
 		return o, errors.New("-repeat must be at least 1")
 	case o.txChecksumOffload != offload.ModeAuto && o.txChecksumOffload != offload.ModeEnabled && o.txChecksumOffload != offload.ModeDisabled:

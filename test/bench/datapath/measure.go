@@ -30,6 +30,15 @@ var paths = []path{
 	{datapath.ModeHybrid, "cross node, via router", 2, 0, carrierVXLAN},
 }
 
+// pathNames are the paths as -profile names them: "VXLAN cross node".
+func pathNames() []string {
+	var out []string
+	for _, p := range paths {
+		out = append(out, string(p.mode)+" "+p.name)
+	}
+	return out
+}
+
 // row is a path's measurements on every side of the run.
 type row struct {
 	path

@@ -33,6 +33,10 @@ const (
 	// routes) may.
 	sideNoNetfilter
 	sideBare
+	// sideNativeNFT is trellis with its iptables rules replaced by the same rules written
+	// natively in nftables (no xtables compat layer, no comment matches, interface sets
+	// instead of per-veth rules): the candidate fix, measured before it is built.
+	sideNativeNFT
 	numSides
 )
 
@@ -50,6 +54,7 @@ var sideInfo = [numSides]struct{ name, tag, what string }{
 	sideNoTrack:     {"notrack", "nt", "trellis plus raw NOTRACK for pod CIDR to pod CIDR (conntrack skipped for pod-to-pod)"},
 	sideNoNetfilter: {"no-netfilter", "xf", "trellis without any iptables rule: no-nat, no-antispoof and no-dispatch at once (no table left, so no conntrack)"},
 	sideBare:        {"bare", "xb", "no-netfilter and no-rpfilter at once: trellis's devices and routes alone"},
+	sideNativeNFT:   {"native-nft", "nn", "trellis with its iptables rules written natively in nftables instead (a candidate fix, not in the agent)"},
 }
 
 func (s side) String() string { return sideInfo[s].name }
