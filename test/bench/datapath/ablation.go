@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -104,7 +105,14 @@ func ablate(ctx context.Context, c *cluster) error {
 			case sideNoRPFilter:
 				err = inNetns(n.netns, looseRPFilterOff)
 			case sideNoTrack:
-				err = addNoTrack(n, c.podCIDR)
+				cidr := c.podCIDR.Masked().String()
+				err = addNoTrack(n, "pod to pod", []netfilter.Jump{{From: "PREROUTING", Match: []string{"-s", cidr, "-d", cidr}}})
+			case sideNoTrackVXLAN:
+				port := strconv.Itoa(vxlanPort)
+				err = addNoTrack(n, "VXLAN between nodes", []netfilter.Jump{
+					{From: "PREROUTING", Match: []string{"-p", "udp", "--dport", port}},
+					{From: "OUTPUT", Match: []string{"-p", "udp", "--dport", port}},
+				})
 			case sideNativeNFT:
 				err = addNativeNFT(ctx, n, c.podCIDR)
 			}
@@ -119,14 +127,15 @@ func ablate(ctx context.Context, c *cluster) error {
 // ablations are the steps of each ablation side, in order: the single-feature sides are
 // their own one step.
 var ablations = map[side][]side{
-	sideNoNAT:       {sideNoNAT},
-	sideNoAntiSpoof: {sideNoAntiSpoof},
-	sideNoRPFilter:  {sideNoRPFilter},
-	sideNoDispatch:  {sideNoDispatch},
-	sideNoTrack:     {sideNoTrack},
-	sideNoNetfilter: {sideNoNAT, sideNoAntiSpoof, sideNoDispatch},
-	sideBare:        {sideNoNAT, sideNoAntiSpoof, sideNoDispatch, sideNoRPFilter},
-	sideNativeNFT:   {sideNoNAT, sideNoAntiSpoof, sideNoDispatch, sideNativeNFT},
+	sideNoNAT:        {sideNoNAT},
+	sideNoAntiSpoof:  {sideNoAntiSpoof},
+	sideNoRPFilter:   {sideNoRPFilter},
+	sideNoDispatch:   {sideNoDispatch},
+	sideNoTrack:      {sideNoTrack},
+	sideNoNetfilter:  {sideNoNAT, sideNoAntiSpoof, sideNoDispatch},
+	sideBare:         {sideNoNAT, sideNoAntiSpoof, sideNoDispatch, sideNoRPFilter},
+	sideNativeNFT:    {sideNoNAT, sideNoAntiSpoof, sideNoDispatch, sideNativeNFT},
+	sideNoTrackVXLAN: {sideNoTrackVXLAN},
 }
 
 // removeChains syncs away trellis's chain (and its jumps) in table, then drops the table.
@@ -204,18 +213,20 @@ func looseRPFilterOff() error {
 	return nil
 }
 
-// addNoTrack adds the notrack side's rule, written by agent/netfilter.
-func addNoTrack(n *node, podCIDR netip.Prefix) error {
-	cidr := podCIDR.Masked().String()
+// addNoTrack adds raw rules that skip conntrack, written by agent/netfilter: one per
+// hook, each a jump (matching what to untrack) into a chain that says NOTRACK.
+func addNoTrack(n *node, what string, hooks []netfilter.Jump) error {
+	for i := range hooks {
+		hooks[i].Position, hooks[i].Comment, hooks[i].To = netfilter.First, "bench: "+what+" untracked", chainNoTrack
+	}
 	st := netfilter.State{
 		Scope: []string{chainNoTrack},
 		Tables: map[netfilter.Table]netfilter.TableState{netfilter.Raw: {
 			Chains: []netfilter.Chain{{Name: chainNoTrack, Rules: []netfilter.Rule{{
-				Match:   []string{"-s", cidr, "-d", cidr},
-				Comment: "bench: pod to pod untracked",
+				Comment: "bench: " + what + " untracked",
 				Target:  []string{"-j", "CT", "--notrack"},
 			}}}},
-			Jumps: []netfilter.Jump{{From: "PREROUTING", Position: netfilter.First, Comment: "bench", To: chainNoTrack}},
+			Jumps: hooks,
 		}},
 	}
 	return inNetns(n.netns, func() error {

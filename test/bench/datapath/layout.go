@@ -67,8 +67,9 @@ var modes = []datapath.Mode{datapath.ModeVXLAN, datapath.ModeDirect, datapath.Mo
 // newLayout names the namespaces and addresses of a run. Cluster c (VXLAN, Direct, Hybrid
 // of the first side, then of the next...) has nodes 198.51.100.<10+4c+k> (node3 of
 // Hybrid: 203.0.113.<10+4c+3>) and pod CIDR 10.<100+c>.0.0/16 with node k's block
-// 10.<100+c>.k.0/24. With every side, c < 3*numSides = 30, so the highest node address is
-// .129 (the router is .254) and the highest pod CIDR 10.129.0.0/16: both fit (layout_test checks). Node1 has two
+// 10.<100+c>.k.0/24. With every side, c < 3*numSides = 36, so the highest node address is
+// .153 (the router is .254) and the highest pod CIDR 10.135.0.0/16: both fit up to 20 sides
+// (layout_test checks). Node1 has two
 // pods (the client and the same-node server), every other node one. Hybrid clusters have a
 // third node on the remote subnet, so Hybrid has a peer it must reach through VXLAN.
 func newLayout(prefix string, sides []side) *layout {

@@ -37,6 +37,9 @@ const (
 	// natively in nftables (no xtables compat layer, no comment matches, interface sets
 	// instead of per-veth rules): the candidate fix, measured before it is built.
 	sideNativeNFT
+	// sideNoTrackVXLAN is trellis plus NOTRACK for the VXLAN packets between nodes: half
+	// of the tunnel path's conntrack passes, the first candidate fix.
+	sideNoTrackVXLAN
 	numSides
 )
 
@@ -44,17 +47,18 @@ const (
 // names (tag: short, so the node's underlay port name stays within 15 characters), and
 // says in a line what it is.
 var sideInfo = [numSides]struct{ name, tag, what string }{
-	sideTrellis:     {"trellis", "t", "the trellis defaults (natOutgoing, anti-spoofing, rp_filter 2, policy dispatch)"},
-	sideReference:   {"reference", "r", "hand-built with ip/bridge, no iptables rules"},
-	sideFlannel:     {"flannel", "f", "the reference plus flannel's iptables rules (masquerade with ipMasq, FORWARD accepts)"},
-	sideNoNAT:       {"no-nat", "xn", "trellis without natOutgoing: its nat chain and jump removed (and the then empty nat table)"},
-	sideNoAntiSpoof: {"no-antispoof", "xa", "trellis without anti-spoofing: its raw rpfilter chain and jump removed (and the then empty raw table)"},
-	sideNoRPFilter:  {"no-rpfilter", "xr", "trellis with rp_filter 0 instead of 2 on trellis.vxlan and the pod veths"},
-	sideNoDispatch:  {"no-dispatch", "xd", "trellis without the policy dispatch chains and ipsets (and the then empty filter table)"},
-	sideNoTrack:     {"notrack", "nt", "trellis plus raw NOTRACK for pod CIDR to pod CIDR (conntrack skipped for pod-to-pod)"},
-	sideNoNetfilter: {"no-netfilter", "xf", "trellis without any iptables rule: no-nat, no-antispoof and no-dispatch at once (no table left, so no conntrack)"},
-	sideBare:        {"bare", "xb", "no-netfilter and no-rpfilter at once: trellis's devices and routes alone"},
-	sideNativeNFT:   {"native-nft", "nn", "trellis with its iptables rules written natively in nftables instead (a candidate fix, not in the agent)"},
+	sideTrellis:      {"trellis", "t", "the trellis defaults (natOutgoing, anti-spoofing, rp_filter 2, policy dispatch)"},
+	sideReference:    {"reference", "r", "hand-built with ip/bridge, no iptables rules"},
+	sideFlannel:      {"flannel", "f", "the reference plus flannel's iptables rules (masquerade with ipMasq, FORWARD accepts)"},
+	sideNoNAT:        {"no-nat", "xn", "trellis without natOutgoing: its nat chain and jump removed (and the then empty nat table)"},
+	sideNoAntiSpoof:  {"no-antispoof", "xa", "trellis without anti-spoofing: its raw rpfilter chain and jump removed (and the then empty raw table)"},
+	sideNoRPFilter:   {"no-rpfilter", "xr", "trellis with rp_filter 0 instead of 2 on trellis.vxlan and the pod veths"},
+	sideNoDispatch:   {"no-dispatch", "xd", "trellis without the policy dispatch chains and ipsets (and the then empty filter table)"},
+	sideNoTrack:      {"notrack", "nt", "trellis plus raw NOTRACK for pod CIDR to pod CIDR (conntrack skipped for pod-to-pod)"},
+	sideNoNetfilter:  {"no-netfilter", "xf", "trellis without any iptables rule: no-nat, no-antispoof and no-dispatch at once (no table left, so no conntrack)"},
+	sideBare:         {"bare", "xb", "no-netfilter and no-rpfilter at once: trellis's devices and routes alone"},
+	sideNativeNFT:    {"native-nft", "nn", "trellis with its iptables rules written natively in nftables instead (a candidate fix, not in the agent)"},
+	sideNoTrackVXLAN: {"notrack-vxlan", "nv", "trellis plus raw NOTRACK for the VXLAN packets between nodes, sent and received (a candidate fix, not in the agent)"},
 }
 
 func (s side) String() string { return sideInfo[s].name }
