@@ -70,8 +70,9 @@ func TestAssess(t *testing.T) {
 		{name: "no ClusterNetwork", break_: func(s *Snapshot) { s.ClusterNetworks = nil },
 			want: [][2]string{{"ClusterNetwork default", "kubectl apply"}}},
 		{name: "degraded: pod CIDR exhausted", break_: func(s *Snapshot) {
-			s.ClusterNetworks[0].Status.Conditions[2] = cond("Degraded", "True", "PodCIDRExhausted", "no free /24 for node3")
-		}, want: [][2]string{{"ClusterNetwork default", "no free /24 for node3"}, {"ClusterNetwork default", "Add a range to spec.podCIDRs"}}},
+			s.ClusterNetworks[0].Status.Conditions[2] = cond("Degraded", "True", "PodCIDRExhausted",
+				"1 node(s) lack an IPv4 pod block (node3): the IPv4 ranges of spec.podCIDRs [10.244.0.0/23] hold only 2 /24 blocks; append an IPv4 CIDR to spec.podCIDRs (a node with no block yet waits for one of every family)")
+		}, want: [][2]string{{"ClusterNetwork default", "lack an IPv4 pod block (node3)"}, {"ClusterNetwork default", "Add a range of that family to spec.podCIDRs"}}},
 		{name: "rolling out is a warning", break_: func(s *Snapshot) {
 			s.ClusterNetworks[0].Status.Conditions[1] = cond("Progressing", "True", "RollingOut", "1 of 2 updated")
 		}, healthy: true, want: [][2]string{{"ClusterNetwork default", "1 of 2 updated"}}},
