@@ -200,7 +200,7 @@ metadata:
 			t.Errorf("the operator reports no successful reconcile:\n%.500s", body)
 		}
 		for series, want := range map[string]float64{
-			`trellis_operator_pod_blocks{state="allocated"}`: float64(len(c.Nodes)),
+			`trellis_operator_pod_blocks{family="IPv4",state="allocated"}`: float64(len(c.Nodes)),
 			`trellis_operator_nodes{state="available"}`:      float64(len(c.Nodes)),
 		} {
 			if got := framework.MetricValue(body, series); got != want {
