@@ -201,7 +201,7 @@ metadata:
 		}
 		for series, want := range map[string]float64{
 			`trellis_operator_pod_blocks{family="IPv4",state="allocated"}`: float64(len(c.Nodes)),
-			`trellis_operator_nodes{state="available"}`:      float64(len(c.Nodes)),
+			`trellis_operator_nodes{state="available"}`:                    float64(len(c.Nodes)),
 		} {
 			if got := framework.MetricValue(body, series); got != want {
 				t.Errorf("operator %s = %v, want %v", series, got, want)
