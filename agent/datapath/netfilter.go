@@ -4,15 +4,22 @@ import (
 	"net/netip"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
-// The node's own chains: masquerade (nat) and anti-spoofing (raw). The names, the rules
-// and the jumps are those of earlier versions, so an upgraded agent finds them identical
-// and rewrites nothing.
+// The node's own chains: masquerade (nat) and anti-spoofing (raw). The names and the
+// rules are those of earlier versions, so an upgraded agent finds them identical and
+// rewrites none (only the raw jump changed, see rawJump).
 const (
 	ChainNAT = "TRELLIS-POSTROUTING"
 	ChainRaw = "TRELLIS-PREROUTING"
 )
+
+// rawJump sends only packets from pods' veths to ChainRaw (every rule there is about
+// them), without a comment: every packet the node receives passes it, and iptables-nft
+// runs a comment as an xtables match per packet (docs/benchmarks.md, issue #24). The
+// syncer replaces an earlier version's jump in the same iptables-restore.
+var rawJump = netfilter.Jump{From: "PREROUTING", Position: netfilter.First, Match: []string{"-i", cnicontract.HostVethPrefix + "+"}, To: ChainRaw}
 
 // Netfilter is the desired state of the node's own chains: masquerade pod traffic leaving
 // the pod CIDRs (never pod to pod) when natOutgoing, and drop packets from a pod's veth
@@ -51,7 +58,7 @@ func Netfilter(podCIDRs []netip.Prefix, natOutgoing bool) netfilter.State {
 					Comment: "trellis: pods send only from their own address",
 					Target:  []string{"-j", "DROP"},
 				}}}},
-				Jumps: []netfilter.Jump{{From: "PREROUTING", Position: netfilter.First, Comment: "trellis", To: ChainRaw}},
+				Jumps: []netfilter.Jump{rawJump},
 			},
 		},
 	}
@@ -86,7 +93,7 @@ func Netfilter6() netfilter.State {
 						Target:  []string{"-j", "DROP"},
 					},
 				}}},
-				Jumps: []netfilter.Jump{{From: "PREROUTING", Position: netfilter.First, Comment: "trellis", To: ChainRaw}},
+				Jumps: []netfilter.Jump{rawJump},
 			},
 		},
 	}

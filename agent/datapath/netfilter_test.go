@@ -53,7 +53,7 @@ func TestNetfilterIsThePreviousRules(t *testing.T) {
 		want  netfilter.Jump
 	}{
 		{netfilter.NAT, netfilter.Jump{From: "POSTROUTING", Position: netfilter.Append, Comment: "trellis", To: datapath.ChainNAT}},
-		{netfilter.Raw, netfilter.Jump{From: "PREROUTING", Position: netfilter.First, Comment: "trellis", To: datapath.ChainRaw}},
+		{netfilter.Raw, netfilter.Jump{From: "PREROUTING", Position: netfilter.First, Match: []string{"-i", "trl+"}, To: datapath.ChainRaw}},
 	} {
 		if j := st.Tables[tc.table].Jumps; len(j) != 1 || !reflect.DeepEqual(j[0], tc.want) {
 			t.Errorf("%s jumps %+v, want %+v", tc.table, j, tc.want)
@@ -73,12 +73,14 @@ func TestNetfilterIsThePreviousRules(t *testing.T) {
 }
 
 // A node upgraded from the previous version: the new agent's first sync (a syncer that
-// never wrote anything) finds the chains identical and writes nothing, so the rules keep
-// their counters and conntrack its state.
-func TestNetfilterUpgradeRewritesNothing(t *testing.T) {
+// never wrote anything) finds the chains identical and rewrites none of them, so the
+// rules keep their counters and conntrack its state. Only the raw jump changed (it lost
+// its comment and now matches pods' veths, issue #24): the old one is replaced in the
+// same iptables-restore that inserts the new one, so anti-spoofing never lapses.
+func TestNetfilterUpgradeRewritesNoChain(t *testing.T) {
 	for _, b := range []netfilter.Backend{netfilter.Legacy, netfilter.NFT} {
 		t.Run(b.Mode, func(t *testing.T) {
-			netnstest.RequireCommands(t, b.IPTables, b.Restore)
+			netnstest.RequireCommands(t, b.IPTables, b.Save, b.Restore)
 			n := netnstest.New(t)
 			check.Must(t, n.Do(func(ns.NetNS) error {
 				cmd := exec.Command(b.Restore, "--noflush")
@@ -93,10 +95,26 @@ func TestNetfilterUpgradeRewritesNothing(t *testing.T) {
 				}
 				s := netfilter.Syncer{Backend: b}
 				res, err := s.Sync(context.Background(), datapath.Netfilter(twoCIDRs, true))
-				if res.Changed() {
-					t.Errorf("the upgraded agent rewrote: %+v", res)
+				if err != nil {
+					return err
 				}
-				return err
+				want := netfilter.Result{Restored: []netfilter.Table{netfilter.Raw},
+					JumpsAdded:   []string{"raw/PREROUTING -> TRELLIS-PREROUTING"},
+					JumpsRemoved: []string{"raw/PREROUTING -> TRELLIS-PREROUTING"}}
+				if !reflect.DeepEqual(res, want) {
+					t.Errorf("the upgraded agent's first sync: %+v, want only the raw jump replaced: %+v", res, want)
+				}
+				out, err := exec.Command(b.Save, "-t", "raw").CombinedOutput()
+				if err != nil {
+					t.Fatalf("%s: %v: %s", b.Save, err, out)
+				}
+				if got := strings.Count(string(out), "-A PREROUTING "); got != 1 || !strings.Contains(string(out), "-A PREROUTING -i trl+ -j TRELLIS-PREROUTING") {
+					t.Errorf("raw PREROUTING after the upgrade, want only the new jump:\n%s", out)
+				}
+				if res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), datapath.Netfilter(twoCIDRs, true)); err != nil || res.Changed() {
+					t.Errorf("the next agent's first sync: %+v, %v, want nothing written", res, err)
+				}
+				return nil
 			}))
 		})
 	}
@@ -122,7 +140,7 @@ func TestNetfilter6(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v: %s", b.Save, err, out)
 				}
-				for _, want := range []string{"--icmpv6-type 134", "--icmpv6-type 137", "-m rpfilter --invert", "-A PREROUTING -m comment --comment trellis -j TRELLIS-PREROUTING"} {
+				for _, want := range []string{"--icmpv6-type 134", "--icmpv6-type 137", "-m rpfilter --invert", "-A PREROUTING -i trl+ -j TRELLIS-PREROUTING"} {
 					if !strings.Contains(string(out), want) {
 						t.Errorf("ip6tables raw lacks %q:\n%s", want, out)
 					}

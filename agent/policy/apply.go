@@ -177,7 +177,8 @@ func kernelState(rs *Ruleset) (netfilter.State, error) {
 		ts.Chains = append(ts.Chains, chain)
 	}
 	for _, j := range Jumps {
-		ts.Jumps = append(ts.Jumps, netfilter.Jump{From: j.Chain, Position: netfilter.First, Comment: "trellis: network policy", To: j.Target})
+		// No comment: every packet passes these jumps (see compile's established rule).
+		ts.Jumps = append(ts.Jumps, netfilter.Jump{From: j.Chain, Position: netfilter.First, Match: j.Match, To: j.Target})
 	}
 	return netfilter.State{Scope: Scope, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: ts}}, nil
 }

@@ -117,11 +117,17 @@ type Ruleset struct {
 	DenyLogRules map[string]DenyLogRule
 }
 
-// Jumps are the rules trellis puts into the built-in chains, first in each.
-var Jumps = []struct{ Chain, Target string }{
-	{"FORWARD", ChainForward},
-	{"INPUT", ChainInput},
-	{"OUTPUT", ChainOutput},
+// Jumps are the rules trellis puts into the built-in chains, first in each. INPUT and
+// OUTPUT jump only for packets from or to a pod's veth: their chains do nothing to any
+// other packet, and the node's other traffic (the VXLAN packets between nodes among it)
+// then costs one interface compare instead of the chain's connection-state match.
+var Jumps = []struct {
+	Chain, Target string
+	Match         []string
+}{
+	{"FORWARD", ChainForward, nil},
+	{"INPUT", ChainInput, []string{"-i", cnicontract.HostVethPrefix + "+"}},
+	{"OUTPUT", ChainOutput, []string{"-o", cnicontract.HostVethPrefix + "+"}},
 }
 
 // Compile computes the filter-table chains and ipsets that enforce st's policies on st's
@@ -186,7 +192,10 @@ func (c *compiler) compile(st State) *Ruleset {
 	toPod = append(toPod, unknown("to"))
 	toHost = append(toHost, unknown("from"))
 	veths := cnicontract.HostVethPrefix + "+"
-	established := "-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"trellis: replies of allowed connections\" -j RETURN"
+	// Replies of allowed connections. Every packet of every connection passes this rule
+	// and the jumps into these chains, so they carry no comment: iptables-nft runs
+	// `-m comment` as an xtables match on each packet (docs/benchmarks.md, issue #24).
+	established := "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"
 	isolatedSet := c.set("isolated", SetIP, isolated, "pods of this node a policy isolates")
 	c.rs.Chains = append(c.rs.Chains,
 		Chain{Name: ChainForward, Rules: []string{

@@ -9,7 +9,8 @@
 //	FORWARD ─► TRELLIS-FORWARD: replies (ESTABLISHED,RELATED) return at once;
 //	           from a pod veth (-i trl+) ─► TRELLIS-FROM-POD ─► -i <veth> ─► TRELLIS-E-<pod>
 //	           to a pod veth (-o trl+)   ─► TRELLIS-TO-POD   ─► -o <veth> ─► TRELLIS-I-<pod>
-//	INPUT   ─► TRELLIS-INPUT: pod to this node is the pod's egress too.
+//	INPUT   ─► (-i trl+) TRELLIS-INPUT: pod to this node is the pod's egress too.
+//	OUTPUT  ─► (-o trl+) TRELLIS-OUTPUT: no mid-stream pickup towards isolated pods.
 //
 // A pod gets a chain for a direction only when a policy isolates it for that direction or
 // a ClusterNetworkPolicy has rules for it there: the Admin tier's rules first (Accept
