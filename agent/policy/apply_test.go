@@ -1,6 +1,11 @@
 package policy
 
-import "testing"
+import (
+	"slices"
+	"testing"
+
+	"github.com/trellis-net/trellis/agent/netfilter"
+)
 
 func TestLeads(t *testing.T) {
 	for _, tc := range []struct {
@@ -18,5 +23,35 @@ func TestLeads(t *testing.T) {
 				t.Errorf("leads = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// Every packet passes the jumps into trellis's filter chains and the rule returning
+// replies, and iptables-nft evaluates a comment as an xtables match per packet: they must
+// carry none (issue #24; docs/benchmarks.md has the profile). The INPUT and OUTPUT jumps
+// only take packets of pods' veths, the only ones their chains act on.
+func TestPerPacketRulesCarryNoComment(t *testing.T) {
+	st, err := kernelState(Compile(State{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := st.Tables[netfilter.Filter]
+	want := map[string][]string{"FORWARD": nil, "INPUT": {"-i", "trl+"}, "OUTPUT": {"-o", "trl+"}}
+	for _, j := range ts.Jumps {
+		if j.Comment != "" || !slices.Equal(j.Match, want[j.From]) {
+			t.Errorf("jump %s -> %s: match %q comment %q, want match %q and no comment", j.From, j.To, j.Match, j.Comment, want[j.From])
+		}
+		delete(want, j.From)
+	}
+	if len(want) > 0 {
+		t.Errorf("no jump from %v", want)
+	}
+	for _, c := range ts.Chains {
+		if c.Name != ChainForward && c.Name != ChainInput {
+			continue
+		}
+		if r := c.Rules[0]; r.Comment != "" || !slices.Contains(r.Match, "RELATED,ESTABLISHED") {
+			t.Errorf("%s starts with %+v, want the replies' RETURN without a comment", c.Name, r)
+		}
 	}
 }
