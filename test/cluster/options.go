@@ -61,6 +61,9 @@ const (
 var (
 	// ServiceCIDR is the ClusterIP range; 10.96.0.1 is the kubernetes Service.
 	ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
+	// ServiceCIDR6 is the IPv6 ClusterIP range of a dual-stack cluster (a ULA /112, the
+	// largest the API server takes for IPv6 Services).
+	ServiceCIDR6 = netip.MustParsePrefix("fd00:10:96::/112")
 	// PodCIDR is the pod network of both CNIs (the sample ClusterNetwork's podCIDRs).
 	PodCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	// ClusterDNS is the ClusterIP of Service kube-system/kube-dns with Options.DNS and the
@@ -91,6 +94,11 @@ type Options struct {
 	CNI CNI
 	// RemoteNode puts the last node behind a router, on 203.0.113.0/24.
 	RemoteNode bool
+	// IPFamily is IPFamilyIPv4 (the default) or IPFamilyDual: every host of the
+	// simulated network also gets an IPv6 address (2001:db8::/32, inside its namespace
+	// only), the API server a second Service range (ServiceCIDR6), the kubelets both node
+	// IPs, so Nodes list an InternalIP of each family and kube-proxy serves both.
+	IPFamily IPFamily
 	// DNS runs cluster DNS, as every real cluster has: CoreDNS (COREDNS_VERSION of
 	// hack/versions.env, built by hack/build-coredns.sh) as Deployment kube-system/coredns
 	// behind Service kube-system/kube-dns at ClusterDNS, which the kubelets get as
@@ -107,6 +115,14 @@ type Options struct {
 	// Progress receives progress lines (default: none).
 	Progress io.Writer
 }
+
+// IPFamily is a cluster's IP families.
+type IPFamily string
+
+const (
+	IPFamilyIPv4 IPFamily = "ipv4"
+	IPFamilyDual IPFamily = "dual"
+)
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
 
@@ -137,6 +153,12 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.CNI != CNITrellis && o.CNI != CNIReference && o.CNI != CNINone {
 		return o, fmt.Errorf("--cni %q: %q, %q or %q", o.CNI, CNITrellis, CNIReference, CNINone)
+	}
+	if o.IPFamily == "" {
+		o.IPFamily = IPFamilyIPv4
+	}
+	if o.IPFamily != IPFamilyIPv4 && o.IPFamily != IPFamilyDual {
+		return o, fmt.Errorf("--ip-family %q: %q or %q (IPv6-only is not supported yet)", o.IPFamily, IPFamilyIPv4, IPFamilyDual)
 	}
 	if o.RemoteNode && o.Nodes < 2 {
 		return o, fmt.Errorf("a remote node needs --nodes 2 or more")

@@ -16,12 +16,13 @@ import (
 
 // Cluster is a cluster brought up by Up (or found running by Load).
 type Cluster struct {
-	// Name, StateDir, CNI, RemoteNode and DNS as in Options.
+	// Name, StateDir, CNI, RemoteNode, DNS and IPFamily as in Options.
 	Name       string
 	StateDir   string
 	CNI        CNI
 	RemoteNode bool
 	DNS        bool
+	IPFamily   IPFamily `json:",omitempty"`
 	// Kubeconfig is the admin kubeconfig; its server is Server, the loopback forwarder.
 	Kubeconfig string
 	Server     string

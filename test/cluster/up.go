@@ -37,6 +37,9 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.DNS {
 		extra += ", cluster DNS"
 	}
+	if opts.IPFamily == IPFamilyDual {
+		extra += ", dual-stack"
+	}
 	v, err := versions.Load()
 	if err != nil {
 		return nil, err
@@ -154,7 +157,7 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 // newCluster lays the cluster of opts out (nothing is created yet).
 func newCluster(opts Options, t tools, p *progress) (*Cluster, []node.Config, error) {
 	c := &Cluster{
-		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode, DNS: opts.DNS,
+		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode, DNS: opts.DNS, IPFamily: opts.IPFamily,
 		Kubeconfig: filepath.Join(opts.StateDir, "kubeconfig"),
 		LogDir:     filepath.Join(opts.StateDir, "logs"),
 		BinDir:     t.k8sBin, ModuleRoot: t.moduleRoot,
@@ -163,6 +166,9 @@ func newCluster(opts Options, t tools, p *progress) (*Cluster, []node.Config, er
 	var err error
 	if c.Network, err = topology.Plan(prefix(c.Name), opts.Nodes, opts.RemoteNode); err != nil {
 		return nil, nil, err
+	}
+	if opts.IPFamily == IPFamilyDual {
+		c.Network.EnableIPv6()
 	}
 	cfgs := c.nodeConfigs(t)
 	for i, cfg := range cfgs {
@@ -380,7 +386,7 @@ func (c *Cluster) nodeConfigs(t tools) []node.Config {
 func (c *Cluster) nodeConfig(h topology.Host, t tools) node.Config {
 	dir := filepath.Join(c.StateDir, "nodes", h.Name)
 	return node.Config{
-		Name: h.Name, NetNS: h.NetNS, IP: h.IP,
+		Name: h.Name, NetNS: h.NetNS, IP: h.IP, IP6: h.IP6,
 		Cgroup:   prefix(c.Name) + h.Name,
 		Dir:      dir,
 		LogDir:   c.LogDir,
@@ -405,7 +411,24 @@ func (c *Cluster) clusterDNS() netip.Addr {
 
 // matches: c has the shape opts (with defaults) asks for.
 func (c *Cluster) matches(opts Options) bool {
-	return len(c.Nodes) == opts.Nodes && c.CNI == opts.CNI && c.RemoteNode == opts.RemoteNode && c.DNS == opts.DNS
+	return len(c.Nodes) == opts.Nodes && c.CNI == opts.CNI && c.RemoteNode == opts.RemoteNode && c.DNS == opts.DNS &&
+		c.ipFamily() == opts.IPFamily
+}
+
+// ipFamily is c's IP family (clusters recorded before the field existed are IPv4).
+func (c *Cluster) ipFamily() IPFamily {
+	if c.IPFamily == "" {
+		return IPFamilyIPv4
+	}
+	return c.IPFamily
+}
+
+// serviceCIDRs are c's ClusterIP ranges, IPv4 first.
+func (c *Cluster) serviceCIDRs() []netip.Prefix {
+	if c.ipFamily() == IPFamilyDual {
+		return []netip.Prefix{ServiceCIDR, ServiceCIDR6}
+	}
+	return []netip.Prefix{ServiceCIDR}
 }
 
 // writePKI makes every certificate and kubeconfig (except the admin kubeconfig, which
@@ -480,7 +503,7 @@ func (c *Cluster) writePKI(nodes []node.Config) (controlplane.Config, error) {
 	}
 	return controlplane.Config{
 		ClusterName: c.Name, BinDir: c.BinDir, Dir: cpDir, LogDir: c.LogDir,
-		NetNS: c.Network.ControlPlane.NetNS, IP: apiIP, ServiceCIDR: ServiceCIDR,
+		NetNS: c.Network.ControlPlane.NetNS, IP: apiIP, ServiceCIDRs: c.serviceCIDRs(),
 		PKI: controlplane.PKI{
 			CACert: filepath.Join(dir, "ca.crt"), CAKey: filepath.Join(dir, "ca.key"),
 			APIServerCert: filepath.Join(dir, "apiserver.crt"), APIServerKey: filepath.Join(dir, "apiserver.key"),

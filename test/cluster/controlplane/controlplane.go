@@ -41,8 +41,9 @@ type Config struct {
 	// NetNS is the control plane's network namespace (name); IP its address there.
 	NetNS string
 	IP    netip.Addr
-	// ServiceCIDR is the ClusterIP range; its first address is the kubernetes Service.
-	ServiceCIDR netip.Prefix
+	// ServiceCIDRs are the ClusterIP ranges, one per family, the primary (IPv4) first: its
+	// first address is the kubernetes Service.
+	ServiceCIDRs []netip.Prefix
 	// PKI holds the files the flags point at.
 	PKI PKI
 	// ControllerManagerKubeconfig, SchedulerKubeconfig authenticate those two.
@@ -137,7 +138,7 @@ func Start(ctx context.Context, cfg Config, logf func(string, ...any)) ([]Proces
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file="+cfg.PKI.ServiceAccountPubKey,
 		"--service-account-signing-key-file="+cfg.PKI.ServiceAccountKey,
-		"--service-cluster-ip-range="+cfg.ServiceCIDR.String(),
+		"--service-cluster-ip-range="+joinPrefixes(cfg.ServiceCIDRs),
 		"--allow-privileged=true",
 		"--profiling=false",
 		"--audit-policy-file="+auditPolicy,
@@ -255,4 +256,13 @@ func mustLook(cmd string) string {
 		return p
 	}
 	return cmd
+}
+
+// joinPrefixes is prefixes as a flag's comma-separated list.
+func joinPrefixes(prefixes []netip.Prefix) string {
+	out := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		out[i] = p.String()
+	}
+	return strings.Join(out, ",")
 }

@@ -35,9 +35,11 @@ import (
 type Config struct {
 	// Name is the Kubernetes node name and the hostname.
 	Name string
-	// NetNS is the node's network namespace (name); IP its address on the underlay.
+	// NetNS is the node's network namespace (name); IP its address on the underlay, IP6
+	// its IPv6 one in a dual-stack cluster (invalid otherwise).
 	NetNS string
 	IP    netip.Addr
+	IP6   netip.Addr
 	// Cgroup is the kubelet's cgroupRoot (a top-level cgroup, created by the caller in
 	// every hierarchy).
 	Cgroup string
@@ -223,7 +225,7 @@ func Start(ctx context.Context, c Config, imgs Images) (*Node, error) {
 		"--kubeconfig="+c.Kubeconfig,
 		"--root-dir=/var/lib/kubelet",
 		"--hostname-override="+c.Name,
-		"--node-ip="+c.IP.String(),
+		"--node-ip="+c.nodeIPs(),
 	); err != nil {
 		return n, err
 	}
@@ -431,4 +433,13 @@ func mustLook(cmd string) string {
 		return p
 	}
 	return cmd
+}
+
+// nodeIPs is the kubelet's --node-ip: the node's address, and its IPv6 one in a
+// dual-stack cluster (the Node then lists an InternalIP of each family, IPv4 first).
+func (c Config) nodeIPs() string {
+	if c.IP6.IsValid() {
+		return c.IP.String() + "," + c.IP6.String()
+	}
+	return c.IP.String()
 }

@@ -7,7 +7,8 @@
 // created inside the underlay namespace with their peer placed directly in the member's
 // namespace. Addresses come from the documentation ranges 198.51.100.0/24 (the underlay)
 // and 203.0.113.0/24 (the subnet behind the router), never from 192.0.2.0/24, the range of
-// the machines' own eth0.
+// the machines' own eth0. A dual-stack layout (EnableIPv6) gives every host an address of
+// the IPv6 documentation range 2001:db8::/32 as well, inside its namespace only.
 package topology
 
 import (
@@ -15,6 +16,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
@@ -35,6 +37,13 @@ var (
 	RouterRemoteIP   = netip.MustParseAddr("203.0.113.1")
 )
 
+// The IPv6 counterparts of the subnets (EnableIPv6): a host's IPv6 address ends in the
+// digits of its IPv4 address's last byte (198.51.100.11 -> 2001:db8:100::11).
+var (
+	UnderlaySubnet6 = netip.MustParsePrefix("2001:db8:100::/64")
+	RemoteSubnet6   = netip.MustParsePrefix("2001:db8:113::/64")
+)
+
 // MaxNodes bounds the node count: node i gets .10+i, below the external host's .200.
 const MaxNodes = 50
 
@@ -48,6 +57,11 @@ type Host struct {
 	Subnet netip.Prefix
 	// Gateway is the default route's next hop (invalid: no default route).
 	Gateway netip.Addr
+	// IP6, Subnet6 and Gateway6 are the same for IPv6 in a dual-stack layout (invalid
+	// otherwise).
+	IP6      netip.Addr   `json:",omitempty"`
+	Subnet6  netip.Prefix `json:",omitempty"`
+	Gateway6 netip.Addr   `json:",omitempty"`
 }
 
 // Layout is the whole simulated network.
@@ -61,6 +75,55 @@ type Layout struct {
 	// Router is set when one node sits behind it, on RemoteSubnet; its eth0 is on the
 	// underlay (RouterUnderlayIP), its eth1 on the remote subnet (RouterRemoteIP).
 	Router *Host
+	// IPv6: every host has an IPv6 address too (EnableIPv6).
+	IPv6 bool `json:",omitempty"`
+}
+
+// EnableIPv6 makes l dual-stack: every host gets the IPv6 counterpart of its address,
+// subnet and gateway (nodes added later too).
+func (l *Layout) EnableIPv6() {
+	l.IPv6 = true
+	l.ControlPlane, l.External = withIPv6(l.ControlPlane), withIPv6(l.External)
+	if l.Router != nil {
+		r := withIPv6(*l.Router)
+		l.Router = &r
+	}
+	for i := range l.Nodes {
+		l.Nodes[i] = withIPv6(l.Nodes[i])
+	}
+}
+
+// withIPv6 is h with the IPv6 counterparts of its addresses.
+func withIPv6(h Host) Host {
+	h.IP6, h.Subnet6 = ipv6Of(h.IP), UnderlaySubnet6
+	if h.Subnet == RemoteSubnet {
+		h.Subnet6 = RemoteSubnet6
+	}
+	if h.Gateway.IsValid() {
+		h.Gateway6 = ipv6Of(h.Gateway)
+	}
+	return h
+}
+
+// ipv6Of maps an IPv4 address of the layout to its IPv6 counterpart: the subnet's
+// IPv6 prefix, then the last byte's decimal digits read as hex (.11 -> ::11).
+func ipv6Of(a netip.Addr) netip.Addr {
+	subnet := UnderlaySubnet6
+	if RemoteSubnet.Contains(a) {
+		subnet = RemoteSubnet6
+	}
+	b := subnet.Masked().Addr().As16()
+	last, _ := strconv.ParseUint(strconv.Itoa(int(a.As4()[3])), 16, 16) // at most "255": always parses
+	b[14], b[15] = byte(last>>8), byte(last)
+	return netip.AddrFrom16(b)
+}
+
+// nextHop6 is the IPv6 counterpart of the router leg a host on subnet uses.
+func nextHop6(subnet netip.Prefix) netip.Addr {
+	if subnet == RemoteSubnet {
+		return ipv6Of(RouterRemoteIP)
+	}
+	return ipv6Of(RouterUnderlayIP)
 }
 
 // Plan lays out n nodes; all namespace names start with prefix. With remote, the last
@@ -141,7 +204,7 @@ func (l Layout) Create(ctx context.Context) error {
 	}
 	// Every node forwards (pods behind it); the CNI plugins would turn it on as well.
 	for _, n := range l.Nodes {
-		if err := Sysctl(ctx, n.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
+		if err := l.forward(ctx, n.NetNS); err != nil {
 			return err
 		}
 	}
@@ -150,17 +213,44 @@ func (l Layout) Create(ctx context.Context) error {
 		if err := Attach(ctx, l.Underlay, r.NetNS, "v-router-r", "eth1", RouterRemoteIP, RemoteSubnet); err != nil {
 			return fmt.Errorf("attaching the router to the remote subnet: %w", err)
 		}
-		if err := Sysctl(ctx, r.NetNS, "net.ipv4.ip_forward", "1"); err != nil {
+		if l.IPv6 {
+			if err := addAddr6(ctx, r.NetNS, "eth1", ipv6Of(RouterRemoteIP), RemoteSubnet6); err != nil {
+				return err
+			}
+		}
+		if err := l.forward(ctx, r.NetNS); err != nil {
 			return err
 		}
 		// Hosts on the underlay reach the remote subnet through the router.
 		for _, h := range hosts {
 			if h.Subnet == UnderlaySubnet && h.Name != r.Name {
-				if err := ip(ctx, h.NetNS, "route", "add", RemoteSubnet.String(), "via", RouterUnderlayIP.String()); err != nil {
+				if err := l.routeToRemote(ctx, h); err != nil {
 					return err
 				}
 			}
 		}
+	}
+	return nil
+}
+
+// forward turns forwarding on in netns, for IPv6 too in a dual-stack layout.
+func (l Layout) forward(ctx context.Context, netns string) error {
+	if err := Sysctl(ctx, netns, "net.ipv4.ip_forward", "1"); err != nil {
+		return err
+	}
+	if l.IPv6 {
+		return Sysctl(ctx, netns, "net.ipv6.conf.all.forwarding", "1")
+	}
+	return nil
+}
+
+// routeToRemote routes h (on the underlay) to the remote subnet through the router.
+func (l Layout) routeToRemote(ctx context.Context, h Host) error {
+	if err := ip(ctx, h.NetNS, "route", "add", RemoteSubnet.String(), "via", RouterUnderlayIP.String()); err != nil {
+		return err
+	}
+	if l.IPv6 {
+		return ip(ctx, h.NetNS, "-6", "route", "add", RemoteSubnet6.String(), "via", nextHop6(UnderlaySubnet).String())
 	}
 	return nil
 }
@@ -172,11 +262,11 @@ func (l Layout) AddNode(ctx context.Context, h Host) error {
 		return err
 	}
 	if l.Router != nil && h.Subnet == UnderlaySubnet {
-		if err := ip(ctx, h.NetNS, "route", "add", RemoteSubnet.String(), "via", RouterUnderlayIP.String()); err != nil {
+		if err := l.routeToRemote(ctx, h); err != nil {
 			return err
 		}
 	}
-	return Sysctl(ctx, h.NetNS, "net.ipv4.ip_forward", "1")
+	return l.forward(ctx, h.NetNS)
 }
 
 // NextNode is the host a node added to the running layout gets: the next free name and
@@ -192,7 +282,11 @@ func (l Layout) NextNode() (Host, error) {
 	if i > MaxNodes {
 		return Host{}, fmt.Errorf("node%d: the underlay has room for %d nodes", i, MaxNodes)
 	}
-	return underlayNode(strings.TrimSuffix(l.Underlay, "underlay"), i), nil
+	h := underlayNode(strings.TrimSuffix(l.Underlay, "underlay"), i)
+	if l.IPv6 {
+		h = withIPv6(h)
+	}
+	return h, nil
 }
 
 // underlayNode is node i on the underlay: nodeI at .10+i.
@@ -210,10 +304,27 @@ func (l Layout) addHost(ctx context.Context, h Host) error {
 	if err := Attach(ctx, l.Underlay, h.NetNS, "v-"+h.Name, "eth0", h.IP, h.Subnet); err != nil {
 		return fmt.Errorf("attaching %s: %w", h.Name, err)
 	}
+	if h.IP6.IsValid() {
+		if err := addAddr6(ctx, h.NetNS, "eth0", h.IP6, h.Subnet6); err != nil {
+			return fmt.Errorf("attaching %s: %w", h.Name, err)
+		}
+	}
 	if h.Gateway.IsValid() {
-		return ip(ctx, h.NetNS, "route", "add", "default", "via", h.Gateway.String())
+		if err := ip(ctx, h.NetNS, "route", "add", "default", "via", h.Gateway.String()); err != nil {
+			return err
+		}
+	}
+	if h.Gateway6.IsValid() {
+		return ip(ctx, h.NetNS, "-6", "route", "add", "default", "via", h.Gateway6.String())
 	}
 	return nil
+}
+
+// addAddr6 gives ifname in netns an IPv6 address on subnet, usable at once: no duplicate
+// address detection (every address of the layout is unique by construction), which would
+// otherwise hold it "tentative" for a second or two.
+func addAddr6(ctx context.Context, netns, ifname string, addr netip.Addr, subnet netip.Prefix) error {
+	return ip(ctx, netns, "-6", "addr", "add", netip.PrefixFrom(addr, subnet.Bits()).String(), "dev", ifname, "nodad")
 }
 
 // CreateUnderlay adds the namespace underlay holding the bridges: br0 for UnderlaySubnet

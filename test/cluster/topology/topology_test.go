@@ -74,3 +74,38 @@ func TestPlanRefuses(t *testing.T) {
 		}
 	}
 }
+
+// A dual-stack layout gives every host the IPv6 counterpart of its addresses, from the
+// documentation range, nodes added later included.
+func TestEnableIPv6(t *testing.T) {
+	l, err := Plan("trlc-x-", 3, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.EnableIPv6()
+	for _, tc := range []struct {
+		h               Host
+		ip, subnet, gw6 string
+	}{
+		{l.ControlPlane, "2001:db8:100::1", "2001:db8:100::/64", "invalid IP"},
+		{l.External, "2001:db8:100::200", "2001:db8:100::/64", "invalid IP"},
+		{*l.Router, "2001:db8:100::254", "2001:db8:100::/64", "invalid IP"},
+		{l.Nodes[0], "2001:db8:100::11", "2001:db8:100::/64", "2001:db8:100::1"},
+		{l.Nodes[2], "2001:db8:113::13", "2001:db8:113::/64", "2001:db8:113::1"},
+	} {
+		if tc.h.IP6.String() != tc.ip || tc.h.Subnet6.String() != tc.subnet || tc.h.Gateway6.String() != tc.gw6 {
+			t.Errorf("%s: IPv6 %v on %v via %v, want %s on %s via %s", tc.h.Name, tc.h.IP6, tc.h.Subnet6, tc.h.Gateway6, tc.ip, tc.subnet, tc.gw6)
+		}
+		if !UnderlaySubnet6.Contains(tc.h.IP6) && !RemoteSubnet6.Contains(tc.h.IP6) {
+			t.Errorf("%s: %v outside the layout's IPv6 subnets", tc.h.Name, tc.h.IP6)
+		}
+	}
+	next, err := l.NextNode()
+	if err != nil || next.IP6.String() != "2001:db8:100::14" {
+		t.Errorf("NextNode = %+v, %v, want 2001:db8:100::14", next, err)
+	}
+	v4, _ := Plan("trlc-x-", 1, false)
+	if v4.Nodes[0].IP6.IsValid() || v4.IPv6 {
+		t.Errorf("an IPv4 layout has IPv6: %+v", v4.Nodes[0])
+	}
+}
