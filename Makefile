@@ -188,7 +188,7 @@ CLUSTER_FLAGS ?=
 LOCALCLUSTER := go run ./hack/localcluster
 
 .PHONY: cluster-up
-cluster-up: ## Bring up the local cluster (3 nodes, Trellis installed from config/). Options: CLUSTER_FLAGS="--cni reference --nodes 2 --remote-node".
+cluster-up: ## Bring up the local cluster (3 nodes, Trellis installed from config/). Options: CLUSTER_FLAGS="--cni reference --nodes 2 --remote-node --ip-family dual".
 	$(LOCALCLUSTER) up $(CLUSTER_FLAGS)
 
 .PHONY: cluster-down
