@@ -96,11 +96,12 @@ func TestDualStackCluster(t *testing.T) {
 		if err4 != nil || err6 != nil || !cluster.ServiceCIDR.Contains(v4) || !cluster.ServiceCIDR6.Contains(v6) {
 			t.Fatalf("ClusterIPs %v, want one in %v and one in %v", svc.Spec.ClusterIPs, cluster.ServiceCIDR, cluster.ServiceCIDR6)
 		}
-		// kube-proxy writes both: the IPv6 ClusterIP into ip6tables on every node.
+		// kube-proxy programs both: the IPv6 ClusterIP goes into ip6tables on every node
+		// (its filter table's REJECT while the Service has no endpoint).
 		for _, n := range c.Nodes {
 			deadline := time.Now().Add(time.Minute)
 			for {
-				out, err := framework.NodeOutput(n, "ip6tables-save", "-t", "nat")
+				out, err := framework.NodeOutput(n, "ip6tables-save")
 				if err == nil && strings.Contains(out, v6.String()+"/128") {
 					break
 				}
