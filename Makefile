@@ -250,7 +250,7 @@ conformance-cnp-list: ## List the ClusterNetworkPolicy conformance tests make co
 BENCH_CNI_FLAGS ?=
 
 .PHONY: bench-cni
-bench-cni: ## CNI ADD/DEL latency, trellis vs ptp + host-local (root; own netns). Options: BENCH_CNI_FLAGS="-pods 200 -rounds 2 -concurrency 20".
+bench-cni: ## CNI ADD/DEL latency, trellis vs ptp + host-local (root; own netns). Options: BENCH_CNI_FLAGS="-pods 200 -rounds 2 -concurrency 20 -families ipv4,dual".
 	@tools=$$(hack/build-runtime-tools.sh) && \
 	tmp="$${TMPDIR:-/tmp}/trlbench-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \

@@ -3,10 +3,12 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -19,7 +21,7 @@ import (
 // veths). It runs in the node namespace after the last DEL.
 func checkLeaks(r *runner, phases [][]*pod) []error {
 	var leaks []error
-	for _, name := range []string{pluginReference, pluginTrellis} {
+	for _, name := range slices.Sorted(maps.Keys(r.setups)) {
 		s := r.setups[name]
 		held, err := heldAddresses(s.ipamDir)
 		if err != nil {
@@ -103,14 +105,18 @@ func nonLoopback() ([]string, error) {
 	return out, nil
 }
 
-// nodeRoutes lists the node's IPv4 main-table routes (none is expected once every veth is gone).
+// nodeRoutes lists the node's main-table routes of both families (none is expected once
+// every veth is gone but the kernel's IPv6 one for lo).
 func nodeRoutes() ([]string, error) {
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := netlink.RouteList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, fmt.Errorf("listing routes: %w", err)
 	}
 	var out []string
 	for _, r := range routes {
+		if r.Dst != nil && r.Dst.IP.Equal(net.IPv6loopback) {
+			continue
+		}
 		out = append(out, r.String())
 	}
 	return out, nil

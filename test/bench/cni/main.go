@@ -19,7 +19,7 @@
 //
 // Usage (as root):
 //
-//	go run ./test/bench/cni -reference-dir DIR -trellis PATH [-pods 200 -rounds 2 -concurrency 20 -warmup 10 -samples FILE.csv]
+//	go run ./test/bench/cni -reference-dir DIR -trellis PATH [-pods 200 -rounds 2 -concurrency 20 -warmup 10 -families ipv4,dual -samples FILE.csv]
 package main
 
 import (
@@ -28,6 +28,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 )
 
@@ -40,6 +42,9 @@ type options struct {
 	concurrency  int    // ADDs (DELs) in flight in the concurrent mode
 	warmup       int    // unmeasured pods per plugin and mode before the measured rounds
 	samplesCSV   string // where to write every sample, if set
+	// families are the address families of the pods, in run order: familyIPv4 (an IPv4
+	// address each) and familyDual (one of each family).
+	families []string
 
 	// Set by the orchestrator for the runner only.
 	runnerPrefix string // name prefix of the run's namespaces
@@ -71,9 +76,13 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 20, "operations in flight in the concurrent mode")
 	fs.IntVar(&o.warmup, "warmup", 10, "unmeasured warm-up pods per plugin and mode")
 	fs.StringVar(&o.samplesCSV, "samples", "", "also write every sample to this CSV file")
+	families := fs.String("families", familyIPv4+","+familyDual, "pods' address families, each measured on its own: ipv4 (an IPv4 address per pod), dual (one IPv4 and one IPv6 address per pod)")
 	fs.StringVar(&o.runnerPrefix, "internal-runner-prefix", "", "internal: set by the orchestrator when it re-executes itself in the node namespace")
 	fs.StringVar(&o.runDir, "internal-run-dir", "", "internal: the run's state directory, set by the orchestrator")
 	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if err := parseFamilies(*families, &o); err != nil {
 		return o, err
 	}
 	switch {
@@ -101,7 +110,27 @@ func (o options) runnerArgs(prefix, runDir string) []string {
 		"-concurrency", fmt.Sprint(o.concurrency),
 		"-warmup", fmt.Sprint(o.warmup),
 		"-samples", o.samplesCSV,
+		"-families", strings.Join(o.families, ","),
 		"-internal-runner-prefix", prefix,
 		"-internal-run-dir", runDir,
 	}
+}
+
+// The -families values.
+const (
+	familyIPv4 = "ipv4"
+	familyDual = "dual"
+)
+
+// parseFamilies sets o.families from -families: ipv4 and/or dual, each once.
+func parseFamilies(list string, o *options) error {
+	o.families = nil
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		if f != familyIPv4 && f != familyDual || slices.Contains(o.families, f) {
+			return fmt.Errorf("-families %q: a list of %s and %s, each at most once", list, familyIPv4, familyDual)
+		}
+		o.families = append(o.families, f)
+	}
+	return nil
 }

@@ -11,11 +11,13 @@ const (
 // warmUp is the round number of the unmeasured warm-up phases.
 const warmUp = -1
 
-// mode is how pods are driven: one operation at a time, or concurrency at once.
+// mode is how pods are driven: one operation at a time, or concurrency at once, and
+// whether each pod gets an IPv4 address or one of each family (dual).
 type mode struct {
 	name        string // for the report
 	tag         string // for namespace names
 	concurrency int
+	dual        bool
 }
 
 // phase is one batch of one plugin: ADD every pod, then DEL every pod, in mode.
@@ -34,9 +36,16 @@ type phase struct {
 // drift of the machine over time (page cache, background work, kernel cleanup) does not
 // favour either. Each plugin runs alone in its phase, so it only contends with itself.
 func buildPlan(o options, prefix string) []phase {
-	modes := []mode{
-		{name: "serial", tag: "s", concurrency: 1},
-		{name: fmt.Sprintf("%d-way", o.concurrency), tag: fmt.Sprintf("c%d", o.concurrency), concurrency: o.concurrency},
+	var modes []mode
+	for _, f := range o.families {
+		dual := f == familyDual
+		name, tag := "", ""
+		if dual {
+			name, tag = "dual ", "d"
+		}
+		modes = append(modes,
+			mode{name: name + "serial", tag: tag + "s", concurrency: 1, dual: dual},
+			mode{name: fmt.Sprintf("%s%d-way", name, o.concurrency), tag: fmt.Sprintf("%sc%d", tag, o.concurrency), concurrency: o.concurrency, dual: dual})
 	}
 	var plan []phase
 	for _, m := range modes {

@@ -95,7 +95,7 @@ func (r *results) print(w io.Writer, o options, runDir string) {
 		o.pods, o.rounds, o.warmup)
 	fmt.Fprintf(w, "%s\n\n", environment(runDir))
 
-	const row = "%-8s  %-3s  %-3s  %12s  %12s  %11s\n"
+	const row = "%-11s  %-3s  %-3s  %12s  %12s  %11s\n"
 	fmt.Fprintf(w, row, "mode", "op", "pct", "reference", "trellis", "trellis/ref")
 	for _, m := range r.modes {
 		for _, op := range []string{"ADD", "DEL"} {
@@ -109,7 +109,7 @@ func (r *results) print(w io.Writer, o options, runDir string) {
 	}
 
 	fmt.Fprintf(w, "\nwall time per round (all %d pods; mean over rounds)\n", o.pods)
-	const wrow = "%-8s  %-3s  %12s  %12s  %11s\n"
+	const wrow = "%-11s  %-3s  %12s  %12s  %11s\n"
 	fmt.Fprintf(w, wrow, "mode", "op", "reference", "trellis", "trellis/ref")
 	for _, m := range r.modes {
 		for _, op := range []string{"ADD", "DEL"} {

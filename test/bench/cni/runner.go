@@ -36,15 +36,15 @@ const maxReportedErrors = 10
 type setup struct {
 	name    string
 	list    *libcni.NetworkConfigList
-	subnet  netip.Prefix // every address it hands out is in it
-	ipamDir string       // its IPAM store: one file per allocated address
+	subnets []netip.Prefix // it hands out one address of each, in this order
+	ipamDir string         // its IPAM store: one file per allocated address
 }
 
 // pod is one sandbox as a runtime sees it: an ID, a namespace and the CNI args.
 type pod struct {
 	rt    *libcni.RuntimeConf
 	added bool // an ADD was attempted (so a DEL is owed, as a runtime owes one)
-	ip    netip.Addr
+	ips   []netip.Addr
 }
 
 // runner drives the plugins from inside the node namespace.
@@ -146,34 +146,18 @@ func newRunner(o options) (*runner, error) {
 	if o.runDir == "" {
 		return nil, errors.New("-internal-run-dir is not set")
 	}
-	trellisDir := filepath.Dir(o.trellisBin)
-	ref, err := newSetup(pluginReference, map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       "bench-ptp",
-		"plugins": []any{map[string]any{
-			"type": "ptp", "mtu": 1500,
-			"ipam": map[string]any{"type": "host-local", "subnet": "10.251.0.0/16", "dataDir": filepath.Join(o.runDir, "hl")},
-		}},
-	}, "10.251.0.0/16", filepath.Join(o.runDir, "hl", "bench-ptp"))
-	if err != nil {
-		return nil, err
-	}
 	readyFile := filepath.Join(o.runDir, "ready")
 	if err := os.WriteFile(readyFile, nil, 0o644); err != nil {
 		return nil, fmt.Errorf("creating the trellis ready file: %w", err)
 	}
-	trl, err := newSetup(pluginTrellis, map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       "bench-trellis",
-		"plugins": []any{map[string]any{
-			"type": "trellis", "podCIDR": "10.250.0.0/16", "mtu": 1500,
-			"dataDir":   filepath.Join(o.runDir, "ipam"),
-			"readyFile": readyFile,
-			"logFile":   filepath.Join(o.runDir, "cni.log"),
-		}},
-	}, "10.250.0.0/16", filepath.Join(o.runDir, "ipam", "bench-trellis"))
-	if err != nil {
-		return nil, err
+	setups := map[string]*setup{}
+	for _, f := range o.families {
+		dual := f == familyDual
+		ref, trl, err := familySetups(o, dual, readyFile)
+		if err != nil {
+			return nil, err
+		}
+		setups[setupKey(pluginReference, dual)], setups[setupKey(pluginTrellis, dual)] = ref, trl
 	}
 	cacheDir := filepath.Join(o.runDir, "cache")
 	// An explicit exec, as libcni would otherwise set its default lazily (a data race when
@@ -181,13 +165,58 @@ func newRunner(o options) (*runner, error) {
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
 	return &runner{
 		// One plugin path for both, as a runtime has one bin_dir; CNI_PATH lets ptp find host-local.
-		cni:      libcni.NewCNIConfigWithCacheDir([]string{o.referenceDir, trellisDir}, cacheDir, exec),
-		setups:   map[string]*setup{pluginReference: ref, pluginTrellis: trl},
+		cni:      libcni.NewCNIConfigWithCacheDir([]string{o.referenceDir, filepath.Dir(o.trellisBin)}, cacheDir, exec),
+		setups:   setups,
 		cacheDir: cacheDir,
 	}, nil
 }
 
-func newSetup(name string, conflist map[string]any, subnet, ipamDir string) (*setup, error) {
+// setupKey names a plugin's setup for IPv4 or dual-stack pods.
+func setupKey(plugin string, dual bool) string {
+	if dual {
+		return plugin + "-dual"
+	}
+	return plugin
+}
+
+// familySetups are the two plugins' setups for IPv4 pods or, dual, pods with an address of
+// each family: the reference's host-local with one range per family, trellis with
+// podCIDRv6. Each has its own network name and IPAM store.
+func familySetups(o options, dual bool, readyFile string) (ref, trl *setup, err error) {
+	suffix := ""
+	ref4, ref6 := netip.MustParsePrefix("10.251.0.0/16"), netip.MustParsePrefix("fd00:10:251::/64")
+	trl4, trl6 := netip.MustParsePrefix("10.250.0.0/16"), netip.MustParsePrefix("fd00:10:250::/64")
+	refIPAM := map[string]any{"type": "host-local", "subnet": ref4.String()}
+	trlConf := map[string]any{"type": "trellis", "podCIDR": trl4.String(), "mtu": 1500}
+	refSubnets, trlSubnets := []netip.Prefix{ref4}, []netip.Prefix{trl4}
+	if dual {
+		suffix = "-dual"
+		delete(refIPAM, "subnet")
+		refIPAM["ranges"] = [][]map[string]string{{{"subnet": ref4.String()}}, {{"subnet": ref6.String()}}}
+		trlConf["podCIDRv6"] = trl6.String()
+		refSubnets, trlSubnets = append(refSubnets, ref6), append(trlSubnets, trl6)
+	}
+	refIPAM["dataDir"] = filepath.Join(o.runDir, "hl"+suffix)
+	ref, err = newSetup(pluginReference, map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "bench-ptp" + suffix,
+		"plugins":    []any{map[string]any{"type": "ptp", "mtu": 1500, "ipam": refIPAM}},
+	}, refSubnets, filepath.Join(o.runDir, "hl"+suffix, "bench-ptp"+suffix))
+	if err != nil {
+		return nil, nil, err
+	}
+	trlConf["dataDir"] = filepath.Join(o.runDir, "ipam"+suffix)
+	trlConf["readyFile"] = readyFile
+	trlConf["logFile"] = filepath.Join(o.runDir, "cni.log")
+	trl, err = newSetup(pluginTrellis, map[string]any{
+		"cniVersion": "1.1.0",
+		"name":       "bench-trellis" + suffix,
+		"plugins":    []any{trlConf},
+	}, trlSubnets, filepath.Join(o.runDir, "ipam"+suffix, "bench-trellis"+suffix))
+	return ref, trl, err
+}
+
+func newSetup(name string, conflist map[string]any, subnets []netip.Prefix, ipamDir string) (*setup, error) {
 	b, err := json.Marshal(conflist)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the %s conflist: %w", name, err)
@@ -196,7 +225,7 @@ func newSetup(name string, conflist map[string]any, subnet, ipamDir string) (*se
 	if err != nil {
 		return nil, fmt.Errorf("parsing the %s conflist: %w", name, err)
 	}
-	return &setup{name: name, list: list, subnet: netip.MustParsePrefix(subnet), ipamDir: ipamDir}, nil
+	return &setup{name: name, list: list, subnets: subnets, ipamDir: ipamDir}, nil
 }
 
 func (r *runner) watchSignals() {
@@ -225,7 +254,7 @@ func checkNetnsExist(plan []phase) error {
 // runPhase ADDs every pod of ph, then DELs every pod it attempted to ADD (also those whose
 // ADD failed, as a runtime does), and records the latencies unless ph is a warm-up.
 func (r *runner) runPhase(ph phase, res *results) []*pod {
-	s := r.setups[ph.plugin]
+	s := r.setups[setupKey(ph.plugin, ph.mode.dual)]
 	pods := make([]*pod, len(ph.netns))
 	for i, n := range ph.netns {
 		pods[i] = newPod(n)
@@ -310,11 +339,11 @@ func (r *runner) add(s *setup, p *pod) (time.Duration, error) {
 	if err != nil {
 		return d, fmt.Errorf("%s ADD %s: %w", s.name, p.rt.NetNS, err)
 	}
-	ip, err := resultIP(res, s.subnet)
+	ips, err := resultIPs(res, s.subnets)
 	if err != nil {
 		return d, fmt.Errorf("%s ADD %s: %w", s.name, p.rt.NetNS, err)
 	}
-	p.ip = ip
+	p.ips = ips
 	return d, nil
 }
 
@@ -332,20 +361,24 @@ func (r *runner) del(s *setup, p *pod) (time.Duration, error) {
 	return d, nil
 }
 
-// resultIP is the single IPv4 address of an ADD result, which must be in subnet.
-func resultIP(res types.Result, subnet netip.Prefix) (netip.Addr, error) {
+// resultIPs are the addresses of an ADD result: one in each of subnets, in that order.
+func resultIPs(res types.Result, subnets []netip.Prefix) ([]netip.Addr, error) {
 	cur, err := current.NewResultFromResult(res)
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("converting the result: %w", err)
+		return nil, fmt.Errorf("converting the result: %w", err)
 	}
-	if len(cur.IPs) != 1 {
-		return netip.Addr{}, fmt.Errorf("result has %d IPs, want 1", len(cur.IPs))
+	if len(cur.IPs) != len(subnets) {
+		return nil, fmt.Errorf("result has %d IPs, want %d (one in each of %v)", len(cur.IPs), len(subnets), subnets)
 	}
-	ip, ok := netip.AddrFromSlice(cur.IPs[0].Address.IP.To4())
-	if !ok || !subnet.Contains(ip) {
-		return netip.Addr{}, fmt.Errorf("result IP %v is not in %s", cur.IPs[0].Address.IP, subnet)
+	ips := make([]netip.Addr, len(subnets))
+	for i, subnet := range subnets {
+		ip, ok := netip.AddrFromSlice(cur.IPs[i].Address.IP)
+		if ip = ip.Unmap(); !ok || !subnet.Contains(ip) {
+			return nil, fmt.Errorf("result IP %d, %v, is not in %s", i, cur.IPs[i].Address.IP, subnet)
+		}
+		ips[i] = ip
 	}
-	return ip, nil
+	return ips, nil
 }
 
 // checkUnique fails the run if two live pods of a phase got the same address: a fast
@@ -353,13 +386,12 @@ func resultIP(res types.Result, subnet netip.Prefix) (netip.Addr, error) {
 func (r *runner) checkUnique(s *setup, pods []*pod) {
 	owner := map[netip.Addr]string{}
 	for _, p := range pods {
-		if !p.ip.IsValid() {
-			continue
+		for _, ip := range p.ips {
+			if o, dup := owner[ip]; dup {
+				r.fail(fmt.Errorf("%s handed out %s twice: to %s and %s", s.name, ip, o, p.rt.NetNS))
+			}
+			owner[ip] = p.rt.NetNS
 		}
-		if o, dup := owner[p.ip]; dup {
-			r.fail(fmt.Errorf("%s handed out %s twice: to %s and %s", s.name, p.ip, o, p.rt.NetNS))
-		}
-		owner[p.ip] = p.rt.NetNS
 	}
 }
 
