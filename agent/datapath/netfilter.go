@@ -25,7 +25,24 @@ var rawJump = netfilter.Jump{From: "PREROUTING", Position: netfilter.First, Matc
 // the pod CIDRs (never pod to pod) when natOutgoing, and drop packets from a pod's veth
 // whose source address does not route back through that veth (a pod can only send from
 // its own IP). Its scope is these two chains only: NetworkPolicy chains are another's.
+// podCIDRs are IPv4's (and the ranges, such as the Service range, never masqueraded).
 func Netfilter(podCIDRs []netip.Prefix, natOutgoing bool) netfilter.State {
+	return netfilter.State{
+		Scope: []string{ChainNAT, ChainRaw},
+		Tables: map[netfilter.Table]netfilter.TableState{
+			netfilter.NAT: natTable(podCIDRs, natOutgoing),
+			netfilter.Raw: {
+				Chains: []netfilter.Chain{{Name: ChainRaw, Rules: []netfilter.Rule{antiSpoofing}}},
+				Jumps:  []netfilter.Jump{rawJump},
+			},
+		},
+	}
+}
+
+// natTable is the nat table of either family: with natOutgoing, RETURN for every pair of
+// podCIDRs (pod to pod keeps its source), then MASQUERADE of each (--random-fully: source
+// ports picked at random, so pods sharing the node's address don't race for them).
+func natTable(podCIDRs []netip.Prefix, natOutgoing bool) netfilter.TableState {
 	var nat []netfilter.Rule
 	if natOutgoing {
 		for _, src := range podCIDRs {
@@ -45,33 +62,28 @@ func Netfilter(podCIDRs []netip.Prefix, natOutgoing bool) netfilter.State {
 			})
 		}
 	}
-	return netfilter.State{
-		Scope: []string{ChainNAT, ChainRaw},
-		Tables: map[netfilter.Table]netfilter.TableState{
-			netfilter.NAT: {
-				Chains: []netfilter.Chain{{Name: ChainNAT, Rules: nat}},
-				Jumps:  []netfilter.Jump{{From: "POSTROUTING", Position: netfilter.Append, Comment: "trellis", To: ChainNAT}},
-			},
-			netfilter.Raw: {
-				Chains: []netfilter.Chain{{Name: ChainRaw, Rules: []netfilter.Rule{{
-					Match:   []string{"-i", "trl+", "-m", "rpfilter", "--invert"},
-					Comment: "trellis: pods send only from their own address",
-					Target:  []string{"-j", "DROP"},
-				}}}},
-				Jumps: []netfilter.Jump{rawJump},
-			},
-		},
+	return netfilter.TableState{
+		Chains: []netfilter.Chain{{Name: ChainNAT, Rules: nat}},
+		Jumps:  []netfilter.Jump{{From: "POSTROUTING", Position: netfilter.Append, Comment: "trellis", To: ChainNAT}},
 	}
 }
 
-// Netfilter6 is the desired state of the node's own IPv6 chain (ip6tables, raw table, the
-// same chain and jump as IPv4's): a pod can only send from its own IPv6 address (the
+// antiSpoofing drops what a pod sends from an address that doesn't route back through its
+// veth (the rpfilter match, either family).
+var antiSpoofing = netfilter.Rule{
+	Match:   []string{"-i", "trl+", "-m", "rpfilter", "--invert"},
+	Comment: "trellis: pods send only from their own address",
+	Target:  []string{"-j", "DROP"},
+}
+
+// Netfilter6 is the desired state of the node's own IPv6 chains (ip6tables; the same
+// chains, jumps and rules as IPv4's): masquerade of the IPv6 podCIDRs with natOutgoing,
+// as Netfilter's; in the raw table a pod can only send from its own IPv6 address (the
 // rpfilter rule, as for IPv4; link-local sources pass, they route back through the pod's
 // veth), and can't act as a router towards the node: router advertisements and redirects
 // from pod veths are dropped before the kernel could take routes from them, whatever the
 // node's accept_ra says (the plugin also turns accept_ra off on each IPv6 host veth).
-// IPv6 masquerade is not part of it yet.
-func Netfilter6() netfilter.State {
+func Netfilter6(podCIDRs []netip.Prefix, natOutgoing bool) netfilter.State {
 	notRouter := func(icmpType, what string) netfilter.Rule {
 		return netfilter.Rule{
 			// As ip6tables-save prints it, so a sync finds it unchanged.
@@ -81,17 +93,14 @@ func Netfilter6() netfilter.State {
 		}
 	}
 	return netfilter.State{
-		Scope: []string{ChainRaw},
+		Scope: []string{ChainNAT, ChainRaw},
 		Tables: map[netfilter.Table]netfilter.TableState{
+			netfilter.NAT: natTable(podCIDRs, natOutgoing),
 			netfilter.Raw: {
 				Chains: []netfilter.Chain{{Name: ChainRaw, Rules: []netfilter.Rule{
 					notRouter("134", "router advertisements"),
 					notRouter("137", "redirects"),
-					{
-						Match:   []string{"-i", "trl+", "-m", "rpfilter", "--invert"},
-						Comment: "trellis: pods send only from their own address",
-						Target:  []string{"-j", "DROP"},
-					},
+					antiSpoofing,
 				}}},
 				Jumps: []netfilter.Jump{rawJump},
 			},

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -120,37 +121,80 @@ func TestNetfilterUpgradeRewritesNoChain(t *testing.T) {
 	}
 }
 
-// The IPv6 chain goes to ip6tables and nowhere else; it renders as ip6tables-save prints
-// it (a restarted agent's first sync rewrites nothing), and the uninstall's Cleanup
-// removes it.
+var twoCIDRs6 = []netip.Prefix{netip.MustParsePrefix("fd00:10:244::/56"), netip.MustParsePrefix("fd00:10:96::/112")}
+
+// IPv6's nat table is IPv4's, with the IPv6 ranges: the same chain, jump and rules
+// (pod-to-pod RETURN for every pair, then MASQUERADE --random-fully); without natOutgoing
+// the chain is empty and anti-spoofing stays.
+func TestNetfilter6Masquerade(t *testing.T) {
+	const want = `*nat
+:TRELLIS-POSTROUTING - [0:0]
+-A TRELLIS-POSTROUTING -s fd00:10:244::/56 -d fd00:10:244::/56 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s fd00:10:244::/56 -d fd00:10:96::/112 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s fd00:10:96::/112 -d fd00:10:244::/56 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s fd00:10:96::/112 -d fd00:10:96::/112 -m comment --comment "trellis: pod to pod, no NAT" -j RETURN
+-A TRELLIS-POSTROUTING -s fd00:10:244::/56 -m comment --comment "trellis: pod traffic leaving the pod network" -j MASQUERADE --random-fully
+-A TRELLIS-POSTROUTING -s fd00:10:96::/112 -m comment --comment "trellis: pod traffic leaving the pod network" -j MASQUERADE --random-fully
+COMMIT
+`
+	st := datapath.Netfilter6(twoCIDRs6, true)
+	if got := string(netfilter.Render(netfilter.NAT, st.Tables[netfilter.NAT])); got != want {
+		t.Errorf("rendered:\n%s\nwant:\n%s", got, want)
+	}
+	if !reflect.DeepEqual(st.Tables[netfilter.NAT].Jumps, datapath.Netfilter(twoCIDRs, true).Tables[netfilter.NAT].Jumps) {
+		t.Errorf("IPv6 nat jumps %+v differ from IPv4's", st.Tables[netfilter.NAT].Jumps)
+	}
+	if err := st.Validate(); err != nil {
+		t.Error(err)
+	}
+	off := datapath.Netfilter6(twoCIDRs6, false)
+	if c := off.Tables[netfilter.NAT].Chains; len(c) != 1 || c[0].Name != datapath.ChainNAT || len(c[0].Rules) != 0 {
+		t.Errorf("natOutgoing off: nat chains %+v, want %s empty", c, datapath.ChainNAT)
+	}
+	if len(off.Tables[netfilter.Raw].Chains[0].Rules) != 3 {
+		t.Error("natOutgoing off: the IPv6 anti-spoofing rules must stay")
+	}
+}
+
+// The IPv6 chains go to ip6tables and nowhere else; they render as ip6tables-save prints
+// them (a restarted agent's first sync rewrites nothing), and the uninstall's Cleanup
+// removes them.
 func TestNetfilter6(t *testing.T) {
 	for _, b := range []netfilter.Backend{netfilter.Legacy.IPv6(), netfilter.NFT.IPv6()} {
 		t.Run(b.Mode, func(t *testing.T) {
 			netnstest.RequireCommands(t, b.IPTables, b.Save, b.Restore)
 			n := netnstest.New(t)
 			check.Must(t, n.Do(func(ns.NetNS) error {
-				if res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), datapath.Netfilter6()); err != nil || !res.Changed() {
+				st := datapath.Netfilter6(twoCIDRs6, true)
+				if res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), st); err != nil || !res.Changed() {
 					t.Fatalf("first sync: %+v, %v", res, err)
 				}
-				res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), datapath.Netfilter6())
+				res, err := (&netfilter.Syncer{Backend: b}).Sync(context.Background(), st)
 				if err != nil || res.Changed() {
 					t.Errorf("a restarted agent's sync rewrote: %+v, %v", res, err)
 				}
-				out, err := exec.Command(b.Save, "-t", "raw").CombinedOutput()
-				if err != nil {
-					t.Fatalf("%s: %v: %s", b.Save, err, out)
-				}
-				for _, want := range []string{"--icmpv6-type 134", "--icmpv6-type 137", "-m rpfilter --invert", "-A PREROUTING -i trl+ -j TRELLIS-PREROUTING"} {
-					if !strings.Contains(string(out), want) {
-						t.Errorf("ip6tables raw lacks %q:\n%s", want, out)
+				for table, wants := range map[string][]string{
+					"raw": {"--icmpv6-type 134", "--icmpv6-type 137", "-m rpfilter --invert", "-A PREROUTING -i trl+ -j TRELLIS-PREROUTING"},
+					"nat": {"-A TRELLIS-POSTROUTING -s fd00:10:244::/56 -m comment --comment \"trellis: pod traffic leaving the pod network\" -j MASQUERADE --random-fully",
+						"-A POSTROUTING -m comment --comment trellis -j TRELLIS-POSTROUTING"},
+				} {
+					out, err := exec.Command(b.Save, "-t", table).CombinedOutput()
+					if err != nil {
+						t.Fatalf("%s: %v: %s", b.Save, err, out)
+					}
+					for _, want := range wants {
+						if !strings.Contains(string(out), want) {
+							t.Errorf("ip6tables %s lacks %q:\n%s", table, want, out)
+						}
 					}
 				}
 				v4 := strings.Replace(b.Save, "ip6tables", "iptables", 1)
-				if out, _ := exec.Command(v4, "-t", "raw").CombinedOutput(); strings.Contains(string(out), "TRELLIS") {
+				if out, _ := exec.Command(v4).CombinedOutput(); strings.Contains(string(out), "TRELLIS") {
 					t.Errorf("the IPv6 state reached iptables:\n%s", out)
 				}
 				removed, err := netfilter.Cleanup()
-				if err != nil || !reflect.DeepEqual(removed, []string{"raw/TRELLIS-PREROUTING (IPv6)"}) {
+				slices.Sort(removed)
+				if err != nil || !reflect.DeepEqual(removed, []string{"nat/TRELLIS-POSTROUTING (IPv6)", "raw/TRELLIS-PREROUTING (IPv6)"}) {
 					t.Errorf("Cleanup removed %v, %v", removed, err)
 				}
 				return nil

@@ -136,7 +136,7 @@ func newNode(t *testing.T, o nodeOpts) *node {
 		if err != nil {
 			return err
 		}
-		_, err = (&netfilter.Syncer{Backend: b.IPv6()}).Sync(context.Background(), datapath.Netfilter6())
+		_, err = (&netfilter.Syncer{Backend: b.IPv6()}).Sync(context.Background(), datapath.Netfilter6(nil, false))
 		return err
 	})
 	if err != nil {
