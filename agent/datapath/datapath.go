@@ -1,9 +1,18 @@
 // Package datapath programs the node's share of the pod network: routes to every peer
-// node's pod block (directly or through the VXLAN device), the VXLAN device with its
+// node's pod blocks (directly or through the VXLAN device), the VXLAN device with its
 // static neighbour and FDB entries (no multicast, no learning, as flannel does), and the
 // kernel settings the routed pod network relies on. It is level-triggered and idempotent:
 // Sync compares the kernel with the desired state, fixes what differs and removes only
 // stale objects trellis owns (route protocol, device name). It never flushes.
+//
+// Both families: a node has an IPv4 block and may have an IPv6 one. IPv6 pod traffic
+// between nodes goes over the same VXLAN device as IPv4's, on the IPv4 underlay (as
+// Cilium does), rather than over a second device on an IPv6 underlay (as flannel and
+// Calico can): a cluster whose underlay is IPv4 only must carry dual-stack pods, one
+// device keeps one MAC, one FDB entry per peer and one MTU (the IPv4 overhead, 50 bytes,
+// whatever the inner family), and the live mode switch works the same for both families.
+// Direct IPv6 routes go through the underlay to a peer's IPv6 node address where both
+// nodes have one on one on-link subnet.
 package datapath
 
 import (
@@ -18,6 +27,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
@@ -26,7 +36,9 @@ const (
 	VXLANDevice = "trellis.vxlan"
 	// RouteProtocol marks routes to peer blocks (the CNI plugin's pod routes use 201).
 	RouteProtocol netlink.RouteProtocol = 202
-	// VXLANOverhead is what VXLAN over IPv4 adds to each packet.
+	// VXLANOverhead is what VXLAN over IPv4 adds to each packet, an IPv4 or an IPv6 one
+	// (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14). A device on an IPv6 underlay
+	// would need 70 (outer IPv6 40); trellis has none (see the package comment).
 	VXLANOverhead = 50
 )
 
@@ -43,6 +55,10 @@ const (
 type Local struct {
 	NodeIP  netip.Addr
 	PodCIDR netip.Prefix
+	// NodeIPv6 is the node's IPv6 underlay address (invalid: none, IPv6 goes through the
+	// tunnel), PodCIDRv6 its IPv6 block (invalid: the node has no IPv6 pods).
+	NodeIPv6  netip.Addr
+	PodCIDRv6 netip.Prefix
 }
 
 // Peer is another node.
@@ -50,8 +66,22 @@ type Peer struct {
 	Name    string
 	NodeIP  netip.Addr
 	PodCIDR netip.Prefix
+	// NodeIPv6 and PodCIDRv6: as Local's (invalid when the peer has none or didn't say).
+	NodeIPv6  netip.Addr
+	PodCIDRv6 netip.Prefix
 	// VTEPMAC is the MAC of the peer's VXLAN device (empty until its agent reported it).
 	VTEPMAC net.HardwareAddr
+}
+
+// block and addr are the peer's pod block and underlay address of family f.
+func (p Peer) block(f ipam.Family) netip.Prefix { return pick(f, p.PodCIDR, p.PodCIDRv6) }
+func (p Peer) addr(f ipam.Family) netip.Addr    { return pick(f, p.NodeIP, p.NodeIPv6) }
+
+func pick[T any](f ipam.Family, v4, v6 T) T {
+	if f == ipam.IPv6 {
+		return v6
+	}
+	return v4
 }
 
 // Config is the desired datapath.
@@ -87,6 +117,23 @@ type Status struct {
 	Sysctls map[string]string
 	// TXChecksumOffload is whether the VXLAN device checksums in software (false) or not.
 	TXChecksumOffload bool
+	// IPv6 is how the peers' IPv6 blocks are reached; nil when this node has no IPv6 block.
+	// The fields above are IPv4's (RoutesAdded and RoutesDeleted count both families).
+	IPv6 *FamilyStatus
+}
+
+// FamilyStatus is how the peers' blocks of one family are reached.
+type FamilyStatus struct {
+	// Underlay is the interface holding the node's address of the family ("" when it has
+	// none: that family has no direct path, only the tunnel).
+	Underlay     string
+	PeersDirect  []string
+	PeersVXLAN   []string
+	PeersPending []string
+	Unreachable  []string
+	// Tunnelled are the peers a Direct node reaches through the tunnel for this family:
+	// this node or the peer has no underlay address of it (an IPv4-only underlay).
+	Tunnelled []string
 }
 
 // Sync converges the kernel to cfg. What the kernel should hold is computed by pure
@@ -101,8 +148,22 @@ func Sync(cfg Config) (*Status, error) {
 	st.Underlay, st.UnderlayMTU = underlay.Attrs().Name, underlay.Attrs().MTU
 	st.PodMTU = PodMTU(cfg.Mode, cfg.MTU, st.UnderlayMTU)
 
-	peers := Classify(cfg, subnet)
+	peers := Classify(cfg, ipam.IPv4, subnet)
 	st.PeersDirect, st.PeersVXLAN, st.PeersPending, st.Unreachable = peers.names()
+	peers6, underlay6 := Peers{Family: ipam.IPv6}, 0
+	if cfg.Local.PodCIDRv6.IsValid() {
+		st.IPv6 = &FamilyStatus{}
+		var subnet6 netip.Prefix
+		// An IPv6 address the node doesn't hold leaves IPv6 on the tunnel, not the node down:
+		// IPv4 and the tunnel work whatever the IPv6 underlay is.
+		if l, s, err := findUnderlay(cfg.Local.NodeIPv6); err == nil {
+			st.IPv6.Underlay, underlay6, subnet6 = l.Attrs().Name, l.Attrs().Index, s
+		}
+		peers6 = Classify(cfg, ipam.IPv6, subnet6)
+		f := st.IPv6
+		f.PeersDirect, f.PeersVXLAN, f.PeersPending, f.Unreachable = peers6.names()
+		f.Tunnelled = peers6.Tunnelled
+	}
 	// The VXLAN device and its peer entries exist in every mode, Direct included: during a
 	// live mode switch the nodes restart one by one, and a node already on Direct must
 	// still take (and peers still reach it with) traffic from nodes not yet switched.
@@ -111,7 +172,7 @@ func Sync(cfg Config) (*Status, error) {
 	if procSys == "" {
 		procSys = "/proc/sys"
 	}
-	vx, err := ensureVXLAN(DesiredDevice(cfg, underlay.Attrs().Index, st.UnderlayMTU-VXLANOverhead), cfg.Local.PodCIDR, procSys)
+	vx, err := ensureVXLAN(DesiredDevice(cfg, underlay.Attrs().Index, st.UnderlayMTU-VXLANOverhead), cfg.Local.PodCIDR, cfg.Local.PodCIDRv6, procSys)
 	if err != nil {
 		return nil, err
 	}
@@ -120,15 +181,18 @@ func Sync(cfg Config) (*Status, error) {
 		return st, err
 	}
 	st.TXChecksumOffload = cfg.ChecksumOffload
-	if err := syncEntries(vx, DesiredEntries(vx.Attrs().Index, peers)); err != nil {
+	if err := syncEntries(vx, DesiredEntries(vx.Attrs().Index, peers, peers6)); err != nil {
 		return st, err
 	}
-	if err := syncRoutes(DesiredRoutes(peers, underlay.Attrs().Index, vx.Attrs().Index), st); err != nil {
+	// IPv6 routes are synced on IPv4-only nodes too: stale ones go.
+	err = errors.Join(syncRoutes(netlink.FAMILY_V4, DesiredRoutes(peers, underlay.Attrs().Index, vx.Attrs().Index), st),
+		syncRoutes(netlink.FAMILY_V6, DesiredRoutes(peers6, underlay6, vx.Attrs().Index), st))
+	if err != nil {
 		return st, err
 	}
 	// Last, so the routes are in place even when a setting is refused (reported as a
 	// *SysctlError; the caller keeps the node not ready until it is fixed).
-	st.Sysctls, err = setKernelSettings(procSys)
+	st.Sysctls, err = setKernelSettings(procSys, cfg.Local.PodCIDRv6.IsValid())
 	return st, err
 }
 
@@ -158,9 +222,10 @@ func VTEPMACFor(nodeIP netip.Addr) net.HardwareAddr {
 	return net.HardwareAddr{0x0e, 0x7e, sum[0], sum[1], sum[2], sum[3]}
 }
 
-// Peers are the peers of a Config sorted by how this node reaches them.
+// Peers are the peers of a Config sorted by how this node reaches their blocks of Family.
 type Peers struct {
-	// Direct: routed through the underlay to the peer's node IP.
+	Family ipam.Family
+	// Direct: routed through the underlay to the peer's node address of the family.
 	Direct []Peer
 	// Tunnel: routed through the VXLAN device (its VTEP MAC known).
 	Tunnel []Peer
@@ -168,24 +233,40 @@ type Peers struct {
 	Pending []Peer
 	// Unreachable: Direct peers that aren't on-link, with the reason.
 	Unreachable []string
+	// Tunnelled: Direct-mode peers in Tunnel or Pending because this node or the peer has
+	// no underlay address of the family (IPv6 only: IPv4 is the tunnel's own underlay).
+	Tunnelled []string
 }
 
-// Classify sorts cfg's peers (by name) by how they are reached from a node on subnet: in
-// Direct all on-link peers directly, in VXLAN all through the tunnel, in Hybrid on-link
-// peers directly and the rest through the tunnel. It is pure.
-func Classify(cfg Config, subnet netip.Prefix) Peers {
-	var out Peers
+// Classify sorts cfg's peers (by name) by how their blocks of family f are reached from a
+// node on subnet (its on-link subnet of that family; invalid when it has no address of
+// it): in Direct all on-link peers directly, in VXLAN all through the tunnel, in Hybrid
+// on-link peers directly and the rest through the tunnel. Peers without a block of f are
+// left out. A Direct node sends a peer's IPv6 block through the tunnel when one of the
+// two has no IPv6 underlay address: the user asked for no encapsulation, but IPv6 pods
+// that can't reach each other would be worse, and the tunnel is there (see Sync). It is
+// pure.
+func Classify(cfg Config, f ipam.Family, subnet netip.Prefix) Peers {
+	out := Peers{Family: f}
 	peers := slices.Clone(cfg.Peers)
 	sort.Slice(peers, func(i, j int) bool { return peers[i].Name < peers[j].Name })
 	for _, p := range peers {
-		if p.NodeIP == cfg.Local.NodeIP || !p.PodCIDR.IsValid() {
+		if p.NodeIP == cfg.Local.NodeIP || !p.block(f).IsValid() {
 			continue
 		}
-		onLink := subnet.Contains(p.NodeIP)
+		addr := p.addr(f)
+		onLink := subnet.IsValid() && subnet.Contains(addr)
+		direct := cfg.Mode == ModeDirect || cfg.Mode == ModeHybrid && onLink
+		if cfg.Mode == ModeDirect && !onLink {
+			if f == ipam.IPv4 || subnet.IsValid() && addr.IsValid() {
+				out.Unreachable = append(out.Unreachable, fmt.Sprintf("%s (%s is not on-link with %s; use Hybrid or VXLAN)", p.Name, addr, subnet))
+				continue
+			}
+			out.Tunnelled = append(out.Tunnelled, p.Name)
+			direct = false
+		}
 		switch {
-		case cfg.Mode == ModeDirect && !onLink:
-			out.Unreachable = append(out.Unreachable, fmt.Sprintf("%s (%s is not on-link with %s; use Hybrid or VXLAN)", p.Name, p.NodeIP, subnet))
-		case cfg.Mode == ModeDirect || cfg.Mode == ModeHybrid && onLink:
+		case direct:
 			out.Direct = append(out.Direct, p)
 		case p.VTEPMAC == nil:
 			out.Pending = append(out.Pending, p)
@@ -209,14 +290,23 @@ func (p Peers) names() (direct, tunnel, pending, unreachable []string) {
 	return direct, tunnel, pending, p.Unreachable
 }
 
+// findUnderlay is the interface holding nodeIP, an IPv4 or an IPv6 address, and the
+// on-link subnet of that address.
 func findUnderlay(nodeIP netip.Addr) (netlink.Link, netip.Prefix, error) {
-	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_V4)
+	if !nodeIP.IsValid() {
+		return nil, netip.Prefix{}, errors.New("no node IP")
+	}
+	family := netlink.FAMILY_V4
+	if nodeIP.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	addrs, err := netlinksafe.AddrList(nil, family)
 	if err != nil {
 		return nil, netip.Prefix{}, fmt.Errorf("listing addresses: %w", err)
 	}
 	for _, a := range addrs {
-		ip, ok := netip.AddrFromSlice(a.IP.To4())
-		if !ok || ip != nodeIP {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || ip.Unmap() != nodeIP {
 			continue
 		}
 		link, err := netlink.LinkByIndex(a.LinkIndex)
@@ -224,19 +314,15 @@ func findUnderlay(nodeIP netip.Addr) (netlink.Link, netip.Prefix, error) {
 			return nil, netip.Prefix{}, fmt.Errorf("finding the interface of %s: %w", nodeIP, err)
 		}
 		ones, _ := a.Mask.Size()
-		return link, netip.PrefixFrom(ip, ones).Masked(), nil
+		return link, netip.PrefixFrom(nodeIP, ones).Masked(), nil
 	}
 	return nil, netip.Prefix{}, fmt.Errorf("no interface holds the node IP %s", nodeIP)
 }
 
-// Cleanup removes everything Sync made: the VXLAN device and every trellis peer route.
+// Cleanup removes everything Sync made: the VXLAN device (with its neighbour and FDB
+// entries) and every trellis peer route of both families.
 func Cleanup() error {
-	var errs []error
-	if err := removeVXLAN(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := syncRoutes(map[string]*netlink.Route{}, &Status{}); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return errors.Join(removeVXLAN(),
+		syncRoutes(netlink.FAMILY_V4, map[string]*netlink.Route{}, &Status{}),
+		syncRoutes(netlink.FAMILY_V6, map[string]*netlink.Route{}, &Status{}))
 }

@@ -2,6 +2,7 @@ package datapath_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
@@ -27,6 +29,9 @@ import (
 //	                     └───────────────────────┘
 //
 // Each node has one pod wired by the CNI plugin's veth code, with an address of its block.
+// A dual-stack topology (topoOpts) adds an IPv6 block and pod address to each node and,
+// with an IPv6 underlay, 2001:db8:100::11, ::12 on the switch and 2001:db8:200::13 behind
+// the router (2001:db8:100::1 | 2001:db8:200::1).
 type testNode struct {
 	name  string
 	ns    ns.NetNS
@@ -35,6 +40,18 @@ type testNode struct {
 	pod   ns.NetNS
 	podIP netip.Addr
 	mac   net.HardwareAddr
+	// ip6 is invalid without an IPv6 underlay; block6 and podIP6 without IPv6 pods.
+	ip6    netip.Addr
+	block6 netip.Prefix
+	podIP6 netip.Addr
+}
+
+// topoOpts shape a topology: dual gives nodes IPv6 blocks and pods IPv6 addresses,
+// underlay6 the nodes and the router IPv6 underlay addresses; podMTU is the pods' MTU (0:
+// 1400).
+type topoOpts struct {
+	dual, underlay6 bool
+	podMTU          int
 }
 
 type topology struct {
@@ -78,6 +95,11 @@ func configure(name, addr string) error {
 
 func newTopology(t *testing.T) *topology {
 	t.Helper()
+	return newTopologyWith(t, topoOpts{})
+}
+
+func newTopologyWith(t *testing.T, o topoOpts) *topology {
+	t.Helper()
 	netnstest.RequireRoot(t)
 	netnstest.RequireCommands(t, "iptables-restore")
 	topo := &topology{t: t, router: netnstest.New(t)}
@@ -108,10 +130,14 @@ func newTopology(t *testing.T) *topology {
 	check.Must(t, topo.router.Do(func(ns.NetNS) error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
 	}))
-	for i, spec := range []struct{ ip, gw, block string }{
-		{"198.51.100.11/24", "198.51.100.1", "10.244.1.0/24"},
-		{"198.51.100.12/24", "198.51.100.1", "10.244.2.0/24"},
-		{"203.0.113.13/24", "203.0.113.1", "10.244.3.0/24"},
+	mtu := o.podMTU
+	if mtu == 0 {
+		mtu = 1400
+	}
+	for i, spec := range []struct{ ip, gw, block, ip6, gw6, block6 string }{
+		{"198.51.100.11/24", "198.51.100.1", "10.244.1.0/24", "2001:db8:100::11/64", "2001:db8:100::1", "fd00:10:244:1::/64"},
+		{"198.51.100.12/24", "198.51.100.1", "10.244.2.0/24", "2001:db8:100::12/64", "2001:db8:100::1", "fd00:10:244:2::/64"},
+		{"203.0.113.13/24", "203.0.113.1", "10.244.3.0/24", "2001:db8:200::13/64", "2001:db8:200::1", "fd00:10:244:3::/64"},
 	} {
 		n := &testNode{name: fmt.Sprintf("node%d", i+1), ns: netnstest.New(t), block: netip.MustParsePrefix(spec.block)}
 		n.ip = netip.MustParsePrefix(spec.ip).Addr()
@@ -125,26 +151,91 @@ func newTopology(t *testing.T) *topology {
 			l, _ := netlink.LinkByName("eth0")
 			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(spec.gw)})
 		}))
+		ips := []netip.Addr{n.block.Addr().Next().Next()}
+		if o.dual {
+			n.block6 = netip.MustParsePrefix(spec.block6)
+			ips = append(ips, n.block6.Addr().Next().Next())
+		}
+		if o.underlay6 {
+			n.ip6 = netip.MustParsePrefix(spec.ip6).Addr()
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
+				return errors.Join(addIPv6("eth0", spec.ip6, spec.gw6), waitLinkLocal("eth0"))
+			}))
+		}
 		n.pod = netnstest.New(t)
-		n.podIP = n.block.Addr().Next().Next()
+		n.podIP = ips[0]
+		if o.dual {
+			n.podIP6 = ips[1]
+		}
 		check.Must(t, n.ns.Do(func(ns.NetNS) error {
-			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", []netip.Addr{n.podIP}, 1400)
+			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", ips, mtu)
 			return err
 		}))
 		topo.nodes = append(topo.nodes, n)
 	}
+	if o.underlay6 {
+		check.Must(t, topo.router.Do(func(ns.NetNS) error {
+			return errors.Join(addIPv6("eth0", "2001:db8:100::1/64", ""), addIPv6("eth1", "2001:db8:200::1/64", ""),
+				os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644))
+		}))
+	}
 	return topo
+}
+
+// waitLinkLocal waits until dev's IPv6 link-local address has passed duplicate address
+// detection: a node forwarding a pod's packet solicits its next hop's MAC from that
+// address, and sends nothing while it is tentative (a second or two after the link came
+// up, which on a real node is long past).
+func waitLinkLocal(dev string) error {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%s has no usable IPv6 link-local address after 5 s", dev)
+}
+
+// addIPv6 gives the current namespace's dev the IPv6 address cidr, usable at once (no
+// DAD), and, when gw is set, an IPv6 default route via gw.
+func addIPv6(dev, cidr, gw string) error {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return err
+	}
+	a, err := netlink.ParseAddr(cidr)
+	if err != nil {
+		return err
+	}
+	a.Flags = unix.IFA_F_NODAD
+	if err := netlink.AddrAdd(l, a); err != nil {
+		return fmt.Errorf("adding %s to %s: %w", cidr, dev, err)
+	}
+	if gw == "" {
+		return nil
+	}
+	return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gw)})
 }
 
 // sync runs the agent's datapath sync on node i with the given nodes as peers.
 func (topo *topology) sync(i int, mode datapath.Mode, peers ...int) *datapath.Status {
 	topo.t.Helper()
 	n := topo.nodes[i]
-	cfg := datapath.Config{Mode: mode, VNI: 1, Port: 4789, Local: datapath.Local{NodeIP: n.ip, PodCIDR: n.block},
+	cfg := datapath.Config{Mode: mode, VNI: 1, Port: 4789, Local: datapath.Local{NodeIP: n.ip, PodCIDR: n.block, NodeIPv6: n.ip6, PodCIDRv6: n.block6},
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 	for _, p := range peers {
 		peer := topo.nodes[p]
-		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: peer.name, NodeIP: peer.ip, PodCIDR: peer.block, VTEPMAC: peer.mac})
+		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: peer.name, NodeIP: peer.ip, PodCIDR: peer.block,
+			NodeIPv6: peer.ip6, PodCIDRv6: peer.block6, VTEPMAC: peer.mac})
 	}
 	if topo.tweak != nil {
 		topo.tweak(&cfg)
@@ -183,6 +274,12 @@ func (topo *topology) syncAll(mode datapath.Mode) []*datapath.Status {
 func (topo *topology) reach(a, b int) (string, error) {
 	src, dst := topo.nodes[a], topo.nodes[b]
 	return dialFrom(src.pod, dst.pod, dst.podIP.String())
+}
+
+// reach6 is reach over IPv6.
+func (topo *topology) reach6(a, b int) (string, error) {
+	src, dst := topo.nodes[a], topo.nodes[b]
+	return dialFrom(src.pod, dst.pod, dst.podIP6.String())
 }
 
 func dialFrom(from, server ns.NetNS, ip string) (string, error) {

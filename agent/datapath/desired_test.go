@@ -1,13 +1,17 @@
 package datapath
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // The desired state, without a kernel: who is reached how, the routes, the VXLAN device
@@ -53,7 +57,7 @@ func TestClassify(t *testing.T) {
 		{ModeHybrid, []string{"b-local", "d-new"}, []string{"c-remote"}, nil, 0},
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
-			p := Classify(testConfig(tc.mode), subnet)
+			p := Classify(testConfig(tc.mode), ipam.IPv4, subnet)
 			if !reflect.DeepEqual(names(p.Direct), tc.direct) || !reflect.DeepEqual(names(p.Tunnel), tc.tunnel) ||
 				!reflect.DeepEqual(names(p.Pending), tc.pending) || len(p.Unreachable) != tc.unreachable {
 				t.Errorf("direct %v tunnel %v pending %v unreachable %v; want %v %v %v and %d unreachable",
@@ -67,7 +71,7 @@ func TestClassify(t *testing.T) {
 }
 
 func TestDesiredRoutes(t *testing.T) {
-	p := Classify(testConfig(ModeHybrid), netip.MustParsePrefix("198.51.100.0/24"))
+	p := Classify(testConfig(ModeHybrid), ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
 	got := DesiredRoutes(p, 2, 9)
 	if len(got) != 3 {
 		t.Fatalf("%d routes, want b-local, d-new (direct) and c-remote (VXLAN): %v", len(got), got)
@@ -80,7 +84,7 @@ func TestDesiredRoutes(t *testing.T) {
 	if tunnel.LinkIndex != 9 || !tunnel.Gw.Equal(net.ParseIP("10.244.3.1")) || tunnel.Flags&int(netlink.FLAG_ONLINK) == 0 || tunnel.Protocol != RouteProtocol {
 		t.Errorf("VXLAN route %+v: want onlink via the peer's VTEP address 10.244.3.1 on the VXLAN device", tunnel)
 	}
-	pending := Classify(testConfig(ModeVXLAN), netip.MustParsePrefix("198.51.100.0/24"))
+	pending := Classify(testConfig(ModeVXLAN), ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
 	if _, ok := DesiredRoutes(pending, 2, 9)["10.244.4.0/24"]; ok {
 		t.Error("a route to a peer whose VTEP MAC is unknown: packets would go nowhere")
 	}
@@ -93,7 +97,7 @@ func TestDesiredDeviceAndEntries(t *testing.T) {
 		!dev.SrcAddr.Equal(net.ParseIP("198.51.100.11")) || dev.Learning || dev.HardwareAddr.String() != VTEPMACFor(cfg.Local.NodeIP).String() {
 		t.Errorf("device %+v", dev)
 	}
-	e := DesiredEntries(9, Classify(cfg, netip.MustParsePrefix("198.51.100.0/24")))
+	e := DesiredEntries(9, Classify(cfg, ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24")))
 	// b-local (direct, MAC known) and c-remote (tunnel) get entries; d-new has no MAC yet.
 	if len(e.Neighbours) != 2 || len(e.FDB) != 2 {
 		t.Fatalf("entries %+v, want a neighbour and an FDB entry for b-local and c-remote", e)
@@ -108,7 +112,7 @@ func TestDesiredDeviceAndEntries(t *testing.T) {
 }
 
 func TestDesiredSysctls(t *testing.T) {
-	got := desiredSysctls([]string{"trlaaa", "trlbbb"})
+	got := desiredSysctls([]string{"trlaaa", "trlbbb"}, false)
 	want := []sysctl{
 		{SysctlIPForward, "net/ipv4/ip_forward", "1"},
 		{VXLANRPFilter, "net/ipv4/conf/trellis.vxlan/rp_filter", RPFilterLoose},
@@ -117,6 +121,17 @@ func TestDesiredSysctls(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("desiredSysctls = %+v, want %+v", got, want)
+	}
+	// A node with an IPv6 block forwards IPv6 too; IPv6 has no rp_filter.
+	got = desiredSysctls([]string{"trlaaa"}, true)
+	want = []sysctl{
+		{SysctlIPForward, "net/ipv4/ip_forward", "1"},
+		{VXLANRPFilter, "net/ipv4/conf/trellis.vxlan/rp_filter", RPFilterLoose},
+		{SysctlIPv6Forward, "net/ipv6/conf/all/forwarding", "1"},
+		{VethRPFilter, "net/ipv4/conf/trlaaa/rp_filter", RPFilterLoose},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("desiredSysctls with IPv6 = %+v, want %+v", got, want)
 	}
 }
 
@@ -132,5 +147,138 @@ func TestPodMTU(t *testing.T) {
 		if got := PodMTU(tc.mode, tc.configured, tc.underlay); got != tc.want {
 			t.Errorf("PodMTU(%s, %d, %d) = %d, want %d", tc.mode, tc.configured, tc.underlay, got, tc.want)
 		}
+	}
+}
+
+// dualConfig is testConfig with IPv6 blocks: b-local shares the node's IPv6 underlay
+// subnet, c-remote has an IPv6 address elsewhere, d-new (no MAC yet) and f-v4only's
+// underlay are IPv4 only, f-v4only has no IPv6 block either, g-v6block has an IPv6 block
+// and no IPv6 address.
+func dualConfig(mode Mode) Config {
+	cfg := testConfig(mode)
+	cfg.Local.NodeIPv6 = netip.MustParseAddr("2001:db8:100::11")
+	cfg.Local.PodCIDRv6 = netip.MustParsePrefix("fd00:10:244:1::/64")
+	v6 := map[string]struct{ ip, block string }{
+		"b-local":  {"2001:db8:100::12", "fd00:10:244:2::/64"},
+		"c-remote": {"2001:db8:200::13", "fd00:10:244:3::/64"},
+		"d-new":    {"", "fd00:10:244:4::/64"},
+		"self":     {"2001:db8:100::11", "fd00:10:244:1::/64"},
+	}
+	for i, p := range cfg.Peers {
+		if a, ok := v6[p.Name]; ok {
+			if a.ip != "" {
+				cfg.Peers[i].NodeIPv6 = netip.MustParseAddr(a.ip)
+			}
+			cfg.Peers[i].PodCIDRv6 = netip.MustParsePrefix(a.block)
+		}
+	}
+	cfg.Peers = append(cfg.Peers,
+		Peer{Name: "f-v4only", NodeIP: netip.MustParseAddr("198.51.100.16"), PodCIDR: netip.MustParsePrefix("10.244.6.0/24"), VTEPMAC: macF},
+		Peer{Name: "g-v6block", NodeIP: netip.MustParseAddr("198.51.100.17"), PodCIDR: netip.MustParsePrefix("10.244.7.0/24"),
+			PodCIDRv6: netip.MustParsePrefix("fd00:10:244:7::/64"), VTEPMAC: macG})
+	return cfg
+}
+
+var (
+	macF = net.HardwareAddr{0x0e, 0x7e, 0, 0, 0, 6}
+	macG = net.HardwareAddr{0x0e, 0x7e, 0, 0, 0, 7}
+)
+
+// IPv6 per mode: on-link peers (same IPv6 underlay subnet) directly in Direct and Hybrid;
+// a Direct node reaches a peer without an IPv6 underlay path through the tunnel (and says
+// so), and reports a peer with an off-link IPv6 address unreachable, as for IPv4. IPv4 is
+// classified as before: the IPv6 fields change nothing of it.
+func TestClassifyIPv6(t *testing.T) {
+	subnet6 := netip.MustParsePrefix("2001:db8:100::/64")
+	for _, tc := range []struct {
+		mode                               Mode
+		subnet                             netip.Prefix // the node's IPv6 underlay subnet
+		direct, tunnel, pending, tunnelled []string
+		unreachable                        int
+	}{
+		{ModeVXLAN, subnet6, nil, []string{"b-local", "c-remote", "g-v6block"}, []string{"d-new"}, nil, 0},
+		{ModeHybrid, subnet6, []string{"b-local"}, []string{"c-remote", "g-v6block"}, []string{"d-new"}, nil, 0},
+		{ModeDirect, subnet6, []string{"b-local"}, []string{"g-v6block"}, []string{"d-new"}, []string{"d-new", "g-v6block"}, 1},
+		// This node has no IPv6 underlay address: IPv6 goes through the tunnel in every mode.
+		{ModeHybrid, netip.Prefix{}, nil, []string{"b-local", "c-remote", "g-v6block"}, []string{"d-new"}, nil, 0},
+		{ModeDirect, netip.Prefix{}, nil, []string{"b-local", "c-remote", "g-v6block"}, []string{"d-new"}, []string{"b-local", "c-remote", "d-new", "g-v6block"}, 0},
+	} {
+		t.Run(fmt.Sprintf("%s/%s", tc.mode, tc.subnet), func(t *testing.T) {
+			cfg := dualConfig(tc.mode)
+			p := Classify(cfg, ipam.IPv6, tc.subnet)
+			if p.Family != ipam.IPv6 || !reflect.DeepEqual(names(p.Direct), tc.direct) || !reflect.DeepEqual(names(p.Tunnel), tc.tunnel) ||
+				!reflect.DeepEqual(names(p.Pending), tc.pending) || !reflect.DeepEqual(p.Tunnelled, tc.tunnelled) || len(p.Unreachable) != tc.unreachable {
+				t.Errorf("IPv6: direct %v tunnel %v pending %v tunnelled %v unreachable %v; want %v %v %v %v and %d unreachable",
+					names(p.Direct), names(p.Tunnel), names(p.Pending), p.Tunnelled, p.Unreachable, tc.direct, tc.tunnel, tc.pending, tc.tunnelled, tc.unreachable)
+			}
+			if tc.unreachable > 0 && p.Unreachable[0] != "c-remote (2001:db8:200::13 is not on-link with 2001:db8:100::/64; use Hybrid or VXLAN)" {
+				t.Errorf("unreachable reason %q", p.Unreachable[0])
+			}
+			v4 := Classify(cfg, ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+			was := Classify(testConfig(tc.mode), ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+			drop := func(ps []Peer) []string { // the two peers dualConfig adds
+				return slices.DeleteFunc(names(ps), func(n string) bool { return n == "f-v4only" || n == "g-v6block" })
+			}
+			if !reflect.DeepEqual(drop(v4.Direct), names(was.Direct)) || !reflect.DeepEqual(drop(v4.Tunnel), names(was.Tunnel)) ||
+				!reflect.DeepEqual(v4.Unreachable, was.Unreachable) || v4.Tunnelled != nil {
+				t.Errorf("IPv4 changed by the IPv6 fields: %+v, was %+v", v4, was)
+			}
+		})
+	}
+}
+
+// IPv6 routes: via the peer's IPv6 node address on the IPv6 underlay for a direct peer,
+// onlink via the peer's IPv6 VTEP address (the first address of its IPv6 block) on the
+// VXLAN device for a tunnelled one, /64 destinations, protocol 202; none for pending ones.
+func TestDesiredRoutesIPv6(t *testing.T) {
+	p := Classify(dualConfig(ModeHybrid), ipam.IPv6, netip.MustParsePrefix("2001:db8:100::/64"))
+	got := DesiredRoutes(p, 3, 9)
+	if len(got) != 3 {
+		t.Fatalf("%d routes, want b-local (direct), c-remote and g-v6block (VXLAN): %v", len(got), got)
+	}
+	direct := got["fd00:10:244:2::/64"]
+	if direct == nil || direct.Dst.String() != "fd00:10:244:2::/64" || direct.LinkIndex != 3 || !direct.Gw.Equal(net.ParseIP("2001:db8:100::12")) ||
+		direct.Flags&int(netlink.FLAG_ONLINK) != 0 || direct.Protocol != RouteProtocol {
+		t.Errorf("direct IPv6 route %+v: want fd00:10:244:2::/64 via 2001:db8:100::12 on the IPv6 underlay (3), protocol %d", direct, RouteProtocol)
+	}
+	tunnel := got["fd00:10:244:3::/64"]
+	if tunnel == nil || tunnel.LinkIndex != 9 || !tunnel.Gw.Equal(net.ParseIP("fd00:10:244:3::1")) || tunnel.Flags&int(netlink.FLAG_ONLINK) == 0 || tunnel.Protocol != RouteProtocol {
+		t.Errorf("VXLAN IPv6 route %+v: want onlink via the peer's IPv6 VTEP address fd00:10:244:3::1 on the VXLAN device", tunnel)
+	}
+	if _, ok := got["fd00:10:244:4::/64"]; ok {
+		t.Error("an IPv6 route to a peer whose VTEP MAC is unknown")
+	}
+}
+
+// Neighbours per family (the peer's VTEP address of each family -> its VTEP MAC), one FDB
+// entry per peer, whichever families it is tunnelled for.
+func TestDesiredEntriesBothFamilies(t *testing.T) {
+	cfg := dualConfig(ModeHybrid)
+	v4 := Classify(cfg, ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+	v6 := Classify(cfg, ipam.IPv6, netip.MustParsePrefix("2001:db8:100::/64"))
+	e := DesiredEntries(9, v4, v6)
+	var neigh, fdb []string
+	for _, n := range e.Neighbours {
+		if n.LinkIndex != 9 || n.State != netlink.NUD_PERMANENT || (n.Family == netlink.FAMILY_V6) != (n.IP.To4() == nil) {
+			t.Errorf("neighbour %+v: want permanent, on the VXLAN device, of its address's family", n)
+		}
+		neigh = append(neigh, n.IP.String()+"="+n.HardwareAddr.String())
+	}
+	for _, f := range e.FDB {
+		fdb = append(fdb, f.HardwareAddr.String()+"="+f.IP.String())
+	}
+	slices.Sort(neigh)
+	slices.Sort(fdb)
+	wantNeigh := []string{
+		"10.244.2.1=" + macB.String(), "10.244.3.1=" + macC.String(), "10.244.6.1=" + macF.String(), "10.244.7.1=" + macG.String(),
+		"fd00:10:244:2::1=" + macB.String(), "fd00:10:244:3::1=" + macC.String(), "fd00:10:244:7::1=" + macG.String(),
+	}
+	wantFDB := []string{macB.String() + "=198.51.100.12", macC.String() + "=203.0.113.13", macF.String() + "=198.51.100.16", macG.String() + "=198.51.100.17"}
+	if !slices.Equal(neigh, wantNeigh) || !slices.Equal(fdb, wantFDB) {
+		t.Errorf("neighbours %v FDB %v; want %v and %v", neigh, fdb, wantNeigh, wantFDB)
+	}
+	// IPv4 alone: what an IPv4-only node always had.
+	if e4 := DesiredEntries(9, v4); len(e4.Neighbours) != 4 || len(e4.FDB) != 4 {
+		t.Errorf("IPv4 entries %+v", e4)
 	}
 }

@@ -23,6 +23,10 @@ const (
 	SysctlIPForward   = "net.ipv4.ip_forward"
 	SysctlAllRPFilter = "net.ipv4.conf.all.rp_filter"
 	VethRPFilter      = "net.ipv4.conf." + veth.HostPrefix + "*.rp_filter"
+	// SysctlIPv6Forward is set on nodes with an IPv6 block only. With it on the kernel
+	// ignores router advertisements on interfaces whose accept_ra is 1 (a router takes
+	// none): a node that gets its IPv6 route from them needs accept_ra 2 on that interface.
+	SysctlIPv6Forward = "net.ipv6.conf.all.forwarding"
 )
 
 // VXLANRPFilter is the sysctl(8) name of trellis.vxlan's rp_filter.
@@ -48,16 +52,17 @@ func rpFilter(dev, name string) sysctl {
 }
 
 // setKernelSettings applies what the routed pod network needs in the current network
-// namespace (forwarding; loose rp_filter on trellis.vxlan and the pod veths), each written
-// only when it differs, and returns the values in effect. Every failure is a *SysctlError.
-func setKernelSettings(procSys string) (map[string]string, error) {
+// namespace (forwarding, of IPv6 too when ipv6; loose rp_filter on trellis.vxlan and the
+// pod veths), each written only when it differs, and returns the values in effect. Every
+// failure is a *SysctlError.
+func setKernelSettings(procSys string, ipv6 bool) (map[string]string, error) {
 	veths, err := podVeths()
 	if err != nil {
 		return nil, err
 	}
 	effective := map[string]string{}
 	var errs []error
-	for _, s := range desiredSysctls(veths) {
+	for _, s := range desiredSysctls(veths, ipv6) {
 		path := filepath.Join(procSys, s.path)
 		cur, err := readSysctl(path)
 		if err != nil || cur != s.value {
@@ -83,13 +88,16 @@ func setKernelSettings(procSys string) (map[string]string, error) {
 }
 
 // desiredSysctls are the settings the routed pod network needs on a node with these pod
-// veths: forwarding, and loose rp_filter on trellis.vxlan and every pod veth (the CNI
-// plugin sets it when it creates one; this covers veths of older plugins and hand edits).
-// Pure.
-func desiredSysctls(veths []string) []sysctl {
+// veths: forwarding (IPv6's too when the node has an IPv6 block), and loose rp_filter on
+// trellis.vxlan and every pod veth (the CNI plugin sets it when it creates one; this
+// covers veths of older plugins and hand edits). IPv6 has no rp_filter. Pure.
+func desiredSysctls(veths []string, ipv6 bool) []sysctl {
 	want := []sysctl{
 		{name: SysctlIPForward, path: "net/ipv4/ip_forward", value: "1"},
 		rpFilter(VXLANDevice, VXLANRPFilter),
+	}
+	if ipv6 {
+		want = append(want, sysctl{name: SysctlIPv6Forward, path: "net/ipv6/conf/all/forwarding", value: "1"})
 	}
 	for _, v := range veths {
 		want = append(want, rpFilter(v, VethRPFilter))

@@ -12,30 +12,37 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// DesiredRoutes are the routes to the peers' blocks, by destination: through the underlay
-// to a Direct peer's node IP, through the VXLAN device (onlink) to a tunnelled peer's VTEP
-// address. Pending peers get none until their VTEP MAC is known. Pure.
+// DesiredRoutes are the routes to the peers' blocks of peers.Family, by destination:
+// through the underlay (underlayIndex, the interface holding the node's address of that
+// family) to a Direct peer's node address, through the VXLAN device (onlink) to a
+// tunnelled peer's VTEP address of the family. Pending peers get none until their VTEP
+// MAC is known. Pure.
 func DesiredRoutes(peers Peers, underlayIndex, vxIndex int) map[string]*netlink.Route {
+	f := peers.Family
 	want := map[string]*netlink.Route{}
 	for _, p := range peers.Direct {
-		want[p.PodCIDR.String()] = &netlink.Route{
-			Dst: ipnet(p.PodCIDR), Gw: p.NodeIP.AsSlice(), LinkIndex: underlayIndex,
+		want[p.block(f).String()] = &netlink.Route{
+			Dst: ipnet(p.block(f)), Gw: p.addr(f).AsSlice(), LinkIndex: underlayIndex,
 			Protocol: RouteProtocol, Scope: netlink.SCOPE_UNIVERSE,
 		}
 	}
 	for _, p := range peers.Tunnel {
-		want[p.PodCIDR.String()] = &netlink.Route{
-			Dst: ipnet(p.PodCIDR), Gw: VTEPAddr(p.PodCIDR).AsSlice(), LinkIndex: vxIndex,
+		want[p.block(f).String()] = &netlink.Route{
+			Dst: ipnet(p.block(f)), Gw: VTEPAddr(p.block(f)).AsSlice(), LinkIndex: vxIndex,
 			Protocol: RouteProtocol, Flags: int(netlink.FLAG_ONLINK), Scope: netlink.SCOPE_UNIVERSE,
 		}
 	}
 	return want
 }
 
-// syncRoutes makes the set of trellis peer routes equal want: replaces what differs,
-// deletes what is stale, leaves identical routes untouched.
-func syncRoutes(want map[string]*netlink.Route, st *Status) error {
-	have, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+// syncRoutes makes the set of trellis peer routes of family (netlink.FAMILY_V4 or _V6)
+// equal want: replaces what differs, deletes what is stale, leaves identical routes
+// untouched.
+func syncRoutes(family int, want map[string]*netlink.Route, st *Status) error {
+	have, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Protocol: RouteProtocol, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+	if errors.Is(err, unix.EAFNOSUPPORT) && len(want) == 0 {
+		return nil // a kernel without IPv6 (ipv6.disable=1) holds no IPv6 routes
+	}
 	if err != nil {
 		return fmt.Errorf("listing trellis routes: %w", err)
 	}
@@ -45,6 +52,15 @@ func syncRoutes(want map[string]*netlink.Route, st *Status) error {
 		if ok && sameRoute(r, *w) {
 			delete(want, r.Dst.String())
 			continue
+		}
+		if ok && family == netlink.FAMILY_V6 && w.Flags&int(netlink.FLAG_ONLINK) != 0 && r.LinkIndex != w.LinkIndex {
+			// The kernel checks an IPv6 onlink gateway against the table, where the route
+			// being replaced (to the block holding the gateway, on another device) fails
+			// the check. Deleting it first leaves the block unrouted for a moment (a switch
+			// to VXLAN, or a peer leaving the underlay subnet): a lost packet at most.
+			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				errs = append(errs, fmt.Errorf("deleting route %s to replace it: %w", r.Dst, err))
+			}
 		}
 		if !ok {
 			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -74,5 +90,5 @@ func sameRoute(a, b netlink.Route) bool {
 }
 
 func ipnet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Masked().Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}
+	return &net.IPNet{IP: p.Masked().Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }

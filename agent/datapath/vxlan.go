@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/neighbours"
 )
 
@@ -30,8 +31,10 @@ func DesiredDevice(cfg Config, underlayIndex, mtu int) *netlink.Vxlan {
 }
 
 // ensureVXLAN makes the kernel's device match want (replacing it when a parameter can't
-// change in place), with the node's address of block as its only address, up.
-func ensureVXLAN(want *netlink.Vxlan, block netip.Prefix, procSys string) (netlink.Link, error) {
+// change in place), with the node's address of block as its only IPv4 address and, when
+// the node has an IPv6 block, the node's address of block6 as its only global IPv6 one,
+// up.
+func ensureVXLAN(want *netlink.Vxlan, block, block6 netip.Prefix, procSys string) (netlink.Link, error) {
 	cur, err := netlink.LinkByName(VXLANDevice)
 	if err == nil {
 		v, ok := cur.(*netlink.Vxlan)
@@ -67,27 +70,61 @@ func ensureVXLAN(want *netlink.Vxlan, block netip.Prefix, procSys string) (netli
 			return nil, fmt.Errorf("setting %s MAC: %w", VXLANDevice, err)
 		}
 	}
-	vtep := VTEPAddr(block)
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: vtep.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-	addrs, err := netlinksafe.AddrList(cur, netlink.FAMILY_V4)
-	if err != nil {
-		return nil, fmt.Errorf("listing %s addresses: %w", VXLANDevice, err)
+	if err := ensureVTEPAddr(cur, block); err != nil {
+		return nil, err
 	}
-	for _, a := range addrs {
-		if !a.IP.Equal(addr.IP) {
-			_ = netlink.AddrDel(cur, &a) // a block from an earlier allocation
+	disableIPv6 := filepath.Join(procSys, "net/ipv6/conf", VXLANDevice, "disable_ipv6")
+	if block6.IsValid() {
+		// No link-local address either (best effort: it would only send router
+		// solicitations and MLD reports the device drops, having no default FDB entry);
+		// set before IPv6 comes on, when the kernel would make one.
+		_ = netlink.LinkSetIP6AddrGenMode(cur, addrGenModeNone)
+		if err := os.WriteFile(disableIPv6, []byte("0"), 0o644); err != nil {
+			return nil, fmt.Errorf("enabling IPv6 on %s for the IPv6 block %s: %w", VXLANDevice, block6, err)
 		}
-	}
-	if err := netlink.AddrReplace(cur, addr); err != nil {
-		return nil, fmt.Errorf("adding %s/32 to %s: %w", vtep, VXLANDevice, err)
+		if err := ensureVTEPAddr(cur, block6); err != nil {
+			return nil, err
+		}
 	}
 	if err := netlink.LinkSetUp(cur); err != nil {
 		return nil, fmt.Errorf("setting %s up: %w", VXLANDevice, err)
 	}
-	// Best effort: the device needs no IPv6 link-local address (through procSys: an
-	// unprivileged container's /proc/sys is read-only).
-	_ = os.WriteFile(filepath.Join(procSys, "net/ipv6/conf", VXLANDevice, "disable_ipv6"), []byte("1"), 0o644)
+	if !block6.IsValid() {
+		// Best effort: without an IPv6 block the device needs no IPv6 at all, not even a
+		// link-local address (through procSys: an unprivileged container's /proc/sys is
+		// read-only).
+		_ = os.WriteFile(disableIPv6, []byte("1"), 0o644)
+	}
 	return netlink.LinkByName(VXLANDevice)
+}
+
+// addrGenModeNone is IN6_ADDR_GEN_MODE_NONE: the kernel makes no link-local address.
+const addrGenModeNone = 1
+
+// ensureVTEPAddr makes the node's address of block (IPv4 /32 or IPv6 /128) the device's
+// only address of that family (IPv6 link-local ones aside).
+func ensureVTEPAddr(dev netlink.Link, block netip.Prefix) error {
+	vtep := VTEPAddr(block)
+	bits := vtep.BitLen()
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: vtep.AsSlice(), Mask: net.CIDRMask(bits, bits)}}
+	family := netlink.FAMILY_V4
+	if vtep.Is6() {
+		family = netlink.FAMILY_V6
+		addr.Flags = unix.IFA_F_NODAD // usable at once: no other node holds it
+	}
+	addrs, err := netlinksafe.AddrList(dev, family)
+	if err != nil {
+		return fmt.Errorf("listing %s addresses: %w", VXLANDevice, err)
+	}
+	for _, a := range addrs {
+		if !a.IP.Equal(addr.IP) && !(vtep.Is6() && a.IP.IsLinkLocalUnicast()) {
+			_ = netlink.AddrDel(dev, &a) // a block from an earlier allocation
+		}
+	}
+	if err := netlink.AddrReplace(dev, addr); err != nil {
+		return fmt.Errorf("adding %s/%d to %s: %w", vtep, bits, VXLANDevice, err)
+	}
+	return nil
 }
 
 func removeVXLAN() error {
@@ -101,29 +138,41 @@ func removeVXLAN() error {
 	return nil
 }
 
-// Entries are the VXLAN device's static entries: per peer, a permanent neighbour (its
-// VTEP address -> its VTEP MAC) and an FDB entry (its VTEP MAC -> its node IP).
+// Entries are the VXLAN device's static entries: per peer and family, a permanent
+// neighbour (its VTEP address of the family -> its VTEP MAC), and per peer one FDB entry
+// (its VTEP MAC -> its node IP), which both families share.
 type Entries struct {
 	Neighbours, FDB []netlink.Neigh
 }
 
-// DesiredEntries are the entries for every peer whose VTEP MAC is known, Direct peers
-// included (they may still send through the tunnel during a live mode switch). Pure.
-func DesiredEntries(vxIndex int, peers Peers) Entries {
+// DesiredEntries are the entries for every peer of families (a Peers per family) whose
+// VTEP MAC is known, Direct peers included (they may still send through the tunnel
+// during a live mode switch). Pure.
+func DesiredEntries(vxIndex int, families ...Peers) Entries {
 	var e Entries
-	for _, group := range [][]Peer{peers.Direct, peers.Tunnel} {
-		for _, p := range group {
-			if p.VTEPMAC == nil {
-				continue
+	fdb := map[string]bool{}
+	for _, peers := range families {
+		f, nf := peers.Family, netlink.FAMILY_V4
+		if f == ipam.IPv6 {
+			nf = netlink.FAMILY_V6
+		}
+		for _, group := range [][]Peer{peers.Direct, peers.Tunnel} {
+			for _, p := range group {
+				if p.VTEPMAC == nil {
+					continue
+				}
+				e.Neighbours = append(e.Neighbours, netlink.Neigh{
+					LinkIndex: vxIndex, Family: nf, State: netlink.NUD_PERMANENT,
+					IP: VTEPAddr(p.block(f)).AsSlice(), HardwareAddr: p.VTEPMAC,
+				})
+				if key := p.VTEPMAC.String() + "/" + p.NodeIP.String(); !fdb[key] {
+					fdb[key] = true
+					e.FDB = append(e.FDB, netlink.Neigh{
+						LinkIndex: vxIndex, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
+						Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC,
+					})
+				}
 			}
-			e.Neighbours = append(e.Neighbours, netlink.Neigh{
-				LinkIndex: vxIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
-				IP: VTEPAddr(p.PodCIDR).AsSlice(), HardwareAddr: p.VTEPMAC,
-			})
-			e.FDB = append(e.FDB, netlink.Neigh{
-				LinkIndex: vxIndex, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
-				Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC,
-			})
 		}
 	}
 	return e
@@ -132,12 +181,16 @@ func DesiredEntries(vxIndex int, peers Peers) Entries {
 // syncEntries makes the device's permanent neighbours and FDB entries equal want: it lists
 // what the kernel holds first and writes only entries that are missing or differ, and
 // removes those of peers that are gone. With thousands of peers a sync where nothing
-// changed is two dumps and no writes, and a peer coming or going costs two writes, not two
-// per peer.
+// changed is three dumps (the neighbours of each family, the FDB) and no writes, and a
+// peer coming or going costs a write per entry of its own, not writes for every peer.
 func syncEntries(vx netlink.Link, want Entries) error {
-	neighs, err := neighbours.List(vx.Attrs().Index, netlink.FAMILY_V4)
-	if err != nil {
-		return fmt.Errorf("listing %s neighbours: %w", VXLANDevice, err)
+	var neighs []netlink.Neigh
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		l, err := neighbours.List(vx.Attrs().Index, family)
+		if err != nil && !(family == netlink.FAMILY_V6 && errors.Is(err, unix.EAFNOSUPPORT)) {
+			return fmt.Errorf("listing %s neighbours: %w", VXLANDevice, err)
+		}
+		neighs = append(neighs, l...)
 	}
 	haveNeigh := map[string]string{} // VTEP address -> MAC
 	for _, n := range neighs {
