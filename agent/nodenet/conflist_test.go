@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,15 +31,21 @@ func TestConflistRoundTrip(t *testing.T) {
 		// that reads cniVersion only use.
 		wantNew, wantOld string
 		block            string
-		mtu              int
-		policy           agentconfig.NetworkPolicy
+		// block6 is the node's IPv6 block ("" none); the plugin gets it unless policy is on.
+		block6 string
+		mtu    int
+		policy agentconfig.NetworkPolicy
 		// wantTimeout is the plugin's policy timeout; 0: no policy hook.
 		wantTimeout time.Duration
 	}{
-		{"1.1.0", "1.1.0", "1.0.0", "10.244.1.0/24", 1450, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}, 12 * time.Second}, // the default
-		{"1.1.0", "1.1.0", "1.0.0", "10.0.128.0/17", 1500, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "1m"}, 62 * time.Second},
-		{"1.0.0", "1.0.0", "1.0.0", "172.16.9.252/30", 8950, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0}, // no STATUS/GC wanted
-		{"0.4.0", "0.4.0", "0.4.0", "10.244.2.0/24", 1450, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0},
+		{"1.1.0", "1.1.0", "1.0.0", "10.244.1.0/24", "", 1450, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}, 12 * time.Second}, // the default
+		{"1.1.0", "1.1.0", "1.0.0", "10.0.128.0/17", "", 1500, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "1m"}, 62 * time.Second},
+		{"1.0.0", "1.0.0", "1.0.0", "172.16.9.252/30", "", 8950, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0}, // no STATUS/GC wanted
+		{"0.4.0", "0.4.0", "0.4.0", "10.244.2.0/24", "", 1450, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0},
+		// Dual-stack: pods get both families; with policy the IPv6 block stays out (the
+		// plugin would refuse the conflist: policy is enforced for IPv4 only).
+		{"1.1.0", "1.1.0", "1.0.0", "10.244.3.0/24", "fd00:10:244:3::/64", 1450, agentconfig.NetworkPolicy{Enabled: false, SetupTimeout: "10s"}, 0},
+		{"1.1.0", "1.1.0", "1.0.0", "10.244.4.0/24", "fd00:10:244:4::/64", 1450, agentconfig.NetworkPolicy{Enabled: true, SetupTimeout: "10s"}, 12 * time.Second},
 	} {
 		r := &nodenet.Reconciler{
 			CNIVersion: tc.cniVersion, ReadyFile: "/var/run/trellis/cni-ready",
@@ -46,7 +53,15 @@ func TestConflistRoundTrip(t *testing.T) {
 		}
 		block := netip.MustParsePrefix(tc.block)
 		dir := t.TempDir()
-		written, err := r.Conflist(block, tc.mtu)
+		var block6 netip.Prefix
+		wantBlocks := []netip.Prefix{block}
+		if tc.block6 != "" {
+			block6 = netip.MustParsePrefix(tc.block6)
+			if !tc.policy.Enabled {
+				wantBlocks = append(wantBlocks, block6)
+			}
+		}
+		written, err := r.Conflist(block, block6, tc.mtu)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,6 +97,9 @@ func TestConflistRoundTrip(t *testing.T) {
 			t.Errorf("the plugin read type %s block %s MTU %d ready file %s data dir %s; the agent meant %s %s %d %s %s",
 				conf.Type, conf.Block(), conf.MTU, conf.ReadyFile, conf.DataDir,
 				cnicontract.PluginType, block, tc.mtu, cnicontract.DefaultReadyFile, cnicontract.DefaultDataDir)
+		}
+		if !slices.Equal(conf.Blocks(), wantBlocks) {
+			t.Errorf("IPv6 block %q, policy %v: the plugin reads blocks %v, want %v", tc.block6, tc.policy.Enabled, conf.Blocks(), wantBlocks)
 		}
 		// networkPolicy.enabled decides whether ADD waits for the agent's policy hook;
 		// networkPolicy.setupTimeout how long.
@@ -125,7 +143,7 @@ func oldLibcniVersion(t *testing.T, path string) string {
 // An unknown --cni-version never reaches the node: the conflist isn't built.
 func TestConflistRefusesUnknownVersion(t *testing.T) {
 	r := &nodenet.Reconciler{CNIVersion: "1.2.0", ReadyFile: "/var/run/trellis/cni-ready", Config: &agentconfig.Config{}}
-	if _, err := r.Conflist(netip.MustParsePrefix("10.244.1.0/24"), 1450); err == nil || !strings.Contains(err.Error(), `"1.2.0"`) {
+	if _, err := r.Conflist(netip.MustParsePrefix("10.244.1.0/24"), netip.Prefix{}, 1450); err == nil || !strings.Contains(err.Error(), `"1.2.0"`) {
 		t.Errorf("conflist for CNI version 1.2.0: error %v, want one naming it", err)
 	}
 }

@@ -54,6 +54,19 @@ func (r *Reconciler) nodeIPOf(n *corev1.Node) (netip.Addr, error) {
 	return netip.Addr{}, errors.New("no InternalIP")
 }
 
+// nodeIPv6Of is n's IPv6 InternalIP (invalid when it has none): the node's IPv6 underlay
+// address, for direct IPv6 routes (the datapath finds the interface holding it).
+func nodeIPv6Of(n *corev1.Node) netip.Addr {
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is6() && !ip.Is4In6() {
+				return ip
+			}
+		}
+	}
+	return netip.Addr{}
+}
+
 // defaultRouteIPv4 is the first IPv4 address of the interface of the main table's IPv4
 // default route.
 func defaultRouteIPv4() (netip.Addr, error) {

@@ -135,8 +135,9 @@ type Reconciler struct {
 	// the conflist saw it (nil before one did): the conf dir watch compares with it.
 	firstConfig atomic.Pointer[string]
 
-	// netfilter keeps the node's NAT and anti-spoofing chains.
-	netfilter netfilter.Syncer
+	// netfilter keeps the node's NAT and anti-spoofing chains; netfilter6 their IPv6
+	// twins (ip6tables, the backend netfilter detected), once the node has an IPv6 block.
+	netfilter, netfilter6 netfilter.Syncer
 }
 
 // outcome of a sync for /readyz: notReady is nil when the node got programmed.
@@ -183,14 +184,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	if err != nil {
 		return ctrl.Result{}, r.failed(ctx, nn, report{reason: ReasonSyncFailed}, err)
 	}
-	block, err := netip.ParsePrefix(nn.Spec.PodCIDR)
-	if err != nil {
-		r.last.Store(&outcome{reason: ReasonWaitingForBlock, notReady: errors.New("no pod block allocated yet")})
+	block, block6 := Blocks(nn.Spec)
+	if !block.IsValid() {
+		// An IPv6-only node (one IPv6 block) would need an IPv6 tunnel underlay and
+		// IPv6-only pods: not there yet (issue #22); the API refuses IPv6 pod CIDRs meanwhile.
+		msg := "no pod block allocated yet"
+		if block6.IsValid() {
+			msg = fmt.Sprintf("the node has an IPv6 pod block (%s) and no IPv4 one: IPv6-only nodes are not supported yet", block6)
+		}
+		r.last.Store(&outcome{reason: ReasonWaitingForBlock, notReady: errors.New(msg)})
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, r.writeStatus(ctx, nn, report{nodeIP: nodeIP,
-			status: metav1.ConditionFalse, reason: ReasonWaitingForBlock, message: "no pod block allocated yet"})
+			status: metav1.ConditionFalse, reason: ReasonWaitingForBlock, message: msg})
+	}
+	local := datapath.Local{NodeIP: nodeIP, PodCIDR: block, PodCIDRv6: block6}
+	if block6.IsValid() {
+		local.NodeIPv6 = nodeIPv6Of(node)
 	}
 
-	cfg, err := r.desired(ctx, nodeIP, block)
+	cfg, err := r.desired(ctx, local)
 	if err != nil {
 		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, reason: ReasonSyncFailed}, err)
 	}
@@ -199,7 +210,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	cfg.ChecksumOffload = off.On
 	st, err := datapath.Sync(*cfg)
 	if err == nil {
-		_, err = r.netfilter.Sync(ctx, datapath.Netfilter(cfg.PodCIDRs, r.Config.NATOutgoing))
+		err = r.syncNetfilter(ctx, cfg)
 	}
 	if err != nil {
 		rep := report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed}
@@ -218,7 +229,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	}
 
 	// Only now that routes work does the runtime get to use trellis.
-	if err := r.installConflist(ctx, block, st.PodMTU); err != nil {
+	if err := r.installConflist(ctx, block, block6, st.PodMTU); err != nil {
 		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed},
 			fmt.Errorf("installing the CNI configuration: %w", err))
 	}
@@ -239,9 +250,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	if len(st.PeersPending) > 0 {
 		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
 	}
-	if len(st.Unreachable) > 0 {
+	unreachable := st.Unreachable
+	if v6 := st.IPv6; v6 != nil {
+		msg += "; " + r.ipv6Summary(v6)
+		unreachable = append(slices.Clone(unreachable), v6.Unreachable...)
+	}
+	if len(unreachable) > 0 {
 		rep.status, rep.reason = metav1.ConditionFalse, ReasonPeersUnreachable
-		msg = "spec.encapsulation Direct can't reach: " + strings.Join(st.Unreachable, "; ")
+		msg = "spec.encapsulation Direct can't reach: " + strings.Join(unreachable, "; ")
 	}
 	rep.message = msg
 	if err := r.writeStatus(ctx, nn, rep); err != nil {
@@ -273,7 +289,7 @@ func (r *Reconciler) failed(ctx context.Context, nn *v1alpha1.NodeNetwork, rep r
 	return errors.Join(err, r.writeStatus(ctx, nn, rep))
 }
 
-func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip.Prefix) (*datapath.Config, error) {
+func (r *Reconciler) desired(ctx context.Context, local datapath.Local) (*datapath.Config, error) {
 	var nns v1alpha1.NodeNetworkList
 	// Read only: no copy of thousands of objects on every sync.
 	if err := r.List(ctx, &nns, client.UnsafeDisableDeepCopy); err != nil {
@@ -281,8 +297,7 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 	}
 	cfg := &datapath.Config{
 		Mode: datapath.Mode(r.Config.Encapsulation), VNI: int(r.Config.VXLAN.VNI), Port: int(r.Config.VXLAN.Port),
-		MTU: int(r.Config.MTU), Local: datapath.Local{NodeIP: nodeIP, PodCIDR: block},
-		ProcSys: r.ProcSys,
+		MTU: int(r.Config.MTU), Local: local, ProcSys: r.ProcSys,
 	}
 	for _, c := range r.Config.PodCIDRs {
 		p, err := netip.ParsePrefix(c)
@@ -295,20 +310,88 @@ func (r *Reconciler) desired(ctx context.Context, nodeIP netip.Addr, block netip
 		if nn.Name == r.NodeName {
 			continue
 		}
-		peerBlock, err := netip.ParsePrefix(nn.Spec.PodCIDR)
-		if err != nil {
+		peerBlock, peerBlock6 := Blocks(nn.Spec)
+		if !peerBlock.IsValid() {
 			continue
 		}
 		// A peer is programmed once its agent published its node IP: the agent watches no
-		// Node but its own (at 5,000 nodes every heartbeat would reach every agent).
+		// Node but its own (at 5,000 nodes every heartbeat would reach every agent). Peers
+		// publish no IPv6 node address (the NodeNetwork status has no field for it yet), so
+		// their IPv6 blocks go through the tunnel, Direct included (datapath.Classify).
 		ip, err := netip.ParseAddr(nn.Status.NodeIP)
 		if err != nil {
 			continue
 		}
 		mac, _ := net.ParseMAC(nn.Status.VTEPMAC)
-		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, VTEPMAC: mac})
+		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, PodCIDRv6: peerBlock6, VTEPMAC: mac})
 	}
 	return cfg, nil
+}
+
+// Blocks are a NodeNetwork's IPv4 and IPv6 pod blocks (invalid when it has none of the
+// family): spec.podCIDRs, or spec.podCIDR as NodeNetworks of an operator older than
+// spec.podCIDRs hold it. Entries that don't parse, and a second block of a family, are
+// left out. Pure.
+func Blocks(spec v1alpha1.NodeNetworkSpec) (v4, v6 netip.Prefix) {
+	for _, c := range spec.Blocks() {
+		p, err := netip.ParsePrefix(c)
+		switch {
+		case err != nil:
+		case p.Addr().Is4() && !v4.IsValid():
+			v4 = p
+		case p.Addr().Is6() && !p.Addr().Is4In6() && !v6.IsValid():
+			v6 = p
+		}
+	}
+	return v4, v6
+}
+
+// byFamily splits prefixes into IPv4's and IPv6's.
+func byFamily(prefixes []netip.Prefix) (v4, v6 []netip.Prefix) {
+	for _, p := range prefixes {
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		} else {
+			v6 = append(v6, p)
+		}
+	}
+	return v4, v6
+}
+
+// syncNetfilter keeps the node's own chains: IPv4's always, IPv6's (ip6tables, the same
+// backend) once the node has an IPv6 block; an IPv4-only node's ip6tables stay untouched.
+func (r *Reconciler) syncNetfilter(ctx context.Context, cfg *datapath.Config) error {
+	v4, v6 := byFamily(cfg.PodCIDRs)
+	if _, err := r.netfilter.Sync(ctx, datapath.Netfilter(v4, r.Config.NATOutgoing)); err != nil {
+		return err
+	}
+	if !cfg.Local.PodCIDRv6.IsValid() {
+		return nil
+	}
+	if r.netfilter6.Backend.Mode == "" {
+		r.netfilter6.Backend = r.netfilter.ActiveBackend().IPv6()
+	}
+	if _, err := r.netfilter6.Sync(ctx, datapath.Netfilter6(v6, r.Config.NATOutgoing)); err != nil {
+		return fmt.Errorf("IPv6: %w", err)
+	}
+	return nil
+}
+
+// ipv6Summary is the Ready message's IPv6 part: how the peers' IPv6 blocks are reached,
+// why Direct tunnels some, and whether pods get IPv6 addresses.
+func (r *Reconciler) ipv6Summary(v6 *datapath.FamilyStatus) string {
+	s := fmt.Sprintf("IPv6: %d peer(s) direct, %d via VXLAN", len(v6.PeersDirect), len(v6.PeersVXLAN))
+	if n := len(v6.Tunnelled); n > 0 {
+		why := "the peers published no IPv6 node address"
+		if v6.Underlay == "" {
+			why = "this node has no IPv6 underlay address"
+		}
+		s += fmt.Sprintf(" (%d through the tunnel although Direct: %s)", n, why)
+	}
+	if r.Config.NetworkPolicy.Enabled {
+		s += "; pods get no IPv6 address while NetworkPolicy is enabled (it is enforced for IPv4 only)"
+	}
+	return s
 }
 
 // kernelRelease is the node's kernel release, as uname reports it unless set.
@@ -335,13 +418,19 @@ func offloadTarget(cfg *datapath.Config, st *datapath.Status, d offload.Decision
 }
 
 // Conflist is the network configuration this node's runtime gets: the trellis plugin on
-// the node's block with the datapath's pod MTU, reporting each command to the agent (and,
-// with NetworkPolicy enabled, the policy hook every new pod waits on), then portmap.
-func (r *Reconciler) Conflist(block netip.Prefix, mtu int) (cnicontract.Conflist, error) {
+// the node's block (and IPv6 block, when valid) with the datapath's pod MTU, reporting
+// each command to the agent (and, with NetworkPolicy enabled, the policy hook every new
+// pod waits on), then portmap. With NetworkPolicy enabled the IPv6 block is left out:
+// policy is enforced for IPv4 only, so the plugin refuses the two together rather than
+// let IPv6 traffic bypass it.
+func (r *Reconciler) Conflist(block, block6 netip.Prefix, mtu int) (cnicontract.Conflist, error) {
 	conf := cnicontract.NetConf{
 		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
 		// Each command's outcome, for the agent's CNI metrics (agent/cnimetrics).
 		ReportSocket: cnicontract.DefaultReportSocket,
+	}
+	if block6.IsValid() && !r.Config.NetworkPolicy.Enabled {
+		conf.PodCIDRv6 = block6.String()
 	}
 	if np := r.Config.NetworkPolicy; np.Enabled {
 		// The plugin waits a little longer than the agent does, so that a pod the agent
@@ -354,8 +443,8 @@ func (r *Reconciler) Conflist(block netip.Prefix, mtu int) (cnicontract.Conflist
 	return cnicontract.NewConflist(r.CNIVersion, conf)
 }
 
-func (r *Reconciler) installConflist(ctx context.Context, block netip.Prefix, mtu int) error {
-	conf, err := r.Conflist(block, mtu)
+func (r *Reconciler) installConflist(ctx context.Context, block, block6 netip.Prefix, mtu int) error {
+	conf, err := r.Conflist(block, block6, mtu)
 	if err != nil {
 		return err
 	}
@@ -385,7 +474,7 @@ func (r *Reconciler) hostReadyFile() string {
 
 // sysctlReason is the Ready reason for a kernel setting that could not be applied.
 func sysctlReason(name string) string {
-	if name == datapath.SysctlIPForward {
+	if name == datapath.SysctlIPForward || name == datapath.SysctlIPv6Forward {
 		return ReasonIPForwardNotSet
 	}
 	return ReasonRPFilterNotSet

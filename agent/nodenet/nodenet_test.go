@@ -4,17 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -92,12 +89,7 @@ func TestTwoAgents(t *testing.T) {
 	netnstest.RequireRoot(t)
 	k8s := apiServer(t)
 
-	nsA, nsB := netnstest.New(t), netnstest.New(t)
-	check.Must(t, nsA.Do(func(ns.NetNS) error {
-		la := netlink.NewLinkAttrs()
-		la.Name = "eth0"
-		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(nsB.Fd()))})
-	}))
+	nsA, nsB := nodePair(t)
 	nodes := []struct {
 		name, ip, block string
 		ns              ns.NetNS
@@ -183,25 +175,9 @@ func TestTwoAgents(t *testing.T) {
 		_, err := veth.Setup(podB, "trlpodb", "eth0", []netip.Addr{ipB}, 1450)
 		return err
 	}))
-	var l net.Listener
-	check.Must(t, podB.Do(func(ns.NetNS) error {
-		var err error
-		l, err = net.Listen("tcp", ipB.String()+":8080")
-		return err
-	}))
-	defer l.Close()
-	go func() {
-		if c, err := l.Accept(); err == nil {
-			c.Close()
-		}
-	}()
-	check.Must(t, podA.Do(func(ns.NetNS) error {
-		c, err := net.DialTimeout("tcp", ipB.String()+":8080", 3*time.Second)
-		if err != nil {
-			return fmt.Errorf("pod on node-a -> pod on node-b: %w", err)
-		}
-		return c.Close()
-	}))
+	if err := dialPod(podA, podB, ipB); err != nil {
+		t.Fatalf("pod on node-a -> pod on node-b: %v", err)
+	}
 
 	// A kernel setting that can't be applied turns Ready False with a reason naming it,
 	// and Ready comes back once it can be.
@@ -522,25 +498,7 @@ func (a *agent) expectReady(t *testing.T) *v1alpha1.NodeNetwork {
 // masqueraded lists, sorted, the sources the nat table masquerades in the agent's namespace.
 func (a *agent) masqueraded(t *testing.T) string {
 	t.Helper()
-	var out []byte
-	check.Must(t, a.ns.Do(func(ns.NetNS) error {
-		var err error
-		out, err = exec.Command("iptables", "-w", "-t", "nat", "-S").CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("iptables -t nat -S: %w: %s", err, out)
-		}
-		return nil
-	}))
-	var srcs []string
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		for i := 0; i+1 < len(f) && strings.Contains(line, "-j MASQUERADE"); i++ {
-			if f[i] == "-s" {
-				srcs = append(srcs, f[i+1])
-			}
-		}
-	}
-	return strings.Join(sorted(srcs), " ")
+	return masquerades(t, a.ns, "iptables-save")
 }
 
 // route is the device and gateway of the agent's route to dst.
@@ -638,6 +596,19 @@ func (a *agent) peerRoutes(t *testing.T) []string {
 		return err
 	}))
 	return dsts
+}
+
+// nodePair is two node namespaces joined by their eth0 (a veth, both ends in the test's
+// namespaces), down and without addresses (upUnderlay).
+func nodePair(t *testing.T) (a, b ns.NetNS) {
+	t.Helper()
+	a, b = netnstest.New(t), netnstest.New(t)
+	check.Must(t, a.Do(func(ns.NetNS) error {
+		la := netlink.NewLinkAttrs()
+		la.Name = "eth0"
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(b.Fd()))})
+	}))
+	return a, b
 }
 
 // upUnderlay gives the node namespace's eth0 its underlay address (/24) and brings it up.
