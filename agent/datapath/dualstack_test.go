@@ -3,13 +3,12 @@ package datapath_test
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -18,6 +17,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // Dual-stack pods on the topology of datapath_test.go: IPv6 pod traffic between nodes in
@@ -197,60 +197,31 @@ func TestDualStackDirectWithoutIPv6Underlay(t *testing.T) {
 		t.Errorf("IPv4 node1 -> node2 (direct): %v", err)
 	}
 	for _, p := range [][2]int{{0, 1}, {1, 0}} {
-		if err := transfer(topo.nodes[p[0]].pod, topo.nodes[p[1]].pod, topo.nodes[p[1]].podIP6.String(), 256<<10); err != nil {
-			t.Errorf("bulk IPv6 transfer %s -> %s at pod MTU 1500 through the 1450 tunnel: %v", topo.nodes[p[0]].name, topo.nodes[p[1]].name, err)
+		a, b := topo.nodes[p[0]], topo.nodes[p[1]]
+		if err := framework.Transfer(nsFile(t, a.pod), nsFile(t, b.pod), b.podIP6, 256<<10); err != nil {
+			t.Errorf("bulk IPv6 transfer %s -> %s at pod MTU 1500 through the 1450 tunnel: %v", a.name, b.name, err)
 		}
+		if p[0] != 0 {
+			continue // node2's pod got a smaller MSS from node1's, which knows the path MTU by now
+		}
+		// The pod learnt the tunnel's MTU from the node's Packet Too Big.
+		check.Must(t, a.pod.Do(func(ns.NetNS) error {
+			rs, err := netlink.RouteGet(b.podIP6.AsSlice())
+			if err == nil && (len(rs) != 1 || rs[0].MTU != 1450) {
+				t.Errorf("%s's pod route to %s after the transfer %+v, want the path MTU 1450 learnt", a.name, b.podIP6, rs)
+			}
+			return err
+		}))
 	}
 }
 
-// transfer sends n bytes over TCP from namespace from to a server at ip in server, and
-// fails unless the server received them all.
-func transfer(from, server ns.NetNS, ip string, n int) error {
-	var l net.Listener
-	if err := server.Do(func(ns.NetNS) error {
-		var err error
-		l, err = net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		return err
-	}); err != nil {
-		return err
-	}
-	defer l.Close()
-	got := make(chan int64, 1)
-	go func() {
-		c, err := l.Accept()
-		if err != nil {
-			got <- -1
-			return
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		m, _ := io.Copy(io.Discard, c)
-		got <- m
-	}()
-	err := from.Do(func(ns.NetNS) error {
-		c, err := net.DialTimeout("tcp", l.Addr().String(), 2*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := c.Write(make([]byte, n)); err != nil {
-			return err
-		}
-		return c.(*net.TCPConn).CloseWrite()
-	})
-	if err != nil {
-		return err
-	}
-	select {
-	case m := <-got:
-		if m != int64(n) {
-			return fmt.Errorf("the server received %d of %d bytes", m, n)
-		}
-		return nil
-	case <-time.After(15 * time.Second):
-		return fmt.Errorf("the transfer did not end")
-	}
+// nsFile opens n the way test/framework's helpers take a namespace, closed when t ends.
+func nsFile(t *testing.T, n ns.NetNS) *os.File {
+	t.Helper()
+	f, err := os.Open(n.Path())
+	check.Must(t, err)
+	t.Cleanup(func() { f.Close() })
+	return f
 }
 
 // natOutgoing over IPv6: a pod's connection to a host outside the pod network (the
