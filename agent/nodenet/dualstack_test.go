@@ -66,10 +66,10 @@ func addDualNode(t *testing.T, k8s client.Client, name, ip, ip6, block, block6 s
 
 // Two dual-stack agents against a real API server, their nodes joined by an underlay with
 // IPv4 and IPv6 addresses (2001:db8::/32, in the test's namespaces): each reads both
-// blocks of every NodeNetwork and its own IPv6 InternalIP, routes the peer's IPv6 block
-// through the tunnel (peers publish no IPv6 node address, so Direct tunnels it too and
-// says why), forwards and masquerades IPv6, and hands the plugin the IPv6 block, unless
-// NetworkPolicy is enabled: it is enforced for IPv4 only.
+// blocks of every NodeNetwork and its own IPv6 InternalIP, publishes that address
+// (status.nodeIPv6), routes the peer's IPv6 block through the tunnel in VXLAN and to the
+// peer's published IPv6 address in Direct, forwards and masquerades IPv6, and hands the
+// plugin the IPv6 block, unless NetworkPolicy is enabled: it is enforced for IPv4 only.
 func TestDualStackAgents(t *testing.T) {
 	netnstest.RequireRoot(t)
 	netnstest.RequireCommands(t, "iptables-save", "ip6tables-save")
@@ -123,6 +123,9 @@ func TestDualStackAgents(t *testing.T) {
 	if want := "0 peer(s) direct, 1 via VXLAN; IPv6: 0 peer(s) direct, 1 via VXLAN"; c == nil || c.Status != metav1.ConditionTrue || c.Message != want {
 		t.Errorf("Ready %+v, want True with %q", c, want)
 	}
+	if nn.Status.NodeIPv6 != a.ip6 {
+		t.Errorf("status.nodeIPv6 %q, want the node's IPv6 InternalIP %s", nn.Status.NodeIPv6, a.ip6)
+	}
 	if f := nn.Status.Kernel.Sysctls[datapath.SysctlIPv6Forward]; f != "1" {
 		t.Errorf("status.kernel.sysctls %v, want %s = 1", nn.Status.Kernel.Sysctls, datapath.SysctlIPv6Forward)
 	}
@@ -160,7 +163,8 @@ func TestDualStackAgents(t *testing.T) {
 	}
 	pods6("VXLAN")
 
-	// Direct: the peer published no IPv6 node address, so its IPv6 block stays on the tunnel.
+	// Direct: the peer published its IPv6 node address on the same IPv6 subnet, so its IPv6
+	// block is routed to it directly, like the IPv4 one.
 	direct := *cfg
 	direct.Encapsulation = "Direct"
 	for _, n := range nodes {
@@ -168,8 +172,11 @@ func TestDualStackAgents(t *testing.T) {
 	}
 	syncAll()
 	c = meta.FindStatusCondition(ready(a.name).Status.Conditions, v1alpha1.ConditionReady)
-	if want := "1 peer(s) direct, 0 via VXLAN; IPv6: 0 peer(s) direct, 1 via VXLAN (1 through the tunnel although Direct: the peers published no IPv6 node address)"; c == nil || c.Status != metav1.ConditionTrue || c.Message != want {
+	if want := "1 peer(s) direct, 0 via VXLAN; IPv6: 1 peer(s) direct, 0 via VXLAN"; c == nil || c.Status != metav1.ConditionTrue || c.Message != want {
 		t.Errorf("Direct: Ready %+v, want True with %q", c, want)
+	}
+	if got, want := route6(t, a.ns, b.block6), "dev eth0 via "+b.ip6; got != want {
+		t.Errorf("Direct: route to the peer's IPv6 block: %q, want %q", got, want)
 	}
 	pods6("Direct")
 

@@ -213,7 +213,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		err = r.syncNetfilter(ctx, cfg)
 	}
 	if err != nil {
-		rep := report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed}
+		rep := report{nodeIP: nodeIP, nodeIPv6: local.NodeIPv6, datapath: st, reason: ReasonSyncFailed}
 		var se *datapath.SysctlError
 		if errors.As(err, &se) {
 			rep.reason = sysctlReason(se.Name)
@@ -230,7 +230,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 
 	// Only now that routes work does the runtime get to use trellis.
 	if err := r.installConflist(ctx, block, block6, st.PodMTU); err != nil {
-		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed},
+		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, nodeIPv6: local.NodeIPv6, datapath: st, reason: ReasonSyncFailed},
 			fmt.Errorf("installing the CNI configuration: %w", err))
 	}
 	// Which file the runtime uses: trellis's, unless another CNI's sorts before it.
@@ -239,13 +239,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		err = errors.New("the conflist just written is not there")
 	}
 	if err != nil {
-		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, datapath: st, reason: ReasonSyncFailed},
+		return ctrl.Result{}, r.failed(ctx, nn, report{nodeIP: nodeIP, nodeIPv6: local.NodeIPv6, datapath: st, reason: ReasonSyncFailed},
 			fmt.Errorf("checking which CNI configuration the runtime uses: %w", err))
 	}
 	r.firstConfig.Store(&first)
 	r.last.Store(&outcome{})
 
-	rep := report{nodeIP: nodeIP, datapath: st, offload: &off, firstConfig: first, status: metav1.ConditionTrue, reason: ReasonProgrammed}
+	rep := report{nodeIP: nodeIP, nodeIPv6: local.NodeIPv6, datapath: st, offload: &off, firstConfig: first, status: metav1.ConditionTrue, reason: ReasonProgrammed}
 	msg := fmt.Sprintf("%d peer(s) direct, %d via VXLAN", len(st.PeersDirect), len(st.PeersVXLAN))
 	if len(st.PeersPending) > 0 {
 		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
@@ -315,15 +315,19 @@ func (r *Reconciler) desired(ctx context.Context, local datapath.Local) (*datapa
 			continue
 		}
 		// A peer is programmed once its agent published its node IP: the agent watches no
-		// Node but its own (at 5,000 nodes every heartbeat would reach every agent). Peers
-		// publish no IPv6 node address (the NodeNetwork status has no field for it yet), so
-		// their IPv6 blocks go through the tunnel, Direct included (datapath.Classify).
+		// Node but its own (at 5,000 nodes every heartbeat would reach every agent). Its
+		// IPv6 block goes directly to its published IPv6 address where both are on one
+		// IPv6 subnet, else through the tunnel (datapath.Classify).
 		ip, err := netip.ParseAddr(nn.Status.NodeIP)
 		if err != nil {
 			continue
 		}
 		mac, _ := net.ParseMAC(nn.Status.VTEPMAC)
-		cfg.Peers = append(cfg.Peers, datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, PodCIDRv6: peerBlock6, VTEPMAC: mac})
+		peer := datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, PodCIDRv6: peerBlock6, VTEPMAC: mac}
+		if ip6, err := netip.ParseAddr(nn.Status.NodeIPv6); err == nil && ip6.Is6() && !ip6.Is4In6() {
+			peer.NodeIPv6 = ip6
+		}
+		cfg.Peers = append(cfg.Peers, peer)
 	}
 	return cfg, nil
 }
@@ -382,7 +386,7 @@ func (r *Reconciler) syncNetfilter(ctx context.Context, cfg *datapath.Config) er
 func (r *Reconciler) ipv6Summary(v6 *datapath.FamilyStatus) string {
 	s := fmt.Sprintf("IPv6: %d peer(s) direct, %d via VXLAN", len(v6.PeersDirect), len(v6.PeersVXLAN))
 	if n := len(v6.Tunnelled); n > 0 {
-		why := "the peers published no IPv6 node address"
+		why := "the peers published no IPv6 node address (status.nodeIPv6)"
 		if v6.Underlay == "" {
 			why = "this node has no IPv6 underlay address"
 		}
@@ -483,6 +487,7 @@ func sysctlReason(name string) string {
 // report is what one sync tells the NodeNetwork status.
 type report struct {
 	nodeIP   netip.Addr        // invalid when the sync failed before it knew it
+	nodeIPv6 netip.Addr        // the IPv6 underlay address in use (invalid: none)
 	datapath *datapath.Status  // nil when the sync got nowhere
 	offload  *offload.Decision // nil when the sync failed
 	// firstConfig is the conf dir's first configuration file ("" when the sync failed).
@@ -500,6 +505,12 @@ func (r *Reconciler) writeStatus(ctx context.Context, nn *v1alpha1.NodeNetwork, 
 		nn.Status.NodeIP = rep.nodeIP.String()
 	}
 	if st := rep.datapath; st != nil {
+		// The IPv6 address is published once the datapath found it on an interface: a
+		// peer routing this node's IPv6 block to it directly needs it there.
+		nn.Status.NodeIPv6 = ""
+		if st.IPv6 != nil && st.IPv6.Underlay != "" && rep.nodeIPv6.IsValid() {
+			nn.Status.NodeIPv6 = rep.nodeIPv6.String()
+		}
 		nn.Status.VTEPMAC, nn.Status.MTU = "", 0
 		if st.VTEPMAC != nil {
 			nn.Status.VTEPMAC = st.VTEPMAC.String()
@@ -616,7 +627,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			},
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, n := e.ObjectOld.(*v1alpha1.NodeNetwork), e.ObjectNew.(*v1alpha1.NodeNetwork)
-				return !o.Spec.Equal(n.Spec) || o.Status.NodeIP != n.Status.NodeIP || o.Status.VTEPMAC != n.Status.VTEPMAC ||
+				return !o.Spec.Equal(n.Spec) || o.Status.NodeIP != n.Status.NodeIP || o.Status.NodeIPv6 != n.Status.NodeIPv6 || o.Status.VTEPMAC != n.Status.VTEPMAC ||
 					o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
 			},
 		})).
@@ -711,7 +722,7 @@ func TrimPeers(nodeName string) toolscache.TransformFunc {
 				DeletionTimestamp: nn.DeletionTimestamp,
 			},
 			Spec:   nn.Spec,
-			Status: v1alpha1.NodeNetworkStatus{NodeIP: nn.Status.NodeIP, VTEPMAC: nn.Status.VTEPMAC},
+			Status: v1alpha1.NodeNetworkStatus{NodeIP: nn.Status.NodeIP, NodeIPv6: nn.Status.NodeIPv6, VTEPMAC: nn.Status.VTEPMAC},
 		}, nil
 	}
 }

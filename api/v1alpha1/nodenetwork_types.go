@@ -49,6 +49,12 @@ type NodeNetworkStatus struct {
 	// NodeIP is the underlay address the agent uses for this node.
 	// +optional
 	NodeIP string `json:"nodeIP,omitempty"`
+	// NodeIPv6 is the node's IPv6 underlay address (its IPv6 InternalIP), published by an
+	// agent whose node has an IPv6 pod block: peers on the same IPv6 subnet route this
+	// node's IPv6 block to it directly in Direct and Hybrid mode. Empty: peers reach the
+	// IPv6 block through the VXLAN device.
+	// +optional
+	NodeIPv6 string `json:"nodeIPv6,omitempty"`
 	// VTEPMAC is the MAC address of the node's VXLAN device.
 	// +optional
 	VTEPMAC string `json:"vtepMAC,omitempty"`

@@ -12,6 +12,8 @@ func TestSplitWords(t *testing.T) {
 	for in, want := range map[string]string{
 		"podCIDRs":                "Pod CIDRs",
 		"nodeIPInterface":         "Node IP Interface",
+		"nodeIPv6":                "Node IPv6",
+		"nodeBlockSizeV6":         "Node Block Size V6",
 		"natOutgoing":             "NAT Outgoing",
 		"vxlan":                   "VXLAN",
 		"mtu":                     "MTU",

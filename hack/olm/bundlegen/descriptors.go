@@ -199,11 +199,12 @@ func mergeDescriptors(derived, overrides []any) ([]any, error) {
 // acronyms are written in capitals in display names.
 var acronyms = map[string]string{
 	"cidr": "CIDR", "cidrs": "CIDRs", "cni": "CNI", "ip": "IP", "mtu": "MTU", "nat": "NAT",
-	"vni": "VNI", "vtep": "VTEP", "vxlan": "VXLAN",
+	"vni": "VNI", "vtep": "VTEP", "vxlan": "VXLAN", "ipv4": "IPv4", "ipv6": "IPv6",
 }
 
 // splitWords turns a camelCase field or Kind name into a display name:
-// podCIDRs → "Pod CIDRs", nodeIPInterface → "Node IP Interface", natOutgoing → "NAT Outgoing".
+// podCIDRs → "Pod CIDRs", nodeIPInterface → "Node IP Interface", natOutgoing → "NAT Outgoing",
+// nodeIPv6 → "Node IPv6".
 func splitWords(s string) string {
 	var words []string
 	r := []rune(s)
@@ -213,7 +214,8 @@ func splitWords(s string) string {
 		case unicode.IsLower(r[i-1]) && unicode.IsUpper(r[i]):
 			// fooBar: a word starts at B.
 		case unicode.IsUpper(r[i-1]) && unicode.IsUpper(r[i]) && i+1 < len(r) && unicode.IsLower(r[i+1]) &&
-			!(r[i+1] == 's' && (i+2 == len(r) || unicode.IsUpper(r[i+2]))):
+			!(r[i+1] == 's' && (i+2 == len(r) || unicode.IsUpper(r[i+2]))) &&
+			!(r[i-1] == 'I' && r[i] == 'P' && r[i+1] == 'v' && i+2 < len(r) && unicode.IsDigit(r[i+2])):
 			// IPInterface: a word starts at the I of Interface; CIDRs keeps its plural s.
 		default:
 			continue
