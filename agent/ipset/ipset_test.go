@@ -195,6 +195,7 @@ func TestApplyMatchesTheKernelsPrinting(t *testing.T) {
 		{Name: "trellis-net", Type: "hash:net", Entries: []ipset.Entry{{Member: "10.1.2.3/16", NoMatch: true}, {Member: "10.2.0.1/32"}, {Member: "10.3.0.1"}}},
 		{Name: "trellis-net6", Type: "hash:net", Family: "inet6", Entries: []ipset.Entry{{Member: "fd00::1/64"}, {Member: "fd01::1/128"}}},
 		{Name: "trellis-ipport", Type: "hash:ip,port", Entries: []ipset.Entry{{Member: "10.0.0.1,80"}, {Member: "10.0.0.1,UDP:53"}, {Member: "10.0.0.1,sctp:9"}}},
+		{Name: "trellis-ipport6", Type: "hash:ip,port", Family: "inet6", Entries: []ipset.Entry{{Member: "fd00:0::1,80"}, {Member: "fd00::1,UDP:53"}, {Member: "2001:db8::7,sctp:9"}}},
 		{Name: "trellis-netport", Type: "hash:net,port", Entries: []ipset.Entry{{Member: "10.0.0.9/24,udplite:80"}, {Member: "10.0.1.1/32,0"}}},
 		{Name: "trellis-ipportip", Type: "hash:ip,port,ip", Entries: []ipset.Entry{{Member: "10.0.0.1,80,10.0.0.2"}}},
 		{Name: "trellis-netiface", Type: "hash:net,iface", Entries: []ipset.Entry{{Member: "10.0.0.1/24,eth0"}, {Member: "10.0.0.2,physdev:eth1"}}},

@@ -23,6 +23,8 @@ func TestCanonicalMember(t *testing.T) {
 		{"hash:net", "inet", "0.0.0.0/0", "", "/0"},
 		{"hash:net", "inet6", "fd00::1/64", "fd00::/64", ""},
 		{"hash:ip,port", "inet", "10.0.0.1,80", "10.0.0.1,tcp:80", ""},
+		{"hash:ip,port", "inet6", "fd00:0::1,80", "fd00::1,tcp:80", ""},
+		{"hash:ip,port", "inet6", "10.0.0.1,80", "", "not an address of family inet6"},
 		{"hash:ip,port", "inet", "10.0.0.1,UDP:53", "10.0.0.1,udp:53", ""},
 		{"hash:ip,port", "inet", "10.0.0.1,http", "", "port \"http\""},
 		{"hash:ip,port", "inet", "10.0.0.1,icmp:8", "", "protocol \"icmp\""},
