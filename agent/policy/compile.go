@@ -18,6 +18,7 @@ import (
 
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
@@ -115,6 +116,10 @@ type Ruleset struct {
 	// DenyLogRules are the deny log rules by NFLOG prefix (nil when no pod's denied
 	// packets are logged).
 	DenyLogRules map[string]DenyLogRule
+	// IPv6 is the IPv6 ruleset of the same state (State.IPv6; nil otherwise), for
+	// ip6tables and sets of family inet6: the same chains compiled from the same rules with
+	// the pods' IPv6 addresses and the other ipBlocks, its sets named apart from these.
+	IPv6 *Ruleset
 }
 
 // Jumps are the rules trellis puts into the built-in chains, first in each. INPUT and
@@ -133,7 +138,35 @@ var Jumps = []struct {
 // Compile computes the filter-table chains and ipsets that enforce st's policies on st's
 // endpoints. It is pure and deterministic: the same state gives the same Ruleset.
 func Compile(st State) *Ruleset {
-	return newCompiler(st, nil).compile(st)
+	return compileFamilies(st, nil)
+}
+
+// compileFamilies is Compile, through memo when set: the IPv4 ruleset and, when st.IPv6,
+// the IPv6 one, each by a compiler of its family over the same state.
+func compileFamilies(st State, memo *setMemo) *Ruleset {
+	rs := newCompiler(st, memo, ipam.IPv4).compile(st)
+	if st.IPv6 {
+		rs.IPv6 = newCompiler(st, memo, ipam.IPv6).compile(st)
+		// Reported once: a rule that can't be read can't be in either family.
+		for _, p := range rs.IPv6.Problems {
+			if !slices.Contains(rs.Problems, p) {
+				rs.Problems = append(rs.Problems, p)
+			}
+		}
+	}
+	return rs
+}
+
+// neighbourDiscovery are the ICMPv6 neighbour solicitations and advertisements (types 135
+// and 136) a pod sends its node. IPv4's ARP isn't IP, so no iptables rule ever sees it;
+// ND is ICMPv6 and goes through ip6tables' INPUT: without these rules a pod under cluster
+// egress rules (TRELLIS-POD-TO-HOST goes to its egress chain) could not answer its node's
+// solicitations, and the node could not deliver the pod's traffic at all. ND is
+// link-local (never forwarded), so they open nothing beyond the link. No comment: they
+// are evaluated for every packet a pod sends its node.
+var neighbourDiscovery = []string{
+	"-p ipv6-icmp -m icmp6 --icmpv6-type 135 -j RETURN",
+	"-p ipv6-icmp -m icmp6 --icmpv6-type 136 -j RETURN",
 }
 
 func (c *compiler) compile(st State) *Ruleset {
@@ -141,10 +174,16 @@ func (c *compiler) compile(st State) *Ruleset {
 	eps := slices.Clone(st.Endpoints)
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Interface < eps[j].Interface })
 	var toPod, fromPod, toHost, isolated []string
+	if c.family == ipam.IPv6 {
+		toHost = slices.Clone(neighbourDiscovery)
+	}
 	for _, ep := range eps {
 		pod := c.pods[ep.Pod]
-		if pod == nil || !ep.IP.IsValid() || ep.Interface == "" || pod.HostNetwork || pod.Finished {
-			continue // not a known pod of this node: its veth is an unknown interface
+		addr := ep.Addr(c.family)
+		if pod == nil || !addr.IsValid() || ep.Interface == "" || pod.HostNetwork || pod.Finished {
+			// Not a known pod of this node, or one without an address of this family: its
+			// veth is an unknown interface (for this family).
+			continue
 		}
 		in, out := c.selecting(pod)
 		admin, baseline := c.clusterSelecting(pod)
@@ -178,7 +217,7 @@ func (c *compiler) compile(st State) *Ruleset {
 			fromPod = append(fromPod, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
 		}
 		if !inTiers.empty() || !outTiers.empty() {
-			isolated = append(isolated, ep.IP.String())
+			isolated = append(isolated, addr.String())
 		}
 		c.rs.Endpoints = append(c.rs.Endpoints, ep)
 	}
@@ -267,15 +306,25 @@ type compiler struct {
 	denyLog         DenyLog
 	// memo, when set, holds pod-derived set members from earlier syncs (incremental).
 	memo *setMemo
+	// family is the address family the compiler writes rules for; keyPrefix sets its sets'
+	// keys (and so names) apart from the other family's ("" for IPv4: its names predate
+	// IPv6).
+	family    ipam.Family
+	keyPrefix string
 }
 
-func newCompiler(st State, memo *setMemo) *compiler {
+func newCompiler(st State, memo *setMemo, family ipam.Family) *compiler {
 	c := &compiler{
 		rs: &Ruleset{}, pods: make(map[types.NamespacedName]*Pod, len(st.Endpoints)), namespaces: map[string]*Namespace{},
 		sets: map[string]*Set{}, setNames: map[string]string{},
 		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		memo: memo, subjects: map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector{}, nodes: st.Nodes,
-		denyLog: st.DenyLog,
+		denyLog: st.DenyLog, family: family,
+	}
+	if family == ipam.IPv6 {
+		c.keyPrefix = "inet6|"
+		// Deny logs are IPv4's for now: the agent's NFLOG reader decodes IPv4 packets only.
+		c.denyLog = DenyLog{}
 	}
 	c.clusterPolicies = slices.Clone(st.ClusterPolicies)
 	sortClusterPolicies(c.clusterPolicies)
@@ -311,12 +360,19 @@ func newCompiler(st State, memo *setMemo) *compiler {
 // the IP its sandbox released (and another pod now has): the pod that isn't being deleted
 // wins; when that doesn't decide (two live pods, stale status), the IP is in no set, since
 // every set allows and an address of uncertain identity must not be allowed by another's
-// labels. The result keeps the input's order.
+// labels. A dual-stack pod is a peer when it wins each of its addresses (losing one
+// leaves it out of both families' sets: it only allows less). The result keeps the
+// input's order.
 func Peers(pods []*Pod) []*Pod {
 	byIP := make(map[netip.Addr][]*Pod, len(pods))
 	for _, p := range pods {
-		if p.Addressable() {
-			byIP[p.IP] = append(byIP[p.IP], p)
+		if !p.Addressable() {
+			continue
+		}
+		for _, a := range [2]netip.Addr{p.IP, p.IPv6} {
+			if a.IsValid() {
+				byIP[a] = append(byIP[a], p)
+			}
 		}
 	}
 	out := make([]*Pod, 0, len(byIP))
@@ -324,25 +380,35 @@ func Peers(pods []*Pod) []*Pod {
 		if !p.Addressable() {
 			continue
 		}
-		claims := byIP[p.IP]
-		if len(claims) == 1 {
-			out = append(out, p)
-			continue
-		}
-		if p.Deleting {
-			continue
-		}
-		live := 0
-		for _, o := range claims {
-			if !o.Deleting {
-				live++
+		wins := true
+		for _, a := range [2]netip.Addr{p.IP, p.IPv6} {
+			if a.IsValid() && !claimWinner(p, byIP[a]) {
+				wins = false
 			}
 		}
-		if live == 1 {
+		if wins {
 			out = append(out, p)
 		}
 	}
 	return out
+}
+
+// claimWinner tells whether p, among the pods claiming one address, is the one it goes to:
+// the only claim, or the only claim not being deleted.
+func claimWinner(p *Pod, claims []*Pod) bool {
+	if len(claims) == 1 {
+		return true
+	}
+	if p.Deleting {
+		return false
+	}
+	live := 0
+	for _, o := range claims {
+		if !o.Deleting {
+			live++
+		}
+	}
+	return live == 1
 }
 
 // selecting returns the policies that select pod and isolate it for ingress and egress.
@@ -499,7 +565,7 @@ func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.
 			return "", false
 		}
 		if set == "" {
-			return "", false // an IPv6 block, or all of it excepted: no IPv4 address is in it
+			return "", false // a block of the other family, or all of it excepted: no address of this family is in it
 		}
 		return fmt.Sprintf("-m set --match-set %s %s", set, dir), true
 	}
@@ -531,20 +597,25 @@ func (c *compiler) selectorSet(ns string, nsSel, podSel labels.Selector) string 
 		return name
 	}
 	var def podSetDef
+	f := c.family
 	if nsSel == nil { // pods of the policy's own namespace
 		def = podSetDef{namespace: ns, comment: fmt.Sprintf("pods of namespace %s matching {%s}", ns, podSel),
 			entries: func(p *Pod, _ map[string]*Namespace) []string {
-				if p.Namespace == ns && podSel.Matches(labels.Set(p.Labels)) {
-					return []string{p.IP.String()}
+				if a := p.Addr(f); a.IsValid() && p.Namespace == ns && podSel.Matches(labels.Set(p.Labels)) {
+					return []string{a.String()}
 				}
 				return nil
 			}}
 	} else {
 		def = podSetDef{namespaced: true, comment: fmt.Sprintf("pods matching {%s} in namespaces matching {%s}", podSel, nsSel),
 			entries: func(p *Pod, nss map[string]*Namespace) []string {
+				a := p.Addr(f)
+				if !a.IsValid() {
+					return nil
+				}
 				n := nss[p.Namespace]
 				if n != nil && nsSel.Matches(labels.Set(n.Labels)) && podSel.Matches(labels.Set(p.Labels)) {
-					return []string{p.IP.String()}
+					return []string{a.String()}
 				}
 				return nil
 			}}
@@ -553,10 +624,11 @@ func (c *compiler) selectorSet(ns string, nsSel, podSel labels.Selector) string 
 }
 
 // ipBlockSet is the hash:net set of an ipBlock: the prefixes of its CIDR minus its excepts
-// (ipBlockPrefixes), so any valid block gives a set ipset takes. "" when no IPv4 address
-// is in the block (an IPv6 block, or everything excepted): the peer matches nothing.
+// (ipBlockPrefixes), so any valid block gives a set ipset takes. "" when no address of the
+// compiler's family is in the block (a block of the other family, or everything
+// excepted): the peer matches nothing.
 func (c *compiler) ipBlockSet(b *networkingv1.IPBlock) (string, error) {
-	prefixes, err := ipBlockPrefixes(b.CIDR, b.Except)
+	prefixes, err := ipBlockPrefixes(c.family, b.CIDR, b.Except)
 	if err != nil || len(prefixes) == 0 {
 		return "", err
 	}
@@ -614,12 +686,17 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 	if set, ok := c.setNames[key]; ok {
 		return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
 	}
+	f := c.family
 	set := c.podSet(key, SetIPPort, podSetDef{comment: fmt.Sprintf("pods with a %s port named %s", proto, name),
 		entries: func(peer *Pod, _ map[string]*Namespace) []string {
+			a := peer.Addr(f)
+			if !a.IsValid() {
+				return nil
+			}
 			var out []string
 			for _, cp := range peer.Ports {
 				if cp.Name == name && cp.Protocol == proto {
-					out = append(out, fmt.Sprintf("%s,%s:%d", peer.IP, p, cp.Port))
+					out = append(out, fmt.Sprintf("%s,%s:%d", a, p, cp.Port))
 				}
 			}
 			return out
@@ -630,7 +707,7 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 // podSet registers a set whose members come from the peers (pods), through the memo of
 // earlier syncs when there is one, and returns its name.
 func (c *compiler) podSet(key string, typ SetType, def podSetDef) string {
-	name := setPrefix + hashName(key, 20)
+	name := setPrefix + hashName(c.keyPrefix+key, 20)
 	c.setNames[key] = name
 	if _, ok := c.sets[name]; ok {
 		return name
@@ -647,7 +724,7 @@ func (c *compiler) podSet(key string, typ SetType, def podSetDef) string {
 	}
 	var members []string
 	if c.memo != nil {
-		members = c.memo.members(key, def, peers, c.namespaces)
+		members = c.memo.members(c.keyPrefix+key, def, peers, c.namespaces)
 	} else {
 		members = computeMembers(def, peers, c.namespaces)
 	}
@@ -657,7 +734,7 @@ func (c *compiler) podSet(key string, typ SetType, def podSetDef) string {
 
 // set registers a set by its content key and returns its name.
 func (c *compiler) set(key string, typ SetType, members []string, comment string) string {
-	name := setPrefix + hashName(key, 20)
+	name := setPrefix + hashName(c.keyPrefix+key, 20)
 	c.setNames[key] = name
 	if _, ok := c.sets[name]; !ok {
 		m := slices.Clone(members)

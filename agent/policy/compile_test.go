@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,7 +61,7 @@ func podIP(st State, key string) netip.Addr {
 
 func iface(st State, ip netip.Addr) string {
 	for _, e := range st.Endpoints {
-		if e.IP == ip {
+		if e.IP == ip || e.IPv6 == ip && ip.IsValid() {
 			return e.Interface
 		}
 	}
@@ -95,12 +96,146 @@ func pods(m map[string]string) *metav1.LabelSelector { return &metav1.LabelSelec
 func port(p int) *intstr.IntOrString                 { v := intstr.FromInt32(int32(p)); return &v }
 func named(n string) *intstr.IntOrString             { v := intstr.FromString(n); return &v }
 
+type semanticsCase struct {
+	name     string
+	policies []*networkingv1.NetworkPolicy
+	probes   []probe
+}
+
 func TestCompileSemantics(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		policies []*networkingv1.NetworkPolicy
-		probes   []probe
-	}{
+	for _, tc := range semanticsCases() {
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, false) })
+	}
+}
+
+// The IPv6 rules decide every case as the IPv4 rules do, over the same world made
+// dual-stack: every pod also has fd00::<its IPv4 address>, the ipBlocks are their IPv6
+// images (0.0.0.0/0 becoming ::/0, an IPv6 block an IPv4 one), and the probes go between
+// the IPv6 addresses. The IPv4 rules of the dual-stack world are byte for byte those of
+// the IPv4 world.
+func TestCompileSemanticsIPv6(t *testing.T) {
+	for _, tc := range semanticsCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.run(t, true)
+			st := world()
+			st.Policies = tc.policies
+			v4 := Compile(st)
+			dual := Compile(dualStack(st))
+			if dual.IPv6 == nil {
+				t.Fatal("no IPv6 ruleset for a dual-stack state")
+			}
+			if !reflect.DeepEqual(v4.Chains, dual.Chains) || !reflect.DeepEqual(v4.Sets, dual.Sets) || !reflect.DeepEqual(v4.PodChains, dual.PodChains) {
+				t.Errorf("the IPv4 rules of the dual-stack world differ:\n%s\nwant\n%s", dump(dual), dump(v4))
+			}
+		})
+	}
+}
+
+// to6 is the IPv6 image of an IPv4 address: fd00::a.b.c.d.
+func to6(a netip.Addr) netip.Addr {
+	b := [16]byte{0: 0xfd}
+	v4 := a.As4()
+	copy(b[12:], v4[:])
+	return netip.AddrFrom16(b)
+}
+
+// cidr6 is the IPv6 image of an ipBlock value: an IPv4 prefix maps into fd00::/96 (/0 to
+// ::/0), an IPv6 one to 0.0.0.0/0, which no IPv6 address is in.
+func cidr6(s string) string {
+	p, err := netip.ParsePrefix(s)
+	switch {
+	case err != nil:
+		return s
+	case !p.Addr().Is4():
+		return "0.0.0.0/0"
+	case p.Bits() == 0:
+		return "::/0"
+	}
+	return netip.PrefixFrom(to6(p.Addr()), p.Bits()+96).Masked().String()
+}
+
+// dualStack is st with pods and endpoints given their IPv6 images, and State.IPv6.
+func dualStack(st State) State {
+	out := st
+	out.IPv6 = true
+	out.Pods = nil
+	for _, p := range st.Pods {
+		cp := *p
+		cp.IPv6 = to6(p.IP)
+		out.Pods = append(out.Pods, &cp)
+	}
+	out.Endpoints = nil
+	for _, ep := range st.Endpoints {
+		ep.IPv6 = to6(ep.IP)
+		out.Endpoints = append(out.Endpoints, ep)
+	}
+	return out
+}
+
+// mirror6 is st made dual-stack with its policies' ipBlocks made IPv6.
+func mirror6(st State) State {
+	out := dualStack(st)
+	out.Policies = nil
+	for _, np := range st.Policies {
+		np = np.DeepCopy()
+		blocks := func(peers []networkingv1.NetworkPolicyPeer) {
+			for _, p := range peers {
+				if b := p.IPBlock; b != nil {
+					b.CIDR = cidr6(b.CIDR)
+					for i := range b.Except {
+						b.Except[i] = cidr6(b.Except[i])
+					}
+				}
+			}
+		}
+		for _, r := range np.Spec.Ingress {
+			blocks(r.From)
+		}
+		for _, r := range np.Spec.Egress {
+			blocks(r.To)
+		}
+		out.Policies = append(out.Policies, np)
+	}
+	return out
+}
+
+// run compiles the case's world (made dual-stack with v6, mirror6) and checks its probes
+// (between the IPv6 images of their addresses with v6).
+func (tc semanticsCase) run(t *testing.T, v6 bool) {
+	st := world()
+	st.Policies = tc.policies
+	if v6 {
+		st = mirror6(st)
+	}
+	rs := Compile(st)
+	for _, p := range tc.probes {
+		src, dst := podIP(st, p.from), podIP(st, p.to)
+		if v6 {
+			src, dst = to6(src), to6(dst)
+		}
+		pkt := Packet{Src: src, Dst: dst, Protocol: p.proto, DstPort: p.port, InInterface: iface(st, src), OutInterface: iface(st, dst)}
+		if pkt.InInterface == "" && pkt.OutInterface == "" {
+			t.Fatalf("probe %v: neither end is on this node", p)
+		}
+		if src == dst { // a pod reaching itself through a Service hairpins through its veth
+			pkt.OutInterface = pkt.InInterface
+		}
+		got, err := rs.Allowed(pkt)
+		if err != nil {
+			t.Fatalf("evaluating %v: %v", p, err)
+		}
+		if got != p.allowed {
+			rules := rs
+			if v6 {
+				rules = rs.IPv6
+			}
+			t.Errorf("%s -> %s %s/%d (%s -> %s): allowed=%v, want %v\n%s", p.from, p.to, p.proto, p.port, src, dst, got, p.allowed, dump(rules))
+		}
+	}
+}
+
+func semanticsCases() []semanticsCase {
+	return []semanticsCase{
 		{"no policy: everything allowed", nil, []probe{
 			{"x/a", "y/b", "tcp", 80, true}, {"y/remote", "x/a", "udp", 53, true},
 		}},
@@ -274,29 +409,6 @@ func TestCompileSemantics(t *testing.T) {
 		}, []probe{
 			{"x/a", "y/b", "tcp", 80, false}, {"y/a", "y/b", "tcp", 80, false},
 		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			st := world()
-			st.Policies = tc.policies
-			rs := Compile(st)
-			for _, p := range tc.probes {
-				src, dst := podIP(st, p.from), podIP(st, p.to)
-				pkt := Packet{Src: src, Dst: dst, Protocol: p.proto, DstPort: p.port, InInterface: iface(st, src), OutInterface: iface(st, dst)}
-				if pkt.InInterface == "" && pkt.OutInterface == "" {
-					t.Fatalf("probe %v: neither end is on this node", p)
-				}
-				if src == dst { // a pod reaching itself through a Service hairpins through its veth
-					pkt.OutInterface = pkt.InInterface
-				}
-				got, err := rs.Allowed(pkt)
-				if err != nil {
-					t.Fatalf("evaluating %v: %v", p, err)
-				}
-				if got != p.allowed {
-					t.Errorf("%s -> %s %s/%d: allowed=%v, want %v\n%s", p.from, p.to, p.proto, p.port, got, p.allowed, dump(rs))
-				}
-			}
-		})
 	}
 }
 
@@ -360,5 +472,143 @@ func TestTrimPod(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("policy's view of the trimmed pod\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// A pod's address of each family comes from status.podIPs, whichever family is primary.
+func TestPodFromAddressFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		podIP string
+		ips   []string
+		v4    string
+		v6    string
+	}{
+		{"10.244.1.5", []string{"10.244.1.5", "fd00::5"}, "10.244.1.5", "fd00::5"},
+		{"fd00::5", []string{"fd00::5", "10.244.1.5"}, "10.244.1.5", "fd00::5"},
+		{"fd00::5", []string{"fd00::5"}, "invalid IP", "fd00::5"},
+		{"10.244.1.5", []string{"10.244.1.5"}, "10.244.1.5", "invalid IP"},
+	} {
+		p := &corev1.Pod{Status: corev1.PodStatus{PodIP: tc.podIP}}
+		for _, ip := range tc.ips {
+			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+		}
+		if got := PodFrom(p); got.IP.String() != tc.v4 || got.IPv6.String() != tc.v6 {
+			t.Errorf("podIPs %v: IP %s, IPv6 %s; want %s, %s", tc.ips, got.IP, got.IPv6, tc.v4, tc.v6)
+		}
+	}
+}
+
+// What is IPv6's own in the IPv6 rules: each family's ipBlocks in its own rules only, ::/0
+// split as 0.0.0.0/0 is, sets of IPv6 members named apart from IPv4's, the /128 self rule,
+// named ports resolved to IPv6 addresses, neighbour discovery to the node never blocked,
+// and a pod with no address of a family an unknown interface in that family's rules.
+func TestCompileIPv6Rules(t *testing.T) {
+	st := dualStack(world())
+	// x/c is IPv6-only.
+	for i, p := range st.Pods {
+		if p.Key().String() == "x/c" {
+			cp := *p
+			cp.IP = netip.Addr{}
+			st.Pods[i] = &cp
+		}
+	}
+	for i, ep := range st.Endpoints {
+		if ep.Pod.String() == "x/c" {
+			st.Endpoints[i].IP = netip.Addr{}
+		}
+	}
+	xc6 := to6(netip.MustParseAddr("10.244.1.13"))
+	st.Policies = []*networkingv1.NetworkPolicy{
+		np("x", "in", map[string]string{"pod": "a"}, both, []networkingv1.NetworkPolicyIngressRule{
+			{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "::/0", Except: []string{"fd00::/16"}}}}},
+			{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8"}}}},
+			{From: []networkingv1.NetworkPolicyPeer{{PodSelector: pods(map[string]string{"pod": "b"})}}, Ports: []networkingv1.NetworkPolicyPort{{Port: named("http")}}},
+		}, []networkingv1.NetworkPolicyEgressRule{
+			{To: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: pods(nil)}}, Ports: []networkingv1.NetworkPolicyPort{{Port: named("http")}}},
+		}),
+	}
+	rs := Compile(st)
+	v6 := rs.IPv6
+	if v6 == nil {
+		t.Fatal("no IPv6 ruleset")
+	}
+	names := map[string]bool{}
+	for _, s := range rs.Sets {
+		names[s.Name] = true
+		for _, m := range s.Members {
+			if strings.Contains(m, ":") && !strings.Contains(m, ",") || strings.Contains(m, "::") {
+				t.Errorf("IPv4 set %s (%s) holds %q", s.Name, s.Comment, m)
+			}
+		}
+	}
+	members := map[string][]string{}
+	for _, s := range v6.Sets {
+		if names[s.Name] {
+			t.Errorf("set %s is in both families' rules", s.Name)
+		}
+		for _, m := range s.Members {
+			a, _, _ := strings.Cut(strings.TrimSuffix(m, " nomatch"), ",")
+			a, _, _ = strings.Cut(a, "/")
+			if ip, err := netip.ParseAddr(a); err != nil || !ip.Is6() {
+				t.Errorf("IPv6 set %s (%s) holds %q", s.Name, s.Comment, m)
+			}
+		}
+		members[s.Comment] = s.Members
+	}
+	var blocks []string
+	for c, m := range members {
+		if strings.HasPrefix(c, "ipBlock") {
+			blocks = append(blocks, m...)
+		}
+	}
+	// ::/1, and 8000::/1 split around the hole: 15 prefixes from /2 to /16.
+	if len(blocks) != 1+15 || !slices.Contains(blocks, "::/1") || !slices.Contains(blocks, "fe00::/7") || slices.Contains(blocks, "8000::/1") {
+		t.Errorf("::/0 except fd00::/16 is %v; want ::/1 and 8000::/1 minus fd00::/16 (and no IPv4 block)", blocks)
+	}
+	if m := members["pods with a TCP port named http"]; !slices.Contains(m, to6(podIP(st, "y/c")).String()+",tcp:8080") || slices.Contains(m, "10.244.1.16,tcp:8080") {
+		t.Errorf("the named port set is %v", m)
+	}
+	var toHost, self []string
+	for _, c := range v6.Chains {
+		if c.Name == ChainPodToHost {
+			toHost = c.Rules
+		}
+		if strings.HasPrefix(c.Name, ingressPrefix) {
+			self = append(self, c.Rules[0])
+		}
+	}
+	if len(toHost) < 2 || toHost[0] != neighbourDiscovery[0] || toHost[1] != neighbourDiscovery[1] {
+		t.Errorf("%s doesn't start with the neighbour discovery rules: %q", ChainPodToHost, toHost)
+	}
+	if xa6 := to6(podIP(st, "x/a")); len(self) != 1 || !strings.HasPrefix(self[0], "-s "+xa6.String()+"/128 ") {
+		t.Errorf("the self rules are %q, want one for %s/128", self, xa6)
+	}
+	xa, xb := podIP(st, "x/a"), podIP(st, "x/b")
+	for _, c := range []struct {
+		src, dst netip.Addr
+		proto    string
+		port     int
+		allowed  bool
+	}{
+		{to6(xb), to6(xa), "tcp", 80, true},  // pod b, named port http
+		{to6(xb), to6(xa), "tcp", 81, false}, // pod b, another port: fd00::/16 is excepted
+		{xb, xa, "tcp", 81, true},            // IPv4: 10.0.0.0/8 allows it
+		{xc6, to6(xa), "udp", 53, false},     // an IPv6-only pod, excepted
+		{to6(xa), to6(podIP(st, "y/c")), "tcp", 8080, true},
+		{to6(xa), to6(podIP(st, "y/c")), "tcp", 80, false},
+		{to6(xa), xc6, "tcp", 8080, true}, // c's port named http
+		{to6(xa), xc6, "tcp", 80, false},
+	} {
+		got, err := rs.Allowed(Packet{Src: c.src, Dst: c.dst, Protocol: c.proto, DstPort: c.port, InInterface: iface(st, c.src), OutInterface: iface(st, c.dst)})
+		if err != nil || got != c.allowed {
+			t.Errorf("%s -> %s %s/%d: allowed=%v (%v), want %v\n%s", c.src, c.dst, c.proto, c.port, got, err, c.allowed, dump(v6))
+		}
+	}
+	// x/c has no IPv4 address: its veth is unknown to the IPv4 rules, known to IPv6's.
+	known := func(r *Ruleset) bool {
+		return slices.ContainsFunc(r.Endpoints, func(ep Endpoint) bool { return ep.Pod.String() == "x/c" })
+	}
+	if known(rs) || !known(v6) {
+		t.Errorf("the IPv6-only pod x/c is an endpoint of the IPv4 rules: %v, of the IPv6 rules: %v", known(rs), known(v6))
 	}
 }

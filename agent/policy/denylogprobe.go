@@ -77,7 +77,8 @@ func (a *KernelApplier) ProbeDenyLogs() error {
 }
 
 // withoutDenyLogs is rs with no deny log rule: its chains are exactly what they are
-// compiled without deny logs (withDenyLogs only adds the NFLOG rules).
+// compiled without deny logs (withDenyLogs only adds the NFLOG rules). Only the IPv4
+// rules have deny logs.
 func (rs *Ruleset) withoutDenyLogs() *Ruleset {
 	if len(rs.DenyLogRules) == 0 {
 		return rs

@@ -100,6 +100,10 @@ type Engine struct {
 	// Recorder, when set, gets a warning event on a NetworkPolicy whose rule can't be
 	// enforced as written (once per distinct problem).
 	Recorder events.EventRecorder
+	// IPv6: the cluster has an IPv6 pod range, so pods may have IPv6 addresses: the
+	// engine enforces policy for IPv6 too (State.IPv6). Without it a pod with an IPv6
+	// address is refused (nothing would enforce its IPv6 traffic).
+	IPv6 bool
 
 	mu        sync.Mutex
 	cond      *sync.Cond
@@ -108,9 +112,12 @@ type Engine struct {
 	done      uint64                  // the last sync that finished saw every request up to this
 	lastErr   error
 	synced    bool // a sync has succeeded
-	// programmed: the endpoints whose rules the kernel holds since the last sync, and
-	// cutOff the pods whose own rules could not be programmed (they are dropped).
-	programmed map[types.NamespacedName]netip.Addr
+	// programmed: the endpoints whose rules the kernel holds since the last sync, with
+	// the addresses of each family the rules hold; veths the same endpoints with the
+	// addresses their veths carry; cutOff the pods whose own rules could not be
+	// programmed (they are dropped).
+	programmed map[types.NamespacedName]Endpoint
+	veths      map[types.NamespacedName]Endpoint
 	cutOff     map[types.NamespacedName]error
 	trigger    chan struct{}
 	repair     chan struct{} // the jump positions are wrong: verify now
@@ -294,8 +301,11 @@ func (e *Engine) checkPositions(ctx context.Context, pc positionChecker) {
 func (e *Engine) EnsurePod(ctx context.Context, req cnicontract.PolicyRequest) error {
 	e.init()
 	ip, err := netip.ParseAddr(req.IP)
-	if err != nil || !ip.Is4() {
-		return fmt.Errorf("ip %q is not an IPv4 address", req.IP)
+	if err != nil || ip.Zone() != "" || ip.Is4In6() {
+		return fmt.Errorf("ip %q is not an IPv4 or IPv6 address", req.IP)
+	}
+	if ip.Is6() && !e.IPv6 {
+		return fmt.Errorf("ip %s is IPv6, and this node enforces NetworkPolicy for IPv4 only (the cluster has no IPv6 pod range)", ip)
 	}
 	key := types.NamespacedName{Namespace: req.Namespace, Name: req.Pod}
 	a := announcement{Pod: key, UID: types.UID(req.PodUID), IP: ip, Iface: req.HostInterface, At: time.Now()}
@@ -337,9 +347,18 @@ func (e *Engine) EnsurePod(ctx context.Context, req cnicontract.PolicyRequest) e
 	if err := e.cutOff[key]; err != nil {
 		return fmt.Errorf("programming the policies of pod %s: %w", key, err)
 	}
-	if got, ok := e.programmed[key]; !ok || got != ip {
+	got, ok := e.programmed[key]
+	if !ok || got.IP != ip && got.IPv6 != ip {
 		// Never answer OK for a pod the kernel holds no rules for.
 		return fmt.Errorf("pod %s with %s on %s is not an endpoint of this node's rules (the agent's cache says otherwise); the runtime will retry", key, ip, req.HostInterface)
+	}
+	if w := e.veths[key]; w.IPv6.IsValid() && got.IPv6 != w.IPv6 {
+		// Its veth carries an IPv6 address no rule knows: that traffic would bypass policy.
+		why := "the runtime will retry"
+		if !e.IPv6 {
+			why = "this node enforces NetworkPolicy for IPv4 only (the cluster has no IPv6 pod range)"
+		}
+		return fmt.Errorf("pod %s has the IPv6 address %s on %s, which is not in this node's rules: %s", key, w.IPv6, req.HostInterface, why)
 	}
 	return nil
 }
@@ -372,7 +391,7 @@ func (e *Engine) sync(ctx context.Context) error {
 		return err
 	}
 	e.memo.update(changes, nsChanged, st.namespaceMap())
-	rs := newCompiler(st, e.memo).compile(st)
+	rs := compileFamilies(st, e.memo)
 	e.memo.sweep()
 	applied, cutOff, changed, err := e.apply(rs)
 	if err != nil {
@@ -383,12 +402,23 @@ func (e *Engine) sync(ctx context.Context) error {
 	}
 	e.verify = false
 	e.reportProblems(st, applied) // with the pods cut off for rules the kernel refused
-	programmed := make(map[types.NamespacedName]netip.Addr, len(applied.Endpoints))
+	programmed := make(map[types.NamespacedName]Endpoint, len(applied.Endpoints))
 	for _, ep := range applied.Endpoints {
-		programmed[ep.Pod] = ep.IP
+		programmed[ep.Pod] = Endpoint{Pod: ep.Pod, IP: ep.IP, Interface: ep.Interface}
+	}
+	if applied.IPv6 != nil {
+		for _, ep := range applied.IPv6.Endpoints {
+			p := programmed[ep.Pod]
+			p.Pod, p.IPv6, p.Interface = ep.Pod, ep.IPv6, ep.Interface
+			programmed[ep.Pod] = p
+		}
+	}
+	veths := make(map[types.NamespacedName]Endpoint, len(st.Endpoints))
+	for _, ep := range st.Endpoints {
+		veths[ep.Pod] = ep
 	}
 	e.mu.Lock()
-	e.programmed, e.cutOff = programmed, cutOff
+	e.programmed, e.veths, e.cutOff = programmed, veths, cutOff
 	e.mu.Unlock()
 	if changed {
 		// Connections established before a policy started denying them stop now; beside
@@ -396,19 +426,29 @@ func (e *Engine) sync(ctx context.Context) error {
 		e.cleaner.submit(applied, ifaces)
 	}
 	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: clusterPolicyStates(st, applied), DenyLogsOff: e.denyLogsOff}
-	for _, pc := range applied.PodChains {
-		if pc.Direction == Ingress {
-			status.IsolatedIngress++
-		} else {
-			status.IsolatedEgress++
+	type podDirection struct {
+		pod types.NamespacedName
+		dir Direction
+	}
+	isolated := map[podDirection]bool{} // a pod isolated in both families counts once
+	for r := applied; r != nil; r = r.IPv6 {
+		for _, pc := range r.PodChains {
+			if key := (podDirection{pc.Pod, pc.Direction}); !isolated[key] {
+				isolated[key] = true
+				if pc.Direction == Ingress {
+					status.IsolatedIngress++
+				} else {
+					status.IsolatedEgress++
+				}
+			}
 		}
-	}
-	for _, c := range applied.Chains {
-		status.Rules += len(c.Rules)
-	}
-	status.Sets = len(applied.Sets)
-	for _, s := range applied.Sets {
-		status.SetMembers += len(s.Members)
+		for _, c := range r.Chains {
+			status.Rules += len(c.Rules)
+		}
+		status.Sets += len(r.Sets)
+		for _, s := range r.Sets {
+			status.SetMembers += len(s.Members)
+		}
 	}
 	e.report(status, applied, time.Since(start))
 	return nil
@@ -467,20 +507,33 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 		return nil, nil, true, errors.Join(err, ferr)
 	}
 	for p, perr := range cutOff {
-		for _, pc := range rs.PodChains {
-			if pc.Pod != p {
-				continue
-			}
-			msg := fmt.Sprintf("the rules it gives pod %s could not be programmed, so the pod's %s traffic is dropped: %v", p, pc.Direction, perr)
-			for _, np := range pc.Policies {
-				final.Problems = append(final.Problems, Problem{Policy: np, Message: msg})
-			}
-			for _, name := range pc.ClusterPolicies {
-				final.Problems = append(final.Problems, Problem{ClusterPolicy: name, Message: msg})
+		for r := rs; r != nil; r = r.IPv6 { // a pod isolated in IPv6 only has chains there only
+			for _, pc := range r.PodChains {
+				if pc.Pod != p {
+					continue
+				}
+				msg := fmt.Sprintf("the rules it gives pod %s could not be programmed, so the pod's %s traffic is dropped: %v", p, pc.Direction, perr)
+				for _, pr := range pc.problems(msg) {
+					if !slices.Contains(final.Problems, pr) {
+						final.Problems = append(final.Problems, pr)
+					}
+				}
 			}
 		}
 	}
 	return final, cutOff, true, nil
+}
+
+// problems are the problems of pc's policies, each saying msg.
+func (pc PodChain) problems(msg string) []Problem {
+	out := make([]Problem, 0, len(pc.Policies)+len(pc.ClusterPolicies))
+	for _, np := range pc.Policies {
+		out = append(out, Problem{Policy: np, Message: msg})
+	}
+	for _, name := range pc.ClusterPolicies {
+		out = append(out, Problem{ClusterPolicy: name, Message: msg})
+	}
+	return out
 }
 
 // denyLog is the deny log configuration of this sync: e.DenyLog, unless the node refuses
@@ -588,6 +641,7 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	}
 	st.Pods = e.view.pods(pods)
 	st.DenyLog = e.denyLog()
+	st.IPv6 = e.IPv6
 
 	e.mu.Lock()
 	now := time.Now()
@@ -607,7 +661,11 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 
 	ifaces := make(map[netip.Addr]string, len(st.Endpoints))
 	for _, ep := range st.Endpoints {
-		ifaces[ep.IP] = ep.Interface
+		for _, a := range [2]netip.Addr{ep.IP, ep.IPv6} {
+			if a.IsValid() {
+				ifaces[a] = ep.Interface
+			}
+		}
 	}
 	st.peers = Peers(st.Pods)
 	changes := e.view.peerChanges(st.peers)

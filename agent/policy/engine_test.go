@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -227,5 +228,102 @@ func TestUnenforceableRuleIsReported(t *testing.T) {
 	allowed, err := appl.ruleset().Allowed(Packet{Src: netip.MustParseAddr("10.1.2.3"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 80, OutInterface: "trldb"})
 	if err != nil || allowed {
 		t.Errorf("traffic the broken rule was meant to allow: allowed=%v (%v), want denied (fail closed)", allowed, err)
+	}
+}
+
+// A dual-stack pod's hook request names its IPv4 address; its IPv6 address is learnt from
+// the kernel's /128 route through its veth. The hook answers only once the IPv6 rules hold
+// the pod's default-deny egress and its IPv6 address is in the IPv6 selector set; an
+// IPv6-only pod is announced by its IPv6 address.
+func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}
+	deny := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deny-out"},
+		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}},
+	}
+	allowFromWeb := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+				{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}},
+		},
+	}
+	db4, db6 := netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00:10:244:1::9")
+	web4, web6 := netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("fd00:10:244:1::7")
+	only6 := netip.MustParseAddr("fd00:10:244:1::8")
+	wired := func(e *Engine) {
+		e.IPv6 = true
+		e.Wired = func() (map[netip.Addr]string, error) { // the plugin routes every address before it asks
+			return map[netip.Addr]string{db4: "trldb", db6: "trldb", web4: "trlweb0", web6: "trlweb0", only6: "trlweb1"}, nil
+		}
+	}
+	dbPod := pod("shop", "db", "u-db", "node1", "10.244.1.9", map[string]string{"app": "db"})
+	dbPod.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.9"}, {IP: "fd00:10:244:1::9"}}
+	e, rec, c := newEngine(t, wired, ns, deny, allowFromWeb, dbPod)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = c.Create(context.Background(), pod("shop", "web-0", "u-web", "node1", "", map[string]string{"app": "web"}))
+		_ = c.Create(context.Background(), pod("shop", "web-1", "u-web1", "node1", "", map[string]string{"app": "web"}))
+	}()
+	for _, req := range []cnicontract.PolicyRequest{
+		{Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web-0", PodUID: "u-web", IP: web4.String(), HostInterface: "trlweb0"},
+		{Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web-1", PodUID: "u-web1", IP: only6.String(), HostInterface: "trlweb1"},
+	} {
+		if err := e.EnsurePod(context.Background(), req); err != nil {
+			t.Fatalf("the hook refused %s: %v", req.Pod, err)
+		}
+	}
+	rs := rec.ruleset()
+	if rs == nil || rs.IPv6 == nil {
+		t.Fatalf("no IPv6 rules applied: %+v", rs)
+	}
+	for _, c := range []struct {
+		src      netip.Addr
+		in       string
+		dst      netip.Addr
+		out      string
+		allowed  bool
+		whatWant string
+	}{
+		{web6, "trlweb0", db6, "trldb", false, "web-0's default-deny egress in force over IPv6"},
+		{only6, "trlweb1", db6, "trldb", false, "web-1's default-deny egress in force"},
+		{web4, "trlweb0", db4, "trldb", false, "web-0's default-deny egress in force over IPv4"},
+	} {
+		allowed, err := rs.Allowed(Packet{Src: c.src, Dst: c.dst, Protocol: "tcp", DstPort: 5432, InInterface: c.in, OutInterface: c.out})
+		if err != nil || allowed != c.allowed {
+			t.Errorf("%s -> %s allowed=%v (%v) when the hook answered, want %s\n%s", c.src, c.dst, allowed, err, c.whatWant, dump(rs.IPv6))
+		}
+	}
+	var members []string
+	for _, s := range rs.IPv6.Sets {
+		if strings.Contains(s.Comment, "{app=web}") {
+			members = s.Members
+		}
+	}
+	if !slices.Equal(members, []string{web6.String(), only6.String()}) {
+		t.Errorf("the IPv6 app=web selector set holds %v, want web-0's and web-1's IPv6 addresses\n%s", members, dump(rs.IPv6))
+	}
+}
+
+// Where the cluster has no IPv6 pod range, nothing enforces policy for IPv6: a pod with an
+// IPv6 address (announced, or routed through its veth) is refused, not started with IPv6
+// traffic that bypasses its policies.
+func TestEnsurePodRefusesUnenforcedIPv6(t *testing.T) {
+	wired := func(e *Engine) {
+		e.Wired = func() (map[netip.Addr]string, error) {
+			return map[netip.Addr]string{netip.MustParseAddr("10.244.1.7"): "trlweb0", netip.MustParseAddr("fd00::7"): "trlweb0"}, nil
+		}
+	}
+	web := pod("shop", "web-0", "u-web", "node1", "", map[string]string{"app": "web"})
+	e, _, _ := newEngine(t, wired, web)
+	for _, ip := range []string{"10.244.1.7", "fd00::7"} {
+		err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+			Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web-0", PodUID: "u-web", IP: ip, HostInterface: "trlweb0",
+		})
+		if err == nil || !strings.Contains(err.Error(), "IPv4 only") {
+			t.Errorf("EnsurePod of a pod with an IPv6 address (request ip %s) on an IPv4-only node: %v", ip, err)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
@@ -39,8 +40,11 @@ type NodeView struct {
 func CompileNode(st State, node string) *NodeView {
 	wired := map[netip.Addr]string{}
 	for _, p := range st.Pods {
-		if p.NodeName == node && !p.HostNetwork && !p.Finished && p.IP.IsValid() {
-			wired[p.IP] = cnicontract.HostVethPrefix + strings.ToLower(hashName(p.IP.String(), 12))
+		if addrs := p.addrs(); p.NodeName == node && !p.HostNetwork && !p.Finished && len(addrs) > 0 {
+			iface := cnicontract.HostVethPrefix + strings.ToLower(hashName(addrs[0].String(), 12))
+			for _, a := range addrs {
+				wired[a] = iface
+			}
 		}
 	}
 	st.Endpoints, st.Pods = endpoints(node, st.Pods, wired, nil, time.Time{}, 0)
@@ -171,7 +175,7 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 		return side, fmt.Errorf("evaluating the rules of node %s: %w", v.Node, err)
 	}
 	side.Allowed = tr.Allowed
-	c := newCompiler(v.st, nil)
+	c := newCompiler(v.st, nil, ipam.FamilyOf(p.Src))
 	podObj := v.pods[pod]
 	var nps []*networkingv1.NetworkPolicy
 	if podObj != nil {

@@ -9,6 +9,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // Every rule the NetworkPolicy tier RETURNs on is traced back to a policy rule by
@@ -51,7 +53,7 @@ func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
 	checked := 0
 	for _, pc := range v.Rules.PodChains {
 		pod := v.pods[pc.Pod]
-		c := newCompiler(v.st, nil)
+		c := newCompiler(v.st, nil, ipam.IPv4)
 		in, out := c.selecting(pod)
 		nps := in
 		if pc.Direction == Egress {
@@ -72,7 +74,7 @@ func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
 		t.Errorf("only %d rules checked", checked)
 	}
 	// A rule two policies write once is listed under both.
-	c := newCompiler(v.st, nil)
+	c := newCompiler(v.st, nil, ipam.IPv4)
 	a := v.pods[st.Pods[0].Key()]
 	in, _ := c.selecting(a)
 	shared := 0

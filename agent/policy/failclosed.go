@@ -9,11 +9,13 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 )
 
-// isolatedPods are the pods that have chains of their own.
+// isolatedPods are the pods that have chains of their own (in either family's rules).
 func (rs *Ruleset) isolatedPods() map[types.NamespacedName]bool {
 	out := map[types.NamespacedName]bool{}
-	for _, pc := range rs.PodChains {
-		out[pc.Pod] = true
+	for r := rs; r != nil; r = r.IPv6 {
+		for _, pc := range r.PodChains {
+			out[pc.Pod] = true
+		}
 	}
 	return out
 }
@@ -21,11 +23,22 @@ func (rs *Ruleset) isolatedPods() map[types.NamespacedName]bool {
 // cutOff is rs with the chains of pods replaced by a single DROP: those pods' traffic (for
 // the directions a policy isolates them in) is dropped, whatever their policies allow,
 // and the sets only their rules used are left out. It is how a pod whose own rules can't
-// be programmed fails closed without holding up anyone else's.
+// be programmed fails closed without holding up anyone else's. The pods are cut off in
+// both families: a pod whose IPv6 rules the kernel refuses loses its IPv4 policy's allows
+// too (which of its rules failed is not told apart).
 func (rs *Ruleset) cutOff(pods map[types.NamespacedName]bool) *Ruleset {
 	if len(pods) == 0 {
 		return rs
 	}
+	out := rs.cutOffFamily(pods)
+	if rs.IPv6 != nil {
+		out.IPv6 = rs.IPv6.cutOffFamily(pods)
+	}
+	return out
+}
+
+// cutOffFamily is cutOff of rs's own family.
+func (rs *Ruleset) cutOffFamily(pods map[types.NamespacedName]bool) *Ruleset {
 	cut := map[string]types.NamespacedName{}
 	for _, pc := range rs.PodChains {
 		if pods[pc.Pod] {

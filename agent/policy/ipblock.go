@@ -7,27 +7,31 @@ import (
 	"slices"
 
 	netutils "k8s.io/utils/net"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // maxIPBlockPrefixes bounds the set entries one ipBlock becomes. By construction an
-// except adds at most 32 prefixes (one per bit between it and the cidr), so the result is
-// linear in the policy's size; the cap keeps a policy with a pathological except list from
-// growing one ipset past the size ipset holds by default. A block beyond it fails closed.
+// except adds at most one prefix per bit between it and the cidr (32 for IPv4, 128 for
+// IPv6), so the result is linear in the policy's size; the cap keeps a policy with a
+// pathological except list from growing one ipset past the size ipset holds by default. A
+// block beyond it fails closed.
 const maxIPBlockPrefixes = 1 << 16
 
-// ipBlockPrefixes is the IPv4 part of an ipBlock as hash:net members: the fewest
+// ipBlockPrefixes is the part of family f of an ipBlock as hash:net members: the fewest
 // non-overlapping prefixes covering cidr minus the union of the excepts, sorted by
-// address, never a /0 (hash:net can't hold one: it is split into its /1 halves). Empty
-// when the block holds no IPv4 address (an IPv6 cidr, or excepts covering the cidr): a
-// peer that matches nothing. Because the members never overlap, no "nomatch" entry is
-// needed and no combination of excepts can make two entries collide.
+// address, never a /0 (hash:net can't hold one, of either family: it is split into its /1
+// halves). Empty when the block holds no address of f (a cidr of the other family, or
+// excepts covering the cidr): a peer that matches nothing in f's rules. Because the
+// members never overlap, no "nomatch" entry is needed and no combination of excepts can
+// make two entries collide.
 //
 // Values are read as the API server reads them (netutils.ParseCIDRSloppy), so objects
 // stored before strict CIDR validation mean the same here: leading zeros are decimal, host
 // bits are masked off, and an IPv4-mapped IPv6 prefix of /96 or longer is the IPv4 prefix
 // it maps (what net.IPNet.Contains, the API's "except inside cidr" check, makes of it). An
 // except of the other family, or outside the cidr, excludes nothing.
-func ipBlockPrefixes(cidr string, except []string) ([]netip.Prefix, error) {
+func ipBlockPrefixes(f ipam.Family, cidr string, except []string) ([]netip.Prefix, error) {
 	block, err := parseBlockCIDR(cidr)
 	if err != nil {
 		return nil, fmt.Errorf("cidr %q: %w", cidr, err)
@@ -47,7 +51,7 @@ func ipBlockPrefixes(cidr string, except []string) ([]netip.Prefix, error) {
 			holes = append(holes, e)
 		}
 	}
-	if !block.Addr().Is4() || covered {
+	if block.Addr().Is4() != (f == ipam.IPv4) || covered {
 		return nil, nil
 	}
 	// Sorted by address then length, a hole inside an earlier one comes right after it
@@ -106,12 +110,17 @@ func subtract(p netip.Prefix, holes []netip.Prefix, out []netip.Prefix) ([]netip
 	return subtract(hi, holes[n:], out)
 }
 
-// halves splits an IPv4 prefix shorter than /32 into its two halves.
+// halves splits a prefix shorter than a host prefix (/32, /128) into its two halves.
 func halves(p netip.Prefix) (netip.Prefix, netip.Prefix) {
-	a := p.Addr().As4()
 	bit := p.Bits()
+	if p.Addr().Is4() {
+		a := p.Addr().As4()
+		a[bit/8] |= 0x80 >> (bit % 8)
+		return netip.PrefixFrom(p.Addr(), bit+1), netip.PrefixFrom(netip.AddrFrom4(a), bit+1)
+	}
+	a := p.Addr().As16()
 	a[bit/8] |= 0x80 >> (bit % 8)
-	return netip.PrefixFrom(p.Addr(), bit+1), netip.PrefixFrom(netip.AddrFrom4(a), bit+1)
+	return netip.PrefixFrom(p.Addr(), bit+1), netip.PrefixFrom(netip.AddrFrom16(a), bit+1)
 }
 
 // parseBlockCIDR reads an ipBlock value as the API server does, masked; an IPv4-mapped

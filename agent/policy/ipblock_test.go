@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 func TestIPBlockPrefixes(t *testing.T) {
@@ -49,7 +51,7 @@ func TestIPBlockPrefixes(t *testing.T) {
 		{"invalid except of an IPv6 cidr is still reported", "2001:db8::/32", []string{"nope"}, nil, `except "nope"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ipBlockPrefixes(tc.cidr, tc.except)
+			got, err := ipBlockPrefixes(ipam.IPv4, tc.cidr, tc.except)
 			if (tc.err == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.err) {
 				t.Fatalf("error %v, want one containing %q", err, tc.err)
 			}
@@ -83,7 +85,7 @@ func TestIPBlockPrefixesAgainstAddresses(t *testing.T) {
 			holes = append(holes, h)
 			except = append(except, h.String())
 		}
-		got, err := ipBlockPrefixes(cidr.String(), except)
+		got, err := ipBlockPrefixes(ipam.IPv4, cidr.String(), except)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +132,7 @@ func TestIPBlockPrefixesCap(t *testing.T) {
 	for i := range 1 << 12 { // scattered /32s across the space: ~32 prefixes each
 		except = append(except, fmt.Sprintf("%d.%d.%d.1/32", 1+i%200, i/200, i%256))
 	}
-	got, err := ipBlockPrefixes("0.0.0.0/0", except)
+	got, err := ipBlockPrefixes(ipam.IPv4, "0.0.0.0/0", except)
 	if err == nil || !strings.Contains(err.Error(), "more than 65536 prefixes") {
 		t.Fatalf("%d prefixes, %v; want the cap's error", len(got), err)
 	}
@@ -155,3 +157,38 @@ func last(p netip.Prefix) netip.Addr { return addr4(u32(p.Addr().As4()) | ^mask3
 
 // less: a ends before b starts.
 func less(a, b netip.Prefix) bool { return last(a).Less(b.Addr()) }
+
+// IPv6's rules take the IPv6 part of a block, by the same construction.
+func TestIPBlockPrefixesIPv6(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		cidr   string
+		except []string
+		want   []string
+	}{
+		{"no except", "2001:db8::/32", nil, []string{"2001:db8::/32"}},
+		{"one except", "2001:db8::/32", []string{"2001:db8::/34"}, []string{"2001:db8:4000::/34", "2001:db8:8000::/33"}},
+		{"::/0: two /1s", "::/0", nil, []string{"::/1", "8000::/1"}},
+		{"::/0 except a /1 half", "::/0", []string{"8000::/1"}, []string{"::/1"}},
+		{"/128", "fd00::7/128", nil, []string{"fd00::7/128"}},
+		{"/128 excepted", "fd00::7/128", []string{"fd00::7/128"}, nil},
+		{"host bits masked", "fd00::1/64", []string{"fd00::8000:0:0:1/65"}, []string{"fd00::/65"}},
+		{"IPv4 cidr contributes nothing to IPv6", "0.0.0.0/0", nil, nil},
+		{"IPv4-mapped cidr is IPv4", "::ffff:10.0.0.0/104", nil, nil},
+		{"IPv4 except ignored for an IPv6 cidr", "fd00::/8", []string{"0.0.0.0/0"}, []string{"fd00::/8"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ipBlockPrefixes(ipam.IPv6, tc.cidr, tc.except)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var s []string
+			for _, p := range got {
+				s = append(s, p.String())
+			}
+			if !slices.Equal(s, tc.want) {
+				t.Errorf("ipBlockPrefixes(IPv6, %q, %q) = %q, want %q", tc.cidr, tc.except, s, tc.want)
+			}
+		})
+	}
+}

@@ -14,13 +14,20 @@ import (
 )
 
 // WiredPods lists the pods the CNI plugin wired on this node, from the kernel: the /32
-// route to each pod through its host veth (route protocol of the plugin). A restarted agent
-// knows its endpoints from this before any plugin call reaches it.
+// and /128 routes to each pod through its host veth (route protocol of the plugin), so a
+// dual-stack pod's veth appears under both its addresses. A restarted agent knows its
+// endpoints from this before any plugin call reaches it; a new pod's IPv6 address is
+// learnt from it too (the plugin's hook request names one address, the routes are in
+// place before it asks).
 func WiredPods() (map[netip.Addr]string, error) {
-	routes, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4,
-		&netlink.Route{Protocol: veth.RouteProtocol, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("listing pod routes: %w", err)
+	var routes []netlink.Route
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlinksafe.RouteListFiltered(family,
+			&netlink.Route{Protocol: veth.RouteProtocol, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return nil, fmt.Errorf("listing pod routes: %w", err)
+		}
+		routes = append(routes, rs...)
 	}
 	links, err := netlinksafe.LinkList()
 	if err != nil {
@@ -38,8 +45,9 @@ func WiredPods() (map[netip.Addr]string, error) {
 			continue
 		}
 		ones, bits := r.Dst.Mask.Size()
-		ip, ok := netip.AddrFromSlice(r.Dst.IP.To4())
-		if !ok || ones != 32 || bits != 32 {
+		ip, ok := netip.AddrFromSlice(r.Dst.IP)
+		ip = ip.Unmap()
+		if !ok || ones != bits || ip.BitLen() != bits {
 			continue
 		}
 		if name := names[r.LinkIndex]; name != "" {
@@ -68,11 +76,12 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if !ok {
 		return false
 	}
-	src, ok1 := netip.AddrFromSlice(flow.Forward.SrcIP.To4())
-	dst, ok2 := netip.AddrFromSlice(flow.Reverse.SrcIP.To4())
+	src, ok1 := netip.AddrFromSlice(flow.Forward.SrcIP)
+	dst, ok2 := netip.AddrFromSlice(flow.Reverse.SrcIP)
 	if !ok1 || !ok2 {
 		return false
 	}
+	src, dst = src.Unmap(), dst.Unmap()
 	in, out := f.ifaces[src], f.ifaces[dst]
 	if in == "" && out == "" {
 		return false // not a pod of this node: not ours to judge
@@ -94,24 +103,33 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 
 // DeleteDeniedConnections removes the conntrack entries of connections to or from this
 // node's pods that rs denies, so a new denial also stops established connections (their
-// next packet is NEW, and dropped). It returns how many it removed.
+// next packet is NEW, and dropped): IPv4 flows, and IPv6 flows when rs has IPv6 rules
+// (ifaces holds the pods' addresses of both families). It returns how many it removed.
 func DeleteDeniedConnections(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error) {
 	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: ifaces, local: map[netip.Addr]bool{}}
-	addrs, err := netlinksafe.AddrList(nil, unix.AF_INET)
-	if err != nil {
-		return 0, fmt.Errorf("listing the node's addresses: %w", err)
+	families := []netlink.InetFamily{unix.AF_INET}
+	if rs.IPv6 != nil {
+		families = append(families, unix.AF_INET6)
 	}
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
-			f.local[ip] = true
+	var total uint
+	for _, family := range families {
+		addrs, err := netlinksafe.AddrList(nil, int(family))
+		if err != nil {
+			return total, fmt.Errorf("listing the node's addresses: %w", err)
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				f.local[ip.Unmap()] = true
+			}
+		}
+		n, err := netlinksafe.ConntrackDeleteFilters(netlink.ConntrackTable, family, f)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("deleting denied conntrack entries: %w", err)
 		}
 	}
-	n, err := netlinksafe.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, f)
-	if err != nil {
-		return n, fmt.Errorf("deleting denied conntrack entries: %w", err)
-	}
 	if f.err != nil {
-		return n, fmt.Errorf("judging conntrack entries: %w", f.err)
+		return total, fmt.Errorf("judging conntrack entries: %w", f.err)
 	}
-	return n, nil
+	return total, nil
 }

@@ -17,19 +17,22 @@ import (
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
-// endpoints attributes this node's pod veths to pods. The kernel's /32 routes (wired: pod
-// address -> host veth) say which veths exist; the plugin's announcement of a veth names
-// its pod and is authoritative for the address, over the API server's copy (a re-created
-// sandbox has a new address before the status shows it). A veth without an announcement
-// (wired before this agent kept them) belongs to the one pod of this node the API server
-// gives that address, a pod not being deleted winning over one that is. An announced veth
-// not in the kernel's list yet (the plugin asks right after wiring it) counts for fresh
-// seconds. Each pod has at most one endpoint, its latest. Veths left unattributed are
-// unknown interfaces, dropped by the rules.
+// endpoints attributes this node's pod veths to pods. The kernel's host routes (wired: pod
+// address -> host veth, /32 and /128) say which veths exist and which addresses each one
+// carries, one per family; the plugin's announcement of a veth names its pod and is
+// authoritative for the address it gives, over the API server's copy (a re-created sandbox
+// has a new address before the status shows it), and the kernel's routes through that
+// veth give the pod's address of the other family. A veth without an announcement (wired
+// before this agent kept them) belongs to the one pod of this node the API server gives
+// its addresses, a pod not being deleted winning over one that is (and no pod when its two
+// families name different pods). An announced veth not in the kernel's list yet (the
+// plugin asks right after wiring it) counts for fresh seconds, with the announced address
+// only. Each pod has at most one endpoint, its latest. Veths left unattributed are unknown
+// interfaces, dropped by the rules.
 //
-// It returns the endpoints and pods, where a pod whose endpoint address differs from its
-// API copy is replaced by a copy with the endpoint's address (so the sets hold the address
-// the pod really has).
+// It returns the endpoints and pods, where a pod whose endpoint addresses differ from its
+// API copy is replaced by a copy with the endpoint's addresses (so the sets hold the
+// addresses the pod really has).
 func endpoints(node string, pods []*Pod, wired map[netip.Addr]string, announced map[string]announcement, now time.Time, fresh time.Duration) ([]Endpoint, []*Pod) {
 	byKey := map[types.NamespacedName]int{} // this node's pods only
 	local := map[netip.Addr][]*Pod{}
@@ -38,8 +41,12 @@ func endpoints(node string, pods []*Pod, wired map[netip.Addr]string, announced 
 			continue
 		}
 		byKey[p.Key()] = i
-		if !p.HostNetwork && !p.Finished && p.IP.IsValid() {
-			local[p.IP] = append(local[p.IP], p)
+		if !p.HostNetwork && !p.Finished {
+			for _, a := range [2]netip.Addr{p.IP, p.IPv6} {
+				if a.IsValid() {
+					local[a] = append(local[a], p)
+				}
+			}
 		}
 	}
 	type claim struct {
@@ -60,38 +67,75 @@ func endpoints(node string, pods []*Pod, wired map[netip.Addr]string, announced 
 		p := pods[i]
 		return p.NodeName == node && !p.HostNetwork && !p.Finished && (a.UID == "" || p.RuntimeUID() == a.UID)
 	}
-	wiredIfaces := make(map[string]netip.Addr, len(wired))
+	// The addresses each veth carries: one per family (the lowest, should a veth carry
+	// more, so that the choice doesn't depend on map order).
+	wiredIfaces := make(map[string]Endpoint, len(wired))
 	for ip, iface := range wired {
-		wiredIfaces[iface] = ip
+		ep := wiredIfaces[iface]
+		ep.Interface = iface
+		switch {
+		case ip.Is4() && (!ep.IP.IsValid() || ip.Less(ep.IP)):
+			ep.IP = ip
+		case ip.Is6() && (!ep.IPv6.IsValid() || ip.Less(ep.IPv6)):
+			ep.IPv6 = ip
+		}
+		wiredIfaces[iface] = ep
 	}
-	for iface, ip := range wiredIfaces {
-		if a, ok := announced[iface]; ok && a.IP == ip {
+	for iface, ep := range wiredIfaces {
+		if a, ok := announced[iface]; ok && (a.IP == ep.IP || a.IP == ep.IPv6) {
 			if owned(a) {
-				offer(claim{Endpoint{Pod: a.Pod, IP: ip, Interface: iface}, a.At})
+				ep.Pod = a.Pod
+				offer(claim{ep, a.At})
 			}
 			continue
 		}
-		if owner := soleOwner(local[ip]); owner != nil {
-			offer(claim{ep: Endpoint{Pod: owner.Key(), IP: ip, Interface: iface}})
+		var owner *Pod
+		for _, ip := range [2]netip.Addr{ep.IP, ep.IPv6} {
+			if !ip.IsValid() {
+				continue
+			}
+			o := soleOwner(local[ip])
+			if o == nil || owner != nil && o != owner {
+				owner = nil
+				break
+			}
+			owner = o
+		}
+		if owner != nil {
+			ep.Pod = owner.Key()
+			offer(claim{ep: ep})
 		}
 	}
 	for iface, a := range announced {
 		if _, ok := wiredIfaces[iface]; ok || now.Sub(a.At) > fresh || !owned(a) {
 			continue
 		}
-		offer(claim{Endpoint{Pod: a.Pod, IP: a.IP, Interface: iface}, a.At})
+		ep := Endpoint{Pod: a.Pod, Interface: iface}
+		if a.IP.Is4() {
+			ep.IP = a.IP
+		} else {
+			ep.IPv6 = a.IP
+		}
+		offer(claim{ep, a.At})
 	}
 	out := make([]Endpoint, 0, len(best))
 	var patched []*Pod
 	for key, c := range best {
 		out = append(out, c.ep)
 		p := pods[byKey[key]]
-		if p.IP != c.ep.IP {
+		ip, ip6 := p.IP, p.IPv6
+		if c.ep.IP.IsValid() {
+			ip = c.ep.IP
+		}
+		if c.ep.IPv6.IsValid() {
+			ip6 = c.ep.IPv6
+		}
+		if p.IP != ip || p.IPv6 != ip6 {
 			if patched == nil {
 				patched = append([]*Pod(nil), pods...)
 			}
 			cp := *p
-			cp.IP = c.ep.IP
+			cp.IP, cp.IPv6 = ip, ip6
 			patched[byKey[key]] = &cp
 		}
 	}

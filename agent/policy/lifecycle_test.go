@@ -282,10 +282,13 @@ func nextEvent(rec *events.FakeRecorder) (string, bool) {
 }
 
 // The incremental engine computes exactly what a fresh Compile does, over random
-// sequences of pod, namespace and policy changes.
+// sequences of pod, namespace and policy changes; in dual-stack worlds (odd seeds) for both
+// families, with the sets of both in one memo.
 func TestIncrementalCompileMatchesCompile(t *testing.T) {
+	defer func() { dualWorld = false }()
 	for seed := range uint64(20) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			dualWorld = seed%2 == 1
 			r := rand.New(rand.NewPCG(seed, 7))
 			memo := newSetMemo()
 			var view podView
@@ -294,11 +297,14 @@ func TestIncrementalCompileMatchesCompile(t *testing.T) {
 				mutate(r, &st)
 				changes := view.peerChanges(Peers(st.Pods))
 				memo.update(changes, view.namespacesChanged(st.Namespaces), st.namespaceMap())
-				got := newCompiler(st, memo).compile(st)
+				got := compileFamilies(st, memo)
 				memo.sweep()
 				want := Compile(st)
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d: incremental compile differs from Compile\ngot:\n%s\nwant:\n%s", step, dump(got), dump(want))
+				}
+				if dualWorld && got.IPv6 == nil {
+					t.Fatalf("step %d: a dual-stack world has no IPv6 rules", step)
 				}
 			}
 		})
@@ -315,8 +321,12 @@ func randomLabels(r *rand.Rand) map[string]string {
 	return m
 }
 
+// dualWorld: mutate gives new pods IPv6 addresses too (every third pod IPv6 only), and
+// randomWorld's state asks for the IPv6 rules.
+var dualWorld bool
+
 func randomWorld(r *rand.Rand) State {
-	st := State{}
+	st := State{IPv6: dualWorld}
 	for _, ns := range []string{"x", "y"} {
 		st.Namespaces = append(st.Namespaces, &Namespace{Name: ns, Labels: map[string]string{"team": labelValues[r.IntN(3)]}})
 	}
@@ -338,9 +348,15 @@ func mutate(r *rand.Rand, st *State) {
 		p := &Pod{Namespace: nss[r.IntN(2)], Name: fmt.Sprintf("p%d", nextPod), UID: types.UID(fmt.Sprint(nextPod)),
 			Labels: randomLabels(r), IP: netip.AddrFrom4([4]byte{10, 244, byte(1 + r.IntN(2)), byte(1 + r.IntN(20))}),
 			NodeName: fmt.Sprintf("node%d", 1+r.IntN(2)), Ports: []Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: int32(80 + r.IntN(2))}}}
+		if dualWorld {
+			p.IPv6 = to6(p.IP)
+			if nextPod%3 == 0 {
+				p.IP = netip.Addr{}
+			}
+		}
 		st.Pods = append(st.Pods, p)
 		if p.NodeName == "node1" && r.IntN(2) == 0 {
-			st.Endpoints = append(st.Endpoints, Endpoint{Pod: p.Key(), IP: p.IP, Interface: "trl" + p.Name})
+			st.Endpoints = append(st.Endpoints, Endpoint{Pod: p.Key(), IP: p.IP, IPv6: p.IPv6, Interface: "trl" + p.Name})
 		}
 	case k == 2: // a pod goes
 		i := r.IntN(len(st.Pods))
@@ -356,7 +372,13 @@ func mutate(r *rand.Rand, st *State) {
 		case 2:
 			p.Finished = true
 		case 3:
-			p.IP = netip.AddrFrom4([4]byte{10, 244, 1, byte(1 + r.IntN(20))})
+			ip := netip.AddrFrom4([4]byte{10, 244, 1, byte(1 + r.IntN(20))})
+			if dualWorld {
+				p.IPv6 = to6(ip)
+			}
+			if p.IP.IsValid() || !dualWorld {
+				p.IP = ip
+			}
 		}
 		st.Pods = append(st.Pods[:i:i], append([]*Pod{&p}, st.Pods[i+1:]...)...)
 	case k == 5: // a namespace relabelled
@@ -404,3 +426,45 @@ func toObjects(objs []any) []clientObject {
 }
 
 type clientObject = client.Object
+
+// Dual-stack veths: an announcement names the pod for both of its veth's addresses; a veth
+// without one belongs to the pod the API server gives its addresses, to none when its two
+// families name different pods; the pods carry the addresses their veths have.
+func TestDualStackEndpoints(t *testing.T) {
+	a4, a6 := netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("fd00::7")
+	b4, b6 := netip.MustParseAddr("10.244.1.8"), netip.MustParseAddr("fd00::8")
+	c4, c6 := netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00::9")
+	p := func(name string, ip, ip6 netip.Addr) *Pod {
+		return &Pod{Namespace: "shop", Name: name, UID: types.UID(name), IP: ip, IPv6: ip6, NodeName: "node1"}
+	}
+	pods := []*Pod{
+		p("a", a4, netip.Addr{}),                    // the API server doesn't show its IPv6 address yet
+		p("b", b4, b6),                              // no announcement: by the API server's copy
+		p("c", c4, netip.MustParseAddr("fd00::99")), // its veth's IPv6 address is another pod's
+		p("d", netip.Addr{}, c6),
+	}
+	wired := map[netip.Addr]string{a4: "trla", a6: "trla", b4: "trlb", b6: "trlb", c4: "trlc", c6: "trlc"}
+	announced := map[string]announcement{"trla": {Pod: types.NamespacedName{Namespace: "shop", Name: "a"}, UID: "a", IP: a4, Iface: "trla", At: time.Now()}}
+	eps, got := endpoints("node1", pods, wired, announced, time.Now(), time.Minute)
+	byPod := map[string]Endpoint{}
+	for _, ep := range eps {
+		byPod[ep.Pod.Name] = ep
+	}
+	if ep := byPod["a"]; ep.IP != a4 || ep.IPv6 != a6 || ep.Interface != "trla" {
+		t.Errorf("announced a: %+v, want both its veth's addresses", ep)
+	}
+	if ep := byPod["b"]; ep.IP != b4 || ep.IPv6 != b6 || ep.Interface != "trlb" {
+		t.Errorf("b by the API server's copy: %+v", ep)
+	}
+	if ep, ok := byPod["c"]; ok {
+		t.Errorf("trlc's addresses name two pods (c and d), yet it is %+v", ep)
+	}
+	if ep, ok := byPod["d"]; ok {
+		t.Errorf("trlc's addresses name two pods (c and d), yet d has %+v", ep)
+	}
+	for _, q := range got {
+		if q.Name == "a" && q.IPv6 != a6 {
+			t.Errorf("pod a's IPv6 address in the sets would be %v, want its veth's %v", q.IPv6, a6)
+		}
+	}
+}

@@ -90,10 +90,12 @@ func (m *Metrics) Observe(st Status, rs *Ruleset, took time.Duration) {
 	m.isolated.WithLabelValues(string(Egress)).Set(float64(st.IsolatedEgress))
 	if rs != nil {
 		chains := make(map[string]PodChain, len(rs.PodChains))
-		for _, pc := range rs.PodChains {
-			chains[pc.Chain] = pc
-			if pc.TailChain != "" {
-				chains[pc.TailChain] = pc
+		for r := rs; r != nil; r = r.IPv6 { // a pod's chains have the same names in both families
+			for _, pc := range r.PodChains {
+				chains[pc.Chain] = pc
+				if pc.TailChain != "" {
+					chains[pc.TailChain] = pc
+				}
 			}
 		}
 		m.mu.Lock()

@@ -30,6 +30,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // Port is a container port a pod declares (named ports resolve against these).
@@ -45,7 +47,9 @@ type Pod struct {
 	UID             types.UID
 	Labels          map[string]string
 	// IP is the pod's IPv4 address; invalid when it has none yet.
-	IP          netip.Addr
+	IP netip.Addr
+	// IPv6 is the pod's IPv6 address (status.podIPs); invalid when it has none.
+	IPv6        netip.Addr
 	NodeName    string
 	HostNetwork bool
 	// Deleting: the pod has a deletionTimestamp. Its containers keep running through the
@@ -75,11 +79,35 @@ func (p *Pod) Key() types.NamespacedName {
 	return types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 }
 
-// Addressable: the pod can be a peer (a member of selector sets): it has an IP of its own,
-// is not on the host network and has not finished. A pod being deleted stays a peer: it
-// runs until its grace period ends and keeps the access it is draining connections with.
+// Addressable: the pod can be a peer (a member of selector sets): it has an IP of its own
+// (of either family), is not on the host network and has not finished. A pod being deleted
+// stays a peer: it runs until its grace period ends and keeps the access it is draining
+// connections with.
 func (p *Pod) Addressable() bool {
-	return p.IP.IsValid() && !p.HostNetwork && !p.Finished
+	return (p.IP.IsValid() || p.IPv6.IsValid()) && !p.HostNetwork && !p.Finished
+}
+
+// Addr is the pod's address of family f (invalid when it has none).
+func (p *Pod) Addr(f ipam.Family) netip.Addr {
+	if f == ipam.IPv6 {
+		return p.IPv6
+	}
+	return p.IP
+}
+
+// addrs are the pod's valid addresses, IPv4 first.
+func (p *Pod) addrs() []netip.Addr {
+	return validAddrs(p.IP, p.IPv6)
+}
+
+func validAddrs(as ...netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(as))
+	for _, a := range as {
+		if a.IsValid() {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Namespace is what policy needs of a namespace.
@@ -95,15 +123,27 @@ type Namespace struct {
 type Node struct {
 	Name   string
 	Labels map[string]string
-	// IPs are the node's InternalIP and ExternalIP addresses (IPv4).
+	// IPs are the node's InternalIP and ExternalIP addresses, of both families (each
+	// family's sets take that family's).
 	IPs []netip.Addr
 }
 
-// Endpoint is a pod wired on this node: its address and the host end of its veth.
+// Endpoint is a pod wired on this node: its addresses and the host end of its veth.
 type Endpoint struct {
-	Pod       types.NamespacedName
+	Pod types.NamespacedName
+	// IP is the pod's IPv4 address, IPv6 its IPv6 address (each invalid when the veth
+	// carries none of that family).
 	IP        netip.Addr
+	IPv6      netip.Addr
 	Interface string
+}
+
+// Addr is the endpoint's address of family f.
+func (ep Endpoint) Addr(f ipam.Family) netip.Addr {
+	if f == ipam.IPv6 {
+		return ep.IPv6
+	}
+	return ep.IP
 }
 
 // State is everything Compile looks at.
@@ -120,6 +160,9 @@ type State struct {
 	Endpoints []Endpoint
 	// DenyLog says whose denied packets are logged.
 	DenyLog DenyLog
+	// IPv6: the node's pods may have IPv6 addresses (the cluster has an IPv6 pod range):
+	// Compile also makes the IPv6 ruleset (Ruleset.IPv6).
+	IPv6 bool
 	// peers, when set, is Peers(Pods), computed once by the engine.
 	peers []*Pod
 }

@@ -81,7 +81,8 @@ func TrimNetworkPolicy(obj any) (any, error) {
 	return np, nil
 }
 
-// PodFrom converts a (trimmed) pod. Its IP is its first IPv4 address.
+// PodFrom converts a (trimmed) pod. Its IP is its first IPv4 address, its IPv6 its first
+// IPv6 one.
 func PodFrom(p *corev1.Pod) *Pod {
 	out := &Pod{
 		Namespace: p.Namespace, Name: p.Name, UID: p.UID, Labels: p.Labels, NodeName: p.Spec.NodeName,
@@ -95,9 +96,13 @@ func PodFrom(p *corev1.Pod) *Pod {
 		ips = append(ips, ip.IP)
 	}
 	for _, s := range ips {
-		if a, err := netip.ParseAddr(s); err == nil && a.Is4() {
+		a, err := netip.ParseAddr(s)
+		switch {
+		case err != nil:
+		case a.Is4() && !out.IP.IsValid():
 			out.IP = a
-			break
+		case a.Is6() && !a.Is4In6() && a.Zone() == "" && !out.IPv6.IsValid():
+			out.IPv6 = a
 		}
 	}
 	for _, c := range slices.Concat(p.Spec.InitContainers, p.Spec.Containers) {

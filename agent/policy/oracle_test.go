@@ -27,6 +27,9 @@ import (
 // milliseconds, for every case.
 type compiledKube struct {
 	*kube.MockKubernetes
+	// v6: the pods are dual-stack (each also has to6 of its IPv4 address), the policies'
+	// ipBlocks are their IPv6 images (cidr6) and the probes go over IPv6.
+	v6       bool
 	mu       sync.Mutex
 	gen, at  int
 	compiled *Ruleset
@@ -129,7 +132,13 @@ func (k *compiledKube) ruleset() (*Ruleset, map[netip.Addr]string) {
 			iface := "trl" + pod.Namespace + pod.Name
 			st.Endpoints = append(st.Endpoints, Endpoint{Pod: pod.Key(), IP: pod.IP, Interface: iface})
 			k.ifaces[pod.IP] = iface
+			if k.v6 {
+				k.ifaces[to6(pod.IP)] = iface
+			}
 		}
+	}
+	if k.v6 {
+		st = mirror6(st)
 	}
 	k.compiled, k.at = Compile(st), k.gen
 	return k.compiled, k.ifaces
@@ -161,6 +170,9 @@ func (k *compiledKube) ExecuteRemoteCommand(namespace, pod, container string, co
 		return "", "", nil, err
 	}
 	src := netip.MustParseAddr(from.Status.PodIP)
+	if k.v6 {
+		src, dst = to6(src), to6(dst)
+	}
 	rs, ifaces := k.ruleset()
 	allowed, err := rs.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: dport, InInterface: ifaces[src], OutInterface: ifaces[dst]})
 	if err != nil {
@@ -174,8 +186,19 @@ func (k *compiledKube) ExecuteRemoteCommand(namespace, pod, container string, co
 
 // Every case cyclonus generates, judged by cyclonus's own model of NetworkPolicy.
 func TestCompileAgainstCyclonus(t *testing.T) {
+	againstCyclonus(t, false)
+}
+
+// Every case cyclonus generates, over IPv6: the pods dual-stack, the ipBlocks (made of
+// pod z/c's address) and the probes their IPv6 images, judged by cyclonus's model of the
+// IPv4 case (the images keep every containment, so the verdicts are the same).
+func TestCompileAgainstCyclonusIPv6(t *testing.T) {
+	againstCyclonus(t, true)
+}
+
+func againstCyclonus(t *testing.T, v6 bool) {
 	logrus.SetLevel(logrus.WarnLevel)
-	k := &compiledKube{MockKubernetes: kube.NewMockKubernetes(1.0)}
+	k := &compiledKube{MockKubernetes: kube.NewMockKubernetes(1.0), v6: v6}
 	namespaces, pods := []string{"x", "y", "z"}, []string{"a", "b", "c"}
 	protocols := []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
 	resources, err := cprobe.NewDefaultResources(k, namespaces, pods, []int{80, 81}, protocols, nil, 5, false, "registry.k8s.io")

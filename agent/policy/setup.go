@@ -40,6 +40,9 @@ type Options struct {
 	StateDir string
 	// DenyLog is spec.networkPolicy.denyLogs.
 	DenyLog DenyLog
+	// IPv6: the cluster has an IPv6 pod range (pods may have IPv6 addresses): policy is
+	// enforced for IPv6 too, with ip6tables and inet6 sets.
+	IPv6 bool
 }
 
 // CacheOptions trims what the agent's cache keeps of the objects policy reads: pods,
@@ -57,7 +60,7 @@ func CacheOptions() map[client.Object]cache.ByObject {
 // Setup adds the policy engine, its CNI hook server, metrics and status reporting to the
 // agent's manager; with policy disabled, a runnable that removes every policy rule.
 func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
-	applier := &KernelApplier{}
+	applier := &KernelApplier{IPv6: o.IPv6}
 	reporter := &statusReporter{client: mgr.GetClient(), node: o.NodeName, log: log.WithName("status"), backend: applier.Backend}
 	if err := mgr.Add(reporter); err != nil {
 		return err
@@ -90,7 +93,7 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	e := &Engine{
 		Cluster: src,
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
-		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogProbe: applier.ProbeDenyLogs,
+		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogProbe: applier.ProbeDenyLogs, IPv6: o.IPv6,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
 			m.Observe(st, rs, took)

@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // ClusterNetworkPolicy tiers, as the API defines them: for each direction of a pod's
@@ -173,7 +175,8 @@ func (c *compiler) podChains(pod *Pod, ep Endpoint, t tiers, dir Direction) ([]C
 		pc.TailChain = podChainName(tailPrefix, ep.Pod)
 		passTarget = pc.TailChain
 	}
-	rules := []string{fmt.Sprintf("%s %s/32 -m comment --comment \"trellis: a pod is never blocked from itself\" -j RETURN", self, ep.IP)}
+	addr := ep.Addr(c.family)
+	rules := []string{fmt.Sprintf("%s %s -m comment --comment \"trellis: a pod is never blocked from itself\" -j RETURN", self, netip.PrefixFrom(addr, addr.BitLen()))}
 	rules = append(rules, c.tierRules(pod, t.admin, dir, passTarget)...)
 	held := t.admin
 	if len(t.nps) == 0 { // the Baseline rules are in the chain only where no NetworkPolicy decides
@@ -320,7 +323,7 @@ func (c *compiler) clusterPeers(r clusterRule, dir Direction) (matches []string,
 				fail(j, "networks: %v", err)
 				continue
 			}
-			if set != "" { // only IPv6 networks: no IPv4 address is in them
+			if set != "" { // only networks of the other family: no address of this one is in them
 				match(set)
 			}
 		case len(p.DomainNames) > 0:
@@ -339,7 +342,8 @@ func labelSelector(s *metav1.LabelSelector) (labels.Selector, error) {
 	return metav1.LabelSelectorAsSelector(s)
 }
 
-// nodeSet is the hash:ip set of the addresses of the nodes sel selects.
+// nodeSet is the hash:ip set of the addresses (of the compiler's family) of the nodes sel
+// selects.
 func (c *compiler) nodeSet(sel labels.Selector) string {
 	key := "nodes|" + sel.String()
 	if name, ok := c.setNames[key]; ok {
@@ -349,8 +353,8 @@ func (c *compiler) nodeSet(sel labels.Selector) string {
 	for _, n := range c.nodes {
 		if sel.Matches(labels.Set(n.Labels)) {
 			for _, ip := range n.IPs {
-				if ip.Is4() {
-					members = append(members, ip.String())
+				if ipam.FamilyOf(ip) == c.family {
+					members = append(members, ip.Unmap().String())
 				}
 			}
 		}
@@ -358,11 +362,12 @@ func (c *compiler) nodeSet(sel labels.Selector) string {
 	return c.set(key, SetIP, members, fmt.Sprintf("addresses of nodes matching {%s}", sel))
 }
 
-// networksSet is the hash:net set of the IPv4 part of networks ("" when there is none).
+// networksSet is the hash:net set of the part of networks of the compiler's family (""
+// when there is none).
 func (c *compiler) networksSet(networks []policyv1beta1.CIDR) (string, error) {
 	var prefixes []netip.Prefix
 	for _, n := range networks {
-		p, err := ipBlockPrefixes(string(n), nil)
+		p, err := ipBlockPrefixes(c.family, string(n), nil)
 		if err != nil {
 			return "", err
 		}
@@ -445,12 +450,17 @@ func (c *compiler) namedPort(name string, pod *Pod, dir Direction) []string {
 	key := "port|" + name + "|*"
 	set, ok := c.setNames[key]
 	if !ok {
+		f := c.family
 		set = c.podSet(key, SetIPPort, podSetDef{comment: "pods with a port named " + name,
 			entries: func(peer *Pod, _ map[string]*Namespace) []string {
+				a := peer.Addr(f)
+				if !a.IsValid() {
+					return nil
+				}
 				var out []string
 				for _, cp := range peer.Ports {
 					if cp.Name == name {
-						out = append(out, fmt.Sprintf("%s,%s:%d", peer.IP, strings.ToLower(string(cp.Protocol)), cp.Port))
+						out = append(out, fmt.Sprintf("%s,%s:%d", a, strings.ToLower(string(cp.Protocol)), cp.Port))
 					}
 				}
 				return out

@@ -37,6 +37,13 @@ func (rs *Ruleset) Trace(p Packet) (Trace, error) {
 }
 
 func (rs *Ruleset) traceWith(ev *Evaluator, p Packet) (Trace, error) {
+	ev, err := ev.family(p)
+	if err != nil {
+		return Trace{}, err
+	}
+	if !p.Src.Is4() {
+		rs = rs.IPv6
+	}
 	var steps []TraceStep
 	e := &evaluator{chains: ev.chains, sets: ev.sets, p: p, matched: func(chain string, i int, target string) {
 		steps = append(steps, TraceStep{Chain: chain, Index: i, Target: target})

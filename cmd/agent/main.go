@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/netip"
 	"os"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -173,6 +174,7 @@ func run(o *options.Options, node uninstall.Node) error {
 		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
 		Socket: cnicontract.DefaultPolicySocket, StateDir: cnicontract.DefaultEndpointsDir,
 		DenyLog: policy.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
+		IPv6:    hasIPv6(cfg.PodCIDRs),
 	}, ctrl.Log.WithName("policy")); err != nil {
 		return err
 	}
@@ -192,6 +194,19 @@ func run(o *options.Options, node uninstall.Node) error {
 		return err
 	}
 	return watch.Shutdown(mgr.GetClient(), mgr.GetAPIReader(), nodeName, node, ctrl.Log.WithName("shutdown"))
+}
+
+// hasIPv6 tells whether the cluster's pod ranges include an IPv6 one: pods may then get
+// IPv6 addresses, and policy is enforced for IPv6 too. A range that doesn't parse counts
+// as IPv6 (enforcing a family with no pods costs little; missing one would let it through).
+func hasIPv6(podCIDRs []string) bool {
+	for _, c := range podCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || !p.Addr().Is4() {
+			return true
+		}
+	}
+	return false
 }
 
 // byObject merges the cache settings of the agent's parts (each names its own types).
