@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,30 +35,67 @@ type node struct {
 	t    *testing.T
 	ns   ns.NetNS
 	pods map[string]*kpod
+	// v6: the pods are dual-stack and the rules of both families are applied.
+	v6 bool
 }
 
 type kpod struct {
 	name string
 	ns   ns.NetNS
 	ip   netip.Addr
+	ip6  netip.Addr // dual-stack nodes only
 	pod  *policy.Pod
 }
 
 func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
 	t.Helper()
+	return buildNode(t, backend, false, names)
+}
+
+// newDualNode is newNode with dual-stack pods (fd00:10:244:1::N beside 10.244.1.N), IPv6
+// forwarding on and the IPv6 rules applied beside the IPv4 ones.
+func newDualNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
+	t.Helper()
+	v6 := backend.IPv6()
+	netnstest.RequireCommands(t, v6.Restore, v6.Save, v6.IPTables)
+	return buildNode(t, backend, true, names)
+}
+
+func buildNode(t *testing.T, backend netfilter.Backend, v6 bool, names []string) *node {
+	t.Helper()
 	netnstest.RequireCommands(t, backend.Restore, backend.Save, "ipset")
-	n := &node{t: t, ns: netnstest.New(t), pods: map[string]*kpod{}}
+	n := &node{t: t, ns: netnstest.New(t), pods: map[string]*kpod{}, v6: v6}
+	if v6 {
+		// Before the veths exist: turning forwarding on resets their IPv6 state (the first
+		// connections would wait for it).
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644)
+		}))
+	}
 	for i, name := range names {
 		p := &kpod{name: name, ns: netnstest.New(t), ip: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + i)})}
+		ips := []netip.Addr{p.ip}
+		if v6 {
+			p.ip6 = netip.AddrFrom16([16]byte{0xfd, 0x00, 0x00, 0x10, 0x02, 0x44, 0x00, 0x01, 15: byte(10 + i)})
+			ips = append(ips, p.ip6)
+		}
 		check.Must(t, n.ns.Do(func(ns.NetNS) error {
-			_, err := veth.Setup(p.ns, veth.HostName(name, "eth0"), "eth0", []netip.Addr{p.ip}, 1500)
+			_, err := veth.Setup(p.ns, veth.HostName(name, "eth0"), "eth0", ips, 1500)
 			return err
 		}))
-		p.pod = &policy.Pod{Namespace: "shop", Name: name, Labels: map[string]string{"app": name}, IP: p.ip, NodeName: "node1",
+		p.pod = &policy.Pod{Namespace: "shop", Name: name, Labels: map[string]string{"app": name}, IP: p.ip, IPv6: p.ip6, NodeName: "node1",
 			Ports: []policy.Port{{Name: "echo", Protocol: corev1.ProtocolTCP, Port: 7000}}}
 		echo(t, p.ns, 7000)
 		echo(t, p.ns, 7001)
 		n.pods[name] = p
+	}
+	if v6 {
+		// The kernel brings IPv6 up on a veth once it has seen its carrier (linkwatch
+		// batches that, up to a second): until then the pod answers no neighbour
+		// solicitation. Policy has nothing to do with it; wait for it.
+		for _, p := range n.pods {
+			waitIPv6Up(t, p.ns, p.name)
+		}
 	}
 	check.Must(t, n.ns.Do(func(ns.NetNS) error {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
@@ -69,9 +109,28 @@ func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
 	return n
 }
 
+// waitIPv6Up waits until IPv6 works on the namespace's links (a usable link-local address).
+func waitIPv6Up(t *testing.T, netns ns.NetNS, what string) {
+	t.Helper()
+	check.Eventually(t, 3*time.Second, what+"'s IPv6 link-local address", func() error {
+		return netns.Do(func(ns.NetNS) error {
+			addrs, err := netlink.AddrList(nil, netlink.FAMILY_V6)
+			if err != nil {
+				return err
+			}
+			for _, a := range addrs {
+				if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+					return nil
+				}
+			}
+			return fmt.Errorf("none yet: %v", addrs)
+		})
+	})
+}
+
 // state is the Compile input for the node's pods with policies.
 func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
-	st := policy.State{Namespaces: []*policy.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies}
+	st := policy.State{Namespaces: []*policy.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies, IPv6: n.v6}
 	var wired map[netip.Addr]string
 	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
@@ -81,7 +140,14 @@ func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
 	for _, p := range n.pods {
 		st.Pods = append(st.Pods, p.pod)
 		if iface := wired[p.ip]; iface != "" {
-			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: p.pod.Key(), IP: p.ip, Interface: iface})
+			ep := policy.Endpoint{Pod: p.pod.Key(), IP: p.ip, Interface: iface}
+			if n.v6 {
+				if wired[p.ip6] != iface {
+					n.t.Fatalf("WiredPods found %v, want %s's IPv6 address %s on %s", wired, p.name, p.ip6, iface)
+				}
+				ep.IPv6 = p.ip6
+			}
+			st.Endpoints = append(st.Endpoints, ep)
 		}
 	}
 	if len(st.Endpoints) != len(n.pods) {
@@ -102,10 +168,19 @@ func (n *node) apply(a *policy.KernelApplier, st policy.State) bool {
 }
 
 func (n *node) dial(from, to string, port int) error {
+	return n.dialAddr(from, n.pods[to].ip, port)
+}
+
+// dial6 is dial over IPv6.
+func (n *node) dial6(from, to string, port int) error {
+	return n.dialAddr(from, n.pods[to].ip6, port)
+}
+
+func (n *node) dialAddr(from string, to netip.Addr, port int) error {
 	var err error
 	_ = n.pods[from].ns.Do(func(ns.NetNS) error {
 		var conn net.Conn
-		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(n.pods[to].ip, uint16(port)).String(), 500*time.Millisecond)
+		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(to, uint16(port)).String(), 500*time.Millisecond)
 		if err == nil {
 			conn.Close()
 		}
@@ -254,6 +329,9 @@ func (n *node) deleteDenied(st policy.State, rs *policy.Ruleset) uint {
 	ifaces := map[netip.Addr]string{}
 	for _, e := range st.Endpoints {
 		ifaces[e.IP] = e.Interface
+		if e.IPv6.IsValid() {
+			ifaces[e.IPv6] = e.Interface
+		}
 	}
 	var removed uint
 	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
