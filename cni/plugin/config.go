@@ -137,11 +137,10 @@ func parseConf(stdin []byte, strict bool) (*NetConf, *types.Error) {
 			return nil, invalid("podCIDRv6", fmt.Sprintf("%q must be an IPv6 network address with a prefix between /%d and /%d, e.g. fd00:10:244:1::/64",
 				c.PodCIDRv6, cnicontract.MinBlockBits6, cnicontract.MaxBlockBits6))
 		}
-		// Fail closed: the policy engine programs IPv4 only, so an IPv6 address would take
-		// the pod's traffic around its NetworkPolicies.
-		if c.Policy != nil {
-			return nil, invalid("podCIDRv6", "can't be combined with policy yet: NetworkPolicy is enforced for IPv4 only, so the pod's IPv6 traffic would bypass it")
-		}
+		// With policy, the agent confirms the pod only once its IPv6 rules hold the pod's
+		// IPv6 address (learnt from the /128 route this plugin adds before it asks), and
+		// refuses it on a cluster without an IPv6 pod range: an IPv6 address never takes
+		// the pod's traffic around its policies.
 		c.blocks = append(c.blocks, block)
 	}
 	if c.MTU < 576 || c.MTU > 65535 {

@@ -9,11 +9,17 @@ import (
 	"os"
 	osexec "os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // fakeAgent answers the policy hook like the node agent, after delay.
@@ -90,6 +96,38 @@ func TestPolicyHook(t *testing.T) {
 		}
 		n.assertClean()
 	})
+	t.Run("a dual-stack pod is announced by its IPv4 address and wired with both before the agent is asked", func(t *testing.T) {
+		socket, got := fakeAgent(t, 0, true)
+		n := newNode(t, nodeOpts{block: dualBlock4, block6: dualBlock6, policy: map[string]any{"socket": socket, "timeout": "5s"}})
+		r, _ := n.mustAdd(n.newPod("web"))
+		v4, v6 := podIPs(t, r)
+		req := <-got
+		if req.IP != v4.String() {
+			t.Errorf("agent got ip %q, want the pod's IPv4 address %s", req.IP, v4)
+		}
+		// The agent learns the IPv6 address from the host route through the pod's veth.
+		var routes []netlink.Route
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName(req.HostInterface)
+			if err != nil {
+				return err
+			}
+			routes, err = netlink.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{LinkIndex: l.Attrs().Index, Protocol: veth.RouteProtocol},
+				netlink.RT_FILTER_OIF|netlink.RT_FILTER_PROTOCOL)
+			return err
+		}))
+		if !slices.ContainsFunc(routes, func(rt netlink.Route) bool { return rt.Dst != nil && rt.Dst.IP.Equal(v6.AsSlice()) }) {
+			t.Errorf("no route to %s through %s, where the agent learns the pod's IPv6 address: %v", v6, req.HostInterface, routes)
+		}
+	})
+	t.Run("an IPv6-only pod is announced by its IPv6 address", func(t *testing.T) {
+		socket, got := fakeAgent(t, 0, true)
+		n := newNode(t, nodeOpts{block: "-", block6: dualBlock6, policy: map[string]any{"socket": socket, "timeout": "5s"}})
+		r, _ := n.mustAdd(n.newPod("web"))
+		if req := <-got; len(r.IPs) != 1 || req.IP != r.IPs[0].Address.IP.String() || !strings.Contains(req.IP, ":") {
+			t.Errorf("agent got ip %q, result %v", req.IP, r.IPs)
+		}
+	})
 	t.Run("failurePolicy Ignore proceeds without the agent", func(t *testing.T) {
 		n := newNode(t, nodeOpts{policy: map[string]any{"socket": filepath.Join(t.TempDir(), "absent.sock"), "failurePolicy": "Ignore"}})
 		n.mustAdd(n.newPod("x"))
@@ -120,7 +158,6 @@ func TestBadInput(t *testing.T) {
 		{"IPv6 in podCIDR", env("ADD"), strings.Replace(valid, "10.244.1.0/24", "fd00::/64", 1), 7, "podCIDR \"fd00::/64\" must be an IPv4"},
 		{"IPv4 in podCIDRv6", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"podCIDRv6":"10.244.2.0/24","podCIDR"`, 1), 7, "podCIDRv6 \"10.244.2.0/24\" must be an IPv6"},
 		{"IPv6 block too large", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"podCIDRv6":"fd00::/48","podCIDR"`, 1), 7, "prefix between /64 and /120"},
-		{"IPv6 block with policy", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"podCIDRv6":"fd00::/64","policy":{"socket":"/x"},"podCIDR"`, 1), 7, "NetworkPolicy is enforced for IPv4 only"},
 		{"bad MTU", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"mtu":99,"podCIDR"`, 1), 7, "mtu 99"},
 		{"bad policy timeout", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"policy":{"socket":"/x","timeout":"soon"},"podCIDR"`, 1), 7, "policy.timeout"},
 		{"bad failure policy", env("ADD"), strings.Replace(valid, `"podCIDR"`, `"policy":{"socket":"/x","failurePolicy":"Maybe"},"podCIDR"`, 1), 7, "policy.failurePolicy"},
