@@ -2,6 +2,7 @@ package policy
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
@@ -29,9 +30,22 @@ func TestLeads(t *testing.T) {
 // Every packet passes the jumps into trellis's filter chains and the rule returning
 // replies, and iptables-nft evaluates a comment as an xtables match per packet: they must
 // carry none (issue #24; docs/benchmarks.md has the profile). The INPUT and OUTPUT jumps
-// only take packets of pods' veths, the only ones their chains act on.
+// only take packets of pods' veths, the only ones their chains act on. The same for the
+// IPv6 rules, whose neighbour discovery rules every packet of a pod to its node passes.
 func TestPerPacketRulesCarryNoComment(t *testing.T) {
-	st, err := kernelState(Compile(State{}))
+	rs := Compile(State{IPv6: true})
+	for _, r := range []*Ruleset{rs, rs.IPv6} {
+		perPacketRulesCarryNoComment(t, r)
+	}
+	for _, c := range rs.IPv6.Chains {
+		if c.Name == ChainPodToHost && (len(c.Rules) < 2 || strings.Contains(c.Rules[0]+c.Rules[1], "comment")) {
+			t.Errorf("%s: %q, want the neighbour discovery rules first, without a comment", c.Name, c.Rules)
+		}
+	}
+}
+
+func perPacketRulesCarryNoComment(t *testing.T, rs *Ruleset) {
+	st, err := kernelState(rs)
 	if err != nil {
 		t.Fatal(err)
 	}
