@@ -236,20 +236,9 @@ func TestUnenforceableRuleIsReported(t *testing.T) {
 // the pod's default-deny egress and its IPv6 address is in the IPv6 selector set; an
 // IPv6-only pod is announced by its IPv6 address.
 func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}
-	deny := &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deny-out"},
-		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}},
-	}
-	allowFromWeb := &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db"},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
-				{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}},
-		},
-	}
+	ns := shopNS()
+	deny := np("shop", "deny-out", map[string]string{"app": "web"}, onlyEgress, nil, nil)
+	allowFromWeb := allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"})
 	db4, db6 := netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00:10:244:1::9")
 	web4, web6 := netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("fd00:10:244:1::7")
 	only6 := netip.MustParseAddr("fd00:10:244:1::8")

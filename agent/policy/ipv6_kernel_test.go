@@ -5,13 +5,10 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
@@ -19,7 +16,6 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Kernel tests of the IPv6 rules (ip6tables, inet6 sets) between dual-stack pods, for both
@@ -149,123 +145,6 @@ func TestEstablishedConnectionDeniedIPv6(t *testing.T) {
 	}
 }
 
-// A pod veth the rules don't know (a pod being wired, before the hook's sync put its rules
-// in; or one whose pod is gone) is dropped over IPv6 both ways and towards the node, even
-// where no policy exists; a pod known with its IPv4 address only is unknown to the IPv6
-// rules.
-func TestUnknownPodInterfaceIsDroppedIPv6(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
-			n := newDualNode(t, backend, "web", "db", "ghost", "half")
-			nodeIP, _ := n.underlay6(t)
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
-			st := n.state()
-			st.Endpoints = slices.DeleteFunc(st.Endpoints, func(e policy.Endpoint) bool { return e.Pod.Name == "ghost" })
-			for i := range st.Endpoints {
-				if st.Endpoints[i].Pod.Name == "half" {
-					st.Endpoints[i].IPv6 = netip.Addr{}
-				}
-			}
-			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(policy.Compile(st), true); return err }))
-			if err := n.dial6("web", "db", 7000); err != nil {
-				t.Fatalf("web -> db over IPv6 between known pods without policy: %v", err)
-			}
-			for _, p := range []string{"ghost", "half"} {
-				if err := n.dial6(p, "db", 7000); err == nil {
-					t.Errorf("%s's unknown IPv6 reached a pod", p)
-				}
-				if err := n.dial6("web", p, 7000); err == nil {
-					t.Errorf("a pod reached %s's unknown IPv6", p)
-				}
-				if c, err := n.dialIn(t, p, netip.AddrPortFrom(nodeIP, 7000)); err == nil {
-					c.Close()
-					t.Errorf("%s's unknown IPv6 reached the node", p)
-				}
-			}
-			if err := n.dial("half", "db", 7000); err != nil {
-				t.Errorf("half's known IPv4 address can't reach db: %v", err)
-			}
-		})
-	}
-}
-
-// underlay6 is underlay over IPv6: the node namespace gets 2001:db8:100::10 on a link to
-// another host namespace (2001:db8:100::20, routing the pods' range through the node), with
-// an echo server on port 7000 at both ends.
-func (n *node) underlay6(t *testing.T) (nodeIP, otherIP netip.Addr) {
-	t.Helper()
-	nodeIP, otherIP = netip.MustParseAddr("2001:db8:100::10"), netip.MustParseAddr("2001:db8:100::20")
-	other := netnstest.New(t)
-	check.Must(t, n.ns.Do(func(ns.NetNS) error {
-		la := netlink.NewLinkAttrs()
-		la.Name = "underlay0"
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "underlay1", PeerNamespace: netlink.NsFd(int(other.Fd()))}); err != nil {
-			return err
-		}
-		_, err := addrUp6("underlay0", nodeIP)
-		return err
-	}))
-	check.Must(t, other.Do(func(ns.NetNS) error {
-		l, err := addrUp6("underlay1", otherIP)
-		if err != nil {
-			return err
-		}
-		_, pods, _ := net.ParseCIDR("fd00:10:244:1::/64")
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: pods, Gw: nodeIP.AsSlice()})
-	}))
-	waitIPv6Up(t, other, "the other node")
-	echo(t, n.ns, 7000)
-	echo(t, other, 7000)
-	return nodeIP, otherIP
-}
-
-// addrUp6 gives link name ip/64, usable at once (no duplicate address detection), and
-// sets it up (in the calling thread's namespace).
-func addrUp6(name string, ip netip.Addr) (netlink.Link, error) {
-	l, err := netlink.LinkByName(name)
-	if err != nil {
-		return nil, err
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-	if err := netlink.AddrAdd(l, addr); err != nil {
-		return nil, err
-	}
-	return l, netlink.LinkSetUp(l)
-}
-
-// A pod under default-deny egress still reaches its own node over IPv6; another node's
-// IPv6 address is an ordinary destination its policies judge.
-func TestPodReachesItsOwnNodeUnderEgressIsolationIPv6(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
-			n := newDualNode(t, backend, "web")
-			nodeIP, otherIP := n.underlay6(t)
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
-			denyOut := policyFor("deny-out", map[string]string{"app": "web"}, nil)
-			denyOut.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-			n.apply(a, n.state(denyOut))
-			if c, err := n.dialIn(t, "web", netip.AddrPortFrom(nodeIP, 7000)); err != nil {
-				t.Errorf("web under default-deny egress can't reach its own node %s: %v", nodeIP, err)
-			} else {
-				c.Close()
-			}
-			if c, err := n.dialIn(t, "web", netip.AddrPortFrom(otherIP, 7000)); err == nil {
-				c.Close()
-				t.Errorf("web under default-deny egress reached another node %s", otherIP)
-			}
-			allowOther := policyFor("to-other", map[string]string{"app": "web"}, nil)
-			allowOther.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-			allowOther.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: otherIP.String() + "/128"}}}}}
-			n.apply(a, n.state(denyOut, allowOther))
-			if c, err := n.dialIn(t, "web", netip.AddrPortFrom(otherIP, 7000)); err != nil {
-				t.Errorf("web can't reach %s, which an ipBlock allows: %v", otherIP, err)
-			} else {
-				c.Close()
-			}
-		})
-	}
-}
-
 // Neighbour discovery between a pod and its node is never blocked, as ARP never is for
 // IPv4: a pod whose every IPv6 packet an Admin Deny of ::/0 drops (its egress chain is where
 // its packets to the node go) still answers the node's solicitations, so connections to
@@ -291,53 +170,6 @@ func TestNeighbourDiscoveryUnderClusterEgressDeny(t *testing.T) {
 				if err := dial("web", "db", 7000); err == nil {
 					t.Error("web reached db through its Admin Deny")
 				}
-			}
-		})
-	}
-}
-
-// anyFlow matches every conntrack entry.
-type anyFlow struct{}
-
-func (anyFlow) MatchConntrackFlow(*netlink.ConntrackFlow) bool { return true }
-
-// flushConntrack6 forgets every tracked IPv6 connection of the node (a flush of the table
-// is per family).
-func (n *node) flushConntrack6(t *testing.T) {
-	check.Must(t, n.ns.Do(func(ns.NetNS) error {
-		_, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET6, anyFlow{})
-		return err
-	}))
-}
-
-// An idle IPv6 connection whose conntrack entry expired goes on between pods no policy
-// selects; where a policy isolates a pod, mid-stream pickup stays refused.
-func TestIdleConnectionAfterConntrackExpiryIPv6(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
-			n := newDualNode(t, backend, "web", "db")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
-			n.apply(a, n.state())
-			conn, err := n.dialIn(t, "web", netip.AddrPortFrom(n.pods["db"].ip6, 7000))
-			check.Must(t, err)
-			defer conn.Close()
-			r := bufio.NewReader(conn)
-			check.Must(t, roundTrip(conn, r))
-			n.flushConntrack6(t)
-			if err := roundTrip(conn, r); err != nil {
-				t.Errorf("an IPv6 connection between pods no policy selects broke after its conntrack entry went: %v", err)
-			}
-
-			n.apply(a, n.state(policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{
-				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}}})))
-			conn2, err := n.dialIn(t, "web", netip.AddrPortFrom(n.pods["db"].ip6, 7000))
-			check.Must(t, err)
-			defer conn2.Close()
-			r2 := bufio.NewReader(conn2)
-			check.Must(t, roundTrip(conn2, r2))
-			n.flushConntrack6(t)
-			if err := roundTrip(conn2, r2); err == nil {
-				t.Error("an IPv6 connection to an isolated pod was picked up mid-stream after its conntrack entry went")
 			}
 		})
 	}
