@@ -57,9 +57,7 @@ func TestConflistRoundTrip(t *testing.T) {
 		wantBlocks := []netip.Prefix{block}
 		if tc.block6 != "" {
 			block6 = netip.MustParsePrefix(tc.block6)
-			if !tc.policy.Enabled {
-				wantBlocks = append(wantBlocks, block6)
-			}
+			wantBlocks = append(wantBlocks, block6) // with or without policy: it covers IPv6
 		}
 		written, err := r.Conflist(block, block6, tc.mtu)
 		if err != nil {

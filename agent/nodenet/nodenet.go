@@ -392,9 +392,6 @@ func (r *Reconciler) ipv6Summary(v6 *datapath.FamilyStatus) string {
 		}
 		s += fmt.Sprintf(" (%d through the tunnel although Direct: %s)", n, why)
 	}
-	if r.Config.NetworkPolicy.Enabled {
-		s += "; pods get no IPv6 address while NetworkPolicy is enabled (it is enforced for IPv4 only)"
-	}
 	return s
 }
 
@@ -424,16 +421,15 @@ func offloadTarget(cfg *datapath.Config, st *datapath.Status, d offload.Decision
 // Conflist is the network configuration this node's runtime gets: the trellis plugin on
 // the node's block (and IPv6 block, when valid) with the datapath's pod MTU, reporting
 // each command to the agent (and, with NetworkPolicy enabled, the policy hook every new
-// pod waits on), then portmap. With NetworkPolicy enabled the IPv6 block is left out:
-// policy is enforced for IPv4 only, so the plugin refuses the two together rather than
-// let IPv6 traffic bypass it.
+// pod waits on), then portmap. The policy hook confirms a dual-stack pod once the rules
+// of both families hold it (agent/policy).
 func (r *Reconciler) Conflist(block, block6 netip.Prefix, mtu int) (cnicontract.Conflist, error) {
 	conf := cnicontract.NetConf{
 		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
 		// Each command's outcome, for the agent's CNI metrics (agent/cnimetrics).
 		ReportSocket: cnicontract.DefaultReportSocket,
 	}
-	if block6.IsValid() && !r.Config.NetworkPolicy.Enabled {
+	if block6.IsValid() {
 		conf.PodCIDRv6 = block6.String()
 	}
 	if np := r.Config.NetworkPolicy; np.Enabled {

@@ -333,7 +333,7 @@ func TestParseQuery(t *testing.T) {
 		{"web", "10.0.0.2:http", "", "", "error: a port name needs a pod or a Service"},
 		{"svc/db", "web:80", "", "", "error: a Service opens no connections"},
 		{"a/b/c", "web:80", "", "", "error: want [pod/][NAMESPACE/]NAME"},
-		{"web", "fd00::1", "80", "", "error: IPv4 only"},
+		{"web", "fd00::1", "80", "", "error: IPv4 addresses only"},
 	} {
 		q, err := ParseQuery(tc.from, tc.to, tc.port, tc.proto, "shop")
 		var got string

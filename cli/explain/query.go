@@ -108,7 +108,7 @@ func parseRef(s, namespace, what string) (Ref, error) {
 	}
 	if a, err := netip.ParseAddr(s); err == nil {
 		if !a.Unmap().Is4() {
-			return Ref{}, fmt.Errorf("%s %s: Trellis enforces policy for IPv4 only", what, s)
+			return Ref{}, fmt.Errorf("%s %s: explain answers for IPv4 addresses only for now (NetworkPolicy itself is enforced for IPv6 too)", what, s)
 		}
 		return Ref{Kind: KindIP, IP: a.Unmap()}, nil
 	}
