@@ -186,17 +186,25 @@ func familySetups(o options, dual bool, readyFile string) (ref, trl *setup, err 
 	suffix := ""
 	ref4, ref6 := netip.MustParsePrefix("10.251.0.0/16"), netip.MustParsePrefix("fd00:10:251::/64")
 	trl4, trl6 := netip.MustParsePrefix("10.250.0.0/16"), netip.MustParsePrefix("fd00:10:250::/64")
-	refIPAM := map[string]any{"type": "host-local", "subnet": ref4.String()}
-	trlConf := map[string]any{"type": "trellis", "podCIDR": trl4.String(), "mtu": 1500}
 	refSubnets, trlSubnets := []netip.Prefix{ref4}, []netip.Prefix{trl4}
+	trlConf := map[string]any{"type": "trellis", "podCIDR": trl4.String(), "mtu": 1500}
 	if dual {
 		suffix = "-dual"
-		delete(refIPAM, "subnet")
-		refIPAM["ranges"] = [][]map[string]string{{{"subnet": ref4.String()}}, {{"subnet": ref6.String()}}}
-		trlConf["podCIDRv6"] = trl6.String()
 		refSubnets, trlSubnets = append(refSubnets, ref6), append(trlSubnets, trl6)
+		trlConf["podCIDRv6"] = trl6.String()
 	}
-	refIPAM["dataDir"] = filepath.Join(o.runDir, "hl"+suffix)
+	// host-local takes one range per family; IPv4 alone keeps the plain "subnet" of the
+	// runs recorded before the dual rows, so they stay comparable.
+	refIPAM := map[string]any{"type": "host-local", "dataDir": filepath.Join(o.runDir, "hl"+suffix)}
+	if dual {
+		var ranges [][]map[string]string
+		for _, p := range refSubnets {
+			ranges = append(ranges, []map[string]string{{"subnet": p.String()}})
+		}
+		refIPAM["ranges"] = ranges
+	} else {
+		refIPAM["subnet"] = ref4.String()
+	}
 	ref, err = newSetup(pluginReference, map[string]any{
 		"cniVersion": "1.1.0",
 		"name":       "bench-ptp" + suffix,
