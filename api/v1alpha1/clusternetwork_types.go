@@ -57,25 +57,23 @@ const (
 )
 
 // ClusterNetworkSpec is the desired pod network of the whole cluster.
+// +kubebuilder:validation:XValidation:rule="self.podCIDRs.exists(c, isCIDR(c) && cidr(c).ip().family() == 4)",message="spec.podCIDRs must hold an IPv4 range: IPv6-only clusters are not supported yet (issue #22); list an IPv4 range such as 10.244.0.0/16 first, then the IPv6 one for dual-stack",fieldPath=".podCIDRs"
 // +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).ip().family() != 4 || cidr(c).prefixLength() < self.nodeBlockSize)",message="spec.nodeBlockSize must be longer than the prefix of every IPv4 entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSize"
 // +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).ip().family() != 6 || cidr(c).prefixLength() < self.nodeBlockSizeV6)",message="spec.nodeBlockSizeV6 must be longer than the prefix of every IPv6 entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSizeV6"
 // +kubebuilder:validation:XValidation:rule="self.nodeBlockSizeV6 == oldSelf.nodeBlockSizeV6 || !oldSelf.podCIDRs.exists(c, isCIDR(c) && cidr(c).ip().family() == 6)",message="spec.nodeBlockSizeV6 is immutable once spec.podCIDRs holds an IPv6 range: changing it would re-address every pod; create a new cluster network instead",fieldPath=".nodeBlockSizeV6"
 type ClusterNetworkSpec struct {
-	// Of the rules on podCIDRs, the one refusing IPv6 ("not supported yet") is there because
-	// the agent does not program IPv6 yet, so pods would get IPv4 only: deleting that one
-	// rule is all the API needs once it does (issue #22); the others are family-aware.
 	// IPv4-mapped ranges (::ffff:0:0/96) are no CIDR to the API server's cidr library, so
 	// isCIDR refuses them and the special-purpose list can't name them.
 
-	// PodCIDRs are the address ranges pods get their IPs from, IPv4 and (once the agent
-	// programs it, issue #22) IPv6, several of each. Entries in effect (status.podCIDRs) are
-	// immutable: append a CIDR to add room, or the first range of a family to add it. An
-	// entry not yet in effect (one the operator refused) may be removed.
+	// PodCIDRs are the address ranges pods get their IPs from, IPv4 and IPv6, several of
+	// each; with ranges of both families every pod gets an address of each (dual-stack).
+	// Entries in effect (status.podCIDRs) are immutable: append a CIDR to add room, or the
+	// first IPv6 range to make an IPv4 cluster dual-stack. An entry not yet in effect (one
+	// the operator refused) may be removed.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
 	// +kubebuilder:validation:items:MaxLength=43
 	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="each spec.podCIDRs entry must be a CIDR such as 10.244.0.0/16 or fd00:10:244::/56"
-	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() == 4",messageExpression="'IPv6 pod CIDRs are not supported yet: spec.podCIDRs entry ' + self + ' would leave pods with IPv4 only, since the node agent does not program IPv6 routes or policy (issue #22)'"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address (host bits zero), e.g. 10.244.0.0/16 rather than 10.244.1.0/16, fd00:10:244::/56 rather than fd00:10:244:1::/56"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() != 4 || ['0.0.0.0/8', '127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '240.0.0.0/4'].all(r, !cidr(r).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(r)))",messageExpression="'spec.podCIDRs entry ' + self + ' overlaps a special-purpose range that cannot carry pod traffic (0.0.0.0/8 this network, 127.0.0.0/8 loopback, 169.254.0.0/16 link-local, where pods reach their gateway 169.254.1.1, 224.0.0.0/4 multicast, 240.0.0.0/4 reserved and broadcast): use a private range such as 10.244.0.0/16'"
 	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() != 6 || ['::/128', '::1/128', '64:ff9b::/96', '100::/64', 'fe80::/10', 'ff00::/8'].all(r, !cidr(r).containsCIDR(cidr(self)) && !cidr(self).containsCIDR(cidr(r)))",messageExpression="'spec.podCIDRs entry ' + self + ' overlaps a special-purpose range that cannot carry pod traffic (::/128 unspecified, ::1/128 loopback, 64:ff9b::/96 NAT64, 100::/64 discard-only, fe80::/10 link-local, where pods reach their gateway, ff00::/8 multicast): use a unique local range such as fd00:10:244::/56'"

@@ -2,7 +2,6 @@ package v1alpha1_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -54,8 +53,8 @@ func TestInvalidClusterNetworksAreRefused(t *testing.T) {
 			[]string{"spec.podCIDRs", "must be a CIDR"}},
 		{"pod CIDR has host bits", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.1.0/16"} },
 			[]string{"spec.podCIDRs", "network address"}},
-		{"pod CIDR is IPv6 (not supported yet)", func(s map[string]any) { s["podCIDRs"] = []any{"fd00::/48"}; s["nodeBlockSize"] = 24 },
-			[]string{"IPv6 pod CIDRs are not supported yet: spec.podCIDRs entry fd00::/48", "issue #22"}},
+		{"IPv6 only (not supported yet)", func(s map[string]any) { s["podCIDRs"] = []any{"fd00::/48"} },
+			[]string{"spec.podCIDRs must hold an IPv4 range", "IPv6-only clusters are not supported yet"}},
 		{"IPv6 pod CIDR has host bits", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8::1/48"} },
 			[]string{"spec.podCIDRs", "network address"}},
 		{"IPv6 pod CIDR is loopback", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "::1/128"} },
@@ -334,30 +333,33 @@ func TestEffectiveTXChecksumOffload(t *testing.T) {
 	}
 }
 
-// A valid dual-stack spec is refused by the one rule that says IPv6 isn't supported yet,
-// and by no other: deleting that rule is all the API needs once the agent programs IPv6.
-func TestDualStackRefusedOnlyAsNotYetSupported(t *testing.T) {
+// A dual-stack spec (several ranges of each family) is accepted with its defaults, and an
+// IPv4 cluster can be made dual-stack by appending its first IPv6 range (the migration
+// path docs/install.md gives).
+func TestDualStackAccepted(t *testing.T) {
+	ctx := context.Background()
 	spec := validSpec()
 	spec["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8:1::/48", "10.245.0.0/16", "2001:db8:2::/48"}
 	spec["nodeBlockSizeV6"] = 80
 	obj := clusterNetwork("dual-stack", spec)
-	err := k8s.Create(context.Background(), obj)
-	if err == nil {
-		_ = k8s.Delete(context.Background(), obj)
-		t.Fatal("the API server accepted IPv6 pod CIDRs, which the agent does not program yet")
+	if err := k8s.Create(ctx, obj); err != nil {
+		t.Fatalf("a dual-stack ClusterNetwork was refused: %v", err)
 	}
-	var status apierrors.APIStatus
-	if !errors.As(err, &status) || status.Status().Details == nil {
-		t.Fatalf("want an Invalid error with causes, got %v", err)
+	t.Cleanup(func() { _ = k8s.Delete(ctx, obj) })
+
+	cn := &v1alpha1.ClusterNetwork{}
+	cn.Name = "ipv4-to-dual"
+	cn.Spec.PodCIDRs = []string{"10.244.0.0/16"}
+	if err := k8s.Create(ctx, cn); err != nil {
+		t.Fatal(err)
 	}
-	causes := status.Status().Details.Causes
-	if len(causes) != 2 {
-		t.Fatalf("want exactly the 2 IPv6 entries refused as not supported yet, got %d causes: %v", len(causes), err)
+	t.Cleanup(func() { _ = k8s.Delete(ctx, cn) })
+	cn.Spec.PodCIDRs = append(cn.Spec.PodCIDRs, "fd00:10:244::/56")
+	if err := k8s.Update(ctx, cn); err != nil {
+		t.Fatalf("appending the first IPv6 range to an IPv4 cluster was refused: %v", err)
 	}
-	for _, c := range causes {
-		if !strings.Contains(c.Message, "IPv6 pod CIDRs are not supported yet") {
-			t.Errorf("a rule other than the not-supported-yet one fired: %s: %s", c.Field, c.Message)
-		}
+	if cn.Spec.NodeBlockSizeV6 != 64 {
+		t.Errorf("spec.nodeBlockSizeV6 %d, want the default 64", cn.Spec.NodeBlockSizeV6)
 	}
 }
 
