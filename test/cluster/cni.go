@@ -86,8 +86,9 @@ func (c *Cluster) addReferenceRoutes(ctx context.Context) error {
 
 // installTrellis installs Trellis exactly as README.md tells users: the operator and the
 // CRDs (the ClusterNetworkPolicy CRD's standard channel among them) with `kubectl apply -k
-// config/default`, then the sample ClusterNetwork. The operator renders the agent
-// DaemonSet; the agents install the CNI.
+// config/default`, then the sample ClusterNetwork, on a dual-stack cluster with PodCIDR6
+// added to its podCIDRs as docs/install.md says (unless IPv4Pods). The operator renders
+// the agent DaemonSet; the agents install the CNI.
 func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 	if _, err := c.Kubectl(ctx, "apply", "-k", filepath.Join(c.ModuleRoot, "config", "default")); err != nil {
 		return err
@@ -99,11 +100,36 @@ func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 		return err
 	}
 	sample := filepath.Join(c.ModuleRoot, "config", "samples", "network_v1alpha1_clusternetwork.yaml")
-	if _, err := c.Kubectl(ctx, "apply", "-f", sample); err != nil {
+	if c.ipFamily() != IPFamilyDual || c.IPv4Pods {
+		if _, err := c.Kubectl(ctx, "apply", "-f", sample); err != nil {
+			return err
+		}
+		p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml: done")
+		return nil
+	}
+	dual, err := dualStackSample(sample)
+	if err != nil {
 		return err
 	}
-	p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml: done")
+	if _, err := c.KubectlInput(ctx, dual, "apply", "-f", "-"); err != nil {
+		return err
+	}
+	p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml with %s added to podCIDRs: done", PodCIDR6)
 	return nil
+}
+
+// dualStackSample is the sample ClusterNetwork at path with PodCIDR6 listed after its
+// IPv4 range, the edit docs/install.md tells a user making a dual-stack cluster.
+func dualStackSample(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	v4 := "  - " + PodCIDR.String() + "\n"
+	if !strings.Contains(string(b), v4) {
+		return "", fmt.Errorf("%s: no podCIDRs entry %q to add %s after", path, strings.TrimSpace(v4), PodCIDR6)
+	}
+	return strings.Replace(string(b), v4, v4+"  - "+PodCIDR6.String()+"\n", 1), nil
 }
 
 // routeControlPlaneToPods routes each node's pod block (its NodeNetwork's spec.podCIDR)

@@ -66,6 +66,9 @@ var (
 	ServiceCIDR6 = netip.MustParsePrefix("fd00:10:96::/112")
 	// PodCIDR is the pod network of both CNIs (the sample ClusterNetwork's podCIDRs).
 	PodCIDR = netip.MustParsePrefix("10.244.0.0/16")
+	// PodCIDR6 is the IPv6 pod network of a dual-stack cluster with Trellis: the range a
+	// user appends to the sample's podCIDRs (a ULA /56, a /64 block per node).
+	PodCIDR6 = netip.MustParsePrefix("fd00:10:244::/56")
 	// ClusterDNS is the ClusterIP of Service kube-system/kube-dns with Options.DNS and the
 	// kubelets' clusterDNS: the conventional 10th address of ServiceCIDR (10.96.0.10).
 	ClusterDNS = serviceAddr(10)
@@ -98,7 +101,13 @@ type Options struct {
 	// simulated network also gets an IPv6 address (2001:db8::/32, inside its namespace
 	// only), the API server a second Service range (ServiceCIDR6), the kubelets both node
 	// IPs, so Nodes list an InternalIP of each family and kube-proxy serves both.
+	// With CNITrellis, the ClusterNetwork is dual-stack too (podCIDRs PodCIDR, PodCIDR6):
+	// every pod gets an address of each family.
 	IPFamily IPFamily
+	// IPv4Pods, with IPFamilyDual and CNITrellis, installs the sample ClusterNetwork as it
+	// is (IPv4 pods on dual-stack nodes): the state a cluster is in before it is made
+	// dual-stack by appending an IPv6 range, which a test can then do.
+	IPv4Pods bool
 	// DNS runs cluster DNS, as every real cluster has: CoreDNS (COREDNS_VERSION of
 	// hack/versions.env, built by hack/build-coredns.sh) as Deployment kube-system/coredns
 	// behind Service kube-system/kube-dns at ClusterDNS, which the kubelets get as
@@ -159,6 +168,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.IPFamily != IPFamilyIPv4 && o.IPFamily != IPFamilyDual {
 		return o, fmt.Errorf("--ip-family %q: %q or %q (IPv6-only is not supported yet)", o.IPFamily, IPFamilyIPv4, IPFamilyDual)
+	}
+	if o.IPv4Pods && (o.IPFamily != IPFamilyDual || o.CNI != CNITrellis) {
+		return o, fmt.Errorf("IPv4 pods on dual-stack nodes need --ip-family %s and --cni %s", IPFamilyDual, CNITrellis)
 	}
 	if o.RemoteNode && o.Nodes < 2 {
 		return o, fmt.Errorf("a remote node needs --nodes 2 or more")

@@ -23,6 +23,7 @@ type Cluster struct {
 	RemoteNode bool
 	DNS        bool
 	IPFamily   IPFamily `json:",omitempty"`
+	IPv4Pods   bool     `json:",omitempty"`
 	// Kubeconfig is the admin kubeconfig; its server is Server, the loopback forwarder.
 	Kubeconfig string
 	Server     string

@@ -39,6 +39,9 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	if opts.IPFamily == IPFamilyDual {
 		extra += ", dual-stack"
+		if opts.IPv4Pods {
+			extra += " nodes with IPv4 pods"
+		}
 	}
 	v, err := versions.Load()
 	if err != nil {
@@ -157,7 +160,7 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 // newCluster lays the cluster of opts out (nothing is created yet).
 func newCluster(opts Options, t tools, p *progress) (*Cluster, []node.Config, error) {
 	c := &Cluster{
-		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode, DNS: opts.DNS, IPFamily: opts.IPFamily,
+		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode, DNS: opts.DNS, IPFamily: opts.IPFamily, IPv4Pods: opts.IPv4Pods,
 		Kubeconfig: filepath.Join(opts.StateDir, "kubeconfig"),
 		LogDir:     filepath.Join(opts.StateDir, "logs"),
 		BinDir:     t.k8sBin, ModuleRoot: t.moduleRoot,
@@ -412,7 +415,7 @@ func (c *Cluster) clusterDNS() netip.Addr {
 // matches: c has the shape opts (with defaults) asks for.
 func (c *Cluster) matches(opts Options) bool {
 	return len(c.Nodes) == opts.Nodes && c.CNI == opts.CNI && c.RemoteNode == opts.RemoteNode && c.DNS == opts.DNS &&
-		c.ipFamily() == opts.IPFamily
+		c.ipFamily() == opts.IPFamily && c.IPv4Pods == opts.IPv4Pods
 }
 
 // ipFamily is c's IP family (clusters recorded before the field existed are IPv4).

@@ -27,9 +27,20 @@ const (
 
 // Pod is a pod of the test with its network namespace open.
 type Pod struct {
-	Node  string
-	IP    netip.Addr
+	Node string
+	IP   netip.Addr // status.podIP: IPv4 in a dual-stack cluster
+	// IPv6 is the pod's IPv6 address (status.podIPs) in a dual-stack cluster; invalid when
+	// it has none.
+	IPv6  netip.Addr
 	NetNS *os.File
+}
+
+// Addr is the pod's address of family 4 or 6 (invalid when it has none).
+func (p Pod) Addr(family int) netip.Addr {
+	if family == 6 {
+		return p.IPv6
+	}
+	return p.IP
 }
 
 // PodSpec is a test pod: an agnhost netexec server on node, with hostPort mapped to its
@@ -110,23 +121,35 @@ func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, 
 		if p.Spec.NodeName != node {
 			t.Fatalf("pod %s on %s, want %s", name, p.Spec.NodeName, node)
 		}
+		var ip6 netip.Addr
+		for _, pip := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(pip.IP); err == nil && a.Is6() {
+				ip6 = a
+			}
+		}
 		ns := PodNetns(t, string(p.UID))
-		// Make sure it is the pod's namespace: the pod IP must be on one of its interfaces.
+		// Make sure it is the pod's namespace: the pod IPs must be on its interfaces.
 		if err := netnstest.Enter(ns, func() error {
 			addrs, err := net.InterfaceAddrs()
 			if err != nil {
 				return err
 			}
-			for _, a := range addrs {
-				if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() == ip {
-					return nil
+			for _, want := range []netip.Addr{ip, ip6} {
+				found := !want.IsValid()
+				for _, a := range addrs {
+					if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() == want {
+						found = true
+					}
+				}
+				if !found {
+					return fmt.Errorf("pod IP %s not among %v", want, addrs)
 				}
 			}
-			return fmt.Errorf("pod IP %s not among %v", ip, addrs)
+			return nil
 		}); err != nil {
 			t.Fatalf("pod %s's network namespace: %v", name, err)
 		}
-		pods[name] = Pod{Node: node, IP: ip, NetNS: ns}
+		pods[name] = Pod{Node: node, IP: ip, IPv6: ip6, NetNS: ns}
 	}
 	return pods
 }
