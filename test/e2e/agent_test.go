@@ -48,7 +48,7 @@ func TestAgentDatapath(t *testing.T) {
 		serverNode: c.Nodes[1], from: c.Nodes[2], svcIP: framework.CreateService(ctx, t, c, "server")}
 	underlayMTU := framework.LinkMTU(t, c.Nodes[0], "eth0")
 
-	checkDatapath(ctx, t, c, dp, "VXLAN")
+	checkDatapath(t, dp, "VXLAN", 4)
 	t.Run("VXLAN/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, "VXLAN", underlayMTU-50, c.Nodes[0], c.Nodes[1]) })
 
 	t.Run("NATOutgoing", func(t *testing.T) {
@@ -197,7 +197,7 @@ func TestAgentDatapath(t *testing.T) {
 				t.Errorf("in %s, %s routes %s's block %q, want %q", mode, c.Nodes[0].Name, c.Nodes[1].Name, route, wantRoute)
 			}
 			// Pods made before the switch, and pods made in the new mode (MTU).
-			checkDatapath(ctx, t, c, dp, mode)
+			checkDatapath(t, dp, mode, 4)
 			want := underlayMTU - 50
 			if mode == "Direct" {
 				want = underlayMTU // no encapsulation, the full underlay MTU
@@ -248,8 +248,14 @@ func checkModeMTU(ctx context.Context, t *testing.T, c *cluster.Cluster, mode st
 	batch := "mtu-" + strings.ToLower(mode)
 	pods := framework.DeployPods(ctx, t, c, batch, []framework.PodSpec{{Name: batch + "-a", Node: a.Name}, {Name: batch + "-b", Node: b.Name}})
 	defer framework.DeletePods(ctx, t, c, batch)
-	checkMTU(t, pods[batch+"-a"], pods[batch+"-b"], want)
-	checkMTU(t, pods[batch+"-b"], pods[batch+"-a"], want)
+	families := []int{4}
+	if pods[batch+"-a"].IPv6.IsValid() {
+		families = append(families, 6) // a dual-stack cluster: the same MTU for IPv6
+	}
+	for _, f := range families {
+		checkMTU(t, pods[batch+"-a"], pods[batch+"-b"], want, f)
+		checkMTU(t, pods[batch+"-b"], pods[batch+"-a"], want, f)
+	}
 }
 
 // TestAgentHybrid checks Hybrid encapsulation with the last node behind a router: pods on
@@ -310,7 +316,7 @@ func TestAgentHybrid(t *testing.T) {
 	})
 	dp := datapathPods{client: pods["client"], neighbour: pods["neighbour"], server: pods["server"],
 		serverNode: remote, from: c.Nodes[1], svcIP: framework.CreateService(ctx, t, c, "server")}
-	checkDatapath(ctx, t, c, dp, "Hybrid")
+	checkDatapath(t, dp, "Hybrid", 4)
 	t.Run("Hybrid/MTU", func(t *testing.T) {
 		// Pods get the VXLAN MTU in Hybrid: a full one crosses the router encapsulated.
 		checkModeMTU(ctx, t, c, "Hybrid", framework.LinkMTU(t, c.Nodes[0], "eth0")-50, c.Nodes[0], remote)

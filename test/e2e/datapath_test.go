@@ -34,44 +34,56 @@ import (
 const (
 	hostPort = 18080 // the server pod's hostPort (to serverPort)
 	mtuPort  = 9100  // UDP port of the MTU check
-	// ipUDPHeaders is what an IPv4 UDP datagram adds to its payload.
-	ipUDPHeaders = 28
+	// ipUDPHeaders and ip6UDPHeaders are what an IPv4 and an IPv6 UDP datagram add to
+	// its payload.
+	ipUDPHeaders  = 28
+	ip6UDPHeaders = 48
 )
 
 // datapathPods are the pods checkDatapath uses: client and neighbour share a node, server
-// is on another (with hostPort), svcIP is a ClusterIP Service in front of server.
+// is on another (with hostPort), svcIP is a ClusterIP Service in front of server (svcIP6
+// its IPv6 ClusterIP in a dual-stack cluster).
 type datapathPods struct {
 	client, neighbour, server framework.Pod
 	serverNode                cluster.Node
 	// from is a node namespace other than the server's (hostPort is checked from there).
-	from  cluster.Node
-	svcIP netip.Addr
+	from          cluster.Node
+	svcIP, svcIP6 netip.Addr
 }
 
-// checkDatapath runs the connectivity checks of mode as subtests.
-func checkDatapath(ctx context.Context, t *testing.T, c *cluster.Cluster, p datapathPods, mode string) {
+// checkDatapath runs the connectivity checks of mode over IP family 4 or 6 as
+// subtests (IPv6's named mode/IPv6/...): the pods' addresses, the Service's ClusterIP and
+// the server node's address of that family.
+func checkDatapath(t *testing.T, p datapathPods, mode string, family int) {
 	t.Helper()
+	svc, serverNodeIP, prefix := p.svcIP, p.serverNode.IP, mode+"/"
+	if family == 6 {
+		svc, serverNodeIP, prefix = p.svcIP6, p.serverNode.IP6, mode+"/IPv6/"
+	}
 	conns := []struct {
 		name string
 		from *os.File
 		to   netip.AddrPort
 	}{
-		{"SameNode", p.client.NetNS, netip.AddrPortFrom(p.neighbour.IP, framework.ServerPort)},
-		{"CrossNode", p.client.NetNS, netip.AddrPortFrom(p.server.IP, framework.ServerPort)},
-		{"CrossNodeBack", p.server.NetNS, netip.AddrPortFrom(p.client.IP, framework.ServerPort)},
-		{"ClusterIP", p.client.NetNS, netip.AddrPortFrom(p.svcIP, 80)},
-		{"HostPortFromPod", p.client.NetNS, netip.AddrPortFrom(p.serverNode.IP, hostPort)},
+		{"SameNode", p.client.NetNS, netip.AddrPortFrom(p.neighbour.Addr(family), framework.ServerPort)},
+		{"CrossNode", p.client.NetNS, netip.AddrPortFrom(p.server.Addr(family), framework.ServerPort)},
+		{"CrossNodeBack", p.server.NetNS, netip.AddrPortFrom(p.client.Addr(family), framework.ServerPort)},
+		{"ClusterIP", p.client.NetNS, netip.AddrPortFrom(svc, 80)},
+		{"HostPortFromPod", p.client.NetNS, netip.AddrPortFrom(serverNodeIP, hostPort)},
 	}
 	for _, cn := range conns {
-		t.Run(mode+"/"+cn.name, func(t *testing.T) {
+		t.Run(prefix+cn.name, func(t *testing.T) {
+			if !cn.to.Addr().IsValid() {
+				t.Fatalf("%s in %s: no IPv%d address to connect to", cn.name, mode, family)
+			}
 			if err := retryDial(cn.from, cn.to.String(), 10*time.Second); err != nil {
 				t.Errorf("%s in %s: connecting to %s: %v", cn.name, mode, cn.to, err)
 			}
 		})
 	}
-	t.Run(mode+"/HostPortFromNode", func(t *testing.T) {
+	t.Run(prefix+"HostPortFromNode", func(t *testing.T) {
 		ns := framework.OpenNetns(t, p.from.NetNSPath())
-		to := netip.AddrPortFrom(p.serverNode.IP, hostPort).String()
+		to := netip.AddrPortFrom(serverNodeIP, hostPort).String()
 		if err := retryDial(ns, to, 10*time.Second); err != nil {
 			t.Errorf("hostPort in %s: %s connecting to %s: %v", mode, p.from.Name, to, err)
 		}
@@ -92,10 +104,15 @@ func retryDial(ns *os.File, addr string, timeout time.Duration) error {
 }
 
 // checkMTU checks that a pod's interface has mtu and that a datagram filling it, sent
-// with DF, reaches the pod at to whole; one byte more is refused by the sender's kernel
-// (so mtu is really the pod's, not just a number in a status).
-func checkMTU(t *testing.T, from, to framework.Pod, mtu int) {
+// with DF over family (4 or 6; IPv6 routers never fragment), reaches the pod at to whole;
+// one byte more is refused by the sender's kernel (so mtu is really the pod's, not just a
+// number in a status).
+func checkMTU(t *testing.T, from, to framework.Pod, mtu, family int) {
 	t.Helper()
+	network, headers := "udp4", ipUDPHeaders
+	if family == 6 {
+		network, headers = "udp6", ip6UDPHeaders
+	}
 	var got int
 	if err := netnstest.Enter(from.NetNS, func() error {
 		ifc, err := net.InterfaceByName("eth0")
@@ -113,17 +130,17 @@ func checkMTU(t *testing.T, from, to framework.Pod, mtu int) {
 	var conn *net.UDPConn
 	if err := netnstest.Enter(to.NetNS, func() error {
 		var err error
-		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: mtuPort})
+		conn, err = net.ListenUDP(network, &net.UDPAddr{Port: mtuPort})
 		return err
 	}); err != nil {
 		t.Fatalf("listening on UDP %d in pod %s: %v", mtuPort, to.IP, err)
 	}
 	defer conn.Close()
-	dst := netip.AddrPortFrom(to.IP, mtuPort).String()
-	full := mtu - ipUDPHeaders
+	dst := netip.AddrPortFrom(to.Addr(family), mtuPort).String()
+	full := mtu - headers
 	var received int
 	for try := 0; try < 5 && received != full; try++ {
-		if err := sendDF(from.NetNS, dst, full); err != nil {
+		if err := sendDF(from.NetNS, network, dst, full); err != nil {
 			t.Fatalf("sending %d bytes with DF from %s to %s: %v", mtu, from.IP, dst, err)
 		}
 		buf := make([]byte, 65536)
@@ -139,24 +156,28 @@ func checkMTU(t *testing.T, from, to framework.Pod, mtu int) {
 		t.Fatalf("a %d-byte packet with DF from %s did not reach %s (got %d bytes of payload, want %d)", mtu, from.IP, to.IP, received, full)
 	}
 	t.Logf("a %d-byte packet with DF crossed from %s to %s", mtu, from.IP, to.IP)
-	err := sendDF(from.NetNS, dst, full+1)
+	err := sendDF(from.NetNS, network, dst, full+1)
 	if !errors.Is(err, syscall.EMSGSIZE) {
 		t.Errorf("sending %d bytes with DF from %s: %v, want EMSGSIZE (the pod MTU is %d)", mtu+1, from.IP, err, mtu)
 	}
 }
 
-// sendDF sends one UDP datagram of size bytes from ns to dst with the DF bit set (path
-// MTU discovery "do": never fragment).
-func sendDF(ns *os.File, dst string, size int) error {
+// sendDF sends one UDP datagram of size bytes from ns to dst over network (udp4, udp6)
+// with the DF bit set, or IPv6's equivalent (path MTU discovery "do": never fragment).
+func sendDF(ns *os.File, network, dst string, size int) error {
 	return netnstest.Enter(ns, func() error {
 		d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 			var serr error
 			err := rc.Control(func(fd uintptr) {
+				if network == "udp6" {
+					serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_MTU_DISCOVER, unix.IPV6_PMTUDISC_DO)
+					return
+				}
 				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DO)
 			})
 			return errors.Join(err, serr)
 		}}
-		conn, err := d.Dial("udp4", dst)
+		conn, err := d.Dial(network, dst)
 		if err != nil {
 			return err
 		}
@@ -177,14 +198,18 @@ type peerState struct {
 // trellisRouteProto is the protocol number of the agent's routes (agent/datapath).
 const trellisRouteProto = 202
 
-// peerStateOn reads, in node n's namespace, what routes block and (for VXLAN) the entries
-// pointing at peerIP.
+// peerStateOn reads, in node n's namespace, what routes block (of either family) and (for
+// VXLAN) the IPv4 neighbour and FDB entries pointing at peerIP.
 func peerStateOn(t *testing.T, n cluster.Node, block netip.Prefix, peerIP netip.Addr) peerState {
 	t.Helper()
 	var st peerState
 	ns := framework.OpenNetns(t, n.NetNSPath())
 	if err := netnstest.Enter(ns, func() error {
-		routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: trellisRouteProto}, netlink.RT_FILTER_PROTOCOL)
+		fam := netlink.FAMILY_V4
+		if block.Addr().Is6() {
+			fam = netlink.FAMILY_V6
+		}
+		routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: trellisRouteProto}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			return fmt.Errorf("listing routes: %w", err)
 		}

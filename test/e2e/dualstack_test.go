@@ -4,37 +4,44 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/topology"
 	"github.com/trellis-net/trellis/test/framework"
 )
 
-// TestDualStackCluster checks the local cluster's dual-stack mode (issue #22), the bed
-// the IPv6 pod network will be tested on: with Trellis installed as a user installs it,
-// every Node lists an InternalIP of each family (IPv4 first, the addresses of its
-// namespace), the nodes reach each other over the IPv6 underlay (also the one behind the
-// router), a RequireDualStack Service gets a ClusterIP of each family, kube-proxy
-// programs both on every node, and the root network namespace holds none of it.
+// TestDualStackCluster is dual-stack end to end (issue #22) on one cluster: 3 dual-stack
+// nodes (the last behind a router), Trellis installed as a user installs it with the
+// sample's IPv4 pod range, then made dual-stack the way docs/install.md says, by appending
+// an IPv6 range to spec.podCIDRs under traffic. Then, for each family: pod to pod on one
+// node, across nodes and through the router, a ClusterIP, a hostPort, natOutgoing seen
+// from the external host, full-MTU packets with DF, and the live switch VXLAN -> Direct
+// -> Hybrid -> VXLAN under probing of both families, with each mode's IPv6 routes. The
+// root network namespace holds none of it.
 func TestDualStackCluster(t *testing.T) {
 	rootBefore := rootNamespaceState(t)
 	root6Before := rootRoutes6(t)
-	c := cluster.ForTest(t, cluster.Options{Name: "dual", Nodes: 3, RemoteNode: true, CNI: cluster.CNITrellis, IPFamily: cluster.IPFamilyDual})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	c := cluster.ForTest(t, cluster.Options{Name: "dual", Nodes: 3, RemoteNode: true, CNI: cluster.CNITrellis,
+		IPFamily: cluster.IPFamilyDual, IPv4Pods: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	client, err := c.Client()
 	if err != nil {
 		t.Fatal(err)
 	}
+	node1, node2, remote := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 
 	t.Run("NodeAddresses", func(t *testing.T) {
 		for _, n := range c.Nodes {
@@ -72,45 +79,224 @@ func TestDualStackCluster(t *testing.T) {
 		}
 	})
 
-	t.Run("DualStackService", func(t *testing.T) {
-		require := corev1.IPFamilyPolicyRequireDualStack
-		svc, err := client.CoreV1().Services("default").Create(ctx, &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: "dual"},
-			Spec: corev1.ServiceSpec{
-				IPFamilyPolicy: &require,
-				Selector:       map[string]string{"app": "dual"},
-				Ports:          []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
-			},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("creating a RequireDualStack Service: %v", err)
+	// Pods of the IPv4 cluster, which must keep working, and keep their address, while the
+	// cluster becomes dual-stack.
+	before := framework.DeployPods(ctx, t, c, "before", []framework.PodSpec{
+		{Name: "before-a", Node: node1.Name}, {Name: "before-b", Node: node2.Name}})
+	if a := before["before-a"]; a.IPv6.IsValid() {
+		t.Fatalf("pod before-a got IPv6 address %s before the cluster had an IPv6 pod range", a.IPv6)
+	}
+
+	t.Run("AppendIPv6Range", func(t *testing.T) {
+		p := framework.StartProber(t, before["before-a"].NetNS, netip.AddrPortFrom(before["before-b"].IP, framework.ServerPort).String())
+		defer p.Stop()
+		p.WaitFlowing(t, 30*time.Second)
+		since := time.Now()
+		patch := fmt.Sprintf(`[{"op":"add","path":"/spec/podCIDRs/-","value":%q}]`, cluster.PodCIDR6)
+		if out, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "json", "-p", patch); err != nil {
+			t.Fatalf("appending %s to spec.podCIDRs: %v\n%s", cluster.PodCIDR6, err, out)
 		}
-		defer func() {
-			_ = client.CoreV1().Services("default").Delete(context.Background(), "dual", metav1.DeleteOptions{})
-		}()
-		if len(svc.Spec.ClusterIPs) != 2 {
-			t.Fatalf("ClusterIPs %v, want one of each family", svc.Spec.ClusterIPs)
+		waitFor(t, 2*time.Minute, "status.podCIDRs to hold "+cluster.PodCIDR6.String(), func() (bool, string) {
+			got := framework.ClusterNetworkField(ctx, t, c, ".status.podCIDRs")
+			return strings.Contains(got, cluster.PodCIDR6.String()), got
+		})
+		if out, err := c.Kubectl(ctx, "rollout", "status", "-n", "trellis-system", "daemonset/trellis-agent", "--timeout=3m"); err != nil {
+			t.Fatalf("agent rollout after appending the IPv6 range: %v\n%s", err, out)
 		}
-		v4, err4 := netip.ParseAddr(svc.Spec.ClusterIPs[0])
-		v6, err6 := netip.ParseAddr(svc.Spec.ClusterIPs[1])
-		if err4 != nil || err6 != nil || !cluster.ServiceCIDR.Contains(v4) || !cluster.ServiceCIDR6.Contains(v6) {
-			t.Fatalf("ClusterIPs %v, want one in %v and one in %v", svc.Spec.ClusterIPs, cluster.ServiceCIDR, cluster.ServiceCIDR6)
-		}
-		// kube-proxy programs both: the IPv6 ClusterIP goes into ip6tables on every node
-		// (its filter table's REJECT while the Service has no endpoint).
-		for _, n := range c.Nodes {
-			deadline := time.Now().Add(time.Minute)
-			for {
-				out, err := framework.NodeOutput(n, "ip6tables-save")
-				if err == nil && strings.Contains(out, v6.String()+"/128") {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Errorf("node %s: kube-proxy wrote no ip6tables rule for ClusterIP %v within a minute (%v)", n.Name, v6, err)
-					break
-				}
-				time.Sleep(2 * time.Second)
+		framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
+		blocks6 := map[string]bool{}
+		for _, nn := range framework.NodeNetworks(ctx, t, c) {
+			b := nn.Block6()
+			if !b.IsValid() || b.Bits() != 64 || !cluster.PodCIDR6.Contains(b.Addr()) {
+				t.Errorf("NodeNetwork %s: IPv6 block %v (spec.podCIDRs %v), want a /64 of %s", nn.Metadata.Name, b, nn.Spec.PodCIDRs, cluster.PodCIDR6)
 			}
+			if blocks6[b.String()] {
+				t.Errorf("IPv6 block %s given to two nodes", b)
+			}
+			blocks6[b.String()] = true
+			if r := nn.Ready(); r == nil || !strings.Contains(r.Message, "IPv6:") {
+				t.Errorf("NodeNetwork %s: Ready %+v does not say how IPv6 blocks are reached", nn.Metadata.Name, r)
+			}
+		}
+		time.Sleep(2 * time.Second)
+		gap, fails, total := p.GapSince(since)
+		t.Logf("IPv6 range appended: longest gap between the IPv4 pods' connects %v (%d of %d failed, last error: %v)",
+			gap.Round(time.Millisecond), fails, total, p.LastError())
+		if gap > 2*time.Second {
+			t.Errorf("the IPv4 pods' traffic stopped for %v while the cluster became dual-stack, want at most 2s", gap.Round(time.Millisecond))
+		}
+		for name, pod := range before {
+			if ip := framework.PodIP(ctx, t, c, name); ip != pod.IP {
+				t.Errorf("pod %s's IP changed from %s to %s", name, pod.IP, ip)
+			}
+		}
+	})
+	if t.Failed() {
+		t.Fatalf("the cluster did not become dual-stack:\n%s", c.Diagnose(ctx))
+	}
+
+	pods := framework.DeployPods(ctx, t, c, "dual", []framework.PodSpec{
+		{Name: "client", Node: node1.Name},
+		{Name: "neighbour", Node: node1.Name},
+		{Name: "server", Node: node2.Name, HostPort: hostPort},
+		{Name: "far", Node: remote.Name},
+	})
+	t.Run("PodAddresses", func(t *testing.T) {
+		// Every new pod has one address of each family, each in its node's block of that
+		// family, IPv4 first in status.podIPs.
+		nns := map[string]framework.NodeNetwork{}
+		for _, nn := range framework.NodeNetworks(ctx, t, c) {
+			nns[nn.Metadata.Name] = nn
+		}
+		for name, pod := range pods {
+			p, err := client.CoreV1().Pods(framework.PodNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ips []string
+			for _, pip := range p.Status.PodIPs {
+				ips = append(ips, pip.IP)
+			}
+			if want := []string{pod.IP.String(), pod.IPv6.String()}; !pod.IPv6.IsValid() || !slices.Equal(ips, want) {
+				t.Errorf("pod %s: status.podIPs %v, want an IPv4 and an IPv6 address, IPv4 first", name, ips)
+				continue
+			}
+			nn := nns[pod.Node]
+			if b4, b6 := netip.MustParsePrefix(nn.Spec.PodCIDR), nn.Block6(); !b4.Contains(pod.IP) || !b6.Contains(pod.IPv6) {
+				t.Errorf("pod %s on %s: %s, %s outside the node's blocks %s, %s", name, pod.Node, pod.IP, pod.IPv6, b4, b6)
+			}
+		}
+	})
+	svc4, svc6 := dualStackService(ctx, t, c, "server")
+	dp := datapathPods{client: pods["client"], neighbour: pods["neighbour"], server: pods["server"],
+		serverNode: node2, from: remote, svcIP: svc4, svcIP6: svc6}
+	far := pods["far"]
+	underlayMTU := framework.LinkMTU(t, node1, "eth0")
+
+	t.Run("KubeProxyIPv6", func(t *testing.T) {
+		// kube-proxy programs the IPv6 ClusterIP on every node (ip6tables).
+		for _, n := range c.Nodes {
+			waitFor(t, time.Minute, n.Name+"'s ip6tables rule for ClusterIP "+svc6.String(), func() (bool, string) {
+				out, err := framework.NodeOutput(n, "ip6tables-save")
+				return err == nil && strings.Contains(out, svc6.String()+"/128"), fmt.Sprint(err)
+			})
+		}
+	})
+
+	// checkMode runs mode's checks over both families: the datapath checks, the far pod
+	// behind the router (not in Direct: it is not on-link), and pods made now get the
+	// mode's MTU and pass full-size packets of both families with DF.
+	checkMode := func(t *testing.T, mode string, mtu int) {
+		for _, family := range []int{4, 6} {
+			checkDatapath(t, dp, mode, family)
+			if mode == "Direct" {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/IPv%d/ThroughRouter", mode, family), func(t *testing.T) {
+				for _, cn := range []struct {
+					from framework.Pod
+					to   netip.Addr
+				}{{dp.client, far.Addr(family)}, {far, dp.client.Addr(family)}} {
+					to := netip.AddrPortFrom(cn.to, framework.ServerPort).String()
+					if err := retryDial(cn.from.NetNS, to, 10*time.Second); err != nil {
+						t.Errorf("pod on %s -> %s in %s: %v", cn.from.Node, to, mode, err)
+					}
+				}
+			})
+		}
+		t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, mtu, node1, node2) })
+	}
+	checkMode(t, "VXLAN", underlayMTU-50)
+
+	t.Run("NATOutgoingIPv6", func(t *testing.T) {
+		// A pod reaching the external host over IPv6 is seen with its node's IPv6 address;
+		// a pod reaching another pod keeps its own.
+		ext := c.Network.External
+		extNS := framework.OpenNetns(t, filepath.Join("/run/netns", ext.NetNS))
+		extPeer := framework.AcceptOnce(t, extNS, 9000)
+		if err := retryDial(dp.client.NetNS, netip.AddrPortFrom(ext.IP6, 9000).String(), 10*time.Second); err != nil {
+			t.Fatalf("client pod -> external host [%s]:9000: %v", ext.IP6, err)
+		}
+		if got, want := framework.WaitPeer(t, extPeer), node1.IP6; got != want {
+			t.Errorf("the external host saw the client pod as %s, want its node's IPv6 address %s (natOutgoing)", got, want)
+		}
+		podPeer := framework.AcceptOnce(t, dp.server.NetNS, 9001)
+		if err := framework.DialFrom(dp.client.NetNS, netip.AddrPortFrom(dp.server.IPv6, 9001).String()); err != nil {
+			t.Fatalf("client pod -> server pod [%s]:9001: %v", dp.server.IPv6, err)
+		}
+		if got := framework.WaitPeer(t, podPeer); got != dp.client.IPv6 {
+			t.Errorf("the server pod saw the client pod as %s, want its IPv6 pod address %s (no NAT between pods)", got, dp.client.IPv6)
+		}
+	})
+
+	t.Run("EncapsulationSwitch", func(t *testing.T) {
+		probers := map[int]*framework.Prober{}
+		for _, family := range []int{4, 6} {
+			p := framework.StartProber(t, dp.client.NetNS, netip.AddrPortFrom(dp.server.Addr(family), framework.ServerPort).String())
+			defer p.Stop()
+			p.WaitFlowing(t, 30*time.Second)
+			probers[family] = p
+		}
+		block4, block6 := nodeBlocks6(ctx, t, c)
+		for _, mode := range []string{"Direct", "Hybrid", "VXLAN"} {
+			since := time.Now()
+			if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "merge", "-p", fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, mode)); err != nil {
+				t.Fatalf("switching to %s: %v", mode, err)
+			}
+			framework.WaitNodeNetworks(ctx, t, c, mode, "", 2*time.Minute)
+			if out, err := c.Kubectl(ctx, "rollout", "status", "-n", "trellis-system", "daemonset/trellis-agent", "--timeout=2m"); err != nil {
+				t.Fatalf("agent rollout after switching to %s: %v\n%s", mode, err, out)
+			}
+			framework.WaitNodeNetworks(ctx, t, c, mode, "", time.Minute)
+			time.Sleep(3 * time.Second) // traffic must stay up, not just come back once
+			for family, p := range probers {
+				p.WaitFlowing(t, time.Minute)
+				gap, fails, total := p.GapSince(since)
+				t.Logf("live switch to %s, IPv%d: longest gap between connects %v (%d of %d failed, last error: %v)",
+					mode, family, gap.Round(time.Millisecond), fails, total, p.LastError())
+				if gap > 2*time.Second {
+					t.Errorf("IPv%d traffic stopped for %v after switching to %s, want at most 2s", family, gap.Round(time.Millisecond), mode)
+				}
+			}
+			for name, pod := range pods {
+				p, err := client.CoreV1().Pods(framework.PodNamespace).Get(ctx, name, metav1.GetOptions{})
+				if err != nil || len(p.Status.PodIPs) != 2 || p.Status.PodIPs[0].IP != pod.IP.String() || p.Status.PodIPs[1].IP != pod.IPv6.String() {
+					t.Errorf("pod %s's addresses changed with the switch to %s: %v (%v), want %s, %s", name, mode, podIPsOf(p), err, pod.IP, pod.IPv6)
+				}
+			}
+			if t.Failed() {
+				t.Fatalf("after switching to %s:\n%s", mode, c.Diagnose(ctx))
+			}
+			// node1's routes to node2's blocks (same underlay) and to the remote node's
+			// (tunnelled, or none in Direct: it is not on-link).
+			want := map[string]string{
+				"node2 IPv4":  fmt.Sprintf("via %s dev eth0", node2.IP),
+				"node2 IPv6":  fmt.Sprintf("via %s dev eth0", node2.IP6),
+				"remote IPv4": "dev trellis.vxlan",
+				"remote IPv6": "dev trellis.vxlan",
+			}
+			switch mode {
+			case "VXLAN":
+				want["node2 IPv4"], want["node2 IPv6"] = "dev trellis.vxlan", "dev trellis.vxlan"
+			case "Direct":
+				want["remote IPv4"], want["remote IPv6"] = "", ""
+			}
+			got := map[string]string{
+				"node2 IPv4":  peerStateOn(t, node1, block4[node2.Name], node2.IP).Route,
+				"node2 IPv6":  peerStateOn(t, node1, block6[node2.Name], node2.IP).Route,
+				"remote IPv4": peerStateOn(t, node1, block4[remote.Name], remote.IP).Route,
+				"remote IPv6": peerStateOn(t, node1, block6[remote.Name], remote.IP).Route,
+			}
+			for k, w := range want {
+				if (w == "") != (got[k] == "") || !strings.HasSuffix(got[k], w) {
+					t.Errorf("in %s, %s routes %s's block as %q, want %q", mode, node1.Name, k, got[k], w)
+				}
+			}
+			mtu := underlayMTU - 50
+			if mode == "Direct" {
+				mtu = underlayMTU
+			}
+			checkMode(t, mode, mtu)
 		}
 	})
 
@@ -122,6 +308,84 @@ func TestDualStackCluster(t *testing.T) {
 			t.Errorf("the root namespace's IPv6 routes changed:\nbefore:\n%s\nafter:\n%s", root6Before, after)
 		}
 	})
+}
+
+// dualStackService creates a RequireDualStack ClusterIP Service named like the pod it
+// selects (port 80 to the pod's ServerPort) and returns its IPv4 and IPv6 ClusterIPs.
+func dualStackService(ctx context.Context, t *testing.T, c *cluster.Cluster, pod string) (netip.Addr, netip.Addr) {
+	t.Helper()
+	svc := fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+spec:
+  ipFamilyPolicy: RequireDualStack
+  selector:
+    name: %[1]s
+  ports:
+  - port: 80
+    targetPort: %[3]d
+`, pod, framework.PodNamespace, framework.ServerPort)
+	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
+		t.Fatalf("creating Service %s: %v", pod, err)
+	}
+	out, err := c.Kubectl(ctx, "get", "service", "-n", framework.PodNamespace, pod, "-o", "jsonpath={.spec.clusterIPs}")
+	if err != nil {
+		t.Fatalf("Service %s: %v", pod, err)
+	}
+	var ips []string
+	if err := json.Unmarshal([]byte(out), &ips); err != nil || len(ips) != 2 {
+		t.Fatalf("Service %s's clusterIPs %q (%v), want one of each family", pod, out, err)
+	}
+	v4, err4 := netip.ParseAddr(ips[0])
+	v6, err6 := netip.ParseAddr(ips[1])
+	if err4 != nil || err6 != nil || !cluster.ServiceCIDR.Contains(v4) || !cluster.ServiceCIDR6.Contains(v6) {
+		t.Fatalf("Service %s's clusterIPs %v, want one in %v and one in %v", pod, ips, cluster.ServiceCIDR, cluster.ServiceCIDR6)
+	}
+	return v4, v6
+}
+
+// nodeBlocks6 are every node's IPv4 and IPv6 pod blocks, by node name.
+func nodeBlocks6(ctx context.Context, t *testing.T, c *cluster.Cluster) (v4, v6 map[string]netip.Prefix) {
+	t.Helper()
+	v4, v6 = map[string]netip.Prefix{}, map[string]netip.Prefix{}
+	for _, nn := range framework.NodeNetworks(ctx, t, c) {
+		b, err := netip.ParsePrefix(nn.Spec.PodCIDR)
+		if err != nil || !nn.Block6().IsValid() {
+			t.Fatalf("NodeNetwork %s: blocks %q %v", nn.Metadata.Name, nn.Spec.PodCIDR, nn.Spec.PodCIDRs)
+		}
+		v4[nn.Metadata.Name], v6[nn.Metadata.Name] = b, nn.Block6()
+	}
+	return v4, v6
+}
+
+func podIPsOf(p *corev1.Pod) []string {
+	if p == nil {
+		return nil
+	}
+	var ips []string
+	for _, pip := range p.Status.PodIPs {
+		ips = append(ips, pip.IP)
+	}
+	return ips
+}
+
+// waitFor polls cond every second until it holds, failing the test after timeout with
+// what, and the last detail cond gave.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s: %s", timeout, what, detail)
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // rootRoutes6 is the root namespace's IPv6 routing tables (rootNamespaceState has IPv4's).

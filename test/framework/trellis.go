@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -77,13 +78,28 @@ type NodeNetwork struct {
 	Metadata struct {
 		Name string `json:"name"`
 	} `json:"metadata"`
+	Spec struct {
+		PodCIDR  string   `json:"podCIDR"`
+		PodCIDRs []string `json:"podCIDRs"`
+	} `json:"spec"`
 	Status struct {
 		Encapsulation string `json:"encapsulation"`
 		MTU           int    `json:"mtu"`
+		NodeIPv6      string `json:"nodeIPv6"`
 		Conditions    []struct {
 			Type, Status, Reason, Message string
 		} `json:"conditions"`
 	} `json:"status"`
+}
+
+// Block6 is the NodeNetwork's IPv6 pod block (invalid when it has none).
+func (nn NodeNetwork) Block6() netip.Prefix {
+	for _, c := range nn.Spec.PodCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil && p.Addr().Is6() {
+			return p
+		}
+	}
+	return netip.Prefix{}
 }
 
 // Ready is the NodeNetwork's Ready condition, nil if it has none.
