@@ -43,25 +43,27 @@ type Collector struct {
 	Recount func()
 }
 
-// Start runs Collect every Interval until ctx ends.
+// Start runs Collect once at once, then every Interval until ctx ends. The first pass frees
+// what pods deleted while the agent was down (an upgrade, a crash, a reboot) left at once,
+// not an interval later; the grace period keeps allocations of pods being set up.
 func (c *Collector) Start(ctx context.Context) error {
 	log := logf.FromContext(ctx).WithName("ipamgc")
 	t := time.NewTicker(c.Interval)
 	defer t.Stop()
 	for {
+		freed, err := c.Collect(ctx)
+		if c.Recount != nil {
+			c.Recount()
+		}
+		if err != nil {
+			log.Error(err, "IPAM leak collection failed")
+		} else if len(freed) > 0 {
+			log.Info("released leaked pod addresses", "allocations", fmt.Sprint(freed))
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			freed, err := c.Collect(ctx)
-			if c.Recount != nil {
-				c.Recount()
-			}
-			if err != nil {
-				log.Error(err, "IPAM leak collection failed")
-			} else if len(freed) > 0 {
-				log.Info("released leaked pod addresses", "allocations", fmt.Sprint(freed))
-			}
 		}
 	}
 }

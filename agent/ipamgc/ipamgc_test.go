@@ -133,3 +133,41 @@ func TestStaticPods(t *testing.T) {
 		})
 	}
 }
+
+// TestFirstPassAtStart: a started collector frees a leak at once, not an interval later
+// (an agent restarted after pods were deleted while it was down).
+func TestFirstPassAtStart(t *testing.T) {
+	k8s := testenv.StartForTest(t)
+	dir := filepath.Join(t.TempDir(), "trellis")
+	store, err := ipam.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip, err := store.Allocate(netip.MustParsePrefix("10.244.5.0/24"), "c-deleted", "eth0", "uid-of-a-deleted-pod")
+	store.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(filepath.Join(dir, ip.String()), old, old); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	c := &ipamgc.Collector{Reader: k8s, NodeName: "node-1", StoreDir: dir, Grace: 5 * time.Minute, Interval: time.Hour}
+	go func() { done <- c.Start(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, ip.String())); os.IsNotExist(err) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the leaked allocation %s is still there 10s after the collector started (interval 1h): no pass at start", ip)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
