@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -78,8 +79,10 @@ type Process struct {
 }
 
 // Start starts spec in a session of its own (no controlling terminal, not in the
-// caller's process group), so neither Ctrl-C on the caller nor its exit stops it.
+// caller's process group), so neither Ctrl-C on the caller nor its exit stops it. It gets
+// none of the caller's file descriptors but stdin, stdout, stderr and ExtraFiles.
 func Start(spec Spec) (*Process, error) {
+	noInheritedFDs()
 	logFile, err := os.OpenFile(spec.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("opening log %s: %w", spec.Log, err)
@@ -120,6 +123,23 @@ func Start(spec Spec) (*Process, error) {
 	}()
 	return p, nil
 }
+
+// noInheritedFDs marks the descriptors this process inherited beyond stdin, stdout and
+// stderr close-on-exec (Go opens its own so; inherited ones are not): the detached
+// processes outlive their starter and must not keep what it was given, such as the lock of
+// `flock FILE go test ...`, which a cluster left running would otherwise hold for its
+// whole life.
+var noInheritedFDs = sync.OnceFunc(func() {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
+})
 
 // Alive reports whether pid runs (and is not a zombie).
 func Alive(pid int) bool {
