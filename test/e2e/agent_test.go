@@ -20,11 +20,11 @@ import (
 // host is sent from inside a network namespace entered with setns on a locked OS thread
 // (netnstest.Enter); nothing is configured in, or sent from, the root network namespace.
 
-// TestAgentDatapath runs the node agent's datapath tests on one 3-node cluster (all nodes on
-// one subnet, Trellis, VXLAN to start with): connectivity and MTU in VXLAN, natOutgoing, a
-// node added and removed, the agent killed under traffic, and a live switch through
-// Direct and Hybrid back to VXLAN under traffic with the same checks in each mode. Each
-// subtest leaves the cluster as it found it.
+// TestAgentDatapath runs the node agent's datapath tests on one IPv4 3-node cluster (all
+// nodes on one subnet, Trellis in VXLAN, the sample's mode): connectivity and MTU,
+// natOutgoing, a node added and removed, and the agent killed under traffic. Each subtest
+// leaves the cluster as it found it. The other modes, the live switch between them and a
+// node behind a router are TestDualStackCluster's, for both families.
 func TestAgentDatapath(t *testing.T) {
 	c := cluster.ForTest(t, cluster.Options{Name: "agent", Nodes: 3, CNI: cluster.CNITrellis})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -145,82 +145,6 @@ func TestAgentDatapath(t *testing.T) {
 			}
 		}
 	})
-
-	t.Run("EncapsulationSwitch", func(t *testing.T) {
-		p := framework.StartProber(t, client.NetNS, serverAddr)
-		defer p.Stop()
-		p.WaitFlowing(t, 30*time.Second)
-		var directEra map[string]framework.Pod
-		for _, mode := range []string{"Direct", "Hybrid", "VXLAN"} {
-			since := time.Now()
-			patch := fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, mode)
-			if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "merge", "-p", patch); err != nil {
-				t.Fatalf("switching to %s: %v", mode, err)
-			}
-			framework.WaitNodeNetworks(ctx, t, c, mode, "", 2*time.Minute)
-			if out, err := c.Kubectl(ctx, "rollout", "status", "-n", "trellis-system", "daemonset/trellis-agent", "--timeout=2m"); err != nil {
-				t.Fatalf("agent rollout after switching to %s: %v\n%s", mode, err, out)
-			}
-			framework.WaitNodeNetworks(ctx, t, c, mode, "", time.Minute)
-			settled := time.Since(since)
-			p.WaitFlowing(t, 60*time.Second)
-			time.Sleep(3 * time.Second) // traffic must stay up, not just come back once
-			gap, fails, total := p.GapSince(since)
-			t.Logf("live switch to %s: settled after %v; longest gap between successful connects %v (%d of %d attempts failed, last error: %v)",
-				mode, settled.Round(100*time.Millisecond), gap.Round(time.Millisecond), fails, total, p.LastError())
-			// Nodes keep their VXLAN device in every mode, so nodes in mixed modes during
-			// the rolling restart keep talking: the switch is hitless.
-			if gap > 2*time.Second {
-				t.Errorf("traffic stopped for %v after switching to %s, want at most 2s", gap.Round(time.Millisecond), mode)
-			}
-			if last := p.LastOK(); time.Since(last) > time.Second {
-				t.Errorf("no successful connect in the last %v after switching to %s", time.Since(last).Round(time.Millisecond), mode)
-			}
-			// The pods keep their addresses across the switch.
-			for name, tp := range pods {
-				ip := framework.PodIP(ctx, t, c, name)
-				if ip != tp.IP {
-					t.Errorf("pod %s's IP changed from %s to %s with the switch to %s", name, tp.IP, ip, mode)
-				}
-			}
-			if t.Failed() {
-				t.Fatalf("after switching to %s:\n%s", mode, c.Diagnose(ctx))
-			}
-			// The route to the server's node is the mode's: through the VXLAN device, or
-			// straight to the peer's node IP (all nodes share the underlay here).
-			route := peerStateOn(t, c.Nodes[0], nodeBlock(ctx, t, c, c.Nodes[1].Name), c.Nodes[1].IP).Route
-			wantRoute := fmt.Sprintf("via %s dev eth0", c.Nodes[1].IP)
-			if mode == "VXLAN" {
-				wantRoute = fmt.Sprintf("via %s dev trellis.vxlan", nodeBlock(ctx, t, c, c.Nodes[1].Name).Addr().Next())
-			}
-			if route != wantRoute {
-				t.Errorf("in %s, %s routes %s's block %q, want %q", mode, c.Nodes[0].Name, c.Nodes[1].Name, route, wantRoute)
-			}
-			// Pods made before the switch, and pods made in the new mode (MTU).
-			checkDatapath(t, dp, mode, 4)
-			want := underlayMTU - 50
-			if mode == "Direct" {
-				want = underlayMTU // no encapsulation, the full underlay MTU
-			}
-			t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, want, c.Nodes[0], c.Nodes[1]) })
-			if mode == "Direct" {
-				// Pods with Direct's larger MTU, kept through the switches back to VXLAN.
-				directEra = framework.DeployPods(ctx, t, c, "direct-era", []framework.PodSpec{
-					{Name: "direct-era-a", Node: c.Nodes[0].Name}, {Name: "direct-era-b", Node: c.Nodes[1].Name}})
-			}
-		}
-		t.Run("DirectPodsInVXLAN", func(t *testing.T) {
-			// Their full-size TCP segments no longer fit the VXLAN path: the node's ICMP
-			// "fragmentation needed" must reach them so that TCP adapts.
-			a, b := directEra["direct-era-a"], directEra["direct-era-b"]
-			if got := framework.LinkMTUIn(t, a.NetNS, "eth0"); got != underlayMTU {
-				t.Fatalf("a pod made in Direct has MTU %d, want %d", got, underlayMTU)
-			}
-			if err := framework.Transfer(a.NetNS, b.NetNS, b.IP, 4<<20); err != nil {
-				t.Errorf("4 MiB over TCP between pods made in Direct, now in VXLAN: %v", err)
-			}
-		})
-	})
 }
 
 // checkModeMTU checks, in mode, that the ClusterNetwork and every NodeNetwork report the
@@ -256,69 +180,4 @@ func checkModeMTU(ctx context.Context, t *testing.T, c *cluster.Cluster, mode st
 		checkMTU(t, pods[batch+"-a"], pods[batch+"-b"], want, f)
 		checkMTU(t, pods[batch+"-b"], pods[batch+"-a"], want, f)
 	}
-}
-
-// TestAgentHybrid checks Hybrid encapsulation with the last node behind a router: pods on
-// every node reach each other, and node1 routes one peer directly and one through VXLAN.
-func TestAgentHybrid(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "agenthyb", Nodes: 3, CNI: cluster.CNITrellis, RemoteNode: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "merge", "-p", `{"spec":{"encapsulation":"Hybrid"}}`); err != nil {
-		t.Fatalf("switching to Hybrid: %v", err)
-	}
-	framework.WaitNodeNetworks(ctx, t, c, "Hybrid", "", 2*time.Minute)
-	if out, err := c.Kubectl(ctx, "rollout", "status", "-n", "trellis-system", "daemonset/trellis-agent", "--timeout=2m"); err != nil {
-		t.Fatalf("agent rollout after switching to Hybrid: %v\n%s", err, out)
-	}
-	// node1 and node2 share the underlay; node3 is behind the router.
-	want := map[string]string{
-		c.Nodes[0].Name: "1 peer(s) direct, 1 via VXLAN",
-		c.Nodes[1].Name: "1 peer(s) direct, 1 via VXLAN",
-		c.Nodes[2].Name: "0 peer(s) direct, 2 via VXLAN",
-	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got := map[string]string{}
-		for _, nn := range framework.NodeNetworks(ctx, t, c) {
-			if nn.Status.Encapsulation == "Hybrid" {
-				if r := nn.Ready(); r != nil && r.Status == "True" {
-					got[nn.Metadata.Name] = r.Message
-				}
-			}
-		}
-		ok := true
-		for n, msg := range want {
-			ok = ok && strings.HasPrefix(got[n], msg)
-		}
-		if ok {
-			t.Logf("Hybrid: NodeNetwork Ready messages %v", got)
-			break
-		}
-		if time.Now().After(deadline) {
-			out, _ := c.Kubectl(ctx, "get", "nodenetworks", "-o", "yaml")
-			t.Fatalf("NodeNetworks' Ready messages %v, want %v\n%s", got, want, out)
-		}
-		time.Sleep(time.Second)
-	}
-	probes := checkProbeMatrix(ctx, t, c, "connectivity in Hybrid")
-	if len(probes) != 3 {
-		t.Errorf("%d probe pods, want one on each of the 3 nodes", len(probes))
-	}
-
-	// The same checks as in the other modes, with the server behind the router (VXLAN)
-	// and the hostPort reached from node2 (across the router too).
-	remote := c.Nodes[2]
-	pods := framework.DeployPods(ctx, t, c, "hybrid", []framework.PodSpec{
-		{Name: "client", Node: c.Nodes[0].Name},
-		{Name: "neighbour", Node: c.Nodes[0].Name},
-		{Name: "server", Node: remote.Name, HostPort: hostPort},
-	})
-	dp := datapathPods{client: pods["client"], neighbour: pods["neighbour"], server: pods["server"],
-		serverNode: remote, from: c.Nodes[1], svcIP: framework.CreateService(ctx, t, c, "server")}
-	checkDatapath(t, dp, "Hybrid", 4)
-	t.Run("Hybrid/MTU", func(t *testing.T) {
-		// Pods get the VXLAN MTU in Hybrid: a full one crosses the router encapsulated.
-		checkModeMTU(ctx, t, c, "Hybrid", framework.LinkMTU(t, c.Nodes[0], "eth0")-50, c.Nodes[0], remote)
-	})
 }

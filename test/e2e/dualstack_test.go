@@ -186,7 +186,7 @@ func TestDualStackCluster(t *testing.T) {
 	// checkMode runs mode's checks over both families: the datapath checks, the far pod
 	// behind the router (not in Direct: it is not on-link), and pods made now get the
 	// mode's MTU and pass full-size packets of both families with DF.
-	checkMode := func(t *testing.T, mode string, mtu int) {
+	checkMode := func(t *testing.T, mode string, mtu int, mtuPeer cluster.Node) {
 		for _, family := range []int{4, 6} {
 			checkDatapath(t, dp, mode, family)
 			if mode == "Direct" {
@@ -204,9 +204,9 @@ func TestDualStackCluster(t *testing.T) {
 				}
 			})
 		}
-		t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, mtu, node1, node2) })
+		t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, mtu, node1, mtuPeer) })
 	}
-	checkMode(t, "VXLAN", underlayMTU-50)
+	checkMode(t, "VXLAN", underlayMTU-50, node2)
 
 	t.Run("NATOutgoingIPv6", func(t *testing.T) {
 		// A pod reaching the external host over IPv6 is seen with its node's IPv6 address;
@@ -238,6 +238,7 @@ func TestDualStackCluster(t *testing.T) {
 			probers[family] = p
 		}
 		block4, block6 := nodeBlocks6(ctx, t, c)
+		var directEra map[string]framework.Pod
 		for _, mode := range []string{"Direct", "Hybrid", "VXLAN"} {
 			since := time.Now()
 			if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "merge", "-p", fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, mode)); err != nil {
@@ -248,6 +249,15 @@ func TestDualStackCluster(t *testing.T) {
 				t.Fatalf("agent rollout after switching to %s: %v\n%s", mode, err, out)
 			}
 			framework.WaitNodeNetworks(ctx, t, c, mode, "", time.Minute)
+			if mode == "Hybrid" {
+				// node1 and node2 share the underlay of both families; the remote node is
+				// behind the router: each family's peers are counted apart.
+				waitReadyMessages(ctx, t, c, map[string][]string{
+					node1.Name:  {"1 peer(s) direct, 1 via VXLAN", "IPv6: 1 peer(s) direct, 1 via VXLAN"},
+					node2.Name:  {"1 peer(s) direct, 1 via VXLAN", "IPv6: 1 peer(s) direct, 1 via VXLAN"},
+					remote.Name: {"0 peer(s) direct, 2 via VXLAN", "IPv6: 0 peer(s) direct, 2 via VXLAN"},
+				})
+			}
 			time.Sleep(3 * time.Second) // traffic must stay up, not just come back once
 			for family, p := range probers {
 				p.WaitFlowing(t, time.Minute)
@@ -292,12 +302,33 @@ func TestDualStackCluster(t *testing.T) {
 					t.Errorf("in %s, %s routes %s's block as %q, want %q", mode, node1.Name, k, got[k], w)
 				}
 			}
-			mtu := underlayMTU - 50
-			if mode == "Direct" {
-				mtu = underlayMTU
+			switch mode {
+			case "Direct":
+				checkMode(t, mode, underlayMTU, node2) // no encapsulation: the full underlay MTU
+				// Pods with Direct's larger MTU, kept through the switches back to VXLAN.
+				directEra = framework.DeployPods(ctx, t, c, "direct-era", []framework.PodSpec{
+					{Name: "direct-era-a", Node: node1.Name}, {Name: "direct-era-b", Node: node2.Name}})
+			case "Hybrid":
+				// Pods get the VXLAN MTU in Hybrid: a full packet crosses the router encapsulated.
+				checkMode(t, mode, underlayMTU-50, remote)
+			default:
+				checkMode(t, mode, underlayMTU-50, node2)
 			}
-			checkMode(t, mode, mtu)
 		}
+		t.Run("DirectPodsInVXLAN", func(t *testing.T) {
+			// Their full-size TCP segments no longer fit the VXLAN path: the node's ICMP
+			// "fragmentation needed" (IPv4) and "packet too big" (IPv6) must reach them so
+			// that TCP adapts.
+			a, b := directEra["direct-era-a"], directEra["direct-era-b"]
+			if got := framework.LinkMTUIn(t, a.NetNS, "eth0"); got != underlayMTU {
+				t.Fatalf("a pod made in Direct has MTU %d, want %d", got, underlayMTU)
+			}
+			for _, family := range []int{4, 6} {
+				if err := framework.Transfer(a.NetNS, b.NetNS, b.Addr(family), 4<<20); err != nil {
+					t.Errorf("4 MiB over TCP/IPv%d between pods made in Direct, now in VXLAN: %v", family, err)
+				}
+			}
+		})
 	})
 
 	t.Run("RootNamespaceUntouched", func(t *testing.T) {
@@ -307,6 +338,31 @@ func TestDualStackCluster(t *testing.T) {
 		if after := rootRoutes6(t); after != root6Before {
 			t.Errorf("the root namespace's IPv6 routes changed:\nbefore:\n%s\nafter:\n%s", root6Before, after)
 		}
+	})
+}
+
+// waitReadyMessages waits up to a minute until each node's NodeNetwork is Ready with a
+// message starting with the first string of want[node] and holding the others.
+func waitReadyMessages(ctx context.Context, t *testing.T, c *cluster.Cluster, want map[string][]string) {
+	t.Helper()
+	waitFor(t, time.Minute, "the NodeNetworks' Ready messages", func() (bool, string) {
+		got := map[string]string{}
+		ok := true
+		for _, nn := range framework.NodeNetworks(ctx, t, c) {
+			r := nn.Ready()
+			if r == nil || r.Status != "True" {
+				ok = false
+				continue
+			}
+			got[nn.Metadata.Name] = r.Message
+		}
+		for n, parts := range want {
+			ok = ok && strings.HasPrefix(got[n], parts[0])
+			for _, p := range parts[1:] {
+				ok = ok && strings.Contains(got[n], p)
+			}
+		}
+		return ok, fmt.Sprintf("got %q, want %q", got, want)
 	})
 }
 
