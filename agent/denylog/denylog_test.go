@@ -36,6 +36,19 @@ func ipv4(proto byte, src, dst string, l4 []byte) []byte {
 	return append(h, l4...)
 }
 
+// ipv6 is an IPv6 packet whose fixed header says next, followed by ext (extension
+// headers, already chained) and l4.
+func ipv6(next byte, src, dst string, ext, l4 []byte) []byte {
+	h := make([]byte, 40)
+	h[0] = 0x60
+	binary.BigEndian.PutUint16(h[4:], uint16(len(ext)+len(l4)))
+	h[6], h[7] = next, 64
+	s, d := netip.MustParseAddr(src).As16(), netip.MustParseAddr(dst).As16()
+	copy(h[8:], s[:])
+	copy(h[24:], d[:])
+	return append(append(h, ext...), l4...)
+}
+
 func tcp(sport, dport uint16, flags byte) []byte {
 	b := make([]byte, 20)
 	binary.BigEndian.PutUint16(b, sport)
@@ -45,6 +58,7 @@ func tcp(sport, dport uint16, flags byte) []byte {
 }
 
 func TestParseMessage(t *testing.T) {
+	v6a, v6b := netip.MustParseAddr("fd00:10:244:1::5"), netip.MustParseAddr("fd00:10:244:1::6")
 	for _, tc := range []struct {
 		name string
 		msg  []byte
@@ -61,7 +75,22 @@ func TestParseMessage(t *testing.T) {
 			Packet{Prefix: "p 3", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "icmp"}},
 		{"truncated TCP header keeps addresses", message("p 4", HookForward, 1, 2, ipv4(6, "10.0.0.1", "10.0.0.2", []byte{0, 1})), true,
 			Packet{Prefix: "p 4", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp"}},
-		{"IPv6 payload is not read", message("p 5", HookForward, 1, 2, []byte{0x60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}), false, Packet{}},
+		{"IPv6 TCP SYN forwarded to a pod", message("TRELLIS-I-ABC 2", HookForward, 7, 9, ipv6(6, "fd00:10:244:1::5", "fd00:10:244:1::6", nil, tcp(40000, 80, 0x02))), true,
+			Packet{Prefix: "TRELLIS-I-ABC 2", Hook: HookForward, InIfindex: 7, OutIfindex: 9, Src: v6a, Dst: v6b, Protocol: "tcp", SrcPort: 40000, DstPort: 80, SYN: true}},
+		{"IPv6 UDP after hop-by-hop and destination options", message("p 7", HookLocalIn, 7, 0, ipv6(0, "fd00:10:244:1::5", "fd00:10:244:1::6",
+			append([]byte{60, 0, 1, 4, 0, 0, 0, 0}, 17, 1, 1, 4, 0, 0, 0, 0, 1, 6, 0, 0, 0, 0, 0, 0), []byte{0x30, 0x39, 0, 53, 0, 9, 0, 0})), true,
+			Packet{Prefix: "p 7", Hook: HookLocalIn, InIfindex: 7, Src: v6a, Dst: v6b, Protocol: "udp", SrcPort: 12345, DstPort: 53}},
+		{"IPv6 SCTP in a first fragment has ports", message("p 8", HookForward, 1, 2, ipv6(44, "fd00:10:244:1::5", "fd00:10:244:1::6",
+			[]byte{132, 0, 0, 1, 0, 0, 0, 9}, []byte{0x13, 0x88, 0x0b, 0xb8, 0, 0, 0, 0})), true,
+			Packet{Prefix: "p 8", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: v6a, Dst: v6b, Protocol: "sctp", SrcPort: 5000, DstPort: 3000}},
+		{"IPv6 later fragment has no ports", message("p 9", HookForward, 1, 2, ipv6(44, "fd00:10:244:1::5", "fd00:10:244:1::6",
+			[]byte{17, 0, 0x05, 0x01, 0, 0, 0, 9}, []byte{0x30, 0x39, 0, 53})), true,
+			Packet{Prefix: "p 9", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: v6a, Dst: v6b, Protocol: "udp"}},
+		{"ICMPv6 has no ports", message("p 10", HookForward, 1, 2, ipv6(58, "fd00:10:244:1::5", "fd00:10:244:1::6", nil, []byte{128, 0, 0, 0})), true,
+			Packet{Prefix: "p 10", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: v6a, Dst: v6b, Protocol: "icmpv6"}},
+		{"IPv6 extension chain cut by the copy keeps addresses", message("p 11", HookForward, 1, 2, ipv6(0, "fd00:10:244:1::5", "fd00:10:244:1::6", []byte{6, 3, 0, 0}, nil)), true,
+			Packet{Prefix: "p 11", Hook: HookForward, InIfindex: 1, OutIfindex: 2, Src: v6a, Dst: v6b, Protocol: "0"}},
+		{"truncated IPv6 header", message("p 5", HookForward, 1, 2, []byte{0x60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}), false, Packet{}},
 		{"no payload", message("p 6", HookForward, 1, 2, nil), false, Packet{}},
 		{"short message", []byte{2, 0}, false, Packet{}},
 	} {

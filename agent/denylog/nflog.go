@@ -52,7 +52,9 @@ type Packet struct {
 	// InIfindex and OutIfindex are the packet's interfaces (0 when it has none).
 	InIfindex, OutIfindex uint32
 	Src, Dst              netip.Addr
-	// Protocol is "tcp", "udp", "sctp", "icmp" or the IP protocol number.
+	// Src and Dst are IPv4 or IPv6 addresses, as the packet is.
+	// Protocol is "tcp", "udp", "sctp", "icmp", "icmpv6" or the IP protocol number (IPv6:
+	// of the header after the extension headers).
 	Protocol         string
 	SrcPort, DstPort uint16
 	// SYN: a TCP segment with SYN set and ACK clear (a connection's first).
@@ -208,7 +210,7 @@ func (r *Reader) Read() ([]Packet, error) {
 func (r *Reader) Close() { r.sock.Close() }
 
 // ParseMessage reads an NFULNL_MSG_PACKET message's body (nfgenmsg and attributes). ok is
-// false when it holds no IPv4 packet.
+// false when it holds no IPv4 or IPv6 packet.
 func ParseMessage(b []byte) (Packet, bool) {
 	var p Packet
 	if len(b) < 4 {
@@ -240,6 +242,9 @@ func ParseMessage(b []byte) (Packet, bool) {
 			payload = v
 		}
 	}
+	if len(payload) > 0 && payload[0]>>4 == 6 {
+		return p, parseIPv6(payload, &p)
+	}
 	return p, parseIPv4(payload, &p)
 }
 
@@ -255,8 +260,68 @@ func parseIPv4(b []byte, p *Packet) bool {
 	p.Src = netip.AddrFrom4([4]byte(b[12:16]))
 	p.Dst = netip.AddrFrom4([4]byte(b[16:20]))
 	proto := b[9]
-	fragOffset := binary.BigEndian.Uint16(b[6:8]) & 0x1fff
-	l4 := b[ihl:]
+	later := binary.BigEndian.Uint16(b[6:8])&0x1fff != 0
+	if proto == unix.IPPROTO_ICMP {
+		p.Protocol = "icmp"
+		return true
+	}
+	parseL4(proto, later, b[ihl:], p)
+	return true
+}
+
+// IPv6 extension headers (RFC 8200 section 4) that may stand between the fixed header and
+// the transport header; the rest end the chain.
+const (
+	ipv6HopByHop = 0
+	ipv6Routing  = 43
+	ipv6Fragment = 44
+	ipv6DestOpts = 60
+)
+
+// parseIPv6 reads addresses, protocol and ports from the start of an IPv6 packet,
+// following the extension headers to the transport header (as far as the copied bytes go:
+// a chain longer than the copy leaves the protocol without ports).
+func parseIPv6(b []byte, p *Packet) bool {
+	if len(b) < 40 || b[0]>>4 != 6 {
+		return false
+	}
+	p.Src = netip.AddrFrom16([16]byte(b[8:24]))
+	p.Dst = netip.AddrFrom16([16]byte(b[24:40]))
+	next, rest, later := b[6], b[40:], false
+	for {
+		switch next {
+		case ipv6HopByHop, ipv6Routing, ipv6DestOpts:
+			if len(rest) < 8 {
+				p.Protocol = strconv.Itoa(int(next))
+				return true
+			}
+			n := (int(rest[1]) + 1) * 8
+			if len(rest) < n {
+				p.Protocol = strconv.Itoa(int(next))
+				return true
+			}
+			next, rest = rest[0], rest[n:]
+			continue
+		case ipv6Fragment:
+			if len(rest) < 8 {
+				p.Protocol = strconv.Itoa(int(next))
+				return true
+			}
+			later = binary.BigEndian.Uint16(rest[2:4])&0xfff8 != 0
+			next, rest = rest[0], rest[8:]
+			continue
+		case unix.IPPROTO_ICMPV6:
+			p.Protocol = "icmpv6"
+			return true
+		}
+		parseL4(next, later, rest, p)
+		return true
+	}
+}
+
+// parseL4 names the transport protocol and reads its ports from l4, unless the packet is a
+// later fragment (l4 is then the middle of the datagram).
+func parseL4(proto uint8, later bool, l4 []byte, p *Packet) {
 	switch proto {
 	case unix.IPPROTO_TCP:
 		p.Protocol = "tcp"
@@ -264,15 +329,12 @@ func parseIPv4(b []byte, p *Packet) bool {
 		p.Protocol = "udp"
 	case unix.IPPROTO_SCTP:
 		p.Protocol = "sctp"
-	case unix.IPPROTO_ICMP:
-		p.Protocol = "icmp"
-		return true
 	default:
 		p.Protocol = strconv.Itoa(int(proto))
-		return true
+		return
 	}
-	if fragOffset != 0 || len(l4) < 4 {
-		return true // a later fragment: no ports
+	if later || len(l4) < 4 {
+		return // a later fragment: no ports
 	}
 	p.SrcPort = binary.BigEndian.Uint16(l4[0:2])
 	p.DstPort = binary.BigEndian.Uint16(l4[2:4])
@@ -280,5 +342,4 @@ func parseIPv4(b []byte, p *Packet) bool {
 		flags := l4[13]
 		p.SYN = flags&0x02 != 0 && flags&0x10 == 0
 	}
-	return true
 }

@@ -323,8 +323,6 @@ func newCompiler(st State, memo *setMemo, family ipam.Family) *compiler {
 	}
 	if family == ipam.IPv6 {
 		c.keyPrefix = "inet6|"
-		// Deny logs are IPv4's for now: the agent's NFLOG reader decodes IPv4 packets only.
-		c.denyLog = DenyLog{}
 	}
 	c.clusterPolicies = slices.Clone(st.ClusterPolicies)
 	sortClusterPolicies(c.clusterPolicies)

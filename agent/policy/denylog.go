@@ -13,6 +13,13 @@ import (
 // name, which is one token bucket shared by all of the node's log rules: a flood of denied
 // packets costs the node a hash lookup per packet and at most LinesPerSecond messages to
 // the agent. Where logging is off, the chains are what they are without this feature.
+//
+// The IPv6 chains (ip6tables) get the same NFLOG rules, to the same group with the same
+// limit. xt_hashlimit keeps its tables per family, so each family has its own bucket of
+// LinesPerSecond: the kernel passes the agent at most twice that, and the agent's own
+// bound (one for both families) keeps the lines at LinesPerSecond. A prefix names a rule
+// of its family's chains (the chains have the same names in both, their rules may sit at
+// other positions): the agent looks it up in the rules of the logged packet's family.
 
 // DenyLogAnnotation on a namespace switches deny logs on ("true") or off ("false") for its
 // pods (api/v1alpha1 DenyLogsAnnotation).
@@ -29,7 +36,9 @@ const (
 const DefaultNFLOGGroup = 7425
 
 // denyLogCopy is how many bytes of each denied packet the kernel copies to the agent: an
-// IPv4 header with options (60) and the first bytes of TCP/UDP/SCTP (ports, flags).
+// IPv4 header with options (60), or IPv6's (40) with the extension headers a pod's packet
+// usually has (none, or a fragment header's 8), and the first bytes of TCP/UDP/SCTP
+// (ports, flags).
 const denyLogCopy = 128
 
 // DenyLog configures deny logs (ClusterNetwork spec.networkPolicy.denyLogs).

@@ -179,6 +179,123 @@ func TestDenyLogsKernel(t *testing.T) {
 	}
 }
 
+// Deny logs of the IPv6 chains in a real kernel, both iptables backends, on dual-stack
+// pods: a denied IPv6 connection attempt makes one line with the IPv6 addresses, their
+// pods, the port and the policy, as an IPv4 one does beside it (each family's NFLOG prefix
+// resolved in its own family's rules); trellis_policy_denied_packets_total counts the
+// drops of both families; an IPv6 flood is bounded by the kernel's limit (IPv6's own
+// hashlimit bucket) and every one of its packets still dropped.
+func TestDenyLogsKernelIPv6(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			const rate = 20
+			n := newDualNode(t, backend, "web", "client", "other")
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			webPolicy := policyFor("web", map[string]string{"app": "web"}, []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntstr("echo")}},
+			}})
+			st := n.state(webPolicy)
+			st.Namespaces[0].DenyLogs = "true"
+			st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
+			h, err := netns.GetFromPath(n.ns.Path())
+			check.Must(t, err)
+			defer h.Close()
+			var got lines
+			reg := prometheus.NewRegistry()
+			byIP := map[netip.Addr]types.NamespacedName{}
+			for _, p := range n.pods {
+				byIP[p.ip], byIP[p.ip6] = p.pod.Key(), p.pod.Key()
+			}
+			d := &policy.DenyLogger{
+				LinesPerSecond: rate, Log: funcrLogger(&got),
+				Open:    func(ctx context.Context, g uint16) (*denylog.Reader, error) { return denylog.OpenAt(ctx, h, g) },
+				PodByIP: func(a netip.Addr) (types.NamespacedName, bool) { k, ok := byIP[a]; return k, ok },
+			}
+			check.Must(t, d.Register(reg))
+			m := policy.NewMetrics(func() (string, error) {
+				var out string
+				err := n.ns.Do(func(ns.NetNS) error { var err error; out, err = a.FilterCounters(); return err })
+				return out, err
+			}, logr.Discard())
+			check.Must(t, m.Register(reg))
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { _ = d.Start(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+
+			rs := policy.Compile(st)
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
+			d.SetRules(rs)
+			m.Observe(policy.Status{Enforced: true}, rs, 0)
+			if save := n.save(backend.IPv6()); !strings.Contains(save, "NFLOG") || !strings.Contains(save, "hashlimit") {
+				t.Fatalf("no deny log rules in the IPv6 chains:\n%s", save)
+			}
+			waitReader(t, d, &got)
+
+			if err := n.dial6("client", "web", 7000); err != nil {
+				t.Fatalf("client -> web:7000 over IPv6: %v", err)
+			}
+			if err := n.dialAddrFor("other", n.pods["web"].ip6, 7000, 1500*time.Millisecond); err == nil {
+				t.Fatal("other -> web:7000 over IPv6 was allowed")
+			}
+			if err := n.dialAddrFor("other", n.pods["web"].ip, 7000, 300*time.Millisecond); err == nil {
+				t.Fatal("other -> web:7000 over IPv4 was allowed")
+			}
+			time.Sleep(300 * time.Millisecond)
+			lines := got.denied()
+			if len(lines) != 2 {
+				t.Fatalf("%d deny log lines for a denied IPv6 and a denied IPv4 attempt, want 2: %v", len(lines), lines)
+			}
+			for i, ip := range []func(*kpod) netip.Addr{func(p *kpod) netip.Addr { return p.ip6 }, func(p *kpod) netip.Addr { return p.ip }} {
+				l := lines[i]
+				b, _ := json.Marshal(l)
+				t.Logf("deny log line: %s", b)
+				want := map[string]any{
+					"direction": "ingress", "pod": "shop/web", "src": ip(n.pods["other"]).String(), "srcPod": "shop/other",
+					"dst": ip(n.pods["web"]).String(), "dstPod": "shop/web", "protocol": "tcp", "port": float64(7000),
+					"policies": []any{"shop/web"}, "rule": "not allowed by NetworkPolicy",
+				}
+				for k, v := range want {
+					if fmt.Sprint(l[k]) != fmt.Sprint(v) {
+						t.Errorf("line %d field %s = %v, want %v (line %v)", i, k, l[k], v, l)
+					}
+				}
+			}
+			if c := counter(t, reg, "trellis_policy_denied_connections_logged_total", "ingress", "shop", "web"); c != 2 {
+				t.Errorf("trellis_policy_denied_connections_logged_total{shop/web,ingress} = %v, want 2", c)
+			}
+			drops4, drops6 := n.drops(backend), n.drops(backend.IPv6())
+			if c := counter(t, reg, "trellis_policy_denied_packets_total", "ingress", "shop", "web"); drops4 == 0 || drops6 == 0 || c != float64(drops4+drops6) {
+				t.Errorf("trellis_policy_denied_packets_total{shop/web,ingress} = %v, want the drops of both families (IPv4 %d, IPv6 %d), each > 0", c, drops4, drops6)
+			}
+
+			// An IPv6 flood of denied UDP datagrams: IPv6's bucket passes at most rate a
+			// second (plus one second's burst), and every datagram is dropped.
+			time.Sleep(1100 * time.Millisecond)
+			before := len(got.denied())
+			dropsBefore := n.drops(backend.IPv6())
+			start := time.Now()
+			sent := n.udpFloodAddr("other", n.pods["web"].ip6, 9999, 2*time.Second)
+			took := time.Since(start)
+			time.Sleep(500 * time.Millisecond)
+			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "rate")) +
+				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "repeat"))
+			bound := int(rate*took.Seconds()) + rate + 5
+			t.Logf("IPv6 flood: %d datagrams in %v, %d reached the agent (bound %d)", sent, took.Round(time.Millisecond), delivered, bound)
+			if sent < 10*bound {
+				t.Fatalf("the flood sent only %d datagrams: too few to test a bound of %d", sent, bound)
+			}
+			if delivered > bound || delivered < rate {
+				t.Errorf("%d denied IPv6 packets reached the agent during the flood, want between %d and %d", delivered, rate, bound)
+			}
+			if drops := n.drops(backend.IPv6()) - dropsBefore; drops < uint64(sent) {
+				t.Errorf("web's IPv6 ingress chain dropped %d of the %d flooded datagrams: logging changed verdicts", drops, sent)
+			}
+		})
+	}
+}
+
 func funcrLogger(l *lines) logr.Logger { return l.logger() }
 
 // waitReader waits until the logger has bound its group (its first line says so).
@@ -198,10 +315,14 @@ func waitReader(t *testing.T, d *policy.DenyLogger, l *lines) {
 }
 
 func (n *node) dialFor(from, to string, port int, timeout time.Duration) error {
+	return n.dialAddrFor(from, n.pods[to].ip, port, timeout)
+}
+
+func (n *node) dialAddrFor(from string, to netip.Addr, port int, timeout time.Duration) error {
 	var err error
 	_ = n.pods[from].ns.Do(func(ns.NetNS) error {
 		var conn net.Conn
-		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(n.pods[to].ip, uint16(port)).String(), timeout)
+		conn, err = net.DialTimeout("tcp", netip.AddrPortFrom(to, uint16(port)).String(), timeout)
 		if err == nil {
 			conn.Close()
 		}
@@ -212,8 +333,12 @@ func (n *node) dialFor(from, to string, port int, timeout time.Duration) error {
 
 // udpFlood sends one datagram from each of as many new sockets as it can for d.
 func (n *node) udpFlood(from, to string, port int, d time.Duration) int {
+	return n.udpFloodAddr(from, n.pods[to].ip, port, d)
+}
+
+func (n *node) udpFloodAddr(from string, to netip.Addr, port int, d time.Duration) int {
 	sent := 0
-	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(n.pods[to].ip, uint16(port)))
+	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(to, uint16(port)))
 	check.Must(n.t, n.pods[from].ns.Do(func(ns.NetNS) error {
 		end := time.Now().Add(d)
 		for time.Now().Before(end) {
@@ -298,6 +423,15 @@ func TestDenyLogProbeKernel(t *testing.T) {
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { err = a.ProbeDenyLogs(); return nil }))
 			if err != nil {
 				t.Errorf("KernelApplier.ProbeDenyLogs on %s = %v, want nil", backend.Mode, err)
+			}
+			// One writing IPv6 rules asks ip6tables too, which leaves nothing behind either.
+			a6 := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { err = a6.ProbeDenyLogs(); return nil }))
+			if err != nil {
+				t.Errorf("KernelApplier{IPv6}.ProbeDenyLogs on %s = %v, want nil", backend.Mode, err)
+			}
+			if save := n.save(backend.IPv6()); strings.Contains(save, "PROBE") || strings.Contains(save, "NFLOG") {
+				t.Errorf("the IPv6 probe left rules behind:\n%s", save)
 			}
 		})
 	}

@@ -1,14 +1,18 @@
 package policy
 
 import (
+	"net/netip"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr/funcr"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/agent/denylog"
 )
 
 // denyLogWorld is world() with x/a isolated for ingress by a NetworkPolicy that lets only
@@ -141,5 +145,61 @@ func TestDenyLogOn(t *testing.T) {
 		if got := tc.d.On(tc.ns); got != tc.want {
 			t.Errorf("%+v.On(%+v) = %v, want %v", tc.d, tc.ns, got, tc.want)
 		}
+	}
+}
+
+// The IPv6 chains get the same deny logs as the IPv4 ones (each DROP its NFLOG twin, same
+// group and limit), resolved in their own family's rules; off, they change nothing there
+// either; without deny logs (a node that refuses them) neither family keeps one.
+func TestDenyLogsIPv6(t *testing.T) {
+	rs := Compile(dualStack(denyLogWorld("true", DenyLogAnnotated)))
+	plain := Compile(dualStack(denyLogWorld("", DenyLogOff)))
+	if rs.IPv6 == nil || plain.IPv6 == nil {
+		t.Fatal("no IPv6 ruleset for a dual-stack state")
+	}
+	if len(plain.IPv6.DenyLogRules) != 0 || !reflect.DeepEqual(rs.withoutDenyLogs().IPv6.Chains, plain.IPv6.Chains) {
+		t.Errorf("the IPv6 chains without deny logs differ from the chains compiled with logging off:\n%s\nwant\n%s", dump(rs.withoutDenyLogs().IPv6), dump(plain.IPv6))
+	}
+	if got := rs.withoutDenyLogs(); len(got.DenyLogRules) != 0 || len(got.IPv6.DenyLogRules) != 0 || strings.Contains(dump(got.IPv6), "NFLOG") {
+		t.Errorf("withoutDenyLogs left deny logs in a family:\n%s", dump(got.IPv6))
+	}
+	var logs int
+	for _, c := range rs.IPv6.Chains {
+		for j, r := range c.Rules {
+			if !strings.Contains(r, "-j NFLOG") {
+				continue
+			}
+			logs++
+			prefix := c.Name + " " + strconv.Itoa(j)
+			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name trl-deny-100 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
+				t.Errorf("IPv6 chain %s rule %d: %s", c.Name, j, r)
+			}
+			if j+1 >= len(c.Rules) || !strings.HasSuffix(c.Rules[j+1], "-j DROP") {
+				t.Errorf("IPv6 chain %s rule %d: the deny log is not followed by its DROP", c.Name, j)
+			}
+			if _, ok := rs.IPv6.DenyLogRules[prefix]; !ok {
+				t.Errorf("IPv6 prefix %q not in the IPv6 ruleset's DenyLogRules %v", prefix, rs.IPv6.DenyLogRules)
+			}
+		}
+	}
+	if logs != 2 || len(rs.IPv6.DenyLogRules) != 2 {
+		t.Fatalf("%d IPv6 deny log rules, %d resolvable, want 2:\n%s", logs, len(rs.IPv6.DenyLogRules), dump(rs.IPv6))
+	}
+}
+
+// A logged packet's prefix is looked up in the rules of its own family: the same prefix
+// may name another rule (another pod) in the other family's chains.
+func TestDenyLoggerResolvesPrefixesPerFamily(t *testing.T) {
+	const prefix = "TRELLIS-I-ABC 3"
+	rule := func(pod string) map[string]DenyLogRule {
+		return map[string]DenyLogRule{prefix: {PodChain: PodChain{Pod: types.NamespacedName{Namespace: "shop", Name: pod}, Direction: Ingress}, Rule: "not allowed by NetworkPolicy"}}
+	}
+	var got []string
+	d := &DenyLogger{LinesPerSecond: 100, Log: funcr.New(func(_, args string) { got = append(got, args) }, funcr.Options{})}
+	d.SetRules(&Ruleset{DenyLogRules: rule("v4pod"), IPv6: &Ruleset{DenyLogRules: rule("v6pod")}})
+	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
+	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
+	if len(got) != 2 || !strings.Contains(got[0], `"pod"="shop/v4pod"`) || !strings.Contains(got[1], `"pod"="shop/v6pod"`) || !strings.Contains(got[1], `"src"="fd00::1"`) {
+		t.Errorf("lines %q, want the IPv4 packet's naming shop/v4pod and the IPv6 one's shop/v6pod", got)
 	}
 }

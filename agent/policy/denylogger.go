@@ -35,9 +35,11 @@ type DenyLogger struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 
-	mu      sync.Mutex
-	rules   map[string]DenyLogRule
-	limiter *denylog.Limiter
+	mu sync.Mutex
+	// rules and rules6 are the deny log rules of the IPv4 and the IPv6 chains: a prefix
+	// names a rule of its family's chains.
+	rules, rules6 map[string]DenyLogRule
+	limiter       *denylog.Limiter
 
 	logged     *prometheus.CounterVec
 	suppressed *prometheus.CounterVec
@@ -91,8 +93,12 @@ func (d *DenyLogger) SetRules(rs *Ruleset) {
 	if rs == nil {
 		return
 	}
+	var rules6 map[string]DenyLogRule
+	if rs.IPv6 != nil {
+		rules6 = rs.IPv6.DenyLogRules
+	}
 	d.mu.Lock()
-	d.rules = rs.DenyLogRules
+	d.rules, d.rules6 = rs.DenyLogRules, rules6
 	d.mu.Unlock()
 }
 
@@ -152,7 +158,11 @@ func (d *DenyLogger) read(ctx context.Context, r *denylog.Reader) {
 func (d *DenyLogger) Handle(p denylog.Packet) {
 	d.init()
 	d.mu.Lock()
-	rule, known := d.rules[p.Prefix]
+	rules := d.rules
+	if p.Src.Is6() {
+		rules = d.rules6
+	}
+	rule, known := rules[p.Prefix]
 	ok, why := d.limiter.Admit(p, d.Now())
 	d.mu.Unlock()
 	if !ok {
@@ -203,7 +213,8 @@ func (d *DenyLogger) podByIP(a netip.Addr) (types.NamespacedName, bool) {
 // String names the logger for the manager's logs.
 func (d *DenyLogger) String() string { return fmt.Sprintf("deny logs (NFLOG group %d)", d.Group) }
 
-// podIPIndex indexes the agent's pod cache by IPv4 address (deny log lines name pods).
+// podIPIndex indexes the agent's pod cache by address, IPv4 and IPv6 (deny log lines name
+// pods).
 const podIPIndex = "trellis.podIP"
 
 // setupDenyLogs adds the DenyLogger to the agent's manager unless deny logs are off.
@@ -216,10 +227,13 @@ func setupDenyLogs(mgr manager.Manager, o DenyLog, log logr.Logger) (*DenyLogger
 		if !ok || p.Spec.HostNetwork {
 			return nil // a host-network pod's address is its node's
 		}
-		if ip := PodFrom(p).IP; ip.IsValid() {
-			return []string{ip.String()}
+		var ips []string
+		for _, ip := range []netip.Addr{PodFrom(p).IP, PodFrom(p).IPv6} {
+			if ip.IsValid() {
+				ips = append(ips, ip.String())
+			}
 		}
-		return nil
+		return ips
 	})
 	if err != nil {
 		return nil, fmt.Errorf("indexing pods by address for deny logs: %w", err)

@@ -58,7 +58,8 @@ func restore(ctx context.Context, b netfilter.Backend, input string) error {
 }
 
 // ProbeDenyLogs asks the node's iptables backend (the one the applier writes with)
-// whether it takes deny log rules (the Engine's DenyLogProbe).
+// whether it takes deny log rules (the Engine's DenyLogProbe), and its ip6tables variant
+// too where the applier writes IPv6 rules: the IPv6 chains carry them as well.
 func (a *KernelApplier) ProbeDenyLogs() error {
 	b := a.Syncer.ActiveBackend()
 	if b.Mode == "" {
@@ -73,17 +74,29 @@ func (a *KernelApplier) ProbeDenyLogs() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return ProbeDenyLogs(ctx, b)
+	if err := ProbeDenyLogs(ctx, b); err != nil {
+		return err
+	}
+	if a.IPv6 {
+		if err := ProbeDenyLogs(ctx, b.IPv6()); err != nil {
+			return fmt.Errorf("IPv6: %w", err)
+		}
+	}
+	return nil
 }
 
-// withoutDenyLogs is rs with no deny log rule: its chains are exactly what they are
-// compiled without deny logs (withDenyLogs only adds the NFLOG rules). Only the IPv4
-// rules have deny logs.
+// withoutDenyLogs is rs with no deny log rule, in either family: its chains are exactly
+// what they are compiled without deny logs (withDenyLogs only adds the NFLOG rules).
 func (rs *Ruleset) withoutDenyLogs() *Ruleset {
-	if len(rs.DenyLogRules) == 0 {
+	if rs == nil {
+		return nil
+	}
+	v6 := rs.IPv6.withoutDenyLogs()
+	if len(rs.DenyLogRules) == 0 && v6 == rs.IPv6 {
 		return rs
 	}
 	out := *rs
+	out.IPv6 = v6
 	out.DenyLogRules = nil
 	out.Chains = make([]Chain, len(rs.Chains))
 	for i, c := range rs.Chains {
