@@ -79,25 +79,9 @@ func TestDenyLogsKernel(t *testing.T) {
 				st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
 				return st
 			}
-			h, err := netns.GetFromPath(n.ns.Path())
-			check.Must(t, err)
-			defer h.Close()
 			var got lines
 			reg := prometheus.NewRegistry()
-			byIP := map[netip.Addr]types.NamespacedName{}
-			for _, p := range n.pods {
-				byIP[p.ip] = p.pod.Key()
-			}
-			d := &policy.DenyLogger{
-				LinesPerSecond: rate, Log: funcrLogger(&got),
-				Open:    func(ctx context.Context, g uint16) (*denylog.Reader, error) { return denylog.OpenAt(ctx, h, g) },
-				PodByIP: func(a netip.Addr) (types.NamespacedName, bool) { k, ok := byIP[a]; return k, ok },
-			}
-			check.Must(t, d.Register(reg))
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { _ = d.Start(ctx); close(done) }()
-			defer func() { cancel(); <-done }()
+			d := startDenyLogger(t, n, rate, reg, &got)
 
 			apply := func(annotation string) {
 				t.Helper()
@@ -198,31 +182,15 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 			st := n.state(webPolicy)
 			st.Namespaces[0].DenyLogs = "true"
 			st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
-			h, err := netns.GetFromPath(n.ns.Path())
-			check.Must(t, err)
-			defer h.Close()
 			var got lines
 			reg := prometheus.NewRegistry()
-			byIP := map[netip.Addr]types.NamespacedName{}
-			for _, p := range n.pods {
-				byIP[p.ip], byIP[p.ip6] = p.pod.Key(), p.pod.Key()
-			}
-			d := &policy.DenyLogger{
-				LinesPerSecond: rate, Log: funcrLogger(&got),
-				Open:    func(ctx context.Context, g uint16) (*denylog.Reader, error) { return denylog.OpenAt(ctx, h, g) },
-				PodByIP: func(a netip.Addr) (types.NamespacedName, bool) { k, ok := byIP[a]; return k, ok },
-			}
-			check.Must(t, d.Register(reg))
+			d := startDenyLogger(t, n, rate, reg, &got)
 			m := policy.NewMetrics(func() (string, error) {
 				var out string
 				err := n.ns.Do(func(ns.NetNS) error { var err error; out, err = a.FilterCounters(); return err })
 				return out, err
 			}, logr.Discard())
 			check.Must(t, m.Register(reg))
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { _ = d.Start(ctx); close(done) }()
-			defer func() { cancel(); <-done }()
 
 			rs := policy.Compile(st)
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
@@ -297,6 +265,34 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 }
 
 func funcrLogger(l *lines) logr.Logger { return l.logger() }
+
+// startDenyLogger runs a DenyLogger of rate lines a second on n's network namespace until
+// the test ends, naming n's pods by their addresses of both families; its lines go to got,
+// its metrics to reg.
+func startDenyLogger(t *testing.T, n *node, rate int, reg *prometheus.Registry, got *lines) *policy.DenyLogger {
+	t.Helper()
+	h, err := netns.GetFromPath(n.ns.Path())
+	check.Must(t, err)
+	t.Cleanup(func() { h.Close() })
+	byIP := map[netip.Addr]types.NamespacedName{}
+	for _, p := range n.pods {
+		byIP[p.ip] = p.pod.Key()
+		if p.ip6.IsValid() {
+			byIP[p.ip6] = p.pod.Key()
+		}
+	}
+	d := &policy.DenyLogger{
+		LinesPerSecond: rate, Log: funcrLogger(got),
+		Open:    func(ctx context.Context, g uint16) (*denylog.Reader, error) { return denylog.OpenAt(ctx, h, g) },
+		PodByIP: func(a netip.Addr) (types.NamespacedName, bool) { k, ok := byIP[a]; return k, ok },
+	}
+	check.Must(t, d.Register(reg))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Start(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done }) // before h closes (cleanups run last first)
+	return d
+}
 
 // waitReader waits until the logger has bound its group (its first line says so).
 func waitReader(t *testing.T, d *policy.DenyLogger, l *lines) {

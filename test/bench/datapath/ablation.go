@@ -38,22 +38,24 @@ func policyDispatch(n *node) error {
 		if err != nil {
 			return err
 		}
-		st := policy.State{Namespaces: []*policy.Namespace{{Name: benchPodNamespace}}}
+		// A dual-stack cluster's policy is enforced for IPv6 too (ip6tables, inet6 sets).
+		dual := n.block6.IsValid()
+		st := policy.State{Namespaces: []*policy.Namespace{{Name: benchPodNamespace}}, IPv6: dual}
 		for _, p := range n.pods {
 			iface := wired[p.ip]
-			if iface == "" {
-				return fmt.Errorf("policy dispatch on %s: no wired veth for pod %s (%s) among %v", n.netns, p.netns, p.ip, wired)
+			if iface == "" || dual && wired[p.ip6] != iface {
+				return fmt.Errorf("policy dispatch on %s: no wired veth for pod %s (%s, %s) among %v", n.netns, p.netns, p.ip, p.ip6, wired)
 			}
-			pod := &policy.Pod{Namespace: benchPodNamespace, Name: p.netns, UID: types.UID(p.netns), IP: p.ip, NodeName: n.name}
+			pod := &policy.Pod{Namespace: benchPodNamespace, Name: p.netns, UID: types.UID(p.netns), IP: p.ip, IPv6: p.ip6, NodeName: n.name}
 			st.Pods = append(st.Pods, pod)
-			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: pod.Key(), IP: p.ip, Interface: iface})
+			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: pod.Key(), IP: p.ip, IPv6: p.ip6, Interface: iface})
 		}
 		rs := policy.Compile(st)
 		if len(rs.Endpoints) != len(n.pods) || len(rs.PodChains) != 0 || len(rs.Problems) != 0 {
 			return fmt.Errorf("policy dispatch on %s: compiled %d endpoints, %d pod chains, problems %v; want %d, 0, none",
 				n.netns, len(rs.Endpoints), len(rs.PodChains), rs.Problems, len(n.pods))
 		}
-		var a policy.KernelApplier
+		a := policy.KernelApplier{IPv6: dual}
 		if _, err := a.Apply(rs, true); err != nil {
 			return fmt.Errorf("policy dispatch on %s: %w", n.netns, err)
 		}
@@ -98,7 +100,7 @@ func ablate(ctx context.Context, c *cluster) error {
 			case sideNoAntiSpoof:
 				err = removeChains(ctx, n, netfilter.Raw, datapath.ChainRaw)
 			case sideNoDispatch:
-				err = inNetns(n.netns, func() error { return (&policy.KernelApplier{}).Remove() })
+				err = inNetns(n.netns, func() error { return (&policy.KernelApplier{IPv6: n.block6.IsValid()}).Remove() })
 				if err == nil {
 					err = dropEmptyTable(ctx, n, netfilter.Filter)
 				}
@@ -304,9 +306,31 @@ const nativeTable = "trellis_bench_native"
 // RETURN; outside -> node block RETURN; cluster CIDR -> not multicast MASQUERADE
 // --random-fully; outside -> cluster CIDR MASQUERADE --random-fully), and filter FORWARD
 // jumps to FLANNEL-FWD (ACCEPT from and to the cluster CIDR). Written with
-// iptables-restore --noflush of the backend trellis uses here.
+// iptables-restore --noflush of the backend trellis uses here; on a dual-stack node the
+// same for IPv6 with ip6tables (masqIP6Rules, forwardRules of the IPv6 network: ff00::/8
+// for multicast), as flannel does with an IPv6 network.
 func flannelRules(ctx context.Context, c *cluster, n *node) error {
-	cluster, block := c.podCIDR.Masked().String(), n.block.Masked().String()
+	return inNetns(n.netns, func() error {
+		b, err := netfilter.DetectBackend()
+		if err != nil {
+			return err
+		}
+		if err := restoreFlannel(ctx, b, c.podCIDR, n.block, "224.0.0.0/4"); err != nil {
+			return fmt.Errorf("flannel's rules on %s: %w", n.netns, err)
+		}
+		if !n.block6.IsValid() {
+			return nil
+		}
+		if err := restoreFlannel(ctx, b.IPv6(), c.podCIDR6, n.block6, "ff00::/8"); err != nil {
+			return fmt.Errorf("flannel's IPv6 rules on %s: %w", n.netns, err)
+		}
+		return nil
+	})
+}
+
+// restoreFlannel writes flannel's rules for one family (see flannelRules) with backend b.
+func restoreFlannel(ctx context.Context, b netfilter.Backend, podCIDR, nodeBlock netip.Prefix, multicast string) error {
+	cluster, block := podCIDR.Masked().String(), nodeBlock.Masked().String()
 	const masq, fwd = `-m comment --comment "flanneld masq"`, `-m comment --comment "flanneld forward"`
 	script := strings.Join([]string{
 		"*nat",
@@ -316,7 +340,7 @@ func flannelRules(ctx context.Context, c *cluster, n *node) error {
 		fmt.Sprintf("-A FLANNEL-POSTRTG -s %s -d %s %s -j RETURN", block, cluster, masq),
 		fmt.Sprintf("-A FLANNEL-POSTRTG -s %s -d %s %s -j RETURN", cluster, block, masq),
 		fmt.Sprintf("-A FLANNEL-POSTRTG ! -s %s -d %s %s -j RETURN", cluster, block, masq),
-		fmt.Sprintf("-A FLANNEL-POSTRTG -s %s ! -d 224.0.0.0/4 %s -j MASQUERADE --random-fully", cluster, masq),
+		fmt.Sprintf("-A FLANNEL-POSTRTG -s %s ! -d %s %s -j MASQUERADE --random-fully", cluster, multicast, masq),
 		fmt.Sprintf("-A FLANNEL-POSTRTG ! -s %s -d %s %s -j MASQUERADE --random-fully", cluster, cluster, masq),
 		"COMMIT",
 		"*filter",
@@ -326,18 +350,12 @@ func flannelRules(ctx context.Context, c *cluster, n *node) error {
 		fmt.Sprintf("-A FLANNEL-FWD -d %s %s -j ACCEPT", cluster, fwd),
 		"COMMIT",
 	}, "\n") + "\n"
-	return inNetns(n.netns, func() error {
-		b, err := netfilter.DetectBackend()
-		if err != nil {
-			return err
-		}
-		cmd := exec.CommandContext(ctx, b.Restore, "--noflush", "--wait")
-		cmd.Stdin = strings.NewReader(script)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("flannel's rules on %s (%s): %w: %s", n.netns, b.Restore, err, benchrun.FirstLines(out, 5))
-		}
-		return nil
-	})
+	cmd := exec.CommandContext(ctx, b.Restore, "--noflush", "--wait")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %w: %s", b.Restore, err, benchrun.FirstLines(out, 5))
+	}
+	return nil
 }
 
 // netfilterSummary counts a node's iptables rules per table (the backend trellis uses),

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
 	"github.com/trellis-net/trellis/test/cluster/procs"
@@ -55,7 +56,7 @@ func run(o options) (code int) {
 		logf("creating the run directory: %v", err)
 		return 1
 	}
-	l := newLayout(prefix, o.sides)
+	l := newLayout(prefix, o.sides, slices.Contains(o.families, ipam.IPv6))
 
 	defer func() {
 		if ctx.Err() != nil && code != 1 && !o.hold {
@@ -87,7 +88,7 @@ func run(o options) (code int) {
 	}
 	logf("%d namespaces set up in %s", len(l.namespaces()), time.Since(start).Round(time.Millisecond))
 	if o.hold {
-		hold(ctx, l)
+		hold(ctx, l, o.families)
 		return 0
 	}
 	if o.profile != "" {
@@ -108,12 +109,13 @@ func run(o options) (code int) {
 }
 
 // hold lists the pods of every path and waits for a signal.
-func hold(ctx context.Context, l *layout) {
-	for _, p := range paths {
+func hold(ctx context.Context, l *layout, families []ipam.Family) {
+	for _, p := range pathsOf(families) {
 		for _, s := range l.sides {
 			c := l.cluster(s, p.mode)
 			client, server := c.nodes[0].pods[0], c.nodes[p.node].pods[p.pod]
-			logf("%-12s %-6s %-23s %s (%s) -> %s (%s), client's node %s", s, p.mode, p.name, client.netns, client.ip, server.netns, server.ip, c.nodes[0].netns)
+			logf("%-12s %-6s %-4s %-23s %s (%s) -> %s (%s), client's node %s", s, p.mode, p.family, p.name,
+				client.netns, client.addr(p.family), server.netns, server.addr(p.family), c.nodes[0].netns)
 		}
 	}
 	logf("holding: ^C (or SIGTERM) removes everything")

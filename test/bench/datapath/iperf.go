@@ -8,12 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
 
@@ -31,17 +33,24 @@ type iperfResult struct {
 	gbps        float64 // the receiver's goodput
 	bytes       int64   // received, excluding the omitted warm-up
 	retransmits int
+	// local and remote are the connection's ends as the client saw them.
+	local, remote netip.Addr
 }
 
-// runIperf measures one TCP stream from client to server, each iperf3 running in its pod's
-// namespace (ip netns exec): the traffic never touches the root namespace. It must be called
+// runIperf measures one TCP stream from client to server's address of family f, each
+// iperf3 running in its pod's namespace (ip netns exec): the traffic never touches the
+// root namespace. It must be called
 // from the main goroutine, which is locked to its thread: the iperf3 processes get SIGKILL
 // when that thread dies (Pdeathsig), so a killed benchmark leaves none behind.
-func runIperf(ctx context.Context, client, server *pod, d time.Duration) (iperfResult, error) {
+func runIperf(ctx context.Context, client, server *pod, f ipam.Family, d time.Duration) (iperfResult, error) {
+	dst := server.addr(f)
+	if !dst.IsValid() {
+		return iperfResult{}, fmt.Errorf("%s has no %s address", server.netns, f)
+	}
 	ctx, cancel := context.WithTimeout(ctx, d+iperfOmit+serverReady+30*time.Second)
 	defer cancel()
 
-	srv := iperfCmd(ctx, server.netns, "-s", "-1", "-B", server.ip.String(), "-p", iperfPort, "--forceflush")
+	srv := iperfCmd(ctx, server.netns, "-s", "-1", "-B", dst.String(), "-p", iperfPort, "--forceflush")
 	stdout, err := srv.StdoutPipe()
 	if err != nil {
 		return iperfResult{}, fmt.Errorf("iperf3 server in %s: %w", server.netns, err)
@@ -56,7 +65,7 @@ func runIperf(ctx context.Context, client, server *pod, d time.Duration) (iperfR
 		return iperfResult{}, fmt.Errorf("iperf3 -s in %s: %w: %s", server.netns, err, benchrun.FirstLines(srvErr.Bytes(), 3))
 	}
 
-	cl := iperfCmd(ctx, client.netns, "-c", server.ip.String(), "-p", iperfPort,
+	cl := iperfCmd(ctx, client.netns, "-c", dst.String(), "-p", iperfPort,
 		"-t", strconv.Itoa(int(d/time.Second)), "-O", strconv.Itoa(int(iperfOmit/time.Second)),
 		"-J", "--connect-timeout", "5000")
 	var clErr bytes.Buffer
@@ -67,7 +76,7 @@ func runIperf(ctx context.Context, client, server *pod, d time.Duration) (iperfR
 		if runErr != nil {
 			err = fmt.Errorf("%w (iperf3: %w: %s)", err, runErr, benchrun.FirstLines(clErr.Bytes(), 3))
 		}
-		return iperfResult{}, fmt.Errorf("iperf3 %s -> %s: %w", client.netns, server.ip, err)
+		return iperfResult{}, fmt.Errorf("iperf3 %s -> %s: %w", client.netns, dst, err)
 	}
 	return res, nil
 }
@@ -107,7 +116,13 @@ func awaitListening(r io.Reader, timeout time.Duration) error {
 func parseIperf(b []byte) (iperfResult, error) {
 	var rep struct {
 		Error string `json:"error"`
-		End   struct {
+		Start struct {
+			Connected []struct {
+				LocalHost  string `json:"local_host"`
+				RemoteHost string `json:"remote_host"`
+			} `json:"connected"`
+		} `json:"start"`
+		End struct {
 			SumSent struct {
 				Retransmits int `json:"retransmits"`
 			} `json:"sum_sent"`
@@ -130,5 +145,14 @@ func parseIperf(b []byte) (iperfResult, error) {
 	if r == nil || r.Bytes <= 0 || r.BitsPerSecond <= 0 {
 		return iperfResult{}, errors.New("the iperf3 report has no received bytes")
 	}
-	return iperfResult{gbps: r.BitsPerSecond / 1e9, bytes: r.Bytes, retransmits: rep.End.SumSent.Retransmits}, nil
+	res := iperfResult{gbps: r.BitsPerSecond / 1e9, bytes: r.Bytes, retransmits: rep.End.SumSent.Retransmits}
+	if c := rep.Start.Connected; len(c) == 1 {
+		// Unmapped: an IPv4 connection on a dual-stack socket shows as ::ffff:a.b.c.d.
+		l, lerr := netip.ParseAddr(c[0].LocalHost)
+		r, rerr := netip.ParseAddr(c[0].RemoteHost)
+		if lerr == nil && rerr == nil {
+			res.local, res.remote = l.Unmap(), r.Unmap()
+		}
+	}
+	return res, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
@@ -22,10 +23,19 @@ var (
 // underlayMTU is the MTU of every node's eth0; the agent derives the pod MTU from it.
 const underlayMTU = 1500
 
-// pod is a pod network namespace and the address it got.
+// pod is a pod network namespace and the addresses it got (ip6 on dual-stack layouts).
 type pod struct {
 	netns string
 	ip    netip.Addr
+	ip6   netip.Addr
+}
+
+// addr is the pod's address of family f.
+func (p *pod) addr(f ipam.Family) netip.Addr {
+	if f == ipam.IPv6 {
+		return p.ip6
+	}
+	return p.ip
 }
 
 // node is a simulated node: a namespace on the underlay with its pods behind it.
@@ -35,6 +45,10 @@ type node struct {
 	ip     netip.Addr
 	subnet netip.Prefix // topology.UnderlaySubnet or topology.RemoteSubnet
 	block  netip.Prefix // its pod block
+	// ip6 and block6 are its IPv6 underlay address (on subnet's IPv6 counterpart) and IPv6
+	// pod block, on dual-stack layouts only.
+	ip6    netip.Addr
+	block6 netip.Prefix
 	pods   []*pod
 }
 
@@ -46,8 +60,10 @@ type cluster struct {
 	side    side
 	mode    datapath.Mode
 	podCIDR netip.Prefix
-	podMTU  int // what the pods got (the agent's choice on the trellis side)
-	nodes   []*node
+	// podCIDR6 is the cluster's IPv6 pod range (dual-stack layouts only).
+	podCIDR6 netip.Prefix
+	podMTU   int // what the pods got (the agent's choice on the trellis side)
+	nodes    []*node
 	// agent is what datapath.Sync reported for node1 (trellis side only).
 	agent *datapath.Status
 }
@@ -60,6 +76,9 @@ type layout struct {
 	router   string // the namespace routing between them
 	floor    [2]*pod
 	clusters []*cluster
+	// ipv6: the pods are dual-stack and the nodes have IPv6 underlay addresses (the IPv6
+	// rows are measured).
+	ipv6 bool
 }
 
 var modes = []datapath.Mode{datapath.ModeVXLAN, datapath.ModeDirect, datapath.ModeHybrid}
@@ -72,8 +91,15 @@ var modes = []datapath.Mode{datapath.ModeVXLAN, datapath.ModeDirect, datapath.Mo
 // (layout_test checks). Node1 has two
 // pods (the client and the same-node server), every other node one. Hybrid clusters have a
 // third node on the remote subnet, so Hybrid has a peer it must reach through VXLAN.
-func newLayout(prefix string, sides []side) *layout {
+//
+// With ipv6 the layout is dual-stack as the local cluster's (--ip-family dual): every
+// node also has an IPv6 address on its subnet's IPv6 counterpart (the local cluster's
+// 2001:db8:100::/64 or 2001:db8:113::/64, inside the namespaces only), with the same
+// number in it (hex: 198.51.100.21 -> 2001:db8:100::15), and cluster c the ULA pod range
+// fd00:10:1<c>::/56 (c in hex) with node k's block fd00:10:1<c>:<k>::/64.
+func newLayout(prefix string, sides []side, ipv6 bool) *layout {
 	l := &layout{
+		ipv6:     ipv6,
 		sides:    sides,
 		prefix:   prefix,
 		underlay: prefix + "ul",
@@ -84,6 +110,9 @@ func newLayout(prefix string, sides []side) *layout {
 		for _, m := range modes {
 			c := len(l.clusters)
 			cl := &cluster{side: s, mode: m, podCIDR: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(100 + c), 0, 0}), 16)}
+			if ipv6 {
+				cl.podCIDR6 = netip.PrefixFrom(ula(c, 0), 56)
+			}
 			count := 2
 			if m == datapath.ModeHybrid {
 				count = 3
@@ -99,6 +128,9 @@ func newLayout(prefix string, sides []side) *layout {
 					n.subnet = topology.RemoteSubnet
 				}
 				n.ip = nthAddr(n.subnet, 10+4*c+k) // < 254: see above
+				if ipv6 {
+					n.ip6, n.block6 = nthAddr(subnet6(n.subnet), 10+4*c+k), netip.PrefixFrom(ula(c, k), 64)
+				}
 				pods := 1
 				if k == 1 {
 					pods = 2
@@ -125,13 +157,30 @@ func modeTag(m datapath.Mode) string {
 	}
 }
 
+// nthAddr is address n of p (IPv4 or IPv6), counted from its network address.
 func nthAddr(p netip.Prefix, n int) netip.Addr {
-	a := p.Masked().Addr().As4()
-	if int(a[3])+n > 255 {
+	a := p.Masked().Addr().AsSlice()
+	last := len(a) - 1
+	if int(a[last])+n > 255 {
 		panic(fmt.Sprintf("address %d of %s does not fit its last byte", n, p))
 	}
-	a[3] += byte(n)
-	return netip.AddrFrom4(a)
+	a[last] += byte(n)
+	addr, _ := netip.AddrFromSlice(a)
+	return addr
+}
+
+// ula is the base of cluster c's IPv6 pod range (k 0) or of node k's block in it:
+// fd00:10:1<c>:<k>:: (c and k at most 255).
+func ula(c, k int) netip.Addr {
+	return netip.AddrFrom16([16]byte{0xfd, 0x00, 0x00, 0x10, 0x01, byte(c), 0x00, byte(k)})
+}
+
+// subnet6 is the IPv6 counterpart of an underlay subnet.
+func subnet6(subnet netip.Prefix) netip.Prefix {
+	if subnet == topology.RemoteSubnet {
+		return topology.RemoteSubnet6
+	}
+	return topology.UnderlaySubnet6
 }
 
 // namespaces lists every namespace of the layout: pods before their nodes, the underlay

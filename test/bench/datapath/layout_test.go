@@ -1,21 +1,27 @@
 package main
 
 import (
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
 func TestLayoutNamesAndAddresses(t *testing.T) {
 	// The longest run prefix benchrun.Prefix makes (a 7-digit pid) and every side: the
 	// most namespaces and the highest addresses a run has.
-	l := newLayout("trlb-4194304-", allSides())
+	l := newLayout("trlb-4194304-", allSides(), true)
 	if len(l.clusters) != 3*int(numSides) {
 		t.Fatalf("%d clusters, want every side for each of 3 modes", len(l.clusters))
 	}
 	seenIP, seenNS, seenCIDR := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	// IPv6: underlay addresses of the documentation range, pod ranges unique local, as
+	// the network-safety rule and the local cluster have them.
+	doc, ulaRange := netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("fc00::/7")
 	for _, n := range l.namespaces() {
 		if seenNS[n] {
 			t.Errorf("namespace %s twice", n)
@@ -30,6 +36,10 @@ func TestLayoutNamesAndAddresses(t *testing.T) {
 			t.Errorf("pod CIDR %s twice, or overlapping the bare veth pair's", c.podCIDR)
 		}
 		seenCIDR[c.podCIDR.String()] = true
+		if seenCIDR[c.podCIDR6.String()] || !ulaRange.Contains(c.podCIDR6.Addr()) || c.podCIDR6.Bits() != 56 {
+			t.Errorf("IPv6 pod CIDR %s twice, not unique local, or not a /56", c.podCIDR6)
+		}
+		seenCIDR[c.podCIDR6.String()] = true
 		for _, n := range c.nodes {
 			if seenIP[n.ip.String()] {
 				t.Errorf("node IP %s twice", n.ip)
@@ -41,6 +51,14 @@ func TestLayoutNamesAndAddresses(t *testing.T) {
 			if !n.subnet.Contains(n.ip) || !c.podCIDR.Contains(n.block.Addr()) {
 				t.Errorf("%s: %s not in %s or block %s not in %s", n.netns, n.ip, n.subnet, n.block, c.podCIDR)
 			}
+			if seenIP[n.ip6.String()] || !doc.Contains(n.ip6) || !subnet6(n.subnet).Contains(n.ip6) || n.ip6 == routerIPv6(n.subnet) {
+				t.Errorf("%s: IPv6 address %s twice, outside 2001:db8::/32 or %s, or the router's", n.netns, n.ip6, subnet6(n.subnet))
+			}
+			seenIP[n.ip6.String()] = true
+			if !c.podCIDR6.Contains(n.block6.Addr()) || n.block6.Bits() != 64 || seenCIDR[n.block6.String()] {
+				t.Errorf("%s: IPv6 block %s not a /64 of %s, or twice", n.netns, n.block6, c.podCIDR6)
+			}
+			seenCIDR[n.block6.String()] = true
 			if len("v"+n.netns[len(l.prefix):]) > 15 {
 				t.Errorf("%s: underlay port name too long", n.netns)
 			}
@@ -50,10 +68,65 @@ func TestLayoutNamesAndAddresses(t *testing.T) {
 	if len(hy.nodes) != 3 || hy.nodes[2].subnet == hy.nodes[0].subnet {
 		t.Errorf("Hybrid needs a third node on another subnet")
 	}
-	for _, p := range paths {
+	for _, p := range pathsOf(ipam.Families) {
 		c := l.cluster(sideReference, p.mode)
 		if p.node >= len(c.nodes) || p.pod >= len(c.nodes[p.node].pods) {
-			t.Errorf("path %s %s: no server pod %d on node %d", p.mode, p.name, p.pod, p.node)
+			t.Errorf("path %s: no server pod %d on node %d", p, p.pod, p.node)
+		}
+	}
+	// Without IPv6 the layout is what it was: no IPv6 address anywhere.
+	for _, c := range newLayout("trlb-1-", []side{sideTrellis}, false).clusters {
+		for _, n := range c.nodes {
+			if c.podCIDR6.IsValid() || n.ip6.IsValid() || n.block6.IsValid() {
+				t.Errorf("an IPv4-only layout has IPv6: %s %s %s", c.podCIDR6, n.ip6, n.block6)
+			}
+		}
+	}
+}
+
+// Every path has an IPv6 row beside its IPv4 one, named apart (-profile, the goals'
+// summaries); the ablations run the IPv4 rows only.
+func TestPathsPerFamily(t *testing.T) {
+	all := pathsOf(ipam.Families)
+	if len(all) != 2*len(basePaths) {
+		t.Fatalf("%d rows for both families, want %d", len(all), 2*len(basePaths))
+	}
+	names := map[string]bool{}
+	for i, p := range all {
+		want := ipam.IPv4
+		if i%2 == 1 {
+			want = ipam.IPv6
+			if prev := all[i-1]; prev.mode != p.mode || prev.name != p.name || prev.carrier != p.carrier {
+				t.Errorf("row %d (%s) is not beside its IPv4 row (%s)", i, p, prev)
+			}
+		}
+		if p.family != want || names[p.String()] {
+			t.Errorf("row %d: %s, family %s, want %s and a name of its own", i, p, p.family, want)
+		}
+		names[p.String()] = true
+		if measured(sideNoNAT, p) != (p.family == ipam.IPv4) || !measured(sideTrellis, p) || !measured(sideReference, p) {
+			t.Errorf("%s: ablations must run the IPv4 rows only, trellis and the reference every row", p)
+		}
+	}
+	if got := pathsOf([]ipam.Family{ipam.IPv4}); len(got) != len(basePaths) || got[1].String() != "VXLAN cross node" {
+		t.Errorf("IPv4 rows alone: %v", got)
+	}
+	if !slices.Contains(pathNames(ipam.Families), "Hybrid cross node, via router IPv6") {
+		t.Errorf("no IPv6 via-router row among %v", pathNames(ipam.Families))
+	}
+}
+
+func TestParseFamilies(t *testing.T) {
+	for in, want := range map[string][]ipam.Family{
+		"ipv4,ipv6": {ipam.IPv4, ipam.IPv6}, "ipv6, ipv4": {ipam.IPv4, ipam.IPv6}, "ipv4": {ipam.IPv4}, "ipv6": {ipam.IPv6},
+	} {
+		if got, err := parseFamilies(in); err != nil || !slices.Equal(got, want) {
+			t.Errorf("parseFamilies(%q) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "dual", "ipv4,ipv4", "ipv4,"} {
+		if _, err := parseFamilies(bad); err == nil {
+			t.Errorf("parseFamilies(%q) accepted", bad)
 		}
 	}
 }

@@ -16,6 +16,14 @@
 // packet: to a peer on the same subnet (routed directly) and to a peer behind a router on
 // another subnet (through VXLAN).
 //
+// Each path has an IPv4 row and, beside it, an IPv6 row (-families): the pods are then
+// dual-stack and the nodes have IPv6 underlay addresses too, as on a dual-stack cluster
+// (trellis: datapath.Sync with the IPv6 blocks and node addresses, as agent/nodenet runs
+// it, its ip6tables chains, the plugin's IPv6 addresses; reference: the same by hand), and
+// the IPv6 row is the same path over the pods' IPv6 addresses: IPv6 inside the IPv4 VXLAN
+// tunnel, or routed directly via the peer's IPv6 node address. The ablation sides are
+// measured on the IPv4 rows only (they switch IPv4 features off).
+//
 // The sides (sides.go; -sides picks some, trellis always among them):
 //
 //   - trellis uses the real code: pods are wired by the trellis CNI plugin binary through
@@ -46,7 +54,7 @@
 //
 // Usage (as root):
 //
-//	go run ./test/bench/datapath -trellis PATH [-duration 3s -repeat 5] [-sides trellis,reference,...] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold | -profile PATH]
+//	go run ./test/bench/datapath -trellis PATH [-duration 3s -repeat 5] [-families ipv4,ipv6] [-sides trellis,reference,...] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold | -profile PATH]
 package main
 
 import (
@@ -64,6 +72,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/agent/offload"
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // options are the command line.
@@ -74,6 +83,7 @@ type options struct {
 	hold       bool          // set up, then wait for a signal instead of measuring
 	profile    string        // a path ("VXLAN cross node") to profile with perf instead of measuring all
 	sides      []side        // the sides run, in report order (-sides)
+	families   []ipam.Family // the rows' address families, IPv4 before IPv6 (-families)
 	// txChecksumOffload is the ClusterNetwork's vxlan.txChecksumOffload for the trellis side.
 	txChecksumOffload string
 }
@@ -99,13 +109,17 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.txChecksumOffload, "tx-checksum-offload", offload.ModeAuto, "the ClusterNetwork's vxlan.txChecksumOffload for the trellis side: Auto (its default), Enabled or Disabled")
 	sides := fs.String("sides", strings.Join(sideNames(), ","), "comma-separated sides to run, trellis among them: "+strings.Join(sideNames(), ",")+
 		" (trellis, the hand-built reference, it plus flannel's iptables rules, trellis with one feature off each, trellis plus NOTRACK for pod-to-pod)")
-	fs.StringVar(&o.profile, "profile", "", "profile one path with perf instead of measuring every path: each side runs it -repeat times under perf record -a, and the report gives perf samples per GB and netfilter's share by part; one of: "+strings.Join(pathNames(), ", "))
+	families := fs.String("families", "ipv4,ipv6", "comma-separated address families of the rows: ipv4, ipv6 (each path gets a row per family; with ipv6 the pods are dual-stack)")
+	fs.StringVar(&o.profile, "profile", "", "profile one path with perf instead of measuring every path: each side runs it -repeat times under perf record -a, and the report gives perf samples per GB and netfilter's share by part; one of: "+strings.Join(pathNames(ipam.Families), ", "))
 	fs.BoolVar(&o.hold, "hold", false, "set everything up, print the namespaces and wait for ^C instead of measuring (to look into a path by hand)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	var err error
 	if o.sides, err = parseSides(*sides); err != nil {
+		return o, err
+	}
+	if o.families, err = parseFamilies(*families); err != nil {
 		return o, err
 	}
 	switch {
@@ -117,8 +131,8 @@ func parseFlags(args []string) (options, error) {
 		return o, fmt.Errorf("-trellis %s: the binary must be named trellis (the conflist's type)", o.trellisBin)
 	case o.duration < time.Second || o.duration%time.Second != 0:
 		return o, errors.New("-duration must be a whole number of seconds, at least 1s (iperf3 takes seconds)")
-	case o.profile != "" && !slices.Contains(pathNames(), o.profile):
-		return o, fmt.Errorf("-profile %q: want one of %s", o.profile, strings.Join(pathNames(), ", "))
+	case o.profile != "" && !slices.Contains(pathNames(o.families), o.profile):
+		return o, fmt.Errorf("-profile %q: want one of %s", o.profile, strings.Join(pathNames(o.families), ", "))
 	case o.repeat < 1:
 		return o, errors.New("-repeat must be at least 1")
 	case o.txChecksumOffload != offload.ModeAuto && o.txChecksumOffload != offload.ModeEnabled && o.txChecksumOffload != offload.ModeDisabled:
@@ -135,4 +149,27 @@ func (o options) txChecksum() offload.Decision {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
 	return offload.Decide(o.txChecksumOffload, unix.ByteSliceToString(u.Release[:]), offload.Unverified, "")
+}
+
+// parseFamilies reads -families: ipv4 and/or ipv6, each once, in that order whatever the
+// order given.
+func parseFamilies(list string) ([]ipam.Family, error) {
+	var out []ipam.Family
+	for _, name := range strings.Split(list, ",") {
+		var f ipam.Family
+		switch strings.TrimSpace(name) {
+		case "ipv4":
+			f = ipam.IPv4
+		case "ipv6":
+			f = ipam.IPv6
+		default:
+			return nil, fmt.Errorf("-families %q: a list of ipv4 and ipv6", list)
+		}
+		if slices.Contains(out, f) {
+			return nil, fmt.Errorf("-families %q: %s twice", list, f)
+		}
+		out = append(out, f)
+	}
+	slices.Sort(out)
+	return out, nil
 }

@@ -6,37 +6,68 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // path is one row of the report: in a mode, from the client pod (node1's first pod) to a
-// server pod, carried the way the mode says.
+// server pod's address of family, carried the way the mode says.
 type path struct {
 	mode    datapath.Mode
 	name    string
 	node    int // index of the server's node
 	pod     int // index of the server pod on it
 	carrier carrier
+	family  ipam.Family
 }
 
-// paths are what the benchmark measures. Hybrid has both of its ways: a peer on the same
-// subnet (routed directly) and one behind the router (through VXLAN).
-var paths = []path{
-	{datapath.ModeVXLAN, "same node", 0, 1, carrierLocal},
-	{datapath.ModeVXLAN, "cross node", 1, 0, carrierVXLAN},
-	{datapath.ModeDirect, "same node", 0, 1, carrierLocal},
-	{datapath.ModeDirect, "cross node", 1, 0, carrierRouted},
-	{datapath.ModeHybrid, "same node", 0, 1, carrierLocal},
-	{datapath.ModeHybrid, "cross node, same subnet", 1, 0, carrierRouted},
-	{datapath.ModeHybrid, "cross node, via router", 2, 0, carrierVXLAN},
+// basePaths are what the benchmark measures, each in every family. Hybrid has both of its
+// ways: a peer on the same subnet (routed directly) and one behind the router (through
+// VXLAN). IPv6 takes the same ways: the IPv6 underlay addresses are on the same subnets.
+var basePaths = []path{
+	{mode: datapath.ModeVXLAN, name: "same node", node: 0, pod: 1, carrier: carrierLocal},
+	{mode: datapath.ModeVXLAN, name: "cross node", node: 1, pod: 0, carrier: carrierVXLAN},
+	{mode: datapath.ModeDirect, name: "same node", node: 0, pod: 1, carrier: carrierLocal},
+	{mode: datapath.ModeDirect, name: "cross node", node: 1, pod: 0, carrier: carrierRouted},
+	{mode: datapath.ModeHybrid, name: "same node", node: 0, pod: 1, carrier: carrierLocal},
+	{mode: datapath.ModeHybrid, name: "cross node, same subnet", node: 1, pod: 0, carrier: carrierRouted},
+	{mode: datapath.ModeHybrid, name: "cross node, via router", node: 2, pod: 0, carrier: carrierVXLAN},
 }
 
-// pathNames are the paths as -profile names them: "VXLAN cross node".
-func pathNames() []string {
-	var out []string
-	for _, p := range paths {
-		out = append(out, string(p.mode)+" "+p.name)
+// pathsOf are the rows of families: each base path once per family, side by side.
+func pathsOf(families []ipam.Family) []path {
+	var out []path
+	for _, p := range basePaths {
+		for _, f := range families {
+			p.family = f
+			out = append(out, p)
+		}
 	}
 	return out
+}
+
+// String names a path as -profile and the goals' summaries do: "VXLAN cross node", and
+// "VXLAN cross node IPv6" for its IPv6 row.
+func (p path) String() string {
+	s := string(p.mode) + " " + p.name
+	if p.family == ipam.IPv6 {
+		s += " IPv6"
+	}
+	return s
+}
+
+// pathNames are the paths of families as -profile names them.
+func pathNames(families []ipam.Family) []string {
+	var out []string
+	for _, p := range pathsOf(families) {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// measured reports whether side s runs path p: the ablations switch IPv4 features off
+// (their IPv6 counterparts stay), so they run the IPv4 rows only.
+func measured(s side, p path) bool {
+	return p.family == ipam.IPv4 || !s.ablation()
 }
 
 // row is a path's measurements on every side of the run.
@@ -65,17 +96,21 @@ func roundOrder(sides []side, round int) []side {
 // returns at the first failure.
 func measure(ctx context.Context, l *layout, o options) (*report, error) {
 	rep := &report{duration: o.duration, repeat: o.repeat, sides: l.sides}
-	for _, p := range paths {
+	runs := 0
+	for _, p := range pathsOf(o.families) {
 		r := &row{path: p}
 		for _, s := range l.sides {
 			r.mtu[s] = l.cluster(s, p.mode).podMTU
+			if measured(s, p) {
+				runs++
+			}
 		}
 		rep.rows = append(rep.rows, r)
 	}
-	total, done := o.repeat*(1+len(l.sides)*len(paths)), 0
+	total, done := o.repeat*(1+runs), 0
 	start := time.Now()
 	for round := range o.repeat {
-		res, err := runIperf(ctx, l.floor[0], l.floor[1], o.duration)
+		res, err := runIperf(ctx, l.floor[0], l.floor[1], ipam.IPv4, o.duration)
 		if err != nil {
 			return nil, fmt.Errorf("bare veth pair: %w", err)
 		}
@@ -84,13 +119,16 @@ func measure(ctx context.Context, l *layout, o options) (*report, error) {
 		logf("[%d/%d] bare veth pair: %.2f Gbit/s", done, total, res.gbps)
 		for _, r := range rep.rows {
 			for _, s := range roundOrder(l.sides, round) {
+				if !measured(s, r.path) {
+					continue
+				}
 				res, err := measurePath(ctx, l.cluster(s, r.mode), r.path, o.duration)
 				if err != nil {
-					return nil, fmt.Errorf("%s %s %s: %w", s, r.mode, r.name, err)
+					return nil, fmt.Errorf("%s %s: %w", s, r.path, err)
 				}
 				r.results[s] = append(r.results[s], res)
 				done++
-				logf("[%d/%d] %s %s, %s: %.2f Gbit/s", done, total, r.mode, r.name, s, res.gbps)
+				logf("[%d/%d] %s, %s: %.2f Gbit/s", done, total, r.path, s, res.gbps)
 			}
 		}
 		if round == 0 {
@@ -109,7 +147,7 @@ func measurePath(ctx context.Context, c *cluster, p path, d time.Duration) (iper
 	if err != nil {
 		return iperfResult{}, err
 	}
-	res, err := runIperf(ctx, client, server, d)
+	res, err := runIperf(ctx, client, server, p.family, d)
 	if err != nil {
 		return iperfResult{}, err
 	}
@@ -117,5 +155,8 @@ func measurePath(ctx context.Context, c *cluster, p path, d time.Duration) (iper
 	if err != nil {
 		return iperfResult{}, err
 	}
-	return res, checkCarrier(p.carrier, before, after, res.bytes)
+	if err := checkEnds(p.family, client, server, res); err != nil {
+		return iperfResult{}, err
+	}
+	return res, checkCarrier(p.carrier, p.family, before, after, res.bytes)
 }

@@ -62,14 +62,21 @@ type profile struct {
 
 // profilePath runs o.profile on every side under perf and prints where the cycles go.
 func profilePath(ctx context.Context, l *layout, o options, runDir string, w io.Writer) error {
-	i := slices.IndexFunc(paths, func(p path) bool { return string(p.mode)+" "+p.name == o.profile })
-	p := paths[i] // parseFlags checked the name
+	all := pathsOf(o.families)
+	i := slices.IndexFunc(all, func(p path) bool { return p.String() == o.profile })
+	p := all[i] // parseFlags checked the name
 	profs := map[side]*profile{}
 	for _, s := range l.sides {
 		profs[s] = &profile{bySym: map[string]int{}, byCost: map[string]int{}}
 	}
+	var sides []side
+	for _, s := range l.sides {
+		if measured(s, p) {
+			sides = append(sides, s)
+		}
+	}
 	for round := range o.repeat {
-		for _, s := range roundOrder(l.sides, round) {
+		for _, s := range roundOrder(sides, round) {
 			file := filepath.Join(runDir, fmt.Sprintf("perf-%s-%d.data", s, round))
 			res, err := underPerf(ctx, file, func() (iperfResult, error) { return measurePath(ctx, l.cluster(s, p.mode), p, o.duration) })
 			if err != nil {
@@ -84,7 +91,7 @@ func profilePath(ctx context.Context, l *layout, o options, runDir string, w io.
 			logf("[%d/%d] %s, %s: %.2f Gbit/s under perf", round+1, o.repeat, o.profile, s, res.gbps)
 		}
 	}
-	printProfiles(w, o.profile, l.sides, profs)
+	printProfiles(w, o.profile, sides, profs)
 	return nil
 }
 

@@ -16,8 +16,12 @@ const (
 	refVXLANDev   = "vx0"
 )
 
-// refGateway is the pods' next hop, answered by a permanent neighbour entry (Calico's).
-const refGateway = "169.254.1.1"
+// refGateway and refGateway6 are the pods' next hops, answered by a permanent neighbour
+// entry (Calico's IPv4 one; IPv6's the link-local the trellis plugin uses).
+const (
+	refGateway  = "169.254.1.1"
+	refGateway6 = "fe80::1"
+)
 
 // vxlanOverhead is what VXLAN over IPv4 adds to a packet.
 const vxlanOverhead = 50
@@ -36,6 +40,14 @@ const vxlanOverhead = 50
 //     neighbour entry and an FDB entry, as flannel does;
 //   - the pod MTU the agent picks: the underlay's in Direct, 50 less otherwise.
 //
+// On a dual-stack layout the same for IPv6, as trellis lays it out: the pod end holds
+// IP6/128 with a default route via fe80::1 and a permanent neighbour entry for it, the node
+// a /128 route to the pod (the pod's MAC found by neighbour discovery, no DAD, no router
+// advertisements taken); a peer reached directly gets a route to its IPv6 block via its
+// IPv6 node address, one reached through VXLAN a route to its IPv6 block via its VTEP's
+// IPv6 address (the first of its IPv6 block) on the same VXLAN device over IPv4, with a
+// permanent neighbour entry.
+//
 // No iptables rules: the reference is the bare forwarding path.
 func setupReference(ctx context.Context, c *cluster) error {
 	c.podMTU = underlayMTU - vxlanOverhead
@@ -46,8 +58,17 @@ func setupReference(ctx context.Context, c *cluster) error {
 		if err := sysctlIn(ctx, n.netns, "net.ipv4.ip_forward=1"); err != nil {
 			return err
 		}
+		if n.block6.IsValid() {
+			// Before the veths exist: turning it on resets their IPv6 settings.
+			if err := sysctlIn(ctx, n.netns, "net.ipv6.conf.all.forwarding=1"); err != nil {
+				return err
+			}
+		}
 		for i, p := range n.pods {
 			p.ip = nthAddr(n.block, 2+i) // what the trellis IPAM hands out first
+			if n.block6.IsValid() {
+				p.ip6 = nthAddr(n.block6, 2+i)
+			}
 			if err := refPod(ctx, n, p, fmt.Sprintf("%s%c", refVethPrefix, 'a'+i), refMAC(1, k, i), c.podMTU); err != nil {
 				return fmt.Errorf("reference %s %s: %w", c.mode, n.name, err)
 			}
@@ -73,21 +94,52 @@ func refPod(ctx context.Context, n *node, p *pod, host string, hostMAC net.Hardw
 	}
 	if err := ipBatch(ctx, n.netns, []string{
 		fmt.Sprintf("link add %s address %s mtu %d type veth peer name eth0 mtu %d netns %s", host, hostMAC, mtu, mtu, p.netns),
-		fmt.Sprintf("link set %s up", host),
-		fmt.Sprintf("route replace %s/32 dev %s scope link", p.ip, host),
 	}); err != nil {
 		return err
 	}
-	// As the plugin does: no IPv6 link-local chatter on the host end.
-	if err := sysctlIn(ctx, n.netns, fmt.Sprintf("net.ipv6.conf.%s.disable_ipv6=1", host)); err != nil {
+	// As the plugin does, before the link is up: no IPv6 link-local chatter on the host end
+	// of an IPv4-only pod; for a dual-stack one IPv6 on, no DAD, no router advertisements
+	// or redirects taken from the pod.
+	hostV6 := []string{fmt.Sprintf("net.ipv6.conf.%s.disable_ipv6=1", host)}
+	podV6 := []string{}
+	if p.ip6.IsValid() {
+		hostV6 = []string{"disable_ipv6=0", "accept_ra=0", "accept_redirects=0", "accept_dad=0"}
+		podV6 = []string{"disable_ipv6=0", "accept_dad=0", "accept_ra=0"}
+		for i, s := range hostV6 {
+			hostV6[i] = fmt.Sprintf("net.ipv6.conf.%s.%s", host, s)
+		}
+		for i, s := range podV6 {
+			podV6[i] = "net.ipv6.conf.eth0." + s
+		}
+	}
+	if err := sysctlIn(ctx, n.netns, hostV6...); err != nil {
 		return err
 	}
-	return ipBatch(ctx, p.netns, []string{
-		fmt.Sprintf("addr add %s/32 dev eth0", p.ip),
+	node := []string{
+		fmt.Sprintf("link set %s up", host),
+		fmt.Sprintf("route replace %s/32 dev %s scope link", p.ip, host),
+	}
+	pod := []string{fmt.Sprintf("addr add %s/32 dev eth0", p.ip)}
+	if p.ip6.IsValid() {
+		if err := sysctlIn(ctx, p.netns, podV6...); err != nil {
+			return err
+		}
+		node = append(node, fmt.Sprintf("route replace %s/128 dev %s", p.ip6, host))
+		pod = append(pod, fmt.Sprintf("addr add %s/128 dev eth0 nodad", p.ip6))
+	}
+	if err := ipBatch(ctx, n.netns, node); err != nil {
+		return err
+	}
+	pod = append(pod,
 		"link set eth0 up",
 		fmt.Sprintf("neigh replace %s lladdr %s dev eth0 nud permanent", refGateway, hostMAC),
-		fmt.Sprintf("route replace default via %s dev eth0 onlink", refGateway),
-	})
+		fmt.Sprintf("route replace default via %s dev eth0 onlink", refGateway))
+	if p.ip6.IsValid() {
+		pod = append(pod,
+			fmt.Sprintf("neigh replace %s lladdr %s dev eth0 nud permanent", refGateway6, hostMAC),
+			fmt.Sprintf("route replace ::/0 via %s dev eth0", refGateway6))
+	}
+	return ipBatch(ctx, p.netns, pod)
 }
 
 // refPeers routes node k of c to every other node's block, directly or through VXLAN.
@@ -98,9 +150,14 @@ func refPeers(ctx context.Context, c *cluster, k int, n *node) error {
 		if peer == n {
 			continue
 		}
+		// Every node of a layout has both IPv6 addresses or none, on its subnet's IPv6
+		// counterpart: IPv6 goes the way IPv4 does.
 		direct := c.mode == datapath.ModeDirect || (c.mode == datapath.ModeHybrid && peer.subnet == n.subnet)
 		if direct {
 			script = append(script, fmt.Sprintf("route replace %s via %s dev eth0", peer.block, peer.ip))
+			if peer.block6.IsValid() {
+				script = append(script, fmt.Sprintf("route replace %s via %s dev eth0", peer.block6, peer.ip6))
+			}
 			continue
 		}
 		vxlan = true
@@ -108,19 +165,33 @@ func refPeers(ctx context.Context, c *cluster, k int, n *node) error {
 		script = append(script,
 			fmt.Sprintf("neigh replace %s lladdr %s dev %s nud permanent", vtep, mac, refVXLANDev),
 			fmt.Sprintf("route replace %s via %s dev %s onlink", peer.block, vtep, refVXLANDev))
+		if peer.block6.IsValid() {
+			vtep6 := vtepOf(peer.block6)
+			script = append(script,
+				fmt.Sprintf("neigh replace %s lladdr %s dev %s nud permanent", vtep6, mac, refVXLANDev),
+				fmt.Sprintf("route replace %s via %s dev %s onlink", peer.block6, vtep6, refVXLANDev))
+		}
 		fdb = append(fdb, fmt.Sprintf("fdb append %s dev %s dst %s self permanent", mac, refVXLANDev, peer.ip))
 	}
 	if vxlan {
-		dev := []string{
+		if err := ipBatch(ctx, n.netns, []string{
 			fmt.Sprintf("link add %s address %s mtu %d type vxlan id %d local %s dev eth0 dstport %d nolearning",
 				refVXLANDev, refMAC(2, k, 0), underlayMTU-vxlanOverhead, vxlanVNI, n.ip, vxlanPort),
-			fmt.Sprintf("addr add %s/32 dev %s", vtepOf(n.block), refVXLANDev),
-			fmt.Sprintf("link set %s up", refVXLANDev),
-		}
-		if err := ipBatch(ctx, n.netns, dev); err != nil {
+		}); err != nil {
 			return err
 		}
-		if err := sysctlIn(ctx, n.netns, fmt.Sprintf("net.ipv6.conf.%s.disable_ipv6=1", refVXLANDev)); err != nil {
+		// IPv6 only where the node has an IPv6 block (its VTEP's IPv6 address), set
+		// before the device is up, as the agent does.
+		v6 := []string{fmt.Sprintf("net.ipv6.conf.%s.disable_ipv6=1", refVXLANDev)}
+		dev := []string{fmt.Sprintf("addr add %s/32 dev %s", vtepOf(n.block), refVXLANDev)}
+		if n.block6.IsValid() {
+			v6 = []string{fmt.Sprintf("net.ipv6.conf.%s.disable_ipv6=0", refVXLANDev), fmt.Sprintf("net.ipv6.conf.%s.accept_dad=0", refVXLANDev)}
+			dev = append(dev, fmt.Sprintf("addr add %s/128 dev %s nodad", vtepOf(n.block6), refVXLANDev))
+		}
+		if err := sysctlIn(ctx, n.netns, v6...); err != nil {
+			return err
+		}
+		if err := ipBatch(ctx, n.netns, append(dev, fmt.Sprintf("link set %s up", refVXLANDev))); err != nil {
 			return err
 		}
 		if err := bridgeBatch(ctx, n.netns, fdb); err != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // report is what a run measured.
@@ -108,7 +110,7 @@ func (rep *report) print(w io.Writer) {
 			active = append(active, g)
 		}
 	}
-	head := fmt.Sprintf("%-6s  %-23s  %-7s  %-9s  %-22s", "mode", "path", "carried", "pod MTU", "trellis Gbit/s")
+	head := fmt.Sprintf("%-6s  %-23s  %-6s  %-7s  %-9s  %-22s", "mode", "path", "family", "carried", "pod MTU", "trellis Gbit/s")
 	for _, g := range active {
 		head += fmt.Sprintf("  %-22s  %-19s", g.other.String()+" Gbit/s", "trellis/"+g.other.String())
 	}
@@ -116,7 +118,7 @@ func (rep *report) print(w io.Writer) {
 	verdicts := make([][]verdict, len(active))
 	whys := make([][]string, len(active))
 	for _, r := range rep.rows {
-		line := fmt.Sprintf("%-6s  %-23s  %-7s  %-9s  %-22s", r.mode, r.name, r.carrier, r.mtuText(rep.sides), spread(r.results[sideTrellis]))
+		line := fmt.Sprintf("%-6s  %-23s  %-6s  %-7s  %-9s  %-22s", r.mode, r.name, r.family, r.carrier, r.mtuText(rep.sides), spread(r.results[sideTrellis]))
 		for i, g := range active {
 			cell := "n/a"
 			v, why := judge(g, rep.load.avg[0], rep.load.ok, r.results[sideTrellis], r.results[g.other])
@@ -144,6 +146,11 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintf(w, "  and agent/policy (Compile with no policy, KernelApplier); reference: the same veths, routes, neighbours, FDB entries and\n")
 	fmt.Fprintf(w, "  VXLAN devices made with ip/bridge\n")
 	fmt.Fprintf(w, "Hybrid: node2 on the same subnet (198.51.100.0/24, routed directly), node3 behind a router on 203.0.113.0/24 (VXLAN)\n")
+	if slices.ContainsFunc(rep.rows, func(r *row) bool { return r.family == ipam.IPv6 }) {
+		fmt.Fprintf(w, "IPv6 rows: dual-stack pods (ULA blocks fd00:10:1xx:k::/64) over their IPv6 addresses; the nodes' IPv6 addresses on\n")
+		fmt.Fprintf(w, "  2001:db8:100::/64 and 2001:db8:113::/64 (node3); through VXLAN the IPv6 packets ride the IPv4 tunnel (as trellis carries them),\n")
+		fmt.Fprintf(w, "  directly they are routed via the peer's IPv6 node address; ablations are measured on the IPv4 rows only\n")
+	}
 	for _, n := range rep.notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
@@ -154,7 +161,7 @@ func (rep *report) print(w io.Writer) {
 func (rep *report) goalSummary(vs []verdict, whys []string) string {
 	var missed, unsure []string
 	for i, v := range vs {
-		p := string(rep.rows[i].mode) + " " + rep.rows[i].name
+		p := rep.rows[i].path.String()
 		switch v {
 		case verdictMiss:
 			missed = append(missed, p)
@@ -196,6 +203,9 @@ func (rep *report) printAblations(w io.Writer) {
 	const line = "%-6s  %-23s  %-12s  %-22s  %-12s  %s\n"
 	fmt.Fprintf(w, line, "mode", "path", "side", "Gbit/s", "vs trellis", "vs reference")
 	for _, r := range rep.rows {
+		if r.family == ipam.IPv6 {
+			continue // the ablations switch IPv4 features off: IPv4 rows only
+		}
 		t := r.results[sideTrellis]
 		mt, tok := median(t)
 		for i, s := range abl {

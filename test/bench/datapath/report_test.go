@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 func results(gbps ...float64) []iperfResult {
@@ -69,7 +70,7 @@ func printed(t *testing.T, rep *report) (string, func(prefix string) string) {
 }
 
 func newRow(m datapath.Mode, name string, c carrier, mtu int) *row {
-	r := &row{path: path{mode: m, name: name, carrier: c}}
+	r := &row{path: path{mode: m, name: name, carrier: c, family: ipam.IPv4}}
 	for s := range r.mtu {
 		r.mtu[s] = mtu
 	}
@@ -172,5 +173,32 @@ func TestReportAttributesEachAblation(t *testing.T) {
 		if !strings.Contains(out, sideInfo[s].what) {
 			t.Errorf("no description of %s in\n%s", s, out)
 		}
+	}
+}
+
+// An IPv6 row sits beside its IPv4 one with the same gates and ratios, named apart in the
+// goals' summaries; the attribution table has the IPv4 rows only (the ablations ran those).
+func TestReportIPv6Rows(t *testing.T) {
+	v4 := newRow(datapath.ModeVXLAN, "cross node", carrierVXLAN, 1450)
+	v6 := newRow(datapath.ModeVXLAN, "cross node", carrierVXLAN, 1450)
+	v6.family = ipam.IPv6
+	v4.results[sideTrellis], v4.results[sideReference], v4.results[sideNoNAT] = results(9.3, 9.4, 9.5), results(9.6, 9.7, 9.8), results(9.5, 9.6, 9.7)
+	v6.results[sideTrellis], v6.results[sideReference] = results(4, 4.1, 4.2), results(8, 8.1, 8.2)
+	rep := &report{rows: []*row{v4, v6}, floor: results(10), load: idle, sides: []side{sideTrellis, sideReference, sideNoNAT}}
+	out, find := printed(t, rep)
+	if l := find("VXLAN   cross node               IPv4"); !strings.Contains(l, "0.97 PASS") {
+		t.Errorf("IPv4 row: %q", l)
+	}
+	if l := find("VXLAN   cross node               IPv6"); !strings.Contains(l, "4.10 (4.00-4.20)") || !strings.Contains(l, "0.51 MISS") {
+		t.Errorf("IPv6 row: %q", l)
+	}
+	if l := find("goal trellis/reference >= 0.95"); !strings.HasSuffix(l, "MISS on 1 of 2 paths (VXLAN cross node IPv6)") {
+		t.Errorf("reference goal: %q", l)
+	}
+	if n := strings.Count(out, "cross node               no-nat"); n != 1 {
+		t.Errorf("%d attribution rows, want the IPv4 row's only:\n%s", n, out)
+	}
+	if !strings.Contains(out, "IPv6 rows: dual-stack pods") {
+		t.Errorf("the report does not say what the IPv6 rows are:\n%s", out)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -58,7 +59,18 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 		if len(st.Unreachable) > 0 || len(st.PeersPending) > 0 {
 			return fmt.Errorf("trellis %s %s: the sync left peers unreachable %v or pending %v", c.mode, n.name, st.Unreachable, st.PeersPending)
 		}
-		logf("trellis %-6s %s: peers direct %v, via VXLAN %v, pod MTU %d", c.mode, n.name, st.PeersDirect, st.PeersVXLAN, st.PodMTU)
+		v6 := ""
+		if n.block6.IsValid() {
+			// The IPv6 rows take the IPv4 rows' ways: no peer tunnelled for want of an IPv6
+			// underlay address, none left out.
+			f := st.IPv6
+			if f == nil || f.Underlay != "eth0" || len(f.Unreachable) > 0 || len(f.PeersPending) > 0 || len(f.Tunnelled) > 0 ||
+				!slices.Equal(f.PeersDirect, st.PeersDirect) || !slices.Equal(f.PeersVXLAN, st.PeersVXLAN) {
+				return fmt.Errorf("trellis %s %s: the IPv6 peers are not reached as the IPv4 ones (direct %v, via VXLAN %v): %+v", c.mode, n.name, st.PeersDirect, st.PeersVXLAN, f)
+			}
+			v6 = "; IPv6 the same"
+		}
+		logf("trellis %-6s %s: peers direct %v, via VXLAN %v, pod MTU %d%s", c.mode, n.name, st.PeersDirect, st.PeersVXLAN, st.PodMTU, v6)
 	}
 	c.podMTU = statuses[0].PodMTU
 
@@ -100,14 +112,20 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 // syncNode runs what the agent's reconcile runs on n: datapath.Sync with every other node of
 // the cluster as a peer (with the VTEP MACs known so far), then its netfilter chains.
 func syncNode(c *cluster, n *node, macs map[string]net.HardwareAddr, checksumOffload bool) (*datapath.Status, error) {
+	// As agent/nodenet builds it: on a dual-stack node, its IPv6 block and underlay
+	// address, the peers' (their NodeNetworks' status.nodeIPv6), both pod ranges.
 	cfg := datapath.Config{
 		Mode: c.mode, VNI: vxlanVNI, Port: vxlanPort, ChecksumOffload: checksumOffload,
-		Local:    datapath.Local{NodeIP: n.ip, PodCIDR: n.block},
+		Local:    datapath.Local{NodeIP: n.ip, PodCIDR: n.block, NodeIPv6: n.ip6, PodCIDRv6: n.block6},
 		PodCIDRs: []netip.Prefix{c.podCIDR},
+	}
+	if c.podCIDR6.IsValid() {
+		cfg.PodCIDRs = append(cfg.PodCIDRs, c.podCIDR6)
 	}
 	for _, peer := range c.nodes {
 		if peer != n {
-			cfg.Peers = append(cfg.Peers, datapath.Peer{Name: peer.name, NodeIP: peer.ip, PodCIDR: peer.block, VTEPMAC: macs[peer.name]})
+			cfg.Peers = append(cfg.Peers, datapath.Peer{Name: peer.name, NodeIP: peer.ip, PodCIDR: peer.block,
+				NodeIPv6: peer.ip6, PodCIDRv6: peer.block6, VTEPMAC: macs[peer.name]})
 		}
 	}
 	var st *datapath.Status
@@ -117,8 +135,16 @@ func syncNode(c *cluster, n *node, macs map[string]net.HardwareAddr, checksumOff
 			return fmt.Errorf("datapath.Sync: %w", err)
 		}
 		var nf netfilter.Syncer
-		if _, err := nf.Sync(context.Background(), datapath.Netfilter(cfg.PodCIDRs, natOutgoing)); err != nil {
+		if _, err := nf.Sync(context.Background(), datapath.Netfilter([]netip.Prefix{c.podCIDR}, natOutgoing)); err != nil {
 			return fmt.Errorf("netfilter sync: %w", err)
+		}
+		if !c.podCIDR6.IsValid() {
+			return nil
+		}
+		// The IPv6 chains, with ip6tables of the same backend (agent/nodenet syncNetfilter).
+		nf6 := netfilter.Syncer{Backend: nf.ActiveBackend().IPv6()}
+		if _, err := nf6.Sync(context.Background(), datapath.Netfilter6([]netip.Prefix{c.podCIDR6}, natOutgoing)); err != nil {
+			return fmt.Errorf("netfilter sync, IPv6: %w", err)
 		}
 		return nil
 	})
@@ -136,14 +162,14 @@ func nodeConflist(n *node, podMTU int, dir string) (*libcni.NetworkConfigList, e
 	if err := os.WriteFile(ready, []byte(time.Now().UTC().Format(time.RFC3339)+"\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("writing the ready file of %s: %w", n.netns, err)
 	}
-	b, err := json.Marshal(map[string]any{
-		"cniVersion": "1.1.0",
-		"name":       "trellis",
-		"plugins": []any{map[string]any{
-			"type": "trellis", "podCIDR": n.block.String(), "mtu": podMTU,
-			"dataDir": filepath.Join(dir, "ipam"), "readyFile": ready, "logFile": filepath.Join(dir, "cni.log"),
-		}},
-	})
+	plugin := map[string]any{
+		"type": "trellis", "podCIDR": n.block.String(), "mtu": podMTU,
+		"dataDir": filepath.Join(dir, "ipam"), "readyFile": ready, "logFile": filepath.Join(dir, "cni.log"),
+	}
+	if n.block6.IsValid() {
+		plugin["podCIDRv6"] = n.block6.String()
+	}
+	b, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "trellis", "plugins": []any{plugin}})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the conflist of %s: %w", n.netns, err)
 	}
@@ -179,14 +205,24 @@ func addPod(ctx context.Context, cni *libcni.CNIConfig, list *libcni.NetworkConf
 		if err != nil {
 			return fmt.Errorf("CNI ADD of %s: converting the result: %w", p.netns, err)
 		}
-		if len(cur.IPs) != 1 {
-			return fmt.Errorf("CNI ADD of %s: %d IPs in the result, want 1", p.netns, len(cur.IPs))
+		want := []netip.Prefix{n.block}
+		if n.block6.IsValid() {
+			want = append(want, n.block6)
 		}
-		ip, ok := netip.AddrFromSlice(cur.IPs[0].Address.IP.To4())
-		if !ok || !n.block.Contains(ip) {
-			return fmt.Errorf("CNI ADD of %s: address %v is not in the node's block %s", p.netns, cur.IPs[0].Address.IP, n.block)
+		if len(cur.IPs) != len(want) {
+			return fmt.Errorf("CNI ADD of %s: %d IPs in the result, want %d (one of each block of %v)", p.netns, len(cur.IPs), len(want), want)
 		}
-		p.ip = ip
+		for i, block := range want {
+			ip, ok := netip.AddrFromSlice(cur.IPs[i].Address.IP)
+			if ip = ip.Unmap(); !ok || !block.Contains(ip) {
+				return fmt.Errorf("CNI ADD of %s: address %d, %v, is not in the node's block %s", p.netns, i, cur.IPs[i].Address.IP, block)
+			}
+			if ip.Is4() {
+				p.ip = ip
+			} else {
+				p.ip6 = ip
+			}
+		}
 		return nil
 	})
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	"github.com/trellis-net/trellis/test/cluster/topology"
 )
@@ -28,6 +29,19 @@ func createUnderlay(ctx context.Context, l *layout) error {
 	}
 	if err := sysctlIn(ctx, l.router, "net.ipv4.ip_forward=1"); err != nil {
 		return err
+	}
+	if l.ipv6 {
+		// The IPv6 underlay, as the dual-stack local cluster has it (IPv6 pod traffic
+		// between the subnets goes through VXLAN over IPv4 all the same).
+		if err := sysctlIn(ctx, l.router, "net.ipv6.conf.all.forwarding=1"); err != nil {
+			return err
+		}
+		if err := ipBatch(ctx, l.router, []string{
+			fmt.Sprintf("addr add %s dev eth0 nodad", netip.PrefixFrom(routerIPv6(topology.UnderlaySubnet), 64)),
+			fmt.Sprintf("addr add %s dev eth1 nodad", netip.PrefixFrom(routerIPv6(topology.RemoteSubnet), 64)),
+		}); err != nil {
+			return fmt.Errorf("the router's IPv6 addresses: %w", err)
+		}
 	}
 
 	a, b := l.floor[0], l.floor[1]
@@ -64,5 +78,25 @@ func createNode(ctx context.Context, l *layout, n *node) error {
 	if err := topology.Attach(ctx, l.underlay, n.netns, "v"+n.netns[len(l.prefix):], "eth0", n.ip, n.subnet); err != nil {
 		return fmt.Errorf("attaching %s to the underlay: %w", n.netns, err)
 	}
-	return topology.AddRoute(ctx, n.netns, other, via)
+	if err := topology.AddRoute(ctx, n.netns, other, via); err != nil {
+		return err
+	}
+	if !n.ip6.IsValid() {
+		return nil
+	}
+	// No duplicate address detection: every address of the layout is unique, and a
+	// tentative one would hold the first packets back.
+	return ipBatch(ctx, n.netns, []string{
+		fmt.Sprintf("addr add %s dev eth0 nodad", netip.PrefixFrom(n.ip6, 64)),
+		fmt.Sprintf("route replace %s via %s", subnet6(other), routerIPv6(n.subnet)),
+	})
+}
+
+// routerIPv6 is the router's IPv6 address on subnet's IPv6 counterpart (the same number
+// as its IPv4 one).
+func routerIPv6(subnet netip.Prefix) netip.Addr {
+	if subnet == topology.RemoteSubnet {
+		return nthAddr(topology.RemoteSubnet6, int(topology.RouterRemoteIP.As4()[3]))
+	}
+	return nthAddr(topology.UnderlaySubnet6, int(topology.RouterUnderlayIP.As4()[3]))
 }
