@@ -158,7 +158,9 @@ func TestFirstPassAtStart(t *testing.T) {
 	go func() { done <- c.Start(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("the collector ended with %v", err)
+		}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
