@@ -141,7 +141,7 @@ func checkMTU(t *testing.T, from, to framework.Pod, mtu, family int) {
 	var received int
 	for try := 0; try < 5 && received != full; try++ {
 		if err := sendDF(from.NetNS, network, dst, full); err != nil {
-			t.Fatalf("sending %d bytes with DF from %s to %s: %v", mtu, from.IP, dst, err)
+			t.Fatalf("sending %d bytes with DF from %s to %s: %v", mtu, from.Addr(family), dst, err)
 		}
 		buf := make([]byte, 65536)
 		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -153,12 +153,12 @@ func checkMTU(t *testing.T, from, to framework.Pod, mtu, family int) {
 		received = n
 	}
 	if received != full {
-		t.Fatalf("a %d-byte packet with DF from %s did not reach %s (got %d bytes of payload, want %d)", mtu, from.IP, to.IP, received, full)
+		t.Fatalf("a %d-byte packet with DF from %s did not reach %s (got %d bytes of payload, want %d)", mtu, from.Addr(family), to.Addr(family), received, full)
 	}
-	t.Logf("a %d-byte packet with DF crossed from %s to %s", mtu, from.IP, to.IP)
+	t.Logf("a %d-byte packet with DF crossed from %s to %s", mtu, from.Addr(family), to.Addr(family))
 	err := sendDF(from.NetNS, network, dst, full+1)
 	if !errors.Is(err, syscall.EMSGSIZE) {
-		t.Errorf("sending %d bytes with DF from %s: %v, want EMSGSIZE (the pod MTU is %d)", mtu+1, from.IP, err, mtu)
+		t.Errorf("sending %d bytes with DF from %s: %v, want EMSGSIZE (the pod MTU is %d)", mtu+1, from.Addr(family), err, mtu)
 	}
 }
 

@@ -238,17 +238,44 @@ func TestDualStackCluster(t *testing.T) {
 			probers[family] = p
 		}
 		block4, block6 := nodeBlocks6(ctx, t, c)
+		// waitMode waits until every node runs mode and is Ready; in Direct the nodes
+		// can't reach the one behind the router (not on-link) and say so instead:
+		// PeersUnreachable naming it (and it them), while the others route directly.
+		waitMode := func(mode string, timeout time.Duration) {
+			if mode != "Direct" {
+				framework.WaitNodeNetworks(ctx, t, c, mode, "", timeout)
+				return
+			}
+			waitFor(t, timeout, "every NodeNetwork in Direct with the remote node unreachable", func() (bool, string) {
+				var bad []string
+				for _, nn := range framework.NodeNetworks(ctx, t, c) {
+					r := nn.Ready()
+					unreachable := []string{remote.Name}
+					if nn.Metadata.Name == remote.Name {
+						unreachable = []string{node1.Name, node2.Name}
+					}
+					ok := nn.Status.Encapsulation == "Direct" && r != nil && r.Status == "False" && r.Reason == "PeersUnreachable"
+					for _, n := range unreachable {
+						ok = ok && strings.Contains(r.Message, n+" (")
+					}
+					if !ok {
+						bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Metadata.Name, nn.Status.Encapsulation, r))
+					}
+				}
+				return len(bad) == 0, strings.Join(bad, "; ")
+			})
+		}
 		var directEra map[string]framework.Pod
 		for _, mode := range []string{"Direct", "Hybrid", "VXLAN"} {
 			since := time.Now()
 			if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "merge", "-p", fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, mode)); err != nil {
 				t.Fatalf("switching to %s: %v", mode, err)
 			}
-			framework.WaitNodeNetworks(ctx, t, c, mode, "", 2*time.Minute)
+			waitMode(mode, 2*time.Minute)
 			if out, err := c.Kubectl(ctx, "rollout", "status", "-n", "trellis-system", "daemonset/trellis-agent", "--timeout=2m"); err != nil {
 				t.Fatalf("agent rollout after switching to %s: %v\n%s", mode, err, out)
 			}
-			framework.WaitNodeNetworks(ctx, t, c, mode, "", time.Minute)
+			waitMode(mode, time.Minute)
 			if mode == "Hybrid" {
 				// node1 and node2 share the underlay of both families; the remote node is
 				// behind the router: each family's peers are counted apart.
