@@ -27,9 +27,9 @@ import (
 // sample's IPv4 pod range, then made dual-stack the way docs/install.md says, by appending
 // an IPv6 range to spec.podCIDRs under traffic. Then, for each family: pod to pod on one
 // node, across nodes and through the router, a ClusterIP, a hostPort, natOutgoing seen
-// from the external host, full-MTU packets with DF, and the live switch VXLAN -> Direct
-// -> Hybrid -> VXLAN under probing of both families, with each mode's IPv6 routes. The
-// root network namespace holds none of it.
+// from the external host, full-MTU packets with DF, a NetworkPolicy of both families, and
+// the live switch VXLAN -> Direct -> Hybrid -> VXLAN under probing of both families, with
+// each mode's routes. The root network namespace holds none of it.
 func TestDualStackCluster(t *testing.T) {
 	rootBefore := rootNamespaceState(t)
 	root6Before := rootRoutes6(t)
@@ -226,6 +226,29 @@ func TestDualStackCluster(t *testing.T) {
 		}
 		if got := framework.WaitPeer(t, podPeer); got != dp.client.IPv6 {
 			t.Errorf("the server pod saw the client pod as %s, want its IPv6 pod address %s (no NAT between pods)", got, dp.client.IPv6)
+		}
+	})
+
+	t.Run("NetworkPolicy", func(t *testing.T) {
+		// One policy, both families: a default-deny closes the server to the client over
+		// IPv4 and IPv6; an ipBlock of the client's IPv6 address then opens IPv6 alone.
+		const port = 9400
+		framework.TCPEcho(t, dp.server.NetNS, port)
+		addr := func(family int) string { return netip.AddrPortFrom(dp.server.Addr(family), port).String() }
+		for _, family := range []int{4, 6} {
+			framework.WaitAllowed(t, dp.client.NetNS, addr(family), 10*time.Second)
+		}
+		framework.ApplyPolicyIn(ctx, t, c, framework.PodNamespace, "deny-server", framework.DenyIngress("name: server"))
+		defer framework.DeletePolicyIn(ctx, t, c, framework.PodNamespace, "deny-server")
+		for _, family := range []int{4, 6} {
+			framework.WaitDenied(t, dp.client.NetNS, addr(family), 10*time.Second)
+		}
+		framework.ApplyPolicyIn(ctx, t, c, framework.PodNamespace, "client-ipv6",
+			framework.DenyIngress("name: server")+fmt.Sprintf("  ingress:\n  - from:\n    - ipBlock: {cidr: %s/128}\n", dp.client.IPv6))
+		defer framework.DeletePolicyIn(ctx, t, c, framework.PodNamespace, "client-ipv6")
+		framework.WaitAllowed(t, dp.client.NetNS, addr(6), 10*time.Second)
+		if err := framework.DialEcho(dp.client.NetNS, addr(4)); err == nil {
+			t.Errorf("the client reached the server over IPv4 (%s), which only an IPv6 ipBlock allows", addr(4))
 		}
 	})
 
