@@ -199,7 +199,12 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 		}
 	}
 	own := map[string]bool{}
-	for _, pc := range v.Rules.PodChains {
+	rs := v.Rules
+	if c.family == ipam.IPv6 && rs.IPv6 != nil {
+		// An IPv6 packet goes through the IPv6 chains (Trace judges it there too).
+		rs = rs.IPv6
+	}
+	for _, pc := range rs.PodChains {
 		if pc.Pod == pod && pc.Direction == dir {
 			side.Chain = pc.Chain
 			own[pc.Chain] = true

@@ -17,6 +17,14 @@ import (
 // npSources: if npRules changes how it writes a rule, explain would lose the policy that
 // allows a connection, and this fails.
 func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
+	for _, f := range ipam.Families {
+		t.Run(f.String(), func(t *testing.T) { testNPSourcesCoverEveryAllowRule(t, f) })
+	}
+}
+
+// testNPSourcesCoverEveryAllowRule checks family f's rules (IPv6: the same pods
+// dual-stack, the ipBlocks of both families).
+func testNPSourcesCoverEveryAllowRule(t *testing.T, f ipam.Family) {
 	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
 	p80, named, end := intstr.FromInt32(80), intstr.FromString("http"), int32(90)
 	peers := []networkingv1.NetworkPolicyPeer{
@@ -24,6 +32,7 @@ func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
 		{NamespaceSelector: &metav1.LabelSelector{}},
 		{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "x"}}, PodSelector: &metav1.LabelSelector{}},
 		{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16"}}},
+		{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10::/32", Except: []string{"fd00:10:1::/48"}}},
 	}
 	ports := []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p80, EndPort: &end}, {Protocol: &udp}, {Port: &named}, {Protocol: &tcp, Port: &p80}}
 	mk := func(name string, in []networkingv1.NetworkPolicyIngressRule, out []networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
@@ -45,15 +54,25 @@ func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
 			mk("same-as-first", []networkingv1.NetworkPolicyIngressRule{{From: peers[:1], Ports: ports[3:]}}, nil),
 		},
 	}
+	if f == ipam.IPv6 {
+		st.IPv6 = true
+		for i, a := range []string{"fd00:10:244:1::2", "fd00:10:244:1::3", "fd00:10:244:2::2"} {
+			st.Pods[i].IPv6 = netip.MustParseAddr(a)
+		}
+	}
 	v := CompileNode(st, "n1")
+	rs := v.Rules
+	if f == ipam.IPv6 {
+		rs = rs.IPv6
+	}
 	rules := map[string][]string{}
-	for _, c := range v.Rules.Chains {
+	for _, c := range rs.Chains {
 		rules[c.Name] = c.Rules
 	}
 	checked := 0
-	for _, pc := range v.Rules.PodChains {
+	for _, pc := range rs.PodChains {
 		pod := v.pods[pc.Pod]
-		c := newCompiler(v.st, nil, ipam.IPv4)
+		c := newCompiler(v.st, nil, f)
 		in, out := c.selecting(pod)
 		nps := in
 		if pc.Direction == Egress {
@@ -74,7 +93,7 @@ func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
 		t.Errorf("only %d rules checked", checked)
 	}
 	// A rule two policies write once is listed under both.
-	c := newCompiler(v.st, nil, ipam.IPv4)
+	c := newCompiler(v.st, nil, f)
 	a := v.pods[st.Pods[0].Key()]
 	in, _ := c.selecting(a)
 	shared := 0
@@ -89,5 +108,54 @@ func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
 	}
 	if shared == 0 {
 		t.Error("no rule lists both policies that give it")
+	}
+}
+
+// An IPv6 packet is explained with the IPv6 rules: the pod's IPv6 chain, the rule that
+// decided and the policy rule it stands for.
+func TestExplainIPv6Side(t *testing.T) {
+	tcp := corev1.ProtocolTCP
+	p80 := intstr.FromInt32(80)
+	st := State{
+		IPv6: true,
+		Pods: []*Pod{
+			{Namespace: "x", Name: "a", NodeName: "n1", IP: netip.MustParseAddr("10.244.1.2"), IPv6: netip.MustParseAddr("fd00:10:244:1::2"), Labels: map[string]string{"app": "a"}},
+			{Namespace: "x", Name: "b", NodeName: "n1", IP: netip.MustParseAddr("10.244.1.3"), IPv6: netip.MustParseAddr("fd00:10:244:1::3"), Labels: map[string]string{"app": "b"}},
+		},
+		Namespaces: []*Namespace{{Name: "x"}},
+		Policies: []*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "from-net6"}, Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "b"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10:244:1::/120"}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &p80}},
+			}},
+		}}},
+	}
+	v := CompileNode(st, "n1")
+	b := st.Pods[1].Key()
+	for _, tc := range []struct {
+		src     string
+		allowed bool
+		reason  string
+	}{
+		{"fd00:10:244:1::2", true, WhyAllowedByRule},
+		{"fd00:10:244:2::2", false, WhyNoRuleAllows},
+		{"10.244.1.2", false, WhyNoRuleAllows}, // an IPv6 block allows no IPv4 source
+	} {
+		dst := st.Pods[1].IPv6
+		if netip.MustParseAddr(tc.src).Is4() {
+			dst = st.Pods[1].IP
+		}
+		side, err := v.Explain(Packet{Src: netip.MustParseAddr(tc.src), Dst: dst, Protocol: "tcp", DstPort: 80, OutInterface: v.Interface(b)}, b, Ingress)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if side.Allowed != tc.allowed || side.Decision.Reason != tc.reason || side.Chain == "" {
+			t.Errorf("%s -> x/b: allowed %v by %s in chain %q, want %v by %s", tc.src, side.Allowed, side.Decision.Reason, side.Chain, tc.allowed, tc.reason)
+		}
+		if tc.allowed && (len(side.Decision.Sources) != 1 || side.Decision.Sources[0].String() != "NetworkPolicy x/from-net6 spec.ingress[0].from[0].ports[0]") {
+			t.Errorf("%s -> x/b: decided by %v", tc.src, side.Decision.Sources)
+		}
 	}
 }

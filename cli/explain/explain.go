@@ -23,6 +23,7 @@ import (
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // Snapshot is what explain reads from the API server, converted as the agent converts it.
@@ -52,6 +53,9 @@ func (s *Snapshot) view(node string) *policy.NodeView {
 	if s.views == nil {
 		s.views = map[string]*policy.NodeView{}
 		s.state = &policy.State{Pods: s.Pods, Namespaces: s.Namespaces, Policies: s.Policies, ClusterPolicies: s.ClusterPolicies, Nodes: s.Nodes}
+		// The agents compile the IPv6 rules when the cluster has an IPv6 pod range; for
+		// explain, pods with IPv6 addresses say so.
+		s.state.IPv6 = slices.ContainsFunc(s.Pods, func(p *policy.Pod) bool { return p.IPv6.IsValid() })
 	}
 	v, ok := s.views[node]
 	if !ok {
@@ -143,7 +147,7 @@ type end struct {
 
 // Explain answers q on the snapshot.
 func (s *Snapshot) Explain(q Query) (*Result, error) {
-	from, err := s.resolve(q.From, "source")
+	from, err := s.resolve(q.From, q.family(), "source")
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +161,7 @@ func (s *Snapshot) Explain(q Query) (*Result, error) {
 	if q.To.Kind == KindService {
 		return s.explainService(q, from, res)
 	}
-	to, err := s.resolve(q.To, "destination")
+	to, err := s.resolve(q.To, q.family(), "destination")
 	if err != nil {
 		return nil, err
 	}
@@ -185,12 +189,12 @@ func protocolOr(p, def string) string {
 	return strings.ToLower(p)
 }
 
-// resolve finds what r names.
-func (s *Snapshot) resolve(r Ref, what string) (end, error) {
+// resolve finds what r names; a pod is taken at its address of family f.
+func (s *Snapshot) resolve(r Ref, f ipam.Family, what string) (end, error) {
 	if r.Kind == KindPod {
 		for _, p := range s.Pods {
 			if p.Namespace == r.Namespace && p.Name == r.Name {
-				return s.podEnd(p, what)
+				return s.podEnd(p, f, what)
 			}
 		}
 		return end{}, fmt.Errorf("%s: pod %s/%s not found (give the namespace with -n or as NAMESPACE/NAME)", what, r.Namespace, r.Name)
@@ -198,28 +202,38 @@ func (s *Snapshot) resolve(r Ref, what string) (end, error) {
 	return s.byIP(r.IP), nil
 }
 
-func (s *Snapshot) podEnd(p *policy.Pod, what string) (end, error) {
+func (s *Snapshot) podEnd(p *policy.Pod, f ipam.Family, what string) (end, error) {
 	key := p.Namespace + "/" + p.Name
+	a := p.Addr(f)
 	switch {
 	case p.Finished:
 		return end{}, fmt.Errorf("%s: pod %s has finished (Succeeded or Failed): it has no network any more", what, key)
-	case !p.IP.IsValid():
-		return end{}, fmt.Errorf("%s: pod %s has no IPv4 address yet (not running, or its network is not set up): nothing can reach it or leave it; ask again once it runs", what, key)
+	case !a.IsValid() && f == ipam.IPv4 && p.IPv6.IsValid():
+		return end{}, fmt.Errorf("%s: pod %s has no IPv4 address, only the IPv6 address %s: ask with --ip-family ipv6 (or give that address)", what, key, p.IPv6)
+	case !a.IsValid() && f == ipam.IPv6 && p.IP.IsValid():
+		return end{}, fmt.Errorf("%s: pod %s has no IPv6 address (the cluster or its node has no IPv6 pod range, or the pod started before there was one): no IPv6 connection can reach it or leave it", what, key)
+	case !a.IsValid():
+		return end{}, fmt.Errorf("%s: pod %s has no %s address yet (not running, or its network is not set up): nothing can reach it or leave it; ask again once it runs", what, key, f)
 	case p.HostNetwork:
-		return end{Endpoint: Endpoint{Kind: EndpointHostNetwork, Name: key, IP: p.IP.String(), Node: p.NodeName}, addr: p.IP}, nil
+		return end{Endpoint: Endpoint{Kind: EndpointHostNetwork, Name: key, IP: a.String(), Node: p.NodeName}, addr: a}, nil
 	}
 	// The agent's rules know an address by one pod only (policy.Peers): a stale status
 	// sharing it with another pod is refused rather than guessed.
 	if !slices.Contains(policy.Peers(s.Pods), p) {
-		return end{}, fmt.Errorf("%s: pod %s's address %s is claimed by another pod too (a stale status?): the rules attribute it to neither; ask again in a moment", what, key, p.IP)
+		return end{}, fmt.Errorf("%s: pod %s's address %s is claimed by another pod too (a stale status?): the rules attribute it to neither; ask again in a moment", what, key, a)
 	}
-	return end{Endpoint: Endpoint{Kind: EndpointPod, Name: key, IP: p.IP.String(), Node: p.NodeName}, pod: p, addr: p.IP}, nil
+	return end{Endpoint: Endpoint{Kind: EndpointPod, Name: key, IP: a.String(), Node: p.NodeName}, pod: p, addr: a}, nil
+}
+
+// hasAddr: a is one of the pod's addresses.
+func hasAddr(p *policy.Pod, a netip.Addr) bool {
+	return a.IsValid() && (p.IP == a || p.IPv6 == a)
 }
 
 // byIP finds what an address belongs to: a pod, a node, or nothing in the cluster.
 func (s *Snapshot) byIP(a netip.Addr) end {
 	for _, p := range policy.Peers(s.Pods) {
-		if p.IP == a {
+		if hasAddr(p, a) {
 			return end{Endpoint: Endpoint{Kind: EndpointPod, Name: p.Namespace + "/" + p.Name, IP: a.String(), Node: p.NodeName}, pod: p, addr: a}
 		}
 	}
@@ -230,7 +244,7 @@ func (s *Snapshot) byIP(a netip.Addr) end {
 	}
 	// A host-network pod's address is its node's (when nodes could not be read).
 	for _, p := range s.Pods {
-		if p.HostNetwork && p.IP == a && !p.Finished {
+		if p.HostNetwork && hasAddr(p, a) && !p.Finished {
 			return end{Endpoint: Endpoint{Kind: EndpointNode, Name: p.NodeName, IP: a.String(), Node: p.NodeName}, addr: a}
 		}
 	}
@@ -277,6 +291,7 @@ func orNone(s []string) string {
 }
 
 func (s *Snapshot) explainService(q Query, from end, res *Result) (*Result, error) {
+	f := q.family()
 	var svc *corev1.Service
 	for i := range s.Services {
 		if s.Services[i].Namespace == q.To.Namespace && s.Services[i].Name == q.To.Name {
@@ -289,7 +304,7 @@ func (s *Snapshot) explainService(q Query, from end, res *Result) (*Result, erro
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
 		return nil, fmt.Errorf("destination: service %s/%s is an ExternalName (%s): ask about the address it names", svc.Namespace, svc.Name, svc.Spec.ExternalName)
 	}
-	res.To = Endpoint{Kind: EndpointService, Name: svc.Namespace + "/" + svc.Name, IP: svc.Spec.ClusterIP}
+	res.To = Endpoint{Kind: EndpointService, Name: svc.Namespace + "/" + svc.Name, IP: clusterIP(svc, f)}
 	var sp *corev1.ServicePort
 	var ports []string
 	for i := range svc.Spec.Ports {
@@ -320,7 +335,7 @@ func (s *Snapshot) explainService(q Query, from end, res *Result) (*Result, erro
 		if sl.Namespace != svc.Namespace || sl.Labels[discoveryv1.LabelServiceName] != svc.Name {
 			continue
 		}
-		if sl.AddressType != discoveryv1.AddressTypeIPv4 {
+		if sl.AddressType != sliceType(f) {
 			continue
 		}
 		target := -1
@@ -343,7 +358,7 @@ func (s *Snapshot) explainService(q Query, from end, res *Result) (*Result, erro
 			to := s.byIP(a)
 			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
 				for _, p := range s.Pods {
-					if p.Namespace == ep.TargetRef.Namespace && p.Name == ep.TargetRef.Name && p.HostNetwork && p.IP == a {
+					if p.Namespace == ep.TargetRef.Namespace && p.Name == ep.TargetRef.Name && p.HostNetwork && hasAddr(p, a) {
 						to = end{Endpoint: Endpoint{Kind: EndpointHostNetwork, Name: p.Namespace + "/" + p.Name, IP: a.String(), Node: p.NodeName}, addr: a}
 					}
 				}
@@ -379,6 +394,24 @@ func (s *Snapshot) explainService(q Query, from end, res *Result) (*Result, erro
 		res.Verdict = Partial
 	}
 	return res, nil
+}
+
+// clusterIP is the Service's cluster IP of family f (its first one when it has none of f).
+func clusterIP(svc *corev1.Service, f ipam.Family) string {
+	for _, ip := range svc.Spec.ClusterIPs {
+		if a, err := netip.ParseAddr(ip); err == nil && ipam.FamilyOf(a) == f {
+			return ip
+		}
+	}
+	return svc.Spec.ClusterIP
+}
+
+// sliceType is the EndpointSlice address type of family f.
+func sliceType(f ipam.Family) discoveryv1.AddressType {
+	if f == ipam.IPv6 {
+		return discoveryv1.AddressTypeIPv6
+	}
+	return discoveryv1.AddressTypeIPv4
 }
 
 func protoSuffix(p string) string {

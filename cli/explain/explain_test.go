@@ -333,7 +333,12 @@ func TestParseQuery(t *testing.T) {
 		{"web", "10.0.0.2:http", "", "", "error: a port name needs a pod or a Service"},
 		{"svc/db", "web:80", "", "", "error: a Service opens no connections"},
 		{"a/b/c", "web:80", "", "", "error: want [pod/][NAMESPACE/]NAME"},
-		{"web", "fd00::1", "80", "", "error: IPv4 addresses only"},
+		{"web", "fd00::1", "80", "", "shop/web|fd00::1|80|"},
+		{"web", "[fd00::1]:53/udp", "", "", "shop/web|fd00::1|53|udp"},
+		{"2001:db8::7", "web:http", "", "", "2001:db8::7|shop/web|http|"},
+		{"web", "fd00::1", "", "", "error: [fd00::1]:80/tcp"},
+		{"10.0.0.1", "[fd00::1]:80", "", "", "error: addresses of different families"},
+		{"web", "fe80::1%eth0", "80", "", "error: zoned"},
 	} {
 		q, err := ParseQuery(tc.from, tc.to, tc.port, tc.proto, "shop")
 		var got string
@@ -347,6 +352,177 @@ func TestParseQuery(t *testing.T) {
 		got = strings.Join([]string{q.From.String(), q.To.String(), q.Port, q.Protocol}, "|")
 		if got != tc.want {
 			t.Errorf("%s %s --port=%s --protocol=%s: %s, want %s", tc.from, tc.to, tc.port, tc.proto, got, tc.want)
+		}
+	}
+}
+
+// dualStack is snapshot's cluster with an IPv6 address for every pod that has an IPv4
+// one but y/old (which started before the cluster had an IPv6 range), IPv6 node
+// addresses, and x/web dual-stack with an EndpointSlice per family.
+func dualStack(nps []*networkingv1.NetworkPolicy) *Snapshot {
+	s := snapshot(nps, nil)
+	six := map[string]string{"x/a": "fd00:10:244:1::2", "x/b": "fd00:10:244:2::2", "x/c": "fd00:10:244:1::3", "y/a": "fd00:10:244:2::3", "kube-system/agent": "2001:db8::12"}
+	for _, p := range s.Pods {
+		if a, ok := six[p.Namespace+"/"+p.Name]; ok {
+			p.IPv6 = netip.MustParseAddr(a)
+		}
+	}
+	s.Pods = append(s.Pods, &policy.Pod{Namespace: "y", Name: "old", NodeName: "node1", IP: netip.MustParseAddr("10.244.1.7")})
+	s.Nodes[0].IPs = append(s.Nodes[0].IPs, netip.MustParseAddr("2001:db8::11"))
+	s.Nodes[1].IPs = append(s.Nodes[1].IPs, netip.MustParseAddr("2001:db8::12"))
+	s.Services[0].Spec.ClusterIPs = []string{"10.96.0.20", "fd00:10:96::20"}
+	v6 := *s.EndpointSlices[0].DeepCopy()
+	v6.Name, v6.AddressType = "web-2", discoveryv1.AddressTypeIPv6
+	v6.Endpoints[0].Addresses = []string{"fd00:10:244:2::2"}
+	v6.Endpoints[1].Addresses = []string{"fd00:10:244:1::3"}
+	v6.Endpoints[2].Addresses = []string{"fd00:10:244:1::9"}
+	s.EndpointSlices = append(s.EndpointSlices, v6)
+	return s
+}
+
+func TestExplainIPv6(t *testing.T) {
+	ipBlock := func(cidr string, except ...string) networkingv1.NetworkPolicyPeer {
+		return networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: cidr, Except: except}}
+	}
+	// Egress of y's pods to an IPv4 and an IPv6 block (with an except).
+	toBothNets := np("y", "to-nets", egressOnly, nil, nil, []networkingv1.NetworkPolicyEgressRule{{
+		To: []networkingv1.NetworkPolicyPeer{ipBlock("203.0.113.0/24"), ipBlock("2001:db8:feed::/48", "2001:db8:feed:1::/64")},
+	}})
+	fromNet6 := np("x", "from-net6", ingressOnly, map[string]string{"app": "b"}, []networkingv1.NetworkPolicyIngressRule{{
+		From: []networkingv1.NetworkPolicyPeer{ipBlock("2001:db8:beef::/48")},
+	}}, nil)
+	// x/b's own IPv6 address as an ipBlock (as cyclonus's ipBlock cases make them).
+	toB6 := np("y", "to-b6", egressOnly, nil, nil, []networkingv1.NetworkPolicyEgressRule{{
+		To: []networkingv1.NetworkPolicyPeer{ipBlock("fd00:10:244:2::/120", "fd00:10:244:2::/124")},
+	}})
+	for _, tc := range []struct {
+		name            string
+		nps             []*networkingv1.NetworkPolicy
+		from, to        string
+		family          string
+		verdict         string
+		egress, ingress *side
+		toIP            string // the path's destination address
+		paths           int
+	}{
+		{name: "no policy, a pod's IPv6 address", from: "x/a", to: "[fd00:10:244:2::2]:80", verdict: Allowed, toIP: "fd00:10:244:2::2",
+			egress: &side{allowed: true, reason: policy.WhyNotIsolated}, ingress: &side{allowed: true, reason: policy.WhyNotIsolated}},
+		{name: "pods by name over IPv6: the allowed peer", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
+			from: "x/a", to: "x/b:80/tcp", family: "ipv6", verdict: Allowed, toIP: "fd00:10:244:2::2",
+			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, policies: "x/allow-a,x/default-deny",
+				source: "NetworkPolicy x/allow-a spec.ingress[0].from[1].ports[0]", peer: "pods of namespace x matching {app=a}"}},
+		{name: "pods by name over IPv6: another port", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
+			from: "x/a", to: "x/b:81", family: "ipv6", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+		{name: "a named port over IPv6, same node", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
+			from: "x/a", to: "x/c:http", family: "ipv6", verdict: Allowed, toIP: "fd00:10:244:1::3",
+			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "x/allow-http spec.ingress[0].ports[0]"}},
+		{name: "a named port by the IPv6 address", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
+			from: "y/a", to: "[fd00:10:244:1::3]:80", verdict: Allowed,
+			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "x/allow-http spec.ingress[0].ports[0]"}},
+		{name: "egress to an IPv6 ipBlock", nps: []*networkingv1.NetworkPolicy{toBothNets},
+			from: "y/a", to: "[2001:db8:feed::9]:443/tcp", verdict: Allowed,
+			egress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "y/to-nets spec.egress[0].to[1]", peer: "ipBlock 2001:db8:feed::/64 2001:db8:feed:2::/63"}},
+		{name: "egress to the IPv6 ipBlock's except", nps: []*networkingv1.NetworkPolicy{toBothNets},
+			from: "y/a", to: "[2001:db8:feed:1::9]:443/tcp", verdict: Denied,
+			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows, policies: "y/to-nets"}},
+		{name: "egress to the IPv4 ipBlock of the same rule", nps: []*networkingv1.NetworkPolicy{toBothNets},
+			from: "y/a", to: "203.0.113.9:443", verdict: Allowed,
+			egress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "y/to-nets spec.egress[0].to[0]", peer: "203.0.113.0/24"}},
+		{name: "an IPv4 ipBlock allows no IPv6 address", nps: []*networkingv1.NetworkPolicy{allowEgressToNet},
+			from: "y/a", to: "[2001:db8:feed::9]:443", verdict: Denied,
+			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+		{name: "an IPv6 ipBlock made of a pod's address: the pod in the block", nps: []*networkingv1.NetworkPolicy{toB6},
+			from: "y/a", to: "[fd00:10:244:2::12]:80", verdict: Allowed,
+			egress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "y/to-b6 spec.egress[0].to[0]"}},
+		{name: "an IPv6 ipBlock made of a pod's address: the pod in the except", nps: []*networkingv1.NetworkPolicy{toB6},
+			from: "y/a", to: "x/b:80", family: "ipv6", verdict: Denied,
+			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+		{name: "the same pods over IPv4: the IPv6 block doesn't apply", nps: []*networkingv1.NetworkPolicy{toB6},
+			from: "y/a", to: "x/b:80", verdict: Denied, toIP: "10.244.2.2",
+			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+		{name: "ingress from an IPv6 ipBlock outside", nps: []*networkingv1.NetworkPolicy{fromNet6},
+			from: "2001:db8:beef::7", to: "x/b:80", verdict: Allowed, toIP: "fd00:10:244:2::2",
+			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "x/from-net6 spec.ingress[0].from[0]"}},
+		{name: "ingress from another IPv6 address outside", nps: []*networkingv1.NetworkPolicy{fromNet6},
+			from: "2001:db8:dead::7", to: "x/b:80", verdict: Denied,
+			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+		{name: "egress-isolated pod to its own node's IPv6 address", nps: []*networkingv1.NetworkPolicy{denyEgress},
+			from: "y/a", to: "[2001:db8::12]:10250", verdict: Allowed,
+			egress: &side{allowed: true, reason: policy.WhyOwnNode}},
+		{name: "egress-isolated pod to another node's IPv6 address", nps: []*networkingv1.NetworkPolicy{denyEgress},
+			from: "y/a", to: "[2001:db8::11]:10250", verdict: Denied,
+			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+		{name: "a Service's IPv6 cluster IP: its IPv6 endpoints", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
+			from: "y/a", to: "[fd00:10:96::20]:8080", verdict: Partial, paths: 3},
+		{name: "a Service over IPv6 by name", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
+			from: "y/a", to: "svc/x/web", family: "ipv6", verdict: Partial, paths: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := dualStack(tc.nps)
+			q, err := ParseQuery(tc.from, tc.to, "", "", "default")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := q.SetFamily(tc.family); err != nil {
+				t.Fatal(err)
+			}
+			res, err := s.Explain(q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			Render(&b, res)
+			t.Logf("\n%s", b.String())
+			if res.Verdict != tc.verdict {
+				t.Errorf("verdict %s, want %s", res.Verdict, tc.verdict)
+			}
+			if tc.paths > 0 {
+				if len(res.Paths) != tc.paths {
+					t.Fatalf("%d paths, want %d", len(res.Paths), tc.paths)
+				}
+				if res.To.IP != "fd00:10:96::20" {
+					t.Errorf("the Service's address %s, want its IPv6 cluster IP", res.To.IP)
+				}
+				for _, p := range res.Paths {
+					if !netip.MustParseAddr(p.To.IP).Is6() {
+						t.Errorf("endpoint %s of an IPv6 connection", p.To)
+					}
+				}
+				return
+			}
+			if len(res.Paths) != 1 {
+				t.Fatalf("%d paths, want 1", len(res.Paths))
+			}
+			p := res.Paths[0]
+			if tc.toIP != "" && p.To.IP != tc.toIP {
+				t.Errorf("destination address %s, want %s", p.To.IP, tc.toIP)
+			}
+			checkSide(t, "egress", p.Egress, tc.egress)
+			checkSide(t, "ingress", p.Ingress, tc.ingress)
+		})
+	}
+}
+
+func TestExplainIPv6Refuses(t *testing.T) {
+	s := dualStack(nil)
+	for _, tc := range []struct{ from, to, family, want string }{
+		{"y/old", "x/b:80", "ipv6", "pod y/old has no IPv6 address"},
+		{"x/a", "y/old:80", "ipv6", "pod y/old has no IPv6 address"},
+		{"y/old", "[fd00:10:244:2::2]:80", "", "pod y/old has no IPv6 address"},
+		{"z/p", "x/b:80", "ipv6", "no IPv6 address yet"},
+		{"x/a", "[fd00:10:244:2::2]:80", "ipv4", "the query names an IPv6 address"},
+		{"x/a", "x/b:80", "ipv5", "want ipv4 or ipv6"},
+	} {
+		q, err := ParseQuery(tc.from, tc.to, "", "", "default")
+		if err == nil {
+			err = q.SetFamily(tc.family)
+		}
+		if err == nil {
+			_, err = s.Explain(q)
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s -> %s (%s): %v, want an error saying %q", tc.from, tc.to, tc.family, err, tc.want)
 		}
 	}
 }

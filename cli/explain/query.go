@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/trellis-net/trellis/cni/ipam"
 )
 
 // Kinds of what a query names.
@@ -40,6 +42,38 @@ type Query struct {
 	Port string
 	// Protocol is tcp, udp or sctp; "" when not given (TCP, or the Service port's).
 	Protocol string
+	// Family is the connection's address family: that of the address given for either
+	// end, or --ip-family; 0 when neither says (IPv4, the family every pod has).
+	Family ipam.Family
+}
+
+// family is the connection's address family, IPv4 unless the query says otherwise.
+func (q Query) family() ipam.Family {
+	if q.Family == 0 {
+		return ipam.IPv4
+	}
+	return q.Family
+}
+
+// SetFamily applies --ip-family (ipv4 or ipv6; "" changes nothing): which of a pod's
+// addresses the connection uses when no address names the family.
+func (q *Query) SetFamily(s string) error {
+	var f ipam.Family
+	switch strings.ToLower(s) {
+	case "":
+		return nil
+	case "ipv4", "4":
+		f = ipam.IPv4
+	case "ipv6", "6":
+		f = ipam.IPv6
+	default:
+		return fmt.Errorf("--ip-family %q: want ipv4 or ipv6", s)
+	}
+	if q.Family != 0 && q.Family != f {
+		return fmt.Errorf("--ip-family %s: the query names an %s address", s, q.Family)
+	}
+	q.Family = f
+	return nil
 }
 
 // portSuffix is ":PORT" or ":PORT/PROTO" at the end of a destination.
@@ -66,6 +100,16 @@ func ParseQuery(from, to, port, protocol, namespace string) (Query, error) {
 	if q.To, err = parseRef(rest, namespace, "destination"); err != nil {
 		return q, err
 	}
+	for _, r := range []Ref{q.From, q.To} {
+		if r.Kind != KindIP {
+			continue
+		}
+		f := ipam.FamilyOf(r.IP)
+		if q.Family != 0 && q.Family != f {
+			return q, fmt.Errorf("source %s and destination %s: addresses of different families never talk to each other", q.From, q.To)
+		}
+		q.Family = f
+	}
 	q.Port, q.Protocol = sufPort, sufProto
 	if port != "" {
 		if q.Port != "" && q.Port != port {
@@ -84,7 +128,11 @@ func ParseQuery(from, to, port, protocol, namespace string) (Query, error) {
 		q.Protocol = p
 	}
 	if q.Port == "" && q.To.Kind != KindService {
-		return q, fmt.Errorf("destination %q: which port? Add :PORT[/PROTOCOL] (e.g. %s:80/tcp) or --port", to, rest)
+		ex := rest
+		if q.To.Kind == KindIP && q.To.IP.Is6() {
+			ex = "[" + rest + "]"
+		}
+		return q, fmt.Errorf("destination %q: which port? Add :PORT[/PROTOCOL] (e.g. %s:80/tcp) or --port", to, ex)
 	}
 	if n, err := strconv.Atoi(q.Port); err == nil && (n < 1 || n > 65535) {
 		return q, fmt.Errorf("port %d: want 1-65535 or a port name", n)
@@ -106,9 +154,11 @@ func parseRef(s, namespace, what string) (Ref, error) {
 	if s == "" {
 		return Ref{}, fmt.Errorf("%s: empty", what)
 	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		if !a.Unmap().Is4() {
-			return Ref{}, fmt.Errorf("%s %s: explain answers for IPv4 addresses only for now (NetworkPolicy itself is enforced for IPv6 too)", what, s)
+	// An IPv6 address with a port is written [ADDR]:PORT; the brackets stay once the port
+	// is cut off.
+	if a, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]")); err == nil {
+		if a.Zone() != "" {
+			return Ref{}, fmt.Errorf("%s %s: a zoned (link-local) address is no pod's or peer's: give it without %%%s", what, s, a.Zone())
 		}
 		return Ref{Kind: KindIP, IP: a.Unmap()}, nil
 	}
@@ -129,7 +179,7 @@ func parseRef(s, namespace, what string) (Ref, error) {
 		ns, name = n, p
 	}
 	if name == "" || ns == "" || strings.Contains(name, "/") {
-		return Ref{}, fmt.Errorf("%s %q: want [pod/][NAMESPACE/]NAME, svc/[NAMESPACE/]NAME or an IPv4 address", what, s)
+		return Ref{}, fmt.Errorf("%s %q: want [pod/][NAMESPACE/]NAME, svc/[NAMESPACE/]NAME or an IP address ([ADDR] for IPv6 with a port)", what, s)
 	}
 	return Ref{Kind: kind, Namespace: ns, Name: name}, nil
 }
