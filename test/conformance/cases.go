@@ -40,8 +40,8 @@ type Case struct {
 }
 
 // Generate returns every case cyclonus v0.5.6 generates, in its order, every step probing
-// pod IPs. zcPodIP is pod z/c's IP: the ipBlock cases are derived from it (its /24, with
-// its /28 excepted). No DNS allowance is added to egress policies: probes go to pod IPs,
+// pod IPs. zcPodIP is pod z/c's IP: the ipBlock cases are derived from it (its /24 with
+// its /28 excepted; for an IPv6 address its /120 with its /124 excepted). No DNS allowance is added to egress policies: probes go to pod IPs,
 // nothing resolves names.
 func Generate(zcPodIP string) []Case {
 	tcs := generator.NewTestCaseGenerator(false, zcPodIP, Namespaces, nil, nil).GenerateAllTestCases()
@@ -127,18 +127,23 @@ func policyPorts(tc *generator.TestCase, ingress bool) string {
 	return strings.Join(out, " + ")
 }
 
-// Select returns the cases of mode, in the generator's order.
-func Select(all []Case, mode Mode) ([]Case, error) {
+// Select returns the cases of mode for a pass over family f, in the generator's order:
+// every case, or the fixed subset of f (Subset, SubsetIPv6).
+func Select(all []Case, mode Mode, f Family) ([]Case, error) {
 	switch mode {
 	case ModeAll:
 		return all, nil
 	case ModeSubset:
+		keys := Subset
+		if f == FamilyIPv6 {
+			keys = SubsetIPv6
+		}
 		byKey := map[string]Case{}
 		for _, c := range all {
 			byKey[c.Key] = c
 		}
 		var missing []string
-		for _, k := range Subset {
+		for _, k := range keys {
 			if _, ok := byKey[k]; !ok {
 				missing = append(missing, k)
 			}
@@ -148,7 +153,7 @@ func Select(all []Case, mode Mode) ([]Case, error) {
 		}
 		var out []Case
 		for _, c := range all {
-			if slices.Contains(Subset, c.Key) {
+			if slices.Contains(keys, c.Key) {
 				out = append(out, c)
 			}
 		}

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -52,18 +53,34 @@ func TestGenerate(t *testing.T) {
 
 func TestSubsetCoversEveryTag(t *testing.T) {
 	all := Generate(someZCPodIP)
-	subset, err := Select(all, ModeSubset)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(subset) != len(Subset) || len(subset) < 40 {
-		t.Errorf("the subset selects %d cases from %d keys, want them all and at least 40", len(subset), len(Subset))
-	}
 	emitted := Tags(all)
-	covered := Tags(subset)
-	for _, tag := range emitted {
-		if !slices.Contains(covered, tag) {
-			t.Errorf("no subset case has tag %q (cases with it: %s)", tag, strings.Join(keysWithTag(all, tag, 5), "; "))
+	for _, tc := range []struct {
+		f    Family
+		keys []string
+		min  int
+	}{{FamilyIPv4, Subset, 40}, {FamilyIPv6, SubsetIPv6, 20}} {
+		subset, err := Select(all, ModeSubset, tc.f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(subset) != len(tc.keys) || len(subset) < tc.min {
+			t.Errorf("%s: the subset selects %d cases from %d keys, want them all and at least %d", tc.f, len(subset), len(tc.keys), tc.min)
+		}
+		covered := Tags(subset)
+		for _, tag := range emitted {
+			if !slices.Contains(covered, tag) {
+				t.Errorf("%s: no subset case has tag %q (cases with it: %s)", tc.f, tag, strings.Join(keysWithTag(all, tag, 5), "; "))
+			}
+		}
+		if !t.Failed() {
+			t.Logf("%s: the subset's %d cases cover all %d tags the generator emits", tc.f, len(subset), len(emitted))
+		}
+	}
+	// The IPv6 subset is a part of the IPv4 one (whose keys are checked against the
+	// generator in CI every run).
+	for _, k := range SubsetIPv6 {
+		if !slices.Contains(Subset, k) {
+			t.Errorf("SubsetIPv6 case %q is not in Subset", k)
 		}
 	}
 	// Every tag cyclonus defines is emitted by its generator, except policy-stack (a
@@ -73,15 +90,52 @@ func TestSubsetCoversEveryTag(t *testing.T) {
 			t.Errorf("cyclonus defines tag %q but generates no case with it", tag)
 		}
 	}
-	if !t.Failed() {
-		t.Logf("the subset's %d cases cover all %d tags the generator emits", len(subset), len(emitted))
-	}
 
-	if got, err := Select(all, ModeAll); err != nil || len(got) != len(all) {
-		t.Errorf("Select(all) = %d cases, %v; want %d", len(got), err, len(all))
+	for _, f := range []Family{FamilyIPv4, FamilyIPv6} {
+		if got, err := Select(all, ModeAll, f); err != nil || len(got) != len(all) {
+			t.Errorf("Select(all, %s) = %d cases, %v; want %d", f, len(got), err, len(all))
+		}
 	}
-	if _, err := Select(all, "some"); err == nil {
+	if _, err := Select(all, "some", FamilyIPv4); err == nil {
 		t.Error("Select accepted mode \"some\"")
+	}
+}
+
+// Over IPv6, cyclonus's ipBlock cases are z/c's /120 with its /124 excepted (it clears
+// 8 and 4 bits of the address whatever its family), and ipBlockPrefixes, with which the
+// harness checks the pod layout, says the same.
+func TestIPBlocksIPv6(t *testing.T) {
+	const zc = "fd00:10:244:2::17"
+	var cidrs []string
+	for _, c := range Generate(zc) {
+		for _, s := range c.Steps {
+			for _, a := range s.Actions {
+				if a.CreatePolicy == nil {
+					continue
+				}
+				spec := a.CreatePolicy.Policy.Spec
+				var peers []networkingv1.NetworkPolicyPeer
+				for _, r := range spec.Ingress {
+					peers = append(peers, r.From...)
+				}
+				for _, r := range spec.Egress {
+					peers = append(peers, r.To...)
+				}
+				for _, p := range peers {
+					if p.IPBlock != nil {
+						cidrs = append(cidrs, strings.Join(append([]string{p.IPBlock.CIDR}, p.IPBlock.Except...), " except "))
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(cidrs)
+	cidrs = slices.Compact(cidrs)
+	block, except := ipBlockPrefixes(netip.MustParseAddr(zc))
+	want := []string{"0.0.0.0/0", "0.0.0.0/31", block.String(), block.String() + " except " + except.String()}
+	slices.Sort(want)
+	if !slices.Equal(cidrs, want) || block.String() != "fd00:10:244:2::/120" || except.String() != "fd00:10:244:2::10/124" {
+		t.Errorf("the generated ipBlocks for z/c %s are %q, want %q (block %s, except %s)", zc, cidrs, want, block, except)
 	}
 }
 

@@ -38,18 +38,34 @@ const probeTimeoutSeconds = 1
 
 // TestNetworkPolicyConformance runs cyclonus's generated cases (TRELLIS_CONFORMANCE:
 // subset or all) on a local 3-node cluster with TRELLIS_CONFORMANCE_CNI and judges each by
-// cyclonus's oracle: a subtest per case, its verdict and, when it fails, the pod pairs and
-// probes that differ; totals and JUnit XML at the end. See doc.go for the environment.
+// cyclonus's oracle, in a pass per address family (TRELLIS_CONFORMANCE_FAMILY): a subtest
+// per family and case, its verdict and, when it fails, the pod pairs and probes that
+// differ; totals and JUnit XML at the end. See doc.go for the environment.
 func TestNetworkPolicyConformance(t *testing.T) {
 	mode := Mode(envOr("TRELLIS_CONFORMANCE", string(ModeSubset)))
 	cni := cluster.CNI(envOr("TRELLIS_CONFORMANCE_CNI", string(cluster.CNITrellis)))
+	defaultFamily := "dual"
+	if cni != cluster.CNITrellis {
+		defaultFamily = "ipv4"
+	}
+	families, err := Families(envOr("TRELLIS_CONFORMANCE_FAMILY", defaultFamily))
+	if err != nil {
+		t.Fatalf("TRELLIS_CONFORMANCE_FAMILY: %v", err)
+	}
+	ipFamily := cluster.IPFamilyIPv4
+	if !slices.Equal(families, []Family{FamilyIPv4}) {
+		if cni != cluster.CNITrellis {
+			t.Fatalf("TRELLIS_CONFORMANCE_FAMILY=%s needs TRELLIS_CONFORMANCE_CNI=%s: the reference plugins here give pods IPv4 addresses only", os.Getenv("TRELLIS_CONFORMANCE_FAMILY"), cluster.CNITrellis)
+		}
+		ipFamily = cluster.IPFamilyDual
+	}
 	junitPath, err := filepath.Abs(envOr("TRELLIS_CONFORMANCE_JUNIT", filepath.Join(os.TempDir(), "trellis-conformance", "junit.xml")))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wait, retries := envInt(t, "TRELLIS_CONFORMANCE_WAIT", 1), envInt(t, "TRELLIS_CONFORMANCE_RETRIES", 1)
 	// Refuse a bad mode before paying for a cluster (the keys don't depend on the IP).
-	if _, err := Select(Generate("10.244.0.2"), mode); err != nil {
+	if _, err := Select(Generate("10.244.0.2"), mode, FamilyIPv4); err != nil {
 		t.Fatalf("TRELLIS_CONFORMANCE: %v", err)
 	}
 	outDir := filepath.Dir(junitPath)
@@ -65,7 +81,7 @@ func TestNetworkPolicyConformance(t *testing.T) {
 	logrus.SetOutput(logFile)
 	logrus.SetLevel(logrus.InfoLevel)
 
-	c := cluster.ForTest(t, cluster.Options{Name: "conf", Nodes: 3, CNI: cni})
+	c := cluster.ForTest(t, cluster.Options{Name: "conf", Nodes: 3, CNI: cni, IPFamily: ipFamily})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var nodes []string
@@ -83,24 +99,7 @@ func TestNetworkPolicyConformance(t *testing.T) {
 	k.OnProbe = check.record
 
 	t0 := time.Now()
-	layoutForIPBlocks(ctx, t, k)
-	resources, err := probe.NewDefaultResources(k, Namespaces, Pods, Ports, Protocols, nil, 300, false, "registry.k8s.io")
-	if err != nil {
-		t.Fatalf("cyclonus's namespaces, pods and services: %v\n%s", err, c.Diagnose(ctx))
-	}
-	t.Logf("cyclonus's %d pods running after %v", len(resources.Pods), time.Since(t0).Round(100*time.Millisecond))
-	checkPlacement(ctx, t, k, resources)
-	preflight(t, k, resources)
-	zc, err := resources.GetPod("z", "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	explainIPBlocks(t, resources, zc.IP)
-
-	cases, err := Select(Generate(zc.IP), mode)
-	if err != nil {
-		t.Fatal(err)
-	}
+	layoutForIPBlocks(ctx, t, k, families)
 	cfg := &connectivity.InterpreterConfig{
 		ResetClusterBeforeTestCase:       true,
 		VerifyClusterStateBeforeTestCase: true,
@@ -109,51 +108,59 @@ func TestNetworkPolicyConformance(t *testing.T) {
 		IgnoreLoopback:                   true,
 		JobTimeoutSeconds:                probeTimeoutSeconds,
 	}
-	interp := connectivity.NewInterpreter(k, resources, cfg)
-	t.Logf("running %d cases (%s) with CNI %s: probes to pod IPs over TCP and UDP on ports %v, %ds timeout, %ds after each change, %d retries of a differing step; loopback not judged",
-		len(cases), mode, cni, Ports, probeTimeoutSeconds, wait, retries)
-
 	var reports []CaseReport
+	passes := map[Family]passTotals{}
 	started := time.Now()
-	for _, cs := range cases {
-		t.Run(fmt.Sprintf("%03d_%s", cs.Index, strings.ReplaceAll(cs.Key, "/", "-")), func(t *testing.T) {
-			start := time.Now()
-			rep := Evaluate(cs, execute(interp, cs), time.Since(start))
-			compared, diffs, unconfirmed := check.finish(k)
-			if len(diffs) > 0 {
-				rep.Passed = false
-				rep.Notes = append(rep.Notes, fmt.Sprintf("kubectl trellis explain disagrees with %d of %d probes:\n  %s", len(diffs), compared, strings.Join(diffs, "\n  ")))
+	for _, fam := range families {
+		// A pass per family on the same pods: cyclonus sees their addresses of fam only.
+		k.SetFamily(fam)
+		resources, err := probe.NewDefaultResources(k, Namespaces, Pods, Ports, Protocols, nil, 300, false, "registry.k8s.io")
+		if err != nil {
+			t.Fatalf("cyclonus's namespaces, pods and services (%s): %v\n%s", fam, err, c.Diagnose(ctx))
+		}
+		t.Logf("%s: cyclonus's %d pods running after %v", fam, len(resources.Pods), time.Since(t0).Round(100*time.Millisecond))
+		checkPlacement(ctx, t, k, resources)
+		preflight(t, k, resources)
+		zc, err := resources.GetPod("z", "c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		explainIPBlocks(t, resources, zc.IP)
+		cases, err := Select(Generate(zc.IP), mode, fam)
+		if err != nil {
+			t.Fatal(err)
+		}
+		interp := connectivity.NewInterpreter(k, resources, cfg)
+		t.Logf("%s: running %d cases (%s) with CNI %s: probes to pod IPs over TCP and UDP on ports %v, %ds timeout, %ds after each change, %d retries of a differing step; loopback not judged",
+			fam, len(cases), mode, cni, Ports, probeTimeoutSeconds, wait, retries)
+		probesBefore, _ := k.Probes()
+		comparedBefore, differingBefore := check.compared, check.differing
+		passStart := time.Now()
+		t.Run(string(fam), func(t *testing.T) {
+			for _, cs := range cases {
+				reports = append(reports, runCase(t, interp, k, check, cs, fam))
 			}
-			reports = append(reports, rep)
-			if len(diffs) > 0 {
-				t.Errorf("kubectl trellis explain disagrees with %d of the %d probes:\n  %s", len(diffs), compared, strings.Join(diffs, "\n  "))
-			} else {
-				t.Logf("kubectl trellis explain agrees with all %d probes", compared)
-			}
-			if unconfirmed > 0 {
-				t.Logf("kubectl trellis explain: %d probe timeouts where it says ALLOWED were not confirmed (a new probe connected)", unconfirmed)
-			}
-			if rep.Passed {
-				t.Log(rep.Line())
-				for _, n := range rep.Notes {
-					t.Logf("note: %s", n)
-				}
-				return
-			}
-			t.Errorf("%s\n%s", rep.Line(), rep.Details())
 		})
+		probesAfter, _ := k.Probes()
+		passes[fam] = passTotals{cases: len(cases), probes: probesAfter - probesBefore, compared: check.compared - comparedBefore,
+			differing: check.differing - differingBefore, took: time.Since(passStart)}
+		t.Logf("%s pass: %s", fam, passes[fam])
 	}
 	took := time.Since(started)
 
 	summary := Summarize(reports, took)
 	total, failedSetups := k.Probes()
-	t.Logf("conformance (cyclonus %s, CNI %s, %s):\n%s%d probes sent, %d could not be set up", cyclonusVersion, cni, mode, summary, total, failedSetups)
+	t.Logf("conformance (cyclonus %s, CNI %s, %s, families %v):\n%s%d probes sent, %d could not be set up", cyclonusVersion, cni, mode, families, summary, total, failedSetups)
+	for _, fam := range families {
+		t.Logf("%s pass: %s", fam, passes[fam])
+	}
 	t.Logf("kubectl trellis explain: %d verdicts compared with probes, %d differ (%d probe timeouts not confirmed by a new probe)", check.compared, check.differing, check.unconfirmed)
 	if check.compared == 0 {
 		t.Error("kubectl trellis explain: no verdict was compared with a probe")
 	}
 	props := map[string]string{
 		"cyclonus": cyclonusVersion, "cni": string(cni), "mode": string(mode), "nodes": strconv.Itoa(len(nodes)),
+		"families": strings.Join(familyNames(families), ","),
 	}
 	if v, err := versions.Load(); err == nil {
 		props["kubernetes"] = v.Kubernetes
@@ -165,6 +172,63 @@ func TestNetworkPolicyConformance(t *testing.T) {
 		t.Errorf("report: %v", err)
 	}
 	t.Logf("JUnit XML: %s; every case's details: %s; cyclonus's log: %s", junitPath, filepath.Join(outDir, "report.txt"), logFile.Name())
+}
+
+// runCase runs one case of a pass over fam and reports it (in a subtest named for it),
+// with explain's agreement with its probes.
+func runCase(t *testing.T, interp *connectivity.Interpreter, k *Kube, check *explainCheck, cs Case, fam Family) CaseReport {
+	var rep CaseReport
+	t.Run(fmt.Sprintf("%03d_%s", cs.Index, strings.ReplaceAll(cs.Key, "/", "-")), func(t *testing.T) {
+		start := time.Now()
+		rep = Evaluate(cs, execute(interp, cs), time.Since(start))
+		if fam != FamilyIPv4 {
+			// Report lines and JUnit names say which pass a case ran in.
+			rep.Case.Key = string(fam) + ": " + rep.Case.Key
+		}
+		compared, diffs, unconfirmed := check.finish(k)
+		if len(diffs) > 0 {
+			rep.Passed = false
+			rep.Notes = append(rep.Notes, fmt.Sprintf("kubectl trellis explain disagrees with %d of %d probes:\n  %s", len(diffs), compared, strings.Join(diffs, "\n  ")))
+		}
+		if len(diffs) > 0 {
+			t.Errorf("kubectl trellis explain disagrees with %d of the %d probes:\n  %s", len(diffs), compared, strings.Join(diffs, "\n  "))
+		} else {
+			t.Logf("kubectl trellis explain agrees with all %d probes", compared)
+		}
+		if unconfirmed > 0 {
+			t.Logf("kubectl trellis explain: %d probe timeouts where it says ALLOWED were not confirmed (a new probe connected)", unconfirmed)
+		}
+		if rep.Passed {
+			t.Log(rep.Line())
+			for _, n := range rep.Notes {
+				t.Logf("note: %s", n)
+			}
+			return
+		}
+		t.Errorf("%s\n%s", rep.Line(), rep.Details())
+	})
+	return rep
+}
+
+// passTotals are one family's pass: its cases, the probes it sent, explain's verdicts
+// compared with them and how many differed, and its time.
+type passTotals struct {
+	cases               int
+	probes              int64
+	compared, differing int
+	took                time.Duration
+}
+
+func (p passTotals) String() string {
+	return fmt.Sprintf("%d cases, %d probes, kubectl trellis explain compared with %d (%d differ), %v", p.cases, p.probes, p.compared, p.differing, p.took.Round(time.Second))
+}
+
+func familyNames(fs []Family) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = string(f)
+	}
+	return out
 }
 
 // execute runs one case; a panic in cyclonus (it panics on broken invariants) becomes the
@@ -262,13 +326,15 @@ func checkPlacement(ctx context.Context, t *testing.T, k *Kube, resources *probe
 }
 
 // layoutForIPBlocks gives pod z/c an address outside the /28 of the other pods on its
-// node, so that the ipBlock cases (z/c's /24 with its /28 excepted) have pods in the
-// except, a pod in the block but not the except, and pods outside: created first, the
-// pods of a node share its first /28 and "ipBlock with except" would select no pod at
-// all. It creates cyclonus's pods but z/c (as cyclonus would), then short-lived pods on
-// z/c's node until the node's round-robin IPAM has handed out the rest of that /28; then
-// cyclonus creates z/c. On a reused cluster whose z/c exists it does nothing.
-func layoutForIPBlocks(ctx context.Context, t *testing.T, k *Kube) {
+// node (for IPv6, the /124: the same 16 addresses), in every family of the run, so that
+// the ipBlock cases (z/c's /24 with its /28 excepted; /120 and /124 for IPv6) have pods
+// in the except, a pod in the block but not the except, and pods outside: created first,
+// the pods of a node share its first 16 addresses and "ipBlock with except" would select
+// no pod at all. It creates cyclonus's pods but z/c (as cyclonus would), then short-lived
+// pods on z/c's node until the node's round-robin IPAM (one counter per family) has
+// handed out the rest of those 16 addresses in each family; then cyclonus creates z/c.
+// On a reused cluster whose z/c exists it does nothing.
+func layoutForIPBlocks(ctx context.Context, t *testing.T, k *Kube, families []Family) {
 	t.Helper()
 	cs := k.ClientSet.CoreV1()
 	if _, err := cs.Pods("z").Get(ctx, "c", metav1.GetOptions{}); err == nil {
@@ -299,21 +365,36 @@ func layoutForIPBlocks(ctx context.Context, t *testing.T, k *Kube) {
 			}
 		}
 	}
-	last := netip.Addr{} // the last address of the /28 of z/c's neighbours
-	highest := netip.Addr{}
+	// Per family: the highest address handed out on the node, and the last of the 16
+	// addresses the neighbours' highest is in.
+	highest, last := map[Family]netip.Addr{}, map[Family]netip.Addr{}
 	for _, n := range neighbours {
 		ns, name, _ := strings.Cut(n, "/")
-		ip := waitPodIP(ctx, t, k, ns, name)
-		if !highest.IsValid() || highest.Less(ip) {
-			highest = ip
+		for f, ip := range waitPodIPs(ctx, t, k, ns, name, families) {
+			if h, ok := highest[f]; !ok || h.Less(ip) {
+				highest[f] = ip
+			}
 		}
 	}
-	if highest.IsValid() {
-		p := netip.PrefixFrom(highest, 28).Masked()
-		last = p.Addr()
+	for f, h := range highest {
+		a := netip.PrefixFrom(h, h.BitLen()-4).Masked().Addr()
 		for i := 0; i < 15; i++ {
-			last = last.Next()
+			a = a.Next()
 		}
+		last[f] = a
+	}
+	// toGo is how many more addresses the node hands out before each family's highest is
+	// the last of its 16 (the most of any family).
+	toGo := func() int {
+		n := 0
+		for f, h := range highest {
+			i := 0
+			for a := h; a.Less(last[f]); a = a.Next() {
+				i++
+			}
+			n = max(n, i)
+		}
+		return n
 	}
 	const padNS = "conf-ipam-pad"
 	if _, err := k.CreateNamespace(probe.KubeNamespace(padNS, nil)); err != nil && !strings.Contains(err.Error(), "already exists") {
@@ -326,9 +407,9 @@ func layoutForIPBlocks(ctx context.Context, t *testing.T, k *Kube) {
 	}()
 	zero := int64(0)
 	pads := 0
-	for round := 0; round < 3 && highest.IsValid() && highest.Less(last); round++ {
+	for round := 0; round < 3 && toGo() > 0; round++ {
 		var names []string
-		for a := highest; a.Less(last); a = a.Next() {
+		for i := toGo(); i > 0; i-- {
 			pads++
 			name := fmt.Sprintf("pad-%d", pads)
 			pod := &corev1.Pod{
@@ -345,31 +426,46 @@ func layoutForIPBlocks(ctx context.Context, t *testing.T, k *Kube) {
 			names = append(names, name)
 		}
 		for _, name := range names {
-			if ip := waitPodIP(ctx, t, k, padNS, name); highest.Less(ip) {
-				highest = ip
+			for f, ip := range waitPodIPs(ctx, t, k, padNS, name, families) {
+				if highest[f].Less(ip) {
+					highest[f] = ip
+				}
 			}
 			if err := cs.Pods(padNS).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	t.Logf("pod z/c's node %s: its neighbours %v, then %d short-lived pods up to %s", node, neighbours, pads, highest)
+	t.Logf("pod z/c's node %s: its neighbours %v, then %d short-lived pods up to %v", node, neighbours, pads, highest)
 }
 
-func waitPodIP(ctx context.Context, t *testing.T, k *Kube, ns, name string) netip.Addr {
+// waitPodIPs waits until the pod runs with an address of each family and returns them.
+func waitPodIPs(ctx context.Context, t *testing.T, k *Kube, ns, name string, families []Family) map[Family]netip.Addr {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		pod, err := k.ClientSet.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err == nil && pod.Status.Phase == corev1.PodRunning && pod.Status.PodIP != "" {
-			ip, err := netip.ParseAddr(pod.Status.PodIP)
-			if err != nil {
-				t.Fatalf("pod %s/%s's IP: %v", ns, name, err)
+		if err == nil && pod.Status.Phase == corev1.PodRunning {
+			ips := []string{pod.Status.PodIP}
+			for _, a := range pod.Status.PodIPs {
+				ips = append(ips, a.IP)
 			}
-			return ip
+			out := map[Family]netip.Addr{}
+			for _, f := range families {
+				if s := addrOf(ips, f); s != "" {
+					ip, err := netip.ParseAddr(s)
+					if err != nil {
+						t.Fatalf("pod %s/%s's IP: %v", ns, name, err)
+					}
+					out[f] = ip
+				}
+			}
+			if len(out) == len(families) {
+				return out
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("pod %s/%s not running with an IP after 3 minutes (%v)", ns, name, err)
+			t.Fatalf("pod %s/%s not running with an address of each of %v after 3 minutes (%v)", ns, name, families, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -409,15 +505,16 @@ func preflight(t *testing.T, k *Kube, resources *probe.Resources) {
 }
 
 // explainIPBlocks logs what the ipBlock cases exercise with these pod IPs: cyclonus
-// derives them from z/c's IP (its /24, with its /28 excepted). It fails unless there are
-// pods in the except, in the block but not the except, and outside the block.
+// derives them from z/c's IP (its /24 with its /28 excepted; its /120 with its /124
+// excepted for IPv6). It fails unless there are pods in the except, in the block but not
+// the except, and outside the block.
 func explainIPBlocks(t *testing.T, resources *probe.Resources, zcIP string) {
 	t.Helper()
 	ip, err := netip.ParseAddr(zcIP)
 	if err != nil {
 		t.Fatalf("pod z/c's IP %q: %v", zcIP, err)
 	}
-	block, except := netip.PrefixFrom(ip, 24).Masked(), netip.PrefixFrom(ip, 28).Masked()
+	block, except := ipBlockPrefixes(ip)
 	var in, excepted, out []string
 	for _, p := range resources.Pods {
 		a, err := netip.ParseAddr(p.IP)

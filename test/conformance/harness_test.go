@@ -55,7 +55,7 @@ func runSubset(t *testing.T, verdict func(Probe) (bool, error)) (reports []CaseR
 	if err != nil {
 		t.Fatal(err)
 	}
-	cases, err := Select(Generate(zc.IP), ModeSubset)
+	cases, err := Select(Generate(zc.IP), ModeSubset, FamilyIPv4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,11 +32,18 @@ import (
 //     pins each pod to a node so that the pods are spread over every node;
 //   - Create/UpdateNetworkPolicy hand the oracle the policy the API server returned
 //     (cyclonus keeps the object it sent; the API server's defaults, such as
-//     policyTypes, are part of what Kubernetes enforces).
+//     policyTypes, are part of what Kubernetes enforces);
+//   - GetPod and GetPodsInNamespace show a pod's address of the pass's family (SetFamily)
+//     as its status.podIP, the one address cyclonus knows a pod by: over IPv6, cyclonus
+//     probes the pods' IPv6 addresses, derives its ipBlocks from z/c's and judges
+//     with them; a pod without an address of the family shows none (not ready).
 type Kube struct {
 	*kube.Kubernetes
 	image string
 	nodes []string
+	// family is the pass's (atomic.Value of Family: set between passes, read by
+	// cyclonus's goroutines).
+	family atomic.Value
 
 	mu    sync.Mutex
 	netns map[string]*podNetns // by namespace/name
@@ -48,6 +55,42 @@ type Kube struct {
 	// OnProbe, when set, is told of every probe that ran: its generation, source pod,
 	// probe and agnhost's result (nil: connected).
 	OnProbe func(generation int64, namespace, pod string, p Probe, result error)
+}
+
+// SetFamily makes the pods show their address of family f (see Kube).
+func (k *Kube) SetFamily(f Family) { k.family.Store(f) }
+
+// Family is the family the pods show.
+func (k *Kube) Family() Family {
+	if f, ok := k.family.Load().(Family); ok {
+		return f
+	}
+	return FamilyIPv4
+}
+
+// showFamily sets pod's status.podIP to its address of the pass's family.
+func (k *Kube) showFamily(pod *corev1.Pod) {
+	ips := []string{pod.Status.PodIP}
+	for _, a := range pod.Status.PodIPs {
+		ips = append(ips, a.IP)
+	}
+	pod.Status.PodIP = addrOf(ips, k.Family())
+}
+
+func (k *Kube) GetPod(namespace, name string) (*corev1.Pod, error) {
+	pod, err := k.Kubernetes.GetPod(namespace, name)
+	if err == nil && pod != nil {
+		k.showFamily(pod)
+	}
+	return pod, err
+}
+
+func (k *Kube) GetPodsInNamespace(namespace string) ([]corev1.Pod, error) {
+	pods, err := k.Kubernetes.GetPodsInNamespace(namespace)
+	for i := range pods {
+		k.showFamily(&pods[i])
+	}
+	return pods, err
 }
 
 // changed records a change of the cluster's objects (see generation).
