@@ -214,18 +214,22 @@ e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a 
 
 # Judged by cyclonus v0.5.6 (test/conformance): its runner on a local 3-node cluster "conf".
 # Results: per-case lines, totals, $(CONFORMANCE_OUT)/junit.xml and report.txt. `make test`
-# runs the subset.
+# runs the subset. CONFORMANCE_FAMILY: dual (the default with Trellis: a pass over the
+# pods' IPv4 addresses, then one over their IPv6 addresses, on a dual-stack cluster; the
+# subset's IPv6 pass is SubsetIPv6, every tag in 27 cases), ipv4 (the default with the
+# reference CNI) or ipv6.
 CONFORMANCE_OUT ?= _output/conformance
-CONFORMANCE_ENV = TRELLIS_CONFORMANCE_JUNIT=$(CURDIR)/$(CONFORMANCE_OUT)/junit.xml
+CONFORMANCE_FAMILY ?=
+CONFORMANCE_ENV = TRELLIS_CONFORMANCE_JUNIT=$(CURDIR)/$(CONFORMANCE_OUT)/junit.xml TRELLIS_CONFORMANCE_FAMILY=$(CONFORMANCE_FAMILY)
 CONFORMANCE_RUN = -tags conformance -count=1 -v -run '^TestNetworkPolicyConformance$$' ./test/conformance/
 
 .PHONY: conformance
-conformance: deps ## Every case cyclonus generates (230; ~82,000 probes) on a fresh local cluster (TRELLIS_CONFORMANCE_CNI=trellis|reference, TRELLIS_CLUSTER_REUSE=1).
+conformance: deps ## Every case cyclonus generates (230; ~82,000 probes per family) over IPv4 and over IPv6 on a fresh dual-stack local cluster (CONFORMANCE_FAMILY=dual|ipv4|ipv6, TRELLIS_CONFORMANCE_CNI=trellis|reference, TRELLIS_CLUSTER_REUSE=1).
 	hack/build-agnhost.sh >/dev/null
 	TRELLIS_CONFORMANCE=all $(CONFORMANCE_ENV) go test -timeout 4h $(CONFORMANCE_RUN)
 
 .PHONY: conformance-subset
-conformance-subset: deps ## The fixed subset of conformance cases (46, every tag) CI is to run.
+conformance-subset: deps ## The fixed subsets of conformance cases CI runs: 46 over IPv4, 27 over IPv6 (each every tag).
 	hack/build-agnhost.sh >/dev/null
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
 
