@@ -208,17 +208,7 @@ func TestExplain(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := snapshot(tc.nps, tc.cnps)
 			s.PolicyDisabled = tc.disabled
-			q, err := ParseQuery(tc.from, tc.to, "", "", "default")
-			if err != nil {
-				t.Fatal(err)
-			}
-			res, err := s.Explain(q)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var b strings.Builder
-			Render(&b, res)
-			t.Logf("\n%s", b.String())
+			res := explainLogged(t, s, tc.from, tc.to, "")
 			if res.Verdict != tc.verdict {
 				t.Errorf("verdict %s, want %s", res.Verdict, tc.verdict)
 			}
@@ -247,6 +237,27 @@ func TestExplain(t *testing.T) {
 			checkSide(t, "ingress", p.Ingress, tc.ingress)
 		})
 	}
+}
+
+// explainLogged asks s about from -> to (--ip-family family) and logs the answer as the
+// command prints it.
+func explainLogged(t *testing.T, s *Snapshot, from, to, family string) *Result {
+	t.Helper()
+	q, err := ParseQuery(from, to, "", "", "default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.SetFamily(family); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Explain(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	Render(&b, res)
+	t.Logf("\n%s", b.String())
+	return res
 }
 
 // checkService: through x/web (targetPort "http", port 80), x/b is isolated by the
@@ -459,21 +470,7 @@ func TestExplainIPv6(t *testing.T) {
 			from: "y/a", to: "svc/x/web", family: "ipv6", verdict: Partial, paths: 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := dualStack(tc.nps)
-			q, err := ParseQuery(tc.from, tc.to, "", "", "default")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := q.SetFamily(tc.family); err != nil {
-				t.Fatal(err)
-			}
-			res, err := s.Explain(q)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var b strings.Builder
-			Render(&b, res)
-			t.Logf("\n%s", b.String())
+			res := explainLogged(t, dualStack(tc.nps), tc.from, tc.to, tc.family)
 			if res.Verdict != tc.verdict {
 				t.Errorf("verdict %s, want %s", res.Verdict, tc.verdict)
 			}
