@@ -132,41 +132,73 @@ func dualStackSample(path string) (string, error) {
 	return strings.Replace(string(b), v4, v4+"  - "+PodCIDR6.String()+"\n", 1), nil
 }
 
-// routeControlPlaneToPods routes each node's pod block (its NodeNetwork's spec.podCIDR)
-// from the control plane's namespace (and the router's, for a node behind it) to that
-// node. On a real cluster the API server runs on a node of the pod network and reaches
-// pods (pods/proxy, services/proxy, webhooks); here the control plane is a host of its
-// own, so it gets static routes to the blocks, set once when Up finds every node Ready
-// (a node added later by a test is not routed from the control plane).
+// routeControlPlaneToPods routes each node's pod blocks (its NodeNetwork's spec.podCIDRs,
+// the IPv6 one too on a dual-stack cluster) from the control plane's namespace (and the
+// router's, for a node behind it) to that node. On a real cluster the API server runs on
+// a node of the pod network and reaches pods (pods/proxy, services/proxy, webhooks, of
+// either family); here the control plane is a host of its own, so it gets static routes
+// to the blocks, set once when Up finds every node Ready (a node added later by a test is
+// not routed from the control plane).
 func (c *Cluster) routeControlPlaneToPods(ctx context.Context) error {
 	out, err := c.Kubectl(ctx, "get", "nodenetworks.network.trellis.dev",
-		"-o", `jsonpath={range .items[*]}{.metadata.name}{" "}{.spec.podCIDR}{"\n"}{end}`)
+		"-o", `jsonpath={range .items[*]}{.metadata.name}{" "}{.spec.podCIDR}{" "}{.spec.podCIDRs}{"\n"}{end}`)
 	if err != nil {
 		return fmt.Errorf("reading the pod blocks: %w", err)
 	}
-	blocks := map[string]netip.Prefix{}
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		name, cidr, _ := strings.Cut(line, " ")
-		if b, err := netip.ParsePrefix(cidr); err == nil {
-			blocks[name] = b
-		}
+	blocks, err := podBlocks(out)
+	if err != nil {
+		return err
 	}
 	l := c.Network
 	for _, n := range c.Nodes {
-		b, ok := blocks[n.Name]
+		bs, ok := blocks[n.Name]
 		if !ok {
 			return fmt.Errorf("node %s has no pod block in its NodeNetwork yet", n.Name)
 		}
-		if err := topology.AddRoute(ctx, l.ControlPlane.NetNS, b, l.NextHop(l.ControlPlane, n.Host)); err != nil {
-			return fmt.Errorf("routing %s's pods from the control plane: %w", n.Name, err)
-		}
-		if l.Router != nil && n.Subnet != l.ControlPlane.Subnet {
-			if err := topology.AddRoute(ctx, l.Router.NetNS, b, n.IP); err != nil {
-				return fmt.Errorf("routing %s's pods from the router: %w", n.Name, err)
+		for _, b := range bs {
+			via, routerVia := l.NextHop(l.ControlPlane, n.Host), n.IP
+			if b.Addr().Is6() {
+				if !n.IP6.IsValid() {
+					return fmt.Errorf("node %s has the IPv6 pod block %s but no IPv6 address", n.Name, b)
+				}
+				via, routerVia = l.NextHop6(l.ControlPlane, n.Host), n.IP6
+			}
+			if err := topology.AddRoute(ctx, l.ControlPlane.NetNS, b, via); err != nil {
+				return fmt.Errorf("routing %s's pods (%s) from the control plane: %w", n.Name, b, err)
+			}
+			if l.Router != nil && n.Subnet != l.ControlPlane.Subnet {
+				if err := topology.AddRoute(ctx, l.Router.NetNS, b, routerVia); err != nil {
+					return fmt.Errorf("routing %s's pods (%s) from the router: %w", n.Name, b, err)
+				}
 			}
 		}
 	}
 	return nil
+}
+
+// podBlocks reads the lines "NAME PODCIDR PODCIDRS" (PODCIDRS as kubectl's jsonpath prints
+// a list: ["10.244.1.0/24","fd00:10:244:1::/64"], or empty on a NodeNetwork written before
+// the field) into each node's blocks; a node without a block yet is left out.
+func podBlocks(out string) (map[string][]netip.Prefix, error) {
+	blocks := map[string][]netip.Prefix{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		cidrs := []string{fields[1]}
+		if len(fields) > 2 {
+			cidrs = strings.Split(strings.Trim(fields[2], "[]"), ",")
+		}
+		for _, cidr := range cidrs {
+			b, err := netip.ParsePrefix(strings.Trim(cidr, `"`))
+			if err != nil {
+				return nil, fmt.Errorf("node %s: pod block %q: %w", fields[0], cidr, err)
+			}
+			blocks[fields[0]] = append(blocks[fields[0]], b)
+		}
+	}
+	return blocks, nil
 }
 
 func copyFile(src, dst string, mode os.FileMode) error {

@@ -187,6 +187,15 @@ func (l Layout) NextHop(from, to Host) netip.Addr {
 	return RouterUnderlayIP
 }
 
+// NextHop6 is NextHop for IPv6 in a dual-stack layout: to's IPv6 address when they share
+// a subnet, else the router's IPv6 leg on from's subnet.
+func (l Layout) NextHop6(from, to Host) netip.Addr {
+	if from.Subnet == to.Subnet {
+		return to.IP6
+	}
+	return nextHop6(from.Subnet)
+}
+
 // Create makes the namespaces, bridges, links, addresses and routes. It expects none of
 // them to exist (remove leftovers first).
 func (l Layout) Create(ctx context.Context) error {

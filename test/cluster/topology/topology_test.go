@@ -100,6 +100,18 @@ func TestEnableIPv6(t *testing.T) {
 			t.Errorf("%s: %v outside the layout's IPv6 subnets", tc.h.Name, tc.h.IP6)
 		}
 	}
+	for _, c := range []struct {
+		from, to Host
+		want     string
+	}{
+		{l.ControlPlane, l.Nodes[1], "2001:db8:100::12"},
+		{l.ControlPlane, l.Nodes[2], "2001:db8:100::254"},
+		{l.Nodes[2], l.Nodes[0], "2001:db8:113::1"},
+	} {
+		if got := l.NextHop6(c.from, c.to); got.String() != c.want {
+			t.Errorf("IPv6 next hop %s -> %s = %s, want %s", c.from.Name, c.to.Name, got, c.want)
+		}
+	}
 	next, err := l.NextNode()
 	if err != nil || next.IP6.String() != "2001:db8:100::14" {
 		t.Errorf("NextNode = %+v, %v, want 2001:db8:100::14", next, err)
