@@ -7,7 +7,10 @@
 #
 # Environment: UPSTREAM_FOCUS (the focus file, default test/upstream/focus.txt; `make test`
 # gives test/upstream/ci.txt), UPSTREAM_PROCS (ginkgo --procs, default 3), UPSTREAM_CLUSTER
-# (cluster name, default upstream), UPSTREAM_KEEP=1 (leave the cluster up), UPSTREAM_LIST=1
+# (cluster name, default upstream), UPSTREAM_IP_FAMILY (the cluster's --ip-family, default
+# dual: IPv4 first, so the IPv4 specs judge the same cluster as the [Feature:IPv6DualStack]
+# ones, which need both families; ipv4: a single-stack cluster, those specs left out),
+# UPSTREAM_KEEP=1 (leave the cluster up), UPSTREAM_LIST=1
 # (only list the selected specs: no cluster), UPSTREAM_DIRECT=0 (no Direct pass, below),
 # ARTIFACTS (where the JUnit XML goes, default
 # $TRELLIS_CACHE/upstream).
@@ -34,6 +37,12 @@ patterns() {
 focus_file="${UPSTREAM_FOCUS:-test/upstream/focus.txt}"
 focus="$(patterns "${focus_file}")"
 skip="$(patterns test/upstream/skip.txt)"
+ip_family="${UPSTREAM_IP_FAMILY:-dual}"
+if [[ "${ip_family}" != dual ]]; then
+  # They need a node, pod and Service address of each family.
+  log "UPSTREAM_IP_FAMILY=${ip_family}: the [Feature:IPv6DualStack] specs are left out"
+  skip="${skip}|\[Feature:IPv6DualStack\]"
+fi
 
 if [[ "${UPSTREAM_LIST:-0}" == 1 ]]; then
   "${bin}/ginkgo" --dry-run -v --focus="${focus}" --skip="${skip}" --no-color "${bin}/e2e.test" -- \
@@ -42,7 +51,8 @@ if [[ "${UPSTREAM_LIST:-0}" == 1 ]]; then
 fi
 
 nodes=3
-go run ./hack/localcluster up --name "${name}" --nodes "${nodes}" --cni trellis --dns
+go run ./hack/localcluster up --name "${name}" --nodes "${nodes}" --cni trellis --dns \
+  --ip-family "${ip_family}"
 if [[ "${UPSTREAM_KEEP:-0}" != 1 ]]; then
   trap 'go run ./hack/localcluster down --name "${name}"' EXIT
 fi
