@@ -96,6 +96,6 @@ var SubsetIPv6 = []string{
 	"deny all + allow all by IP from same source",
 	"deny all by IP + allow all by pod to same source",
 	"ingress: select namespace by default label",
-	"should support a 'default-deny-all' policy",
-	"should stop enforcing policies after they are deleted",
+	"should support a 'default-deny-ingress' policy",
+	"Create/delete policy",
 }
