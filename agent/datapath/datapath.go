@@ -13,6 +13,15 @@
 // whatever the inner family), and the live mode switch works the same for both families.
 // Direct IPv6 routes go through the underlay to a peer's IPv6 node address where both
 // nodes have one on one on-link subnet.
+//
+// IPv6-only nodes (no IPv4 node address) run the same one device on their IPv6 underlay
+// (local and FDB addresses IPv6, as flannel's and Calico's IPv6 devices), rather than a
+// second device beside it: a node's tunnel has one underlay family, the IPv4 one when the
+// node has an IPv4 address, else the IPv6 one, so no node ever needs two devices, and the
+// device's name, MAC derivation, FDB, live mode switch and cleanup stay those of every
+// other node. The overhead is then 70 bytes (VXLANOverhead6). All nodes of a cluster must
+// share the tunnel's family: a peer without a node address of it is reported unreachable
+// through the tunnel.
 package datapath
 
 import (
@@ -37,9 +46,10 @@ const (
 	// RouteProtocol marks routes to peer blocks (the CNI plugin's pod routes use 201).
 	RouteProtocol netlink.RouteProtocol = 202
 	// VXLANOverhead is what VXLAN over IPv4 adds to each packet, an IPv4 or an IPv6 one
-	// (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14). A device on an IPv6 underlay
-	// would need 70 (outer IPv6 40); trellis has none (see the package comment).
+	// (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14).
 	VXLANOverhead = 50
+	// VXLANOverhead6 is what VXLAN over IPv6 adds (outer IPv6 40): an IPv6-only node's.
+	VXLANOverhead6 = 70
 )
 
 // Mode is how a peer is reached.
@@ -53,6 +63,8 @@ const (
 
 // Local describes this node.
 type Local struct {
+	// NodeIP is the node's IPv4 underlay address (invalid on an IPv6-only node), PodCIDR
+	// its IPv4 block (invalid: the node has no IPv4 pods).
 	NodeIP  netip.Addr
 	PodCIDR netip.Prefix
 	// NodeIPv6 is the node's IPv6 underlay address (invalid: none, IPv6 goes through the
@@ -60,6 +72,21 @@ type Local struct {
 	NodeIPv6  netip.Addr
 	PodCIDRv6 netip.Prefix
 }
+
+// TunnelFamily is the family of the VXLAN device's underlay: IPv4 when the node has an
+// IPv4 address, else IPv6 (see the package comment).
+func (l Local) TunnelFamily() ipam.Family {
+	if l.NodeIP.IsValid() {
+		return ipam.IPv4
+	}
+	return ipam.IPv6
+}
+
+// TunnelAddr is the node's underlay address of its TunnelFamily: the device's local one.
+func (l Local) TunnelAddr() netip.Addr { return pick(l.TunnelFamily(), l.NodeIP, l.NodeIPv6) }
+
+// Overhead is what VXLAN over an underlay of family f adds to each packet.
+func Overhead(f ipam.Family) int { return pick(f, VXLANOverhead, VXLANOverhead6) }
 
 // Peer is another node.
 type Peer struct {
@@ -103,6 +130,8 @@ type Config struct {
 
 // Status is what Sync did and found.
 type Status struct {
+	// Underlay and UnderlayMTU are the interface of the tunnel's underlay (the IPv4 node
+	// address's; an IPv6-only node's IPv6 one) and its MTU.
 	Underlay      string
 	UnderlayMTU   int
 	PodMTU        int
@@ -118,7 +147,8 @@ type Status struct {
 	// TXChecksumOffload is whether the VXLAN device checksums in software (false) or not.
 	TXChecksumOffload bool
 	// IPv6 is how the peers' IPv6 blocks are reached; nil when this node has no IPv6 block.
-	// The fields above are IPv4's (RoutesAdded and RoutesDeleted count both families).
+	// The peer fields above are IPv4's (empty on an IPv6-only node; RoutesAdded and
+	// RoutesDeleted count both families).
 	IPv6 *FamilyStatus
 }
 
@@ -141,16 +171,20 @@ type FamilyStatus struct {
 // the appliers compare it with the kernel and change only what differs.
 func Sync(cfg Config) (*Status, error) {
 	st := &Status{}
-	underlay, subnet, err := findUnderlay(cfg.Local.NodeIP)
+	tunnel := cfg.Local.TunnelFamily()
+	underlay, subnet, err := findUnderlay(cfg.Local.TunnelAddr())
 	if err != nil {
 		return nil, err
 	}
 	st.Underlay, st.UnderlayMTU = underlay.Attrs().Name, underlay.Attrs().MTU
-	st.PodMTU = PodMTU(cfg.Mode, cfg.MTU, st.UnderlayMTU)
+	st.PodMTU = PodMTU(cfg.Mode, cfg.MTU, st.UnderlayMTU, tunnel)
 
-	peers := Classify(cfg, ipam.IPv4, subnet)
+	peers := Peers{Family: ipam.IPv4, Underlay: tunnel}
+	if cfg.Local.PodCIDR.IsValid() {
+		peers = Classify(cfg, ipam.IPv4, subnet)
+	}
 	st.PeersDirect, st.PeersVXLAN, st.PeersPending, st.Unreachable = peers.names()
-	peers6, underlay6 := Peers{Family: ipam.IPv6}, 0
+	peers6, underlay6 := Peers{Family: ipam.IPv6, Underlay: tunnel}, 0
 	if cfg.Local.PodCIDRv6.IsValid() {
 		st.IPv6 = &FamilyStatus{}
 		var subnet6 netip.Prefix
@@ -172,7 +206,7 @@ func Sync(cfg Config) (*Status, error) {
 	if procSys == "" {
 		procSys = "/proc/sys"
 	}
-	vx, err := ensureVXLAN(DesiredDevice(cfg, underlay.Attrs().Index, st.UnderlayMTU-VXLANOverhead), cfg.Local.PodCIDR, cfg.Local.PodCIDRv6, procSys)
+	vx, err := ensureVXLAN(DesiredDevice(cfg, underlay.Attrs().Index, st.UnderlayMTU-Overhead(tunnel)), cfg.Local.PodCIDR, cfg.Local.PodCIDRv6, procSys)
 	if err != nil {
 		return nil, err
 	}
@@ -197,15 +231,16 @@ func Sync(cfg Config) (*Status, error) {
 }
 
 // PodMTU is the MTU pods get: the configured one, else the underlay's less what the
-// encapsulation needs (Hybrid assumes the worst case, VXLAN).
-func PodMTU(mode Mode, configured, underlay int) int {
+// encapsulation over an underlay of family tunnel needs (Hybrid assumes the worst case,
+// VXLAN).
+func PodMTU(mode Mode, configured, underlay int, tunnel ipam.Family) int {
 	if configured > 0 {
 		return configured
 	}
 	if mode == ModeDirect {
 		return underlay
 	}
-	return underlay - VXLANOverhead
+	return underlay - Overhead(tunnel)
 }
 
 // VTEPAddr is the address of a node's VXLAN device: the node's own address in its pod
@@ -225,6 +260,9 @@ func VTEPMACFor(nodeIP netip.Addr) net.HardwareAddr {
 // Peers are the peers of a Config sorted by how this node reaches their blocks of Family.
 type Peers struct {
 	Family ipam.Family
+	// Underlay is the family of the VXLAN device's underlay (Local.TunnelFamily): the FDB
+	// entries point at the peers' node addresses of it.
+	Underlay ipam.Family
 	// Direct: routed through the underlay to the peer's node address of the family.
 	Direct []Peer
 	// Tunnel: routed through the VXLAN device (its VTEP MAC known).
@@ -244,21 +282,27 @@ type Peers struct {
 // on-link peers directly and the rest through the tunnel. Peers without a block of f are
 // left out. A Direct node sends a peer's IPv6 block through the tunnel when one of the
 // two has no IPv6 underlay address: the user asked for no encapsulation, but IPv6 pods
-// that can't reach each other would be worse, and the tunnel is there (see Sync). It is
-// pure.
+// that can't reach each other would be worse, and the tunnel is there (see Sync). A peer
+// without a node address of the tunnel's family can't be reached through it: unreachable
+// where it isn't direct. It is pure.
 func Classify(cfg Config, f ipam.Family, subnet netip.Prefix) Peers {
-	out := Peers{Family: f}
+	tunnel := cfg.Local.TunnelFamily()
+	out := Peers{Family: f, Underlay: tunnel}
 	peers := slices.Clone(cfg.Peers)
 	sort.Slice(peers, func(i, j int) bool { return peers[i].Name < peers[j].Name })
 	for _, p := range peers {
-		if p.NodeIP == cfg.Local.NodeIP || !p.block(f).IsValid() {
+		if self := cfg.Local.TunnelAddr(); self.IsValid() && p.addr(tunnel) == self || !p.block(f).IsValid() {
 			continue
 		}
 		addr := p.addr(f)
 		onLink := subnet.IsValid() && subnet.Contains(addr)
 		direct := cfg.Mode == ModeDirect || cfg.Mode == ModeHybrid && onLink
+		if !direct && !p.addr(tunnel).IsValid() {
+			out.Unreachable = append(out.Unreachable, fmt.Sprintf("%s (no %s node address: this node's tunnel runs over %s)", p.Name, tunnel, tunnel))
+			continue
+		}
 		if cfg.Mode == ModeDirect && !onLink {
-			if f == ipam.IPv4 || subnet.IsValid() && addr.IsValid() {
+			if f == tunnel || subnet.IsValid() && addr.IsValid() {
 				out.Unreachable = append(out.Unreachable, fmt.Sprintf("%s (%s is not on-link with %s; use Hybrid or VXLAN)", p.Name, addr, subnet))
 				continue
 			}

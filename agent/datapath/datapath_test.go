@@ -47,11 +47,12 @@ type testNode struct {
 }
 
 // topoOpts shape a topology: dual gives nodes IPv6 blocks and pods IPv6 addresses,
-// underlay6 the nodes and the router IPv6 underlay addresses; podMTU is the pods' MTU (0:
-// 1400).
+// underlay6 the nodes and the router IPv6 underlay addresses; v6only (implying both)
+// leaves the nodes no IPv4 address, block or pod address at all; podMTU is the pods' MTU
+// (0: 1400).
 type topoOpts struct {
-	dual, underlay6 bool
-	podMTU          int
+	dual, underlay6, v6only bool
+	podMTU                  int
 }
 
 type topology struct {
@@ -134,24 +135,35 @@ func newTopologyWith(t *testing.T, o topoOpts) *topology {
 	if mtu == 0 {
 		mtu = 1400
 	}
+	if o.v6only {
+		o.dual, o.underlay6 = true, true
+	}
 	for i, spec := range []struct{ ip, gw, block, ip6, gw6, block6 string }{
 		{"198.51.100.11/24", "198.51.100.1", "10.244.1.0/24", "2001:db8:100::11/64", "2001:db8:100::1", "fd00:10:244:1::/64"},
 		{"198.51.100.12/24", "198.51.100.1", "10.244.2.0/24", "2001:db8:100::12/64", "2001:db8:100::1", "fd00:10:244:2::/64"},
 		{"203.0.113.13/24", "203.0.113.1", "10.244.3.0/24", "2001:db8:200::13/64", "2001:db8:200::1", "fd00:10:244:3::/64"},
 	} {
-		n := &testNode{name: fmt.Sprintf("node%d", i+1), ns: netnstest.New(t), block: netip.MustParsePrefix(spec.block)}
-		n.ip = netip.MustParsePrefix(spec.ip).Addr()
+		n := &testNode{name: fmt.Sprintf("node%d", i+1), ns: netnstest.New(t)}
+		ip4 := spec.ip
+		if o.v6only {
+			ip4 = ""
+		} else {
+			n.ip, n.block = netip.MustParsePrefix(spec.ip).Addr(), netip.MustParsePrefix(spec.block)
+		}
 		if i < 2 {
-			link(t, n.ns, "eth0", spec.ip, sw, "p-"+n.name, "")
+			link(t, n.ns, "eth0", ip4, sw, "p-"+n.name, "")
 			plug("p-" + n.name)
 		} else {
-			link(t, n.ns, "eth0", spec.ip, topo.router, "eth1", "203.0.113.1/24")
+			link(t, n.ns, "eth0", ip4, topo.router, "eth1", "203.0.113.1/24")
 		}
-		check.Must(t, n.ns.Do(func(ns.NetNS) error {
-			l, _ := netlink.LinkByName("eth0")
-			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(spec.gw)})
-		}))
-		ips := []netip.Addr{n.block.Addr().Next().Next()}
+		var ips []netip.Addr
+		if !o.v6only {
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
+				l, _ := netlink.LinkByName("eth0")
+				return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(spec.gw)})
+			}))
+			ips = append(ips, n.block.Addr().Next().Next())
+		}
 		if o.dual {
 			n.block6 = netip.MustParsePrefix(spec.block6)
 			ips = append(ips, n.block6.Addr().Next().Next())
@@ -163,9 +175,11 @@ func newTopologyWith(t *testing.T, o topoOpts) *topology {
 			}))
 		}
 		n.pod = netnstest.New(t)
-		n.podIP = ips[0]
+		if !o.v6only {
+			n.podIP = ips[0]
+		}
 		if o.dual {
-			n.podIP6 = ips[1]
+			n.podIP6 = ips[len(ips)-1]
 		}
 		check.Must(t, n.ns.Do(func(ns.NetNS) error {
 			_, err := veth.Setup(n.pod, "trlpod"+n.name[4:], "eth0", ips, mtu)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -139,13 +140,16 @@ func TestPodMTU(t *testing.T) {
 	for _, tc := range []struct {
 		mode                 Mode
 		configured, underlay int
+		tunnel               ipam.Family
 		want                 int
 	}{
-		{ModeVXLAN, 0, 1500, 1450}, {ModeHybrid, 0, 1500, 1450}, {ModeDirect, 0, 1500, 1500},
-		{ModeVXLAN, 1400, 1500, 1400}, {ModeDirect, 9000, 9000, 9000},
+		{ModeVXLAN, 0, 1500, ipam.IPv4, 1450}, {ModeHybrid, 0, 1500, ipam.IPv4, 1450}, {ModeDirect, 0, 1500, ipam.IPv4, 1500},
+		{ModeVXLAN, 1400, 1500, ipam.IPv4, 1400}, {ModeDirect, 9000, 9000, ipam.IPv4, 9000},
+		// An IPv6 underlay's outer header is 20 bytes more.
+		{ModeVXLAN, 0, 1500, ipam.IPv6, 1430}, {ModeHybrid, 0, 1500, ipam.IPv6, 1430}, {ModeDirect, 0, 1500, ipam.IPv6, 1500},
 	} {
-		if got := PodMTU(tc.mode, tc.configured, tc.underlay); got != tc.want {
-			t.Errorf("PodMTU(%s, %d, %d) = %d, want %d", tc.mode, tc.configured, tc.underlay, got, tc.want)
+		if got := PodMTU(tc.mode, tc.configured, tc.underlay, tc.tunnel); got != tc.want {
+			t.Errorf("PodMTU(%s, %d, %d, %s) = %d, want %d", tc.mode, tc.configured, tc.underlay, tc.tunnel, got, tc.want)
 		}
 	}
 }
@@ -280,5 +284,84 @@ func TestDesiredEntriesBothFamilies(t *testing.T) {
 	// IPv4 alone: what an IPv4-only node always had.
 	if e4 := DesiredEntries(9, v4); len(e4.Neighbours) != 4 || len(e4.FDB) != 4 {
 		t.Errorf("IPv4 entries %+v", e4)
+	}
+}
+
+// v6onlyConfig is an IPv6-only node: no IPv4 address or block. b-local shares its IPv6
+// subnet, c-remote is behind a router, d-new has no VTEP MAC yet, e-v4underlay's only node
+// address is IPv4 (a tunnel of another family), self is this node.
+func v6onlyConfig(mode Mode) Config {
+	block := func(i int) netip.Prefix { return netip.MustParsePrefix(fmt.Sprintf("fd00:10:244:%d::/64", i)) }
+	return Config{
+		Mode: mode, VNI: 7, Port: 4789,
+		Local: Local{NodeIPv6: netip.MustParseAddr("2001:db8:100::11"), PodCIDRv6: block(1)},
+		Peers: []Peer{
+			{Name: "c-remote", NodeIPv6: netip.MustParseAddr("2001:db8:200::13"), PodCIDRv6: block(3), VTEPMAC: macC},
+			{Name: "b-local", NodeIPv6: netip.MustParseAddr("2001:db8:100::12"), PodCIDRv6: block(2), VTEPMAC: macB},
+			{Name: "d-new", NodeIPv6: netip.MustParseAddr("2001:db8:100::14"), PodCIDRv6: block(4)},
+			{Name: "e-v4underlay", NodeIP: netip.MustParseAddr("198.51.100.15"), PodCIDRv6: block(5), VTEPMAC: macC},
+			{Name: "self", NodeIPv6: netip.MustParseAddr("2001:db8:100::11"), PodCIDRv6: block(1)},
+		},
+	}
+}
+
+// An IPv6-only node: the tunnel's family is IPv6, its peers are classified by their IPv6
+// addresses as an IPv4 node's by their IPv4 ones (Direct reports the peer behind the
+// router unreachable rather than tunnelling it), and a peer without an IPv6 node address
+// can't be reached through the tunnel.
+func TestClassifyIPv6Only(t *testing.T) {
+	subnet := netip.MustParsePrefix("2001:db8:100::/64")
+	for _, tc := range []struct {
+		mode                    Mode
+		direct, tunnel, pending []string
+		unreachable             []string
+	}{
+		{ModeVXLAN, nil, []string{"b-local", "c-remote"}, []string{"d-new"}, []string{"e-v4underlay"}},
+		{ModeDirect, []string{"b-local", "d-new"}, nil, nil, []string{"c-remote", "e-v4underlay"}},
+		{ModeHybrid, []string{"b-local", "d-new"}, []string{"c-remote"}, nil, []string{"e-v4underlay"}},
+	} {
+		t.Run(string(tc.mode), func(t *testing.T) {
+			cfg := v6onlyConfig(tc.mode)
+			if f, a := cfg.Local.TunnelFamily(), cfg.Local.TunnelAddr(); f != ipam.IPv6 || a != cfg.Local.NodeIPv6 {
+				t.Fatalf("tunnel family %s address %s, want IPv6 over the node's IPv6 address", f, a)
+			}
+			if p := Classify(cfg, ipam.IPv4, netip.Prefix{}); len(p.Direct)+len(p.Tunnel)+len(p.Pending)+len(p.Unreachable) != 0 {
+				t.Errorf("IPv4 peers of an IPv6-only cluster: %+v", p)
+			}
+			p := Classify(cfg, ipam.IPv6, subnet)
+			var unreachable []string
+			for _, u := range p.Unreachable {
+				unreachable = append(unreachable, u[:strings.IndexByte(u, ' ')])
+			}
+			if !reflect.DeepEqual(names(p.Direct), tc.direct) || !reflect.DeepEqual(names(p.Tunnel), tc.tunnel) ||
+				!reflect.DeepEqual(names(p.Pending), tc.pending) || !reflect.DeepEqual(unreachable, tc.unreachable) || len(p.Tunnelled) != 0 {
+				t.Errorf("direct %v tunnel %v pending %v unreachable %v tunnelled %v; want %v %v %v %v, none tunnelled",
+					names(p.Direct), names(p.Tunnel), names(p.Pending), p.Unreachable, p.Tunnelled, tc.direct, tc.tunnel, tc.pending, tc.unreachable)
+			}
+		})
+	}
+}
+
+// The device of an IPv6-only node is bound to its IPv6 address, and the FDB entries point
+// at the peers' IPv6 addresses.
+func TestDesiredDeviceAndEntriesIPv6Only(t *testing.T) {
+	cfg := v6onlyConfig(ModeHybrid)
+	dev := DesiredDevice(cfg, 2, 1430)
+	if !dev.SrcAddr.Equal(net.ParseIP("2001:db8:100::11")) || dev.MTU != 1430 || dev.HardwareAddr.String() != VTEPMACFor(cfg.Local.NodeIPv6).String() {
+		t.Errorf("device %+v: want local 2001:db8:100::11, MTU 1430, the MAC of the IPv6 address", dev)
+	}
+	e := DesiredEntries(9, Classify(cfg, ipam.IPv4, netip.Prefix{}), Classify(cfg, ipam.IPv6, netip.MustParsePrefix("2001:db8:100::/64")))
+	var neigh, fdb []string
+	for _, n := range e.Neighbours {
+		neigh = append(neigh, n.IP.String())
+	}
+	for _, f := range e.FDB {
+		fdb = append(fdb, f.HardwareAddr.String()+"/"+f.IP.String())
+	}
+	if want := []string{"fd00:10:244:2::1", "fd00:10:244:3::1"}; !slices.Equal(neigh, want) {
+		t.Errorf("neighbours %v, want %v", neigh, want)
+	}
+	if want := []string{macB.String() + "/2001:db8:100::12", macC.String() + "/2001:db8:200::13"}; !slices.Equal(fdb, want) {
+		t.Errorf("FDB %v, want %v", fdb, want)
 	}
 }

@@ -17,23 +17,25 @@ import (
 )
 
 // DesiredDevice is the node's VXLAN device: VNI and port from cfg, bound to the underlay
-// and the node IP, no learning (peers are static entries, as flannel does), a MAC derived
-// from the node IP (stable across re-creation). It is pure.
+// and the node's address of the tunnel's family (IPv4's, an IPv6-only node's IPv6 one), no
+// learning (peers are static entries, as flannel does), a MAC derived from that address
+// (stable across re-creation). It is pure.
 func DesiredDevice(cfg Config, underlayIndex, mtu int) *netlink.Vxlan {
+	local := cfg.Local.TunnelAddr()
 	return &netlink.Vxlan{
-		LinkAttrs:    netlink.LinkAttrs{Name: VXLANDevice, MTU: mtu, HardwareAddr: VTEPMACFor(cfg.Local.NodeIP)},
+		LinkAttrs:    netlink.LinkAttrs{Name: VXLANDevice, MTU: mtu, HardwareAddr: VTEPMACFor(local)},
 		VxlanId:      cfg.VNI,
 		VtepDevIndex: underlayIndex,
-		SrcAddr:      cfg.Local.NodeIP.AsSlice(),
+		SrcAddr:      local.AsSlice(),
 		Port:         cfg.Port,
 		Learning:     false,
 	}
 }
 
 // ensureVXLAN makes the kernel's device match want (replacing it when a parameter can't
-// change in place), with the node's address of block as its only IPv4 address and, when
-// the node has an IPv6 block, the node's address of block6 as its only global IPv6 one,
-// up.
+// change in place), with the node's address of block (when the node has an IPv4 block) as
+// its only IPv4 address and, when the node has an IPv6 block, the node's address of
+// block6 as its only global IPv6 one, up.
 func ensureVXLAN(want *netlink.Vxlan, block, block6 netip.Prefix, procSys string) (netlink.Link, error) {
 	cur, err := netlink.LinkByName(VXLANDevice)
 	if err == nil {
@@ -70,8 +72,10 @@ func ensureVXLAN(want *netlink.Vxlan, block, block6 netip.Prefix, procSys string
 			return nil, fmt.Errorf("setting %s MAC: %w", VXLANDevice, err)
 		}
 	}
-	if err := ensureVTEPAddr(cur, block); err != nil {
-		return nil, err
+	if block.IsValid() {
+		if err := ensureVTEPAddr(cur, block); err != nil {
+			return nil, err
+		}
 	}
 	disableIPv6 := filepath.Join(procSys, "net/ipv6/conf", VXLANDevice, "disable_ipv6")
 	if block6.IsValid() {
@@ -140,7 +144,7 @@ func removeVXLAN() error {
 
 // Entries are the VXLAN device's static entries: per peer and family, a permanent
 // neighbour (its VTEP address of the family -> its VTEP MAC), and per peer one FDB entry
-// (its VTEP MAC -> its node IP), which both families share.
+// (its VTEP MAC -> its node address of the tunnel's family), which both families share.
 type Entries struct {
 	Neighbours, FDB []netlink.Neigh
 }
@@ -165,11 +169,15 @@ func DesiredEntries(vxIndex int, families ...Peers) Entries {
 					LinkIndex: vxIndex, Family: nf, State: netlink.NUD_PERMANENT,
 					IP: VTEPAddr(p.block(f)).AsSlice(), HardwareAddr: p.VTEPMAC,
 				})
-				if key := p.VTEPMAC.String() + "/" + p.NodeIP.String(); !fdb[key] {
+				dst := p.addr(peers.Underlay)
+				if !dst.IsValid() {
+					continue // a Direct peer the tunnel can't reach (Classify)
+				}
+				if key := p.VTEPMAC.String() + "/" + dst.String(); !fdb[key] {
 					fdb[key] = true
 					e.FDB = append(e.FDB, netlink.Neigh{
 						LinkIndex: vxIndex, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT,
-						Flags: netlink.NTF_SELF, IP: p.NodeIP.AsSlice(), HardwareAddr: p.VTEPMAC,
+						Flags: netlink.NTF_SELF, IP: dst.AsSlice(), HardwareAddr: p.VTEPMAC,
 					})
 				}
 			}
