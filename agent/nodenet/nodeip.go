@@ -8,12 +8,16 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/trellis-net/trellis/agent/datapath"
 )
 
-// nodeIP is this node's underlay address (see Reconciler.NodeIP for the order). A
-// configured interface without an address is an error rather than a fallback: the user
-// asked for that interface.
-func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
+// nodeIP is this node's underlay address, the VXLAN device's (see Reconciler.NodeIP for
+// the order). On an IPv6-only node (v6only: its one block is IPv6) that is its IPv6
+// address: the configured interface's, else its IPv6 InternalIP; the IPv4 ones are the
+// fallback (IPv6 pods tunnelled over an IPv4 underlay). A configured interface without an
+// address is an error rather than a fallback: the user asked for that interface.
+func (r *Reconciler) nodeIP(node *corev1.Node, v6only bool) (netip.Addr, error) {
 	if r.NodeIP.IsValid() {
 		return r.NodeIP, nil
 	}
@@ -26,10 +30,18 @@ func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("%s %s: %w", setting, iface, err)
 		}
-		ip, err := firstIPv4(link)
+		if v6only {
+			if ip, err := firstAddr(link, netlink.FAMILY_V6); err == nil {
+				return ip, nil
+			}
+		}
+		ip, err := firstAddr(link, netlink.FAMILY_V4)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("%s %s: %w", setting, iface, err)
 		}
+		return ip, nil
+	}
+	if ip := nodeIPv6Of(node); v6only && ip.IsValid() {
 		return ip, nil
 	}
 	if ip, err := r.nodeIPOf(node); err == nil {
@@ -40,6 +52,26 @@ func (r *Reconciler) nodeIP(node *corev1.Node) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("node %s has no IPv4 InternalIP and %w: set the agent's --node-ip or --node-ip-interface", node.Name, err)
 	}
 	return ip, nil
+}
+
+// localOf is how the datapath sees this node: its underlay address nodeIP (an IPv4 one,
+// or an IPv6-only node's IPv6 one) and its blocks; a node with an IPv6 block also uses its
+// IPv6 InternalIP for direct IPv6 routes. An IPv4 block needs an IPv4 node address (the
+// tunnel of a node with IPv4 pods runs over IPv4).
+func localOf(node *corev1.Node, nodeIP netip.Addr, block, block6 netip.Prefix) (datapath.Local, error) {
+	local := datapath.Local{PodCIDR: block, PodCIDRv6: block6}
+	if nodeIP.Is6() {
+		if block.IsValid() {
+			return local, fmt.Errorf("node %s has an IPv4 pod block (%s) and its node IP %s is IPv6: set the agent's --node-ip to its IPv4 address", node.Name, block, nodeIP)
+		}
+		local.NodeIPv6 = nodeIP
+		return local, nil
+	}
+	local.NodeIP = nodeIP
+	if block6.IsValid() {
+		local.NodeIPv6 = nodeIPv6Of(node)
+	}
+	return local, nil
 }
 
 // nodeIPOf is n's IPv4 InternalIP.
@@ -88,7 +120,7 @@ func defaultRouteIPv4() (netip.Addr, error) {
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("the default route's interface: %w", err)
 		}
-		ip, err := firstIPv4(link)
+		ip, err := firstAddr(link, netlink.FAMILY_V4)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("the default route's interface %s: %w", link.Attrs().Name, err)
 		}
@@ -97,16 +129,19 @@ func defaultRouteIPv4() (netip.Addr, error) {
 	return netip.Addr{}, errors.New("there is no IPv4 default route")
 }
 
-// firstIPv4 is link's first global IPv4 address.
-func firstIPv4(link netlink.Link) (netip.Addr, error) {
-	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_V4)
+// firstAddr is link's first global address of family (netlink.FAMILY_V4 or _V6).
+func firstAddr(link netlink.Link, family int) (netip.Addr, error) {
+	addrs, err := netlinksafe.AddrList(link, family)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("listing addresses: %w", err)
 	}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && ip.IsGlobalUnicast() {
-			return ip, nil
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().IsGlobalUnicast() && ip.Unmap().Is4() == (family == netlink.FAMILY_V4) {
+			return ip.Unmap(), nil
 		}
+	}
+	if family == netlink.FAMILY_V6 {
+		return netip.Addr{}, errors.New("it has no global IPv6 address")
 	}
 	return netip.Addr{}, errors.New("it has no IPv4 address")
 }

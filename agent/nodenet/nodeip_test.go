@@ -7,6 +7,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
@@ -23,8 +24,11 @@ func TestNodeIP(t *testing.T) {
 	}}}
 	bare := &corev1.Node{}
 	bare.Name = "node-a"
+	withInternal6 := withInternal.DeepCopy()
+	withInternal6.Status.Addresses = append(withInternal6.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "2001:db8:7::7"})
 
-	// "uplink" holds 203.0.113.5 and the default route; "underlay" holds 198.51.100.5.
+	// "uplink" holds 203.0.113.5 and the default route; "underlay" holds 198.51.100.5 and
+	// 2001:db8:5::5.
 	setup := func(defaultRoute bool) error {
 		for _, l := range []struct{ name, addr string }{{"uplink", "203.0.113.5/24"}, {"underlay", "198.51.100.5/24"}} {
 			if _, err := netlink.LinkByName(l.name); err == nil {
@@ -43,6 +47,13 @@ func TestNodeIP(t *testing.T) {
 			a, _ := netlink.ParseAddr(l.addr)
 			if err := netlink.AddrAdd(link, a); err != nil {
 				return err
+			}
+			if l.name == "underlay" {
+				a6, _ := netlink.ParseAddr("2001:db8:5::5/64")
+				a6.Flags = unix.IFA_F_NODAD
+				if err := netlink.AddrAdd(link, a6); err != nil {
+					return err
+				}
 			}
 			if err := netlink.LinkSetUp(link); err != nil {
 				return err
@@ -64,16 +75,22 @@ func TestNodeIP(t *testing.T) {
 		node         *corev1.Node
 		defaultRoute bool
 		want, err    string
+		v6only       bool // the node's one block is IPv6
 	}{
-		{"flag wins", &Reconciler{NodeIP: netip.MustParseAddr("198.51.100.9"), NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.9", ""},
-		{"configured interface over InternalIP", &Reconciler{NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.5", ""},
-		{"spec.agent.nodeIPInterface over InternalIP", &Reconciler{Config: &agentconfig.Config{NodeIPInterface: "underlay"}}, withInternal, true, "198.51.100.5", ""},
-		{"--node-ip-interface over spec.agent.nodeIPInterface", &Reconciler{NodeIPInterface: "uplink", Config: &agentconfig.Config{NodeIPInterface: "underlay"}}, withInternal, true, "203.0.113.5", ""},
-		{"missing spec.agent.nodeIPInterface", &Reconciler{Config: &agentconfig.Config{NodeIPInterface: "nope"}}, withInternal, true, "", "spec.agent.nodeIPInterface nope"},
-		{"InternalIP over the default route", &Reconciler{}, withInternal, true, "198.51.100.7", ""},
-		{"default route's interface", &Reconciler{}, bare, true, "203.0.113.5", ""},
-		{"missing interface", &Reconciler{NodeIPInterface: "nope"}, withInternal, true, "", "--node-ip-interface nope"},
-		{"nothing to go by", &Reconciler{}, bare, false, "", "no IPv4 InternalIP and there is no IPv4 default route"},
+		{"flag wins", &Reconciler{NodeIP: netip.MustParseAddr("198.51.100.9"), NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.9", "", false},
+		{"configured interface over InternalIP", &Reconciler{NodeIPInterface: "underlay"}, withInternal, true, "198.51.100.5", "", false},
+		{"spec.agent.nodeIPInterface over InternalIP", &Reconciler{Config: &agentconfig.Config{NodeIPInterface: "underlay"}}, withInternal, true, "198.51.100.5", "", false},
+		{"--node-ip-interface over spec.agent.nodeIPInterface", &Reconciler{NodeIPInterface: "uplink", Config: &agentconfig.Config{NodeIPInterface: "underlay"}}, withInternal, true, "203.0.113.5", "", false},
+		{"missing spec.agent.nodeIPInterface", &Reconciler{Config: &agentconfig.Config{NodeIPInterface: "nope"}}, withInternal, true, "", "spec.agent.nodeIPInterface nope", false},
+		{"InternalIP over the default route", &Reconciler{}, withInternal, true, "198.51.100.7", "", false},
+		{"default route's interface", &Reconciler{}, bare, true, "203.0.113.5", "", false},
+		{"missing interface", &Reconciler{NodeIPInterface: "nope"}, withInternal, true, "", "--node-ip-interface nope", false},
+		{"nothing to go by", &Reconciler{}, bare, false, "", "no IPv4 InternalIP and there is no IPv4 default route", false},
+		{"IPv6-only: the IPv6 InternalIP", &Reconciler{}, withInternal6, true, "2001:db8:7::7", "", true},
+		{"IPv6-only: the configured interface's IPv6 address", &Reconciler{NodeIPInterface: "underlay"}, withInternal6, true, "2001:db8:5::5", "", true},
+		{"IPv6-only: the configured interface's IPv4 address without an IPv6 one", &Reconciler{NodeIPInterface: "uplink"}, withInternal6, true, "203.0.113.5", "", true},
+		{"IPv6-only without an IPv6 InternalIP: the IPv4 one", &Reconciler{}, withInternal, true, "198.51.100.7", "", true},
+		{"dual-stack: the IPv4 InternalIP", &Reconciler{}, withInternal6, true, "198.51.100.7", "", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -89,7 +106,7 @@ func TestNodeIP(t *testing.T) {
 						}
 					}
 				}
-				got, err := tc.r.nodeIP(tc.node)
+				got, err := tc.r.nodeIP(tc.node, tc.v6only)
 				switch {
 				case tc.err != "":
 					if err == nil || !strings.Contains(err.Error(), tc.err) {

@@ -180,25 +180,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		}
 		return ctrl.Result{}, r.failed(ctx, nil, report{reason: ReasonSyncFailed}, fmt.Errorf("reading NodeNetwork %s: %w", r.NodeName, err))
 	}
-	nodeIP, err := r.nodeIP(node)
+	block, block6 := Blocks(nn.Spec)
+	// An IPv6-only node (one IPv6 block) runs its tunnel on its IPv6 address.
+	nodeIP, err := r.nodeIP(node, !block.IsValid() && block6.IsValid())
 	if err != nil {
 		return ctrl.Result{}, r.failed(ctx, nn, report{reason: ReasonSyncFailed}, err)
 	}
-	block, block6 := Blocks(nn.Spec)
-	if !block.IsValid() {
-		// An IPv6-only node (one IPv6 block) would need an IPv6 tunnel underlay and
-		// IPv6-only pods: not there yet (issue #22); the API refuses IPv6 pod CIDRs meanwhile.
+	if !block.IsValid() && !block6.IsValid() {
 		msg := "no pod block allocated yet"
-		if block6.IsValid() {
-			msg = fmt.Sprintf("the node has an IPv6 pod block (%s) and no IPv4 one: IPv6-only nodes are not supported yet", block6)
-		}
 		r.last.Store(&outcome{reason: ReasonWaitingForBlock, notReady: errors.New(msg)})
 		return ctrl.Result{RequeueAfter: 5 * time.Second}, r.writeStatus(ctx, nn, report{nodeIP: nodeIP,
 			status: metav1.ConditionFalse, reason: ReasonWaitingForBlock, message: msg})
 	}
-	local := datapath.Local{NodeIP: nodeIP, PodCIDR: block, PodCIDRv6: block6}
-	if block6.IsValid() {
-		local.NodeIPv6 = nodeIPv6Of(node)
+	local, err := localOf(node, nodeIP, block, block6)
+	if err != nil {
+		return ctrl.Result{}, r.failed(ctx, nn, report{reason: ReasonSyncFailed}, err)
 	}
 
 	cfg, err := r.desired(ctx, local)
@@ -221,8 +217,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		}
 		return ctrl.Result{}, r.failed(ctx, nn, rep, err)
 	}
-	peersProgrammed.WithLabelValues("direct").Set(float64(len(st.PeersDirect)))
-	peersProgrammed.WithLabelValues("vxlan").Set(float64(len(st.PeersVXLAN)))
+	if v6 := st.IPv6; !block.IsValid() && v6 != nil {
+		peersProgrammed.WithLabelValues("direct").Set(float64(len(v6.PeersDirect)))
+		peersProgrammed.WithLabelValues("vxlan").Set(float64(len(v6.PeersVXLAN)))
+	} else {
+		peersProgrammed.WithLabelValues("direct").Set(float64(len(st.PeersDirect)))
+		peersProgrammed.WithLabelValues("vxlan").Set(float64(len(st.PeersVXLAN)))
+	}
 	if err := r.Offload.Update(offloadTarget(cfg, st, off)); err != nil {
 		// The node works without it; its peers' self-tests stay inconclusive.
 		log.Error(err, "serving tunnel self-test probes")
@@ -251,7 +252,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
 	}
 	unreachable := st.Unreachable
-	if v6 := st.IPv6; v6 != nil {
+	if v6 := st.IPv6; v6 != nil && !block.IsValid() {
+		msg = r.ipv6Summary(v6) + " (IPv6-only, VXLAN over IPv6)"
+		if len(v6.PeersPending) > 0 {
+			msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(v6.PeersPending, ", "))
+		}
+		unreachable = v6.Unreachable
+	} else if v6 != nil {
 		msg += "; " + r.ipv6Summary(v6)
 		unreachable = append(slices.Clone(unreachable), v6.Unreachable...)
 	}
@@ -311,19 +318,25 @@ func (r *Reconciler) desired(ctx context.Context, local datapath.Local) (*datapa
 			continue
 		}
 		peerBlock, peerBlock6 := Blocks(nn.Spec)
-		if !peerBlock.IsValid() {
+		if !peerBlock.IsValid() && !peerBlock6.IsValid() {
 			continue
 		}
 		// A peer is programmed once its agent published its node IP: the agent watches no
 		// Node but its own (at 5,000 nodes every heartbeat would reach every agent). Its
 		// IPv6 block goes directly to its published IPv6 address where both are on one
-		// IPv6 subnet, else through the tunnel (datapath.Classify).
+		// IPv6 subnet, else through the tunnel (datapath.Classify). An IPv6-only peer's
+		// status.nodeIP is its IPv6 address (its tunnel's).
 		ip, err := netip.ParseAddr(nn.Status.NodeIP)
-		if err != nil {
+		if err != nil || ip.Zone() != "" {
 			continue
 		}
 		mac, _ := net.ParseMAC(nn.Status.VTEPMAC)
-		peer := datapath.Peer{Name: nn.Name, NodeIP: ip, PodCIDR: peerBlock, PodCIDRv6: peerBlock6, VTEPMAC: mac}
+		peer := datapath.Peer{Name: nn.Name, PodCIDR: peerBlock, PodCIDRv6: peerBlock6, VTEPMAC: mac}
+		if ip = ip.Unmap(); ip.Is4() {
+			peer.NodeIP = ip
+		} else {
+			peer.NodeIPv6 = ip
+		}
 		if ip6, err := netip.ParseAddr(nn.Status.NodeIPv6); err == nil && ip6.Is6() && !ip6.Is4In6() {
 			peer.NodeIPv6 = ip6
 		}
@@ -409,6 +422,11 @@ func (r *Reconciler) kernelRelease() string {
 // offloadTarget is what the self-test probes from after a sync: this node's VTEP address
 // and the peers routed through the tunnel. Pure.
 func offloadTarget(cfg *datapath.Config, st *datapath.Status, d offload.Decision) offload.Target {
+	if !cfg.Local.PodCIDR.IsValid() {
+		// The self-test's probes are IPv4 (its control datagram has a zero UDP checksum,
+		// which IPv6 forbids): an IPv6-only node takes offload as Decide left it, unverified.
+		return offload.Target{OffloadOn: st.TXChecksumOffload}
+	}
 	t := offload.Target{Local: datapath.VTEPAddr(cfg.Local.PodCIDR), OffloadOn: st.TXChecksumOffload, Probe: d.Probe}
 	for _, p := range cfg.Peers {
 		if slices.Contains(st.PeersVXLAN, p.Name) {
@@ -425,9 +443,12 @@ func offloadTarget(cfg *datapath.Config, st *datapath.Status, d offload.Decision
 // of both families hold it (agent/policy).
 func (r *Reconciler) Conflist(block, block6 netip.Prefix, mtu int) (cnicontract.Conflist, error) {
 	conf := cnicontract.NetConf{
-		PodCIDR: block.String(), MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
+		MTU: mtu, ReadyFile: r.hostReadyFile(), DataDir: cnicontract.DefaultDataDir,
 		// Each command's outcome, for the agent's CNI metrics (agent/cnimetrics).
 		ReportSocket: cnicontract.DefaultReportSocket,
+	}
+	if block.IsValid() {
+		conf.PodCIDR = block.String()
 	}
 	if block6.IsValid() {
 		conf.PodCIDRv6 = block6.String()
