@@ -515,7 +515,7 @@ func (r *ClusterNetworkReconciler) createNodeNetwork(ctx context.Context, name s
 			}},
 			Labels: map[string]string{"app.kubernetes.io/part-of": "trellis"},
 		},
-		Spec: v1alpha1.NodeNetworkSpec{PodCIDR: cidrs[0], PodCIDRs: cidrs},
+		Spec: v1alpha1.NodeNetworkSpec{PodCIDR: ipv4Block(cidrs), PodCIDRs: cidrs},
 	}
 	r.pending.Add(name, cidrs, r.now())
 	err := r.Create(ctx, nn)
@@ -540,7 +540,7 @@ func (r *ClusterNetworkReconciler) addBlocks(ctx context.Context, cached *v1alph
 	patch := client.MergeFromWithOptions(cached.DeepCopy(), client.MergeFromWithOptimisticLock{})
 	nn.Spec.PodCIDRs = cidrs
 	if nn.Spec.PodCIDR == "" {
-		nn.Spec.PodCIDR = cidrs[0]
+		nn.Spec.PodCIDR = ipv4Block(cidrs)
 	}
 	r.pending.Add(nn.Name, cidrs, r.now())
 	err := r.Patch(ctx, nn, patch)
@@ -550,6 +550,15 @@ func (r *ClusterNetworkReconciler) addBlocks(ctx context.Context, cached *v1alph
 		r.pending.Forget(nn.Name)
 	}
 	return r.settle(nn.Name, cidrs, err, fmt.Sprintf("setting NodeNetwork %s spec.podCIDRs to %v", nn.Name, cidrs))
+}
+
+// ipv4Block is the IPv4 block among a node's blocks (IPv4 first), for NodeNetwork
+// spec.podCIDR: "" on an IPv6-only node.
+func ipv4Block(cidrs []string) string {
+	if len(cidrs) > 0 && familyRank(cidrs[0]) == 0 {
+		return cidrs[0]
+	}
+	return ""
 }
 
 // familyRank orders a node's blocks IPv4 first, as NodeNetwork spec.podCIDRs lists them.

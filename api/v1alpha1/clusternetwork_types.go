@@ -57,7 +57,7 @@ const (
 )
 
 // ClusterNetworkSpec is the desired pod network of the whole cluster.
-// +kubebuilder:validation:XValidation:rule="self.podCIDRs.exists(c, isCIDR(c) && cidr(c).ip().family() == 4)",message="spec.podCIDRs must hold an IPv4 range: IPv6-only clusters are not supported yet (issue #22); list an IPv4 range such as 10.244.0.0/16 first, then the IPv6 one for dual-stack",fieldPath=".podCIDRs"
+// +kubebuilder:validation:XValidation:rule="oldSelf.podCIDRs.exists(c, isCIDR(c) && cidr(c).ip().family() == 4) || !self.podCIDRs.exists(c, isCIDR(c) && cidr(c).ip().family() == 4)",message="spec.podCIDRs: an IPv6-only cluster network can't gain an IPv4 range: its nodes' tunnels run over IPv6 and their pods hold IPv6 addresses only; create a new cluster network for dual-stack",fieldPath=".podCIDRs"
 // +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).ip().family() != 4 || cidr(c).prefixLength() < self.nodeBlockSize)",message="spec.nodeBlockSize must be longer than the prefix of every IPv4 entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSize"
 // +kubebuilder:validation:XValidation:rule="self.podCIDRs.all(c, !isCIDR(c) || cidr(c).ip().family() != 6 || cidr(c).prefixLength() < self.nodeBlockSizeV6)",message="spec.nodeBlockSizeV6 must be longer than the prefix of every IPv6 entry of spec.podCIDRs, so each CIDR holds at least 2 node blocks",fieldPath=".nodeBlockSizeV6"
 // +kubebuilder:validation:XValidation:rule="self.nodeBlockSizeV6 == oldSelf.nodeBlockSizeV6 || !oldSelf.podCIDRs.exists(c, isCIDR(c) && cidr(c).ip().family() == 6)",message="spec.nodeBlockSizeV6 is immutable once spec.podCIDRs holds an IPv6 range: changing it would re-address every pod; create a new cluster network instead",fieldPath=".nodeBlockSizeV6"
@@ -66,10 +66,11 @@ type ClusterNetworkSpec struct {
 	// isCIDR refuses them and the special-purpose list can't name them.
 
 	// PodCIDRs are the address ranges pods get their IPs from, IPv4 and IPv6, several of
-	// each; with ranges of both families every pod gets an address of each (dual-stack).
+	// each; with ranges of both families every pod gets an address of each (dual-stack),
+	// with IPv6 ranges only pods get IPv6 addresses only (IPv6-only).
 	// Entries in effect (status.podCIDRs) are immutable: append a CIDR to add room, or the
-	// first IPv6 range to make an IPv4 cluster dual-stack. An entry not yet in effect (one
-	// the operator refused) may be removed.
+	// first IPv6 range to make an IPv4 cluster dual-stack (an IPv6-only one can't gain
+	// IPv4). An entry not yet in effect (one the operator refused) may be removed.
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=8
 	// +kubebuilder:validation:items:MaxLength=43

@@ -10,17 +10,20 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.podCIDR) || !has(self.podCIDRs) || self.podCIDRs[0] == self.podCIDR",message="spec.podCIDR must equal spec.podCIDRs[0]: agents that read spec.podCIDR only must see the node's first block",fieldPath=".podCIDR"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.podCIDRs) || has(self.podCIDRs)",message="spec.podCIDRs can't be removed: pods on the node hold addresses from its blocks",fieldPath=".podCIDRs"
 type NodeNetworkSpec struct {
-	// PodCIDR is the node's first pod block (spec.podCIDRs[0]), allocated from ClusterNetwork
-	// spec.podCIDRs. Kept for agents that read this field only.
+	// PodCIDR is the node's IPv4 pod block (spec.podCIDRs[0]), allocated from ClusterNetwork
+	// spec.podCIDRs; empty on an IPv6-only node. Kept for agents that read this field only
+	// (they predate IPv6 blocks).
 	// +kubebuilder:validation:MaxLength=43
 	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).masked() == cidr(self)",message="spec.podCIDR must be a network address in CIDR form"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self).ip().family() == 4",message="spec.podCIDR is the node's IPv4 block: leave it empty on an IPv6-only node (spec.podCIDRs holds its IPv6 block)"
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec.podCIDR is immutable: pods on the node hold addresses from it"
 	// +optional
 	PodCIDR string `json:"podCIDR,omitempty"`
 
 	// PodCIDRs are the node's pod blocks, at most one per family, IPv4 first, as a Node's
-	// spec.podCIDRs. Existing entries are immutable (pods on the node hold addresses from
-	// them); the block of a family the node lacks may be appended (a cluster gaining IPv6).
+	// spec.podCIDRs (one IPv6 block alone on an IPv6-only node). Existing entries are
+	// immutable (pods on the node hold addresses from them); the block of a family the node
+	// lacks may be appended (a cluster gaining IPv6).
 	// +kubebuilder:validation:MaxItems=2
 	// +kubebuilder:validation:items:MaxLength=43
 	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self) && cidr(self).masked() == cidr(self)",message="each spec.podCIDRs entry must be a network address in CIDR form"
@@ -168,6 +171,9 @@ type PolicyDirections struct {
 // +kubebuilder:printcolumn:name="Agent",type=string,JSONPath=`.status.agentVersion`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// An IPv6-only node's spec holds spec.podCIDRs alone: removing them leaves no spec at all,
+// which the spec's own rules never see (this one does).
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.spec) || !has(oldSelf.spec.podCIDRs) || has(self.spec) && has(self.spec.podCIDRs)",message="spec.podCIDRs can't be removed: pods on the node hold addresses from its blocks",fieldPath=".spec.podCIDRs"
 type NodeNetwork struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

@@ -53,8 +53,6 @@ func TestInvalidClusterNetworksAreRefused(t *testing.T) {
 			[]string{"spec.podCIDRs", "must be a CIDR"}},
 		{"pod CIDR has host bits", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.1.0/16"} },
 			[]string{"spec.podCIDRs", "network address"}},
-		{"IPv6 only (not supported yet)", func(s map[string]any) { s["podCIDRs"] = []any{"fd00::/48"} },
-			[]string{"spec.podCIDRs must hold an IPv4 range", "IPv6-only clusters are not supported yet"}},
 		{"IPv6 pod CIDR has host bits", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "2001:db8::1/48"} },
 			[]string{"spec.podCIDRs", "network address"}},
 		{"IPv6 pod CIDR is loopback", func(s map[string]any) { s["podCIDRs"] = []any{"10.244.0.0/16", "::1/128"} },
@@ -397,6 +395,9 @@ func TestNodeNetworkPodCIDRs(t *testing.T) {
 		{"two IPv4 blocks", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"10.244.5.0/24", "10.244.6.0/24"}}, "at most one block per family, IPv4 first"},
 		{"IPv6 first", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"2001:db8:0:7::/64", "10.244.7.0/24"}}, "at most one block per family, IPv4 first"},
 		{"host bits", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"10.244.8.0/24", "2001:db8::1/64"}}, "network address"},
+		{"IPv6-only", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"2001:db8:0:9::/64"}}, ""},
+		{"IPv6-only with an IPv6 podCIDR", v1alpha1.NodeNetworkSpec{PodCIDR: "2001:db8:0:a::/64", PodCIDRs: []string{"2001:db8:0:a::/64"}},
+			"spec.podCIDR is the node's IPv4 block: leave it empty on an IPv6-only node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			nn := nodeNetwork("nn-"+strings.ReplaceAll(strings.ToLower(tc.name), " ", "-"), tc.spec)
@@ -453,5 +454,53 @@ func TestNodeNetworkPodCIDRsAppendOnly(t *testing.T) {
 				t.Fatalf("want a refusal mentioning %q, got %v", change.want, err)
 			}
 		})
+	}
+}
+
+// An IPv6-only ClusterNetwork (IPv6 ranges only) is accepted with its defaults; it can
+// gain IPv6 ranges but no IPv4 one (its nodes' tunnels run over IPv6), while an IPv4 or
+// dual-stack one keeps gaining ranges of either family.
+func TestIPv6OnlyAccepted(t *testing.T) {
+	ctx := context.Background()
+	cn := &v1alpha1.ClusterNetwork{}
+	cn.Name = "ipv6-only"
+	cn.Spec.PodCIDRs = []string{"fd00:10:244::/56"}
+	if err := k8s.Create(ctx, cn); err != nil {
+		t.Fatalf("an IPv6-only ClusterNetwork was refused: %v", err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, cn) })
+	if cn.Spec.NodeBlockSizeV6 != 64 || cn.Spec.Encapsulation != v1alpha1.EncapsulationVXLAN {
+		t.Errorf("spec.nodeBlockSizeV6 %d encapsulation %q, want the defaults 64 and VXLAN", cn.Spec.NodeBlockSizeV6, cn.Spec.Encapsulation)
+	}
+	cn.Spec.PodCIDRs = append(cn.Spec.PodCIDRs, "fd00:10:245::/56")
+	if err := k8s.Update(ctx, cn); err != nil {
+		t.Fatalf("appending an IPv6 range to an IPv6-only cluster was refused: %v", err)
+	}
+	upd := cn.DeepCopy()
+	upd.Spec.PodCIDRs = append([]string{"10.244.0.0/16"}, upd.Spec.PodCIDRs...)
+	if err := k8s.Update(ctx, upd); err == nil || !strings.Contains(err.Error(), "an IPv6-only cluster network can't gain an IPv4 range") {
+		t.Fatalf("adding an IPv4 range to an IPv6-only cluster: want a refusal naming it, got %v", err)
+	}
+}
+
+// A NodeNetwork of an IPv6-only node holds its one IPv6 block in spec.podCIDRs and no
+// spec.podCIDR; the IPv4 block a later operator must not add (the ClusterNetwork can't
+// gain IPv4) would go first and set spec.podCIDR, which the API accepts.
+func TestNodeNetworkIPv6Only(t *testing.T) {
+	ctx := context.Background()
+	nn := nodeNetwork("nn-v6only", v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"fd00:10:244:1::/64"}})
+	if err := k8s.Create(ctx, nn); err != nil {
+		t.Fatalf("an IPv6-only NodeNetwork was refused: %v", err)
+	}
+	t.Cleanup(func() { _ = k8s.Delete(ctx, nn) })
+	upd := nn.DeepCopy()
+	upd.Spec.PodCIDR = "fd00:10:244:1::/64"
+	if err := k8s.Update(ctx, upd); err == nil || !strings.Contains(err.Error(), "spec.podCIDR is the node's IPv4 block") {
+		t.Fatalf("setting spec.podCIDR to the IPv6 block: want a refusal, got %v", err)
+	}
+	upd = nn.DeepCopy()
+	upd.Spec.PodCIDRs = nil
+	if err := k8s.Update(ctx, upd); err == nil || !strings.Contains(err.Error(), "spec.podCIDRs can't be removed") {
+		t.Fatalf("removing the IPv6 block: want a refusal, got %v", err)
 	}
 }
