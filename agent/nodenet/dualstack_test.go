@@ -20,6 +20,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
@@ -88,27 +89,13 @@ func TestDualStackAgents(t *testing.T) {
 	for i := range nodes {
 		n := &nodes[i]
 		upUnderlay(t, n.ns, n.ip)
-		check.Must(t, n.ns.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			a, _ := netlink.ParseAddr(n.ip6 + "/64")
-			a.Flags = unix.IFA_F_NODAD
-			return netlink.AddrAdd(l, a)
-		}))
+		upUnderlay6(t, n.ns, n.ip6)
 		addDualNode(t, k8s, n.name, n.ip, n.ip6, n.block, n.block6)
-		dir := t.TempDir()
-		n.rec = &nodenet.Reconciler{Client: k8s, NodeName: n.name, Config: cfg, CNIConfDir: filepath.Join(dir, "net.d"),
-			ReadyFile: filepath.Join(dir, "run", "cni-ready"), CNIVersion: "1.0.0", Version: "test"}
+		n.rec = testAgent(t, k8s, n.name, cfg)
 	}
 	syncAll := func() {
 		t.Helper()
-		for pass := 0; pass < 2; pass++ { // the first publishes the VTEP MACs the second uses
-			for _, n := range nodes {
-				check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := n.rec.Reconcile(ctx, ctrl.Request{}); return err }))
-			}
-		}
+		syncTwice(t, []ns.NetNS{nodes[0].ns, nodes[1].ns}, []*nodenet.Reconciler{nodes[0].rec, nodes[1].rec})
 	}
 	ready := func(name string) *v1alpha1.NodeNetwork {
 		t.Helper()
@@ -263,4 +250,40 @@ func dialPod(from, server ns.NetNS, ip netip.Addr) error {
 		}
 		return c.Close()
 	})
+}
+
+// upUnderlay6 gives the node namespace's eth0 its IPv6 underlay address (/64, no DAD) and
+// brings it up.
+func upUnderlay6(t *testing.T, node ns.NetNS, ip6 string) {
+	t.Helper()
+	check.Must(t, node.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		a, _ := netlink.ParseAddr(ip6 + "/64")
+		a.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(l, a); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(l)
+	}))
+}
+
+// testAgent is the agent of node name with cfg, its CNI directories in a temporary one.
+func testAgent(t *testing.T, k8s client.Client, name string, cfg *agentconfig.Config) *nodenet.Reconciler {
+	dir := t.TempDir()
+	return &nodenet.Reconciler{Client: k8s, NodeName: name, Config: cfg, CNIConfDir: filepath.Join(dir, "net.d"),
+		ReadyFile: filepath.Join(dir, "run", "cni-ready"), CNIVersion: "1.0.0", Version: "test"}
+}
+
+// syncTwice runs each agent's sync in its node namespace, twice: the first pass publishes
+// the VTEP MACs the second uses.
+func syncTwice(t *testing.T, nss []ns.NetNS, recs []*nodenet.Reconciler) {
+	t.Helper()
+	for pass := 0; pass < 2; pass++ {
+		for i, rec := range recs {
+			check.Must(t, nss[i].Do(func(ns.NetNS) error { _, err := rec.Reconcile(ctx, ctrl.Request{}); return err }))
+		}
+	}
 }

@@ -3,12 +3,10 @@ package nodenet_test
 import (
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,18 +45,7 @@ func TestIPv6OnlyAgents(t *testing.T) {
 	cfg.PodCIDRs = []string{"fd00:10:244::/56"}
 	for i := range nodes {
 		n := &nodes[i]
-		check.Must(t, n.ns.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			a, _ := netlink.ParseAddr(n.ip6 + "/64")
-			a.Flags = unix.IFA_F_NODAD
-			if err := netlink.AddrAdd(l, a); err != nil {
-				return err
-			}
-			return netlink.LinkSetUp(l)
-		}))
+		upUnderlay6(t, n.ns, n.ip6)
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.name}}
 		check.Must(t, k8s.Create(ctx, node))
 		t.Cleanup(func() { _ = k8s.Delete(ctx, node) })
@@ -67,17 +54,11 @@ func TestIPv6OnlyAgents(t *testing.T) {
 		nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: n.name}, Spec: v1alpha1.NodeNetworkSpec{PodCIDRs: []string{n.block6}}}
 		check.Must(t, k8s.Create(ctx, nn))
 		t.Cleanup(func() { _ = k8s.Delete(ctx, nn) })
-		dir := t.TempDir()
-		n.rec = &nodenet.Reconciler{Client: k8s, NodeName: n.name, Config: cfg, CNIConfDir: filepath.Join(dir, "net.d"),
-			ReadyFile: filepath.Join(dir, "run", "cni-ready"), CNIVersion: "1.0.0", Version: "test"}
+		n.rec = testAgent(t, k8s, n.name, cfg)
 	}
 	syncAll := func() {
 		t.Helper()
-		for pass := 0; pass < 2; pass++ { // the first publishes the VTEP MACs the second uses
-			for _, n := range nodes {
-				check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := n.rec.Reconcile(ctx, ctrl.Request{}); return err }))
-			}
-		}
+		syncTwice(t, []ns.NetNS{nodes[0].ns, nodes[1].ns}, []*nodenet.Reconciler{nodes[0].rec, nodes[1].rec})
 	}
 	status := func(name string) v1alpha1.NodeNetworkStatus {
 		t.Helper()
