@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -92,16 +91,7 @@ func TestAgentDatapath(t *testing.T) {
 		snapshotAt := time.Now()
 		since := time.Now()
 		for _, n := range c.Nodes[:2] {
-			pids := framework.AgentPids(t, n)
-			if len(pids) == 0 {
-				t.Fatalf("no trellis-agent process in %s's network namespace", n.Name)
-			}
-			for _, pid := range pids {
-				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-					t.Fatalf("kill -9 %d (trellis-agent on %s): %v", pid, n.Name, err)
-				}
-				t.Logf("killed trellis-agent pid %d on %s", pid, n.Name)
-			}
+			killAgent(t, n)
 		}
 		// Wait until the kubelet restarted both agents and they are Ready again.
 		deadline := time.Now().Add(2 * time.Minute)

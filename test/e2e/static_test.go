@@ -314,6 +314,19 @@ func nodeAllocations(t *testing.T, n cluster.Node) []ipam.Allocation {
 // restarted it and it is Ready again.
 func restartAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) {
 	t.Helper()
+	killAgent(t, n)
+	deadline := time.Now().Add(2 * time.Minute)
+	for !framework.AgentsRestartedAndReady(ctx, t, c, []cluster.Node{n}) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent on %s is not back and Ready 2m after kill -9", n.Name)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// killAgent sends SIGKILL to the trellis-agent processes in node n's network namespace.
+func killAgent(t *testing.T, n cluster.Node) {
+	t.Helper()
 	pids := framework.AgentPids(t, n)
 	if len(pids) == 0 {
 		t.Fatalf("no trellis-agent process in %s's network namespace", n.Name)
@@ -322,12 +335,6 @@ func restartAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n clust
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatalf("kill -9 %d (trellis-agent on %s): %v", pid, n.Name, err)
 		}
-	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for !framework.AgentsRestartedAndReady(ctx, t, c, []cluster.Node{n}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent on %s is not back and Ready 2m after kill -9", n.Name)
-		}
-		time.Sleep(time.Second)
+		t.Logf("killed trellis-agent pid %d on %s", pid, n.Name)
 	}
 }
