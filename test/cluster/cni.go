@@ -100,6 +100,17 @@ func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 		return err
 	}
 	sample := filepath.Join(c.ModuleRoot, "config", "samples", "network_v1alpha1_clusternetwork.yaml")
+	if c.ipFamily() == IPFamilyIPv6 {
+		v6, err := ipv6OnlySample(sample)
+		if err != nil {
+			return err
+		}
+		if _, err := c.KubectlInput(ctx, v6, "apply", "-f", "-"); err != nil {
+			return err
+		}
+		p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml with podCIDRs %s instead of %s: done", PodCIDR6, PodCIDR)
+		return nil
+	}
 	if c.ipFamily() != IPFamilyDual || c.IPv4Pods {
 		if _, err := c.Kubectl(ctx, "apply", "-f", sample); err != nil {
 			return err
@@ -121,15 +132,27 @@ func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 // dualStackSample is the sample ClusterNetwork at path with PodCIDR6 listed after its
 // IPv4 range, the edit docs/install.md tells a user making a dual-stack cluster.
 func dualStackSample(path string) (string, error) {
+	return editSample(path, "  - "+PodCIDR.String()+"\n  - "+PodCIDR6.String()+"\n")
+}
+
+// ipv6OnlySample is the sample ClusterNetwork at path with PodCIDR6 instead of its IPv4
+// range, the edit docs/install.md tells a user making an IPv6-only cluster.
+func ipv6OnlySample(path string) (string, error) {
+	return editSample(path, "  - "+PodCIDR6.String()+"\n")
+}
+
+// editSample is the sample ClusterNetwork at path with its podCIDRs entry (PodCIDR)
+// replaced by entries.
+func editSample(path, entries string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", err
 	}
 	v4 := "  - " + PodCIDR.String() + "\n"
 	if !strings.Contains(string(b), v4) {
-		return "", fmt.Errorf("%s: no podCIDRs entry %q to add %s after", path, strings.TrimSpace(v4), PodCIDR6)
+		return "", fmt.Errorf("%s: no podCIDRs entry %q to edit", path, strings.TrimSpace(v4))
 	}
-	return strings.Replace(string(b), v4, v4+"  - "+PodCIDR6.String()+"\n", 1), nil
+	return strings.Replace(string(b), v4, entries, 1), nil
 }
 
 // routeControlPlaneToPods routes each node's pod blocks (its NodeNetwork's spec.podCIDRs,
@@ -141,7 +164,7 @@ func dualStackSample(path string) (string, error) {
 // not routed from the control plane).
 func (c *Cluster) routeControlPlaneToPods(ctx context.Context) error {
 	out, err := c.Kubectl(ctx, "get", "nodenetworks.network.trellis.dev",
-		"-o", `jsonpath={range .items[*]}{.metadata.name}{" "}{.spec.podCIDR}{" "}{.spec.podCIDRs}{"\n"}{end}`)
+		"-o", `jsonpath={range .items[*]}{.metadata.name}{"|"}{.spec.podCIDR}{"|"}{.spec.podCIDRs}{"\n"}{end}`)
 	if err != nil {
 		return fmt.Errorf("reading the pod blocks: %w", err)
 	}
@@ -176,26 +199,32 @@ func (c *Cluster) routeControlPlaneToPods(ctx context.Context) error {
 	return nil
 }
 
-// podBlocks reads the lines "NAME PODCIDR PODCIDRS" (PODCIDRS as kubectl's jsonpath prints
-// a list: ["10.244.1.0/24","fd00:10:244:1::/64"], or empty on a NodeNetwork written before
-// the field) into each node's blocks; a node without a block yet is left out.
+// podBlocks reads the lines "NAME|PODCIDR|PODCIDRS" (PODCIDRS as kubectl's jsonpath prints
+// a list: ["10.244.1.0/24","fd00:10:244:1::/64"]; empty on a NodeNetwork written before
+// the field, PODCIDR empty on an IPv6-only node) into each node's blocks; a node without a
+// block yet is left out.
 func podBlocks(out string) (map[string][]netip.Prefix, error) {
 	blocks := map[string][]netip.Prefix{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 2 {
-			continue
+		fields := strings.SplitN(strings.TrimSpace(line), "|", 3)
+		for len(fields) < 3 {
+			fields = append(fields, "")
 		}
-		cidrs := []string{fields[1]}
-		if len(fields) > 2 {
-			cidrs = strings.Split(strings.Trim(fields[2], "[]"), ",")
+		name, list := fields[0], strings.Trim(strings.TrimSpace(fields[2]), "[]")
+		cidrs := strings.Split(list, ",")
+		if list == "" {
+			cidrs = []string{fields[1]}
 		}
 		for _, cidr := range cidrs {
-			b, err := netip.ParsePrefix(strings.Trim(cidr, `"`))
-			if err != nil {
-				return nil, fmt.Errorf("node %s: pod block %q: %w", fields[0], cidr, err)
+			cidr = strings.Trim(strings.TrimSpace(cidr), `"`)
+			if cidr == "" {
+				continue
 			}
-			blocks[fields[0]] = append(blocks[fields[0]], b)
+			b, err := netip.ParsePrefix(cidr)
+			if err != nil {
+				return nil, fmt.Errorf("node %s: pod block %q: %w", name, cidr, err)
+			}
+			blocks[name] = append(blocks[name], b)
 		}
 	}
 	return blocks, nil

@@ -61,13 +61,14 @@ const (
 var (
 	// ServiceCIDR is the ClusterIP range; 10.96.0.1 is the kubernetes Service.
 	ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
-	// ServiceCIDR6 is the IPv6 ClusterIP range of a dual-stack cluster (a ULA /112, the
-	// largest the API server takes for IPv6 Services).
+	// ServiceCIDR6 is the IPv6 ClusterIP range of a dual-stack cluster, and the only one of
+	// an IPv6-only cluster (a ULA /112, the largest the API server takes for IPv6 Services).
 	ServiceCIDR6 = netip.MustParsePrefix("fd00:10:96::/112")
 	// PodCIDR is the pod network of both CNIs (the sample ClusterNetwork's podCIDRs).
 	PodCIDR = netip.MustParsePrefix("10.244.0.0/16")
 	// PodCIDR6 is the IPv6 pod network of a dual-stack cluster with Trellis: the range a
-	// user appends to the sample's podCIDRs (a ULA /56, a /64 block per node).
+	// user appends to the sample's podCIDRs (a ULA /56, a /64 block per node); an
+	// IPv6-only cluster's only one.
 	PodCIDR6 = netip.MustParsePrefix("fd00:10:244::/56")
 	// ClusterDNS is the ClusterIP of Service kube-system/kube-dns with Options.DNS and the
 	// kubelets' clusterDNS: the conventional 10th address of ServiceCIDR (10.96.0.10).
@@ -103,6 +104,12 @@ type Options struct {
 	// IPs, so Nodes list an InternalIP of each family and kube-proxy serves both.
 	// With CNITrellis, the ClusterNetwork is dual-stack too (podCIDRs PodCIDR, PodCIDR6):
 	// every pod gets an address of each family.
+	// IPFamilyIPv6 is single-stack IPv6 Kubernetes on the same dual-stack network (the
+	// IPv4 addresses stay for the test bed's plumbing: kubectl's forwarder, the kubelets'
+	// and kube-proxy's kubeconfigs): the API server advertises its IPv6 address and has
+	// only ServiceCIDR6, the kubelets only their IPv6 node IP (Nodes list an IPv6
+	// InternalIP only, so Trellis runs its tunnel over IPv6), and with CNITrellis the
+	// ClusterNetwork has PodCIDR6 only: pods get IPv6 addresses only. No cluster DNS yet.
 	IPFamily IPFamily
 	// IPv4Pods, with IPFamilyDual and CNITrellis, installs the sample ClusterNetwork as it
 	// is (IPv4 pods on dual-stack nodes): the state a cluster is in before it is made
@@ -131,6 +138,7 @@ type IPFamily string
 const (
 	IPFamilyIPv4 IPFamily = "ipv4"
 	IPFamilyDual IPFamily = "dual"
+	IPFamilyIPv6 IPFamily = "ipv6"
 )
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
@@ -166,8 +174,11 @@ func (o Options) withDefaults() (Options, error) {
 	if o.IPFamily == "" {
 		o.IPFamily = IPFamilyIPv4
 	}
-	if o.IPFamily != IPFamilyIPv4 && o.IPFamily != IPFamilyDual {
-		return o, fmt.Errorf("--ip-family %q: %q or %q (IPv6-only is not supported yet)", o.IPFamily, IPFamilyIPv4, IPFamilyDual)
+	if o.IPFamily != IPFamilyIPv4 && o.IPFamily != IPFamilyDual && o.IPFamily != IPFamilyIPv6 {
+		return o, fmt.Errorf("--ip-family %q: %q, %q or %q", o.IPFamily, IPFamilyIPv4, IPFamilyDual, IPFamilyIPv6)
+	}
+	if o.IPFamily == IPFamilyIPv6 && o.DNS {
+		return o, fmt.Errorf("--ip-family %s: cluster DNS on an IPv6-only cluster is not there yet (CoreDNS runs at the IPv4 %s)", IPFamilyIPv6, ClusterDNS)
 	}
 	if o.IPv4Pods && (o.IPFamily != IPFamilyDual || o.CNI != CNITrellis) {
 		return o, fmt.Errorf("IPv4 pods on dual-stack nodes need --ip-family %s and --cni %s", IPFamilyDual, CNITrellis)

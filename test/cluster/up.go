@@ -43,6 +43,9 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 			extra += " nodes with IPv4 pods"
 		}
 	}
+	if opts.IPFamily == IPFamilyIPv6 {
+		extra += ", IPv6-only Kubernetes"
+	}
 	v, err := versions.Load()
 	if err != nil {
 		return nil, err
@@ -170,7 +173,7 @@ func newCluster(opts Options, t tools, p *progress) (*Cluster, []node.Config, er
 	if c.Network, err = topology.Plan(prefix(c.Name), opts.Nodes, opts.RemoteNode); err != nil {
 		return nil, nil, err
 	}
-	if opts.IPFamily == IPFamilyDual {
+	if opts.IPFamily == IPFamilyDual || opts.IPFamily == IPFamilyIPv6 {
 		c.Network.EnableIPv6()
 	}
 	cfgs := c.nodeConfigs(t)
@@ -389,7 +392,7 @@ func (c *Cluster) nodeConfigs(t tools) []node.Config {
 func (c *Cluster) nodeConfig(h topology.Host, t tools) node.Config {
 	dir := filepath.Join(c.StateDir, "nodes", h.Name)
 	return node.Config{
-		Name: h.Name, NetNS: h.NetNS, IP: h.IP, IP6: h.IP6,
+		Name: h.Name, NetNS: h.NetNS, IP: h.IP, IP6: h.IP6, IPv6Only: c.ipFamily() == IPFamilyIPv6,
 		Cgroup:   prefix(c.Name) + h.Name,
 		Dir:      dir,
 		LogDir:   c.LogDir,
@@ -426,10 +429,25 @@ func (c *Cluster) ipFamily() IPFamily {
 	return c.IPFamily
 }
 
+// apiServerIPs are the API server certificate's addresses: its own, the kubernetes
+// Service's and the forwarder's loopback (how kubectl reaches it from the root namespace),
+// with their IPv6 counterparts in a layout with IPv6 (pods of an IPv6-only cluster reach
+// it at those).
+func (c *Cluster) apiServerIPs() []netip.Addr {
+	ips := []netip.Addr{topology.ControlPlaneIP, ServiceCIDR.Masked().Addr().Next(), netip.MustParseAddr("127.0.0.1")}
+	if cp := c.Network.ControlPlane; cp.IP6.IsValid() {
+		ips = append(ips, cp.IP6, ServiceCIDR6.Masked().Addr().Next())
+	}
+	return ips
+}
+
 // serviceCIDRs are c's ClusterIP ranges, IPv4 first.
 func (c *Cluster) serviceCIDRs() []netip.Prefix {
-	if c.ipFamily() == IPFamilyDual {
+	switch c.ipFamily() {
+	case IPFamilyDual:
 		return []netip.Prefix{ServiceCIDR, ServiceCIDR6}
+	case IPFamilyIPv6:
+		return []netip.Prefix{ServiceCIDR6}
 	}
 	return []netip.Prefix{ServiceCIDR}
 }
@@ -474,8 +492,7 @@ func (c *Cluster) writePKI(nodes []node.Config) (controlplane.Config, error) {
 	if _, err := issue("apiserver", pki.Spec{
 		CommonName: "kube-apiserver", Server: true,
 		DNSNames: []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"},
-		// The forwarder's loopback address is how kubectl reaches it from the root namespace.
-		IPs: []netip.Addr{apiIP, ServiceCIDR.Masked().Addr().Next(), netip.MustParseAddr("127.0.0.1")},
+		IPs:      c.apiServerIPs(),
 	}); err != nil {
 		return controlplane.Config{}, err
 	}
@@ -507,6 +524,7 @@ func (c *Cluster) writePKI(nodes []node.Config) (controlplane.Config, error) {
 	return controlplane.Config{
 		ClusterName: c.Name, BinDir: c.BinDir, Dir: cpDir, LogDir: c.LogDir,
 		NetNS: c.Network.ControlPlane.NetNS, IP: apiIP, ServiceCIDRs: c.serviceCIDRs(),
+		IPv6Only: c.ipFamily() == IPFamilyIPv6, IP6: c.Network.ControlPlane.IP6,
 		PKI: controlplane.PKI{
 			CACert: filepath.Join(dir, "ca.crt"), CAKey: filepath.Join(dir, "ca.key"),
 			APIServerCert: filepath.Join(dir, "apiserver.crt"), APIServerKey: filepath.Join(dir, "apiserver.key"),

@@ -44,6 +44,11 @@ type Config struct {
 	// ServiceCIDRs are the ClusterIP ranges, one per family, the primary (IPv4) first: its
 	// first address is the kubernetes Service.
 	ServiceCIDRs []netip.Prefix
+	// IPv6Only: ServiceCIDRs is IPv6 only, so the API server advertises IP6 (the
+	// kubernetes Service's endpoint must be of its family) and listens on every address
+	// (IP, where the test bed's clients connect, and IP6, where pods do).
+	IPv6Only bool
+	IP6      netip.Addr
 	// PKI holds the files the flags point at.
 	PKI PKI
 	// ControllerManagerKubeconfig, SchedulerKubeconfig authenticate those two.
@@ -123,8 +128,8 @@ func Start(ctx context.Context, cfg Config, logf func(string, ...any)) ([]Proces
 
 	api, err := start("kube-apiserver",
 		"--etcd-servers=http://127.0.0.1:2379",
-		"--bind-address="+cfg.IP.String(),
-		"--advertise-address="+cfg.IP.String(),
+		"--bind-address="+cfg.bindAddress(),
+		"--advertise-address="+cfg.advertiseAddress(),
 		fmt.Sprintf("--secure-port=%d", APIServerPort),
 		"--cert-dir="+filepath.Join(cfg.Dir, "kube-apiserver"),
 		"--tls-cert-file="+cfg.PKI.APIServerCert,
@@ -265,4 +270,21 @@ func joinPrefixes(prefixes []netip.Prefix) string {
 		out[i] = p.String()
 	}
 	return strings.Join(out, ",")
+}
+
+// bindAddress is where the API server listens: IP, every address of an IPv6-only one.
+func (cfg Config) bindAddress() string {
+	if cfg.IPv6Only {
+		return "::"
+	}
+	return cfg.IP.String()
+}
+
+// advertiseAddress is the kubernetes Service's endpoint: of the primary Service range's
+// family.
+func (cfg Config) advertiseAddress() string {
+	if cfg.IPv6Only {
+		return cfg.IP6.String()
+	}
+	return cfg.IP.String()
 }

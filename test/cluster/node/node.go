@@ -40,6 +40,9 @@ type Config struct {
 	NetNS string
 	IP    netip.Addr
 	IP6   netip.Addr
+	// IPv6Only: Kubernetes is IPv6 only, the kubelet's node IP is IP6 alone (IP stays
+	// for the test bed's plumbing).
+	IPv6Only bool
 	// Cgroup is the kubelet's cgroupRoot (a top-level cgroup, created by the caller in
 	// every hierarchy).
 	Cgroup string
@@ -436,8 +439,12 @@ func mustLook(cmd string) string {
 }
 
 // nodeIPs is the kubelet's --node-ip: the node's address, and its IPv6 one in a
-// dual-stack cluster (the Node then lists an InternalIP of each family, IPv4 first).
+// dual-stack cluster (the Node then lists an InternalIP of each family, IPv4 first); the
+// IPv6 one alone in an IPv6-only cluster.
 func (c Config) nodeIPs() string {
+	if c.IPv6Only {
+		return c.IP6.String()
+	}
 	if c.IP6.IsValid() {
 		return c.IP.String() + "," + c.IP6.String()
 	}
