@@ -137,7 +137,21 @@ func TestIPv6OnlyCluster(t *testing.T) {
 					return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprint(got)
 				})
 			}
-			framework.WaitNodeNetworks(ctx, t, c, mode, "IPv6: ", time.Minute)
+			if mode == "Direct" {
+				// The remote node is not on-link: every node reports the others it can't
+				// reach (Ready False, PeersUnreachable), as for IPv4.
+				waitFor(t, time.Minute, "the NodeNetworks in Direct", func() (bool, string) {
+					var bad []string
+					for _, nn := range framework.NodeNetworks(ctx, t, c) {
+						if r := nn.Ready(); nn.Status.Encapsulation != mode || r == nil || r.Reason != "PeersUnreachable" {
+							bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Metadata.Name, nn.Status.Encapsulation, r))
+						}
+					}
+					return len(bad) == 0, strings.Join(bad, "; ")
+				})
+			} else {
+				framework.WaitNodeNetworks(ctx, t, c, mode, "IPv6: ", time.Minute)
+			}
 		}
 		checkDatapath(t, dp, mode, 6)
 		if mode == "Direct" {
