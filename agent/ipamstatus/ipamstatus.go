@@ -1,4 +1,5 @@
-// Package ipamstatus reports the use of the node's pod block: the Prometheus gauges and
+// Package ipamstatus reports the use of the node's pod block (its IPv4 one, or the IPv6
+// one of an IPv6-only node): the Prometheus gauges and
 // the NodeNetwork's status.ipam (what `kubectl get nodenetworks` shows as Pods). It
 // recounts the plugin's store when told to (after each CNI report, after each IPAM leak
 // collection) and writes the status only when the figures changed, at most once per
@@ -8,6 +9,7 @@ package ipamstatus
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
 
@@ -145,7 +147,9 @@ func (r *Reporter) sync(ctx context.Context, lastWrite time.Time, interval time.
 		}
 		return 0, false, fmt.Errorf("reading NodeNetwork %s: %w", r.NodeName, err)
 	}
-	block, perr := netip.ParsePrefix(nn.Spec.PodCIDR)
+	// The node's first family: a dual-stack pod has one address of each, so its IPv4
+	// block's figures count pods; an IPv6-only node has its IPv6 block alone.
+	block, perr := netip.ParsePrefix(nn.Spec.PrimaryBlock())
 	if perr != nil {
 		block = netip.Prefix{}
 	}
@@ -155,7 +159,7 @@ func (r *Reporter) sync(ctx context.Context, lastWrite time.Time, interval time.
 	if !block.IsValid() {
 		return interval, false, nil
 	}
-	want := v1alpha1.NodeIPAMStatus{InUse: int32(u.InUse), Capacity: int32(u.Capacity)}
+	want := v1alpha1.NodeIPAMStatus{InUse: clamp32(u.InUse), Capacity: clamp32(u.Capacity)}
 	if nn.Status.IPAM == want {
 		return 0, false, nil
 	}
@@ -168,4 +172,9 @@ func (r *Reporter) sync(ctx context.Context, lastWrite time.Time, interval time.
 		return 0, false, fmt.Errorf("updating NodeNetwork %s status.ipam: %w", r.NodeName, err)
 	}
 	return 0, true, nil
+}
+
+// clamp32 is n as the status's int32: an IPv6 /64's capacity is more than it holds.
+func clamp32(n int) int32 {
+	return int32(min(n, math.MaxInt32))
 }

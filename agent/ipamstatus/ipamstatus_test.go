@@ -3,6 +3,7 @@ package ipamstatus_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"path/filepath"
 	"sync"
@@ -180,6 +181,56 @@ func TestStatusWrittenAndCoalesced(t *testing.T) {
 	}
 	r.Trigger()
 	expect(0)
+}
+
+// An IPv6-only node (spec.podCIDRs holds its IPv6 block alone, spec.podCIDR is empty) has
+// its use reported too: the IPv6 addresses in use, its /64's capacity as the most the
+// status's int32 holds.
+func TestStatusIPv6OnlyNode(t *testing.T) {
+	k8s := testenv.StartForTest(t)
+	ctx := context.Background()
+	nn := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: "node6"}, Spec: v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"fd00:10:244:3::/64"}}}
+	if err := k8s.Create(ctx, nn); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "trellis")
+	s, err := ipam.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := s.Allocate(netip.MustParsePrefix("fd00:10:244:3::/64"), id, "eth0", ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	r := ipamstatus.New(k8s, "node6", dir)
+	r.MinWriteInterval = 100 * time.Millisecond
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Start(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("reporter: %v", err)
+		}
+	}()
+	want := v1alpha1.NodeIPAMStatus{InUse: 3, Capacity: math.MaxInt32}
+	var got v1alpha1.NodeNetwork
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if err := k8s.Get(ctx, types.NamespacedName{Name: "node6"}, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Status.IPAM == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status.ipam %+v, want %+v", got.Status.IPAM, want)
+		}
+	}
+	if g := gauges(t); g["in_use"] != 3 {
+		t.Errorf("gauges %v, want in_use 3", g)
+	}
 }
 
 // gauges reads the IPAM gauges from the registry the agent's /metrics serves.

@@ -47,6 +47,19 @@ func (s NodeNetworkSpec) Blocks() []string {
 	return nil
 }
 
+// PrimaryBlock is the node's block of its cluster's first family: spec.podCIDR (IPv4) when
+// set, else the first of Blocks() (the IPv6 block of an IPv6-only node); empty before
+// the operator gives one. status.ipam counts it.
+func (s NodeNetworkSpec) PrimaryBlock() string {
+	if s.PodCIDR != "" {
+		return s.PodCIDR
+	}
+	if b := s.Blocks(); len(b) > 0 {
+		return b[0]
+	}
+	return ""
+}
+
 // NodeNetworkStatus is what the node's agent reports.
 type NodeNetworkStatus struct {
 	// NodeIP is the underlay address the agent uses for this node.
@@ -142,10 +155,11 @@ type ClusterPolicyProgress struct {
 
 // NodeIPAMStatus is the use of a node's pod block.
 type NodeIPAMStatus struct {
-	// InUse is the number of pod addresses allocated on the node.
+	// InUse is the number of pod addresses of that block's family allocated on the node.
 	InUse int32 `json:"inUse"`
-	// Capacity is the number of addresses of spec.podCIDR pods can get: the block minus
-	// its network, broadcast and node addresses.
+	// Capacity is the number of addresses of the node's first block (spec.podCIDR; the
+	// IPv6 block of an IPv6-only node) pods can get: the block minus its network,
+	// broadcast and node addresses, at most 2147483647 (an IPv6 /64 holds more).
 	Capacity int32 `json:"capacity"`
 }
 
@@ -160,8 +174,8 @@ type PolicyDirections struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=nn
-// +kubebuilder:printcolumn:name="PodCIDR",type=string,JSONPath=`.spec.podCIDR`
-// +kubebuilder:printcolumn:name="PodCIDRs",type=string,JSONPath=`.spec.podCIDRs`,priority=1,description="The node's pod block of each family"
+// +kubebuilder:printcolumn:name="PodCIDRs",type=string,JSONPath=`.spec.podCIDRs`,description="The node's pod block of each family"
+// +kubebuilder:printcolumn:name="PodCIDR",type=string,JSONPath=`.spec.podCIDR`,priority=1,description="The node's IPv4 pod block (empty on an IPv6-only node)"
 // +kubebuilder:printcolumn:name="NodeIP",type=string,JSONPath=`.status.nodeIP`
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.status.encapsulation`
 // +kubebuilder:printcolumn:name="MTU",type=integer,JSONPath=`.status.mtu`

@@ -37,8 +37,19 @@ func TestPrinterColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertRow(t, "nodenetworks/printed-node", map[string]column{
-		"PodCIDR": {0, "10.244.9.0/24"}, "PodCIDRs": {1, `["10.244.9.0/24","2001:db8:0:9::/64"]`}, "Pods": {0, "12"}, "Capacity": {1, "253"}, "Agent": {0, "v9.8.7"},
+		"PodCIDRs": {0, `["10.244.9.0/24","2001:db8:0:9::/64"]`}, "PodCIDR": {1, "10.244.9.0/24"}, "Pods": {0, "12"}, "Capacity": {1, "253"}, "Agent": {0, "v9.8.7"},
 		"Policy": {0, "true"}, "Ready": {0, "True"}, "Mode": {0, "VXLAN"}, "MTU": {0, "1450"},
+	})
+
+	// An IPv6-only node: no spec.podCIDR, its one block shown all the same.
+	nn6 := &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: "printed-node6"}, Spec: v1alpha1.NodeNetworkSpec{
+		PodCIDRs: []string{"fd00:10:244:9::/64"},
+	}}
+	if err := k8s.Create(ctx, nn6); err != nil {
+		t.Fatal(err)
+	}
+	assertRow(t, "nodenetworks/printed-node6", map[string]column{
+		"PodCIDRs": {0, `["fd00:10:244:9::/64"]`},
 	})
 
 	cn := &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: "printed"}}

@@ -102,9 +102,12 @@ type NodeReport struct {
 	NodeReady string     `json:"nodeReady"`
 	Agent     *PodReport `json:"agent,omitempty"`
 	// AgentVersion is what the agent reports in its NodeNetwork.
-	AgentVersion  string `json:"agentVersion,omitempty"`
-	PodCIDR       string `json:"podCIDR,omitempty"`
-	Encapsulation string `json:"encapsulation,omitempty"`
+	AgentVersion string `json:"agentVersion,omitempty"`
+	// PodCIDR is the block PodsInUse and PodsCapacity count (the IPv4 one, or the IPv6
+	// one of an IPv6-only node); PodCIDRs every block of the node.
+	PodCIDR       string   `json:"podCIDR,omitempty"`
+	PodCIDRs      []string `json:"podCIDRs,omitempty"`
+	Encapsulation string   `json:"encapsulation,omitempty"`
 	// Ready is the NodeNetwork's Ready condition: status and reason.
 	Ready       string `json:"ready"`
 	ReadyReason string `json:"readyReason,omitempty"`
@@ -366,7 +369,7 @@ func assessNode(n *corev1.Node, nn *v1alpha1.NodeNetwork, agent *corev1.Pod, ds 
 		return rep
 	}
 	rep.AgentVersion = nn.Status.AgentVersion
-	rep.PodCIDR = nn.Spec.PodCIDR
+	rep.PodCIDR, rep.PodCIDRs = nn.Spec.PrimaryBlock(), nn.Spec.Blocks()
 	rep.Encapsulation = string(nn.Status.Encapsulation)
 	rep.PolicyEnforced = nn.Status.NetworkPolicy.Enforced
 	rep.PolicyBackend = nn.Status.NetworkPolicy.Backend

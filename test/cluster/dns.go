@@ -52,9 +52,10 @@ const corefile = `.:53 {
 // ClusterRole to list and watch what the kubernetes plugin reads, the Corefile in a
 // ConfigMap, one replica as an unprivileged user with a read-only root file system and
 // no capabilities (port 53 through the pod's own net.ipv4.ip_unprivileged_port_start, a
-// namespaced sysctl the kubelet allows), and Service kube-dns at ClusterDNS. dnsPolicy
-// Default: CoreDNS must not resolve through itself.
-func dnsManifest(image string) string {
+// namespaced sysctl the kubelet allows), and Service kube-dns at addr (ClusterDNS, or
+// ClusterDNS6 on an IPv6-only cluster). dnsPolicy Default: CoreDNS must not resolve
+// through itself.
+func dnsManifest(image string, addr netip.Addr) string {
 	indented := "    " + strings.ReplaceAll(strings.TrimRight(corefile, "\n"), "\n", "\n    ")
 	return fmt.Sprintf(`apiVersion: v1
 kind: ServiceAccount
@@ -181,14 +182,14 @@ spec:
   ports:
   - {name: dns, port: 53, protocol: UDP, targetPort: 53}
   - {name: dns-tcp, port: 53, protocol: TCP, targetPort: 53}
-`, DNSNamespace, indented, DNSDeployment, image, DNSService, ClusterDNS)
+`, DNSNamespace, indented, DNSDeployment, image, DNSService, addr)
 }
 
 // deployDNS applies CoreDNS (image of version) and, with timeout > 0, waits until its pod
 // is Ready and Service kube-dns has it as a ready endpoint.
 func (c *Cluster) deployDNS(ctx context.Context, version string, timeout time.Duration, p *progress) error {
-	p.step("cluster DNS: CoreDNS %s (Deployment %s/%s) behind Service %s/%s at %s", version, DNSNamespace, DNSDeployment, DNSNamespace, DNSService, ClusterDNS)
-	if _, err := c.KubectlInput(ctx, dnsManifest(images.CoreDNSImage(version)), "apply", "-f", "-"); err != nil {
+	p.step("cluster DNS: CoreDNS %s (Deployment %s/%s) behind Service %s/%s at %s", version, DNSNamespace, DNSDeployment, DNSNamespace, DNSService, c.DNSAddr())
+	if _, err := c.KubectlInput(ctx, dnsManifest(images.CoreDNSImage(version), c.DNSAddr()), "apply", "-f", "-"); err != nil {
 		return fmt.Errorf("cluster DNS: %w", err)
 	}
 	if timeout <= 0 {
@@ -263,16 +264,21 @@ func dnsReadiness(ctx context.Context, client kubernetes.Interface) (string, boo
 
 // LookupFromNode resolves name (a fully qualified name: no search path) with cluster DNS
 // (the kube-dns ClusterIP, UDP) from the network namespace of node n, as a process on
-// that node would with ClusterDNS as its nameserver.
+// that node would with it as its nameserver. It asks for the addresses of the cluster's
+// Service family: IPv4 (A), or IPv6 (AAAA) on an IPv6-only cluster.
 func (c *Cluster) LookupFromNode(ctx context.Context, n Node, name string) ([]netip.Addr, error) {
-	server := netip.AddrPortFrom(ClusterDNS, 53).String()
+	server := netip.AddrPortFrom(c.DNSAddr(), 53).String()
 	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return forward.DialInNetNS(ctx, n.NetNSPath(), network, server)
 	}}
 	if !strings.HasSuffix(name, ".") {
 		name += "."
 	}
-	return r.LookupNetIP(ctx, "ip4", name)
+	network := "ip4"
+	if c.ipFamily() == IPFamilyIPv6 {
+		network = "ip6"
+	}
+	return r.LookupNetIP(ctx, network, name)
 }
 
 // demoDNS shows cluster DNS at work for Demo: a Service name resolved from a node to the
@@ -281,7 +287,7 @@ func (c *Cluster) LookupFromNode(ctx context.Context, n Node, name string) ([]ne
 // returns what failed.
 func (c *Cluster) demoDNS(ctx context.Context, w io.Writer, probes []Probe, serviceIP string) []string {
 	fqdn := "probe." + ProbeNamespace + ".svc." + ClusterDomain
-	fmt.Fprintf(w, "\n== cluster DNS: CoreDNS (Deployment %s/%s) behind Service %s/%s %s\n", DNSNamespace, DNSDeployment, DNSNamespace, DNSService, ClusterDNS)
+	fmt.Fprintf(w, "\n== cluster DNS: CoreDNS (Deployment %s/%s) behind Service %s/%s %s\n", DNSNamespace, DNSDeployment, DNSNamespace, DNSService, c.DNSAddr())
 	var failed []string
 	if len(c.Nodes) > 0 && len(probes) > 0 {
 		n := c.Nodes[0]

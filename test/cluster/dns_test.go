@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
@@ -19,8 +20,20 @@ func TestClusterDNSAddress(t *testing.T) {
 	if ClusterDNS.String() != "10.96.0.10" || !ServiceCIDR.Contains(ClusterDNS) {
 		t.Errorf("ClusterDNS = %v, want the 10th address of %v, 10.96.0.10", ClusterDNS, ServiceCIDR)
 	}
-	if got := serviceAddr(1).String(); got != "10.96.0.1" {
-		t.Errorf("serviceAddr(1) = %s, want the kubernetes Service's 10.96.0.1", got)
+	if got := serviceAddr(ServiceCIDR, 1).String(); got != "10.96.0.1" {
+		t.Errorf("serviceAddr(ServiceCIDR, 1) = %s, want the kubernetes Service's 10.96.0.1", got)
+	}
+	if ClusterDNS6.String() != "fd00:10:96::a" || !ServiceCIDR6.Contains(ClusterDNS6) {
+		t.Errorf("ClusterDNS6 = %v, want the 10th address of %v, fd00:10:96::a", ClusterDNS6, ServiceCIDR6)
+	}
+	for _, tc := range []struct {
+		family IPFamily
+		want   netip.Addr
+	}{{"", ClusterDNS}, {IPFamilyIPv4, ClusterDNS}, {IPFamilyDual, ClusterDNS}, {IPFamilyIPv6, ClusterDNS6}} {
+		c := &Cluster{DNS: true, IPFamily: tc.family}
+		if got := c.clusterDNS(); got != tc.want || c.DNSAddr() != tc.want {
+			t.Errorf("--ip-family %q: kubelets' clusterDNS %v, kube-dns at %v; want %v", tc.family, got, c.DNSAddr(), tc.want)
+		}
 	}
 }
 
@@ -30,7 +43,7 @@ func TestClusterDNSAddress(t *testing.T) {
 // without any upstream.
 func TestDNSManifest(t *testing.T) {
 	image := images.CoreDNSImage("v9.9.9")
-	docs := strings.Split(dnsManifest(image), "\n---\n")
+	docs := strings.Split(dnsManifest(image, ClusterDNS), "\n---\n")
 	objs := map[string][]byte{}
 	for _, d := range docs {
 		var meta struct{ Kind string }

@@ -72,12 +72,16 @@ var (
 	PodCIDR6 = netip.MustParsePrefix("fd00:10:244::/56")
 	// ClusterDNS is the ClusterIP of Service kube-system/kube-dns with Options.DNS and the
 	// kubelets' clusterDNS: the conventional 10th address of ServiceCIDR (10.96.0.10).
-	ClusterDNS = serviceAddr(10)
+	ClusterDNS = serviceAddr(ServiceCIDR, 10)
+	// ClusterDNS6 is ClusterDNS on an IPv6-only cluster: the 10th address of ServiceCIDR6
+	// (fd00:10:96::a). A dual-stack cluster keeps ClusterDNS, as kubeadm does (the first
+	// Service range's family).
+	ClusterDNS6 = serviceAddr(ServiceCIDR6, 10)
 )
 
-// serviceAddr is the n-th address of ServiceCIDR (n = 1: the kubernetes Service).
-func serviceAddr(n int) netip.Addr {
-	a := ServiceCIDR.Masked().Addr()
+// serviceAddr is the n-th address of r (n = 1: the kubernetes Service).
+func serviceAddr(r netip.Prefix, n int) netip.Addr {
+	a := r.Masked().Addr()
 	for range n {
 		a = a.Next()
 	}
@@ -109,7 +113,7 @@ type Options struct {
 	// and kube-proxy's kubeconfigs): the API server advertises its IPv6 address and has
 	// only ServiceCIDR6, the kubelets only their IPv6 node IP (Nodes list an IPv6
 	// InternalIP only, so Trellis runs its tunnel over IPv6), and with CNITrellis the
-	// ClusterNetwork has PodCIDR6 only: pods get IPv6 addresses only. No cluster DNS yet.
+	// ClusterNetwork has PodCIDR6 only: pods get IPv6 addresses only; cluster DNS is at ClusterDNS6.
 	IPFamily IPFamily
 	// IPv4Pods, with IPFamilyDual and CNITrellis, installs the sample ClusterNetwork as it
 	// is (IPv4 pods on dual-stack nodes): the state a cluster is in before it is made
@@ -176,9 +180,6 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.IPFamily != IPFamilyIPv4 && o.IPFamily != IPFamilyDual && o.IPFamily != IPFamilyIPv6 {
 		return o, fmt.Errorf("--ip-family %q: %q, %q or %q", o.IPFamily, IPFamilyIPv4, IPFamilyDual, IPFamilyIPv6)
-	}
-	if o.IPFamily == IPFamilyIPv6 && o.DNS {
-		return o, fmt.Errorf("--ip-family %s: cluster DNS on an IPv6-only cluster is not there yet (CoreDNS runs at the IPv4 %s)", IPFamilyIPv6, ClusterDNS)
 	}
 	if o.IPv4Pods && (o.IPFamily != IPFamilyDual || o.CNI != CNITrellis) {
 		return o, fmt.Errorf("IPv4 pods on dual-stack nodes need --ip-family %s and --cni %s", IPFamilyDual, CNITrellis)

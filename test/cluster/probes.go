@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -183,10 +185,10 @@ func (c *Cluster) ConnectivityMatrix(ctx context.Context, probes []Probe) (Matri
 		m.Results[from.Pod] = map[string]error{}
 		for _, to := range probes {
 			if to.Node != from.Node {
-				jobs = append(jobs, job{from.Pod, to.Pod, fmt.Sprintf("%s:%d", to.IP, ProbePort)})
+				jobs = append(jobs, job{from.Pod, to.Pod, net.JoinHostPort(to.IP, strconv.Itoa(ProbePort))})
 			}
 		}
-		jobs = append(jobs, job{from.Pod, "service", fmt.Sprintf("%s:%d", m.ServiceIP, ProbePort)})
+		jobs = append(jobs, job{from.Pod, "service", net.JoinHostPort(m.ServiceIP, strconv.Itoa(ProbePort))})
 	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup

@@ -407,12 +407,22 @@ func (c *Cluster) nodeConfig(h topology.Host, t tools) node.Config {
 	}
 }
 
-// clusterDNS is the kubelets' clusterDNS: ClusterDNS when c runs DNS, else none.
+// clusterDNS is the kubelets' clusterDNS: ClusterDNS (ClusterDNS6 on an IPv6-only
+// cluster) when c runs DNS, else none.
 func (c *Cluster) clusterDNS() netip.Addr {
-	if c.DNS {
-		return ClusterDNS
+	if !c.DNS {
+		return netip.Addr{}
 	}
-	return netip.Addr{}
+	return c.DNSAddr()
+}
+
+// DNSAddr is the ClusterIP of Service kube-system/kube-dns: ClusterDNS, or ClusterDNS6 on
+// an IPv6-only cluster.
+func (c *Cluster) DNSAddr() netip.Addr {
+	if c.ipFamily() == IPFamilyIPv6 {
+		return ClusterDNS6
+	}
+	return ClusterDNS
 }
 
 // matches: c has the shape opts (with defaults) asks for.

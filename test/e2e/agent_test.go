@@ -162,9 +162,12 @@ func checkModeMTU(ctx context.Context, t *testing.T, c *cluster.Cluster, mode st
 	batch := "mtu-" + strings.ToLower(mode)
 	pods := framework.DeployPods(ctx, t, c, batch, []framework.PodSpec{{Name: batch + "-a", Node: a.Name}, {Name: batch + "-b", Node: b.Name}})
 	defer framework.DeletePods(ctx, t, c, batch)
-	families := []int{4}
+	var families []int // the pods' families: the same MTU for each
+	if pods[batch+"-a"].IP.Is4() {
+		families = append(families, 4)
+	}
 	if pods[batch+"-a"].IPv6.IsValid() {
-		families = append(families, 6) // a dual-stack cluster: the same MTU for IPv6
+		families = append(families, 6)
 	}
 	for _, f := range families {
 		checkMTU(t, pods[batch+"-a"], pods[batch+"-b"], want, f)

@@ -320,7 +320,12 @@ func waitConnectFails(ctx context.Context, t *testing.T, c *cluster.Cluster, pod
 
 // nsResolver asks cluster DNS over network (udp or tcp) with sockets opened in ns.
 func nsResolver(ns *os.File, network string) *net.Resolver {
-	server := netip.AddrPortFrom(cluster.ClusterDNS, 53).String()
+	return nsResolverAt(ns, network, cluster.ClusterDNS)
+}
+
+// nsResolverAt asks the DNS server at dns (port 53) over network with sockets opened in ns.
+func nsResolverAt(ns *os.File, network string, dns netip.Addr) *net.Resolver {
+	server := netip.AddrPortFrom(dns, 53).String()
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var conn net.Conn
 		err := netnstest.Enter(ns, func() error {

@@ -208,26 +208,7 @@ func TestDualStackCluster(t *testing.T) {
 	}
 	checkMode(t, "VXLAN", underlayMTU-50, node2)
 
-	t.Run("NATOutgoingIPv6", func(t *testing.T) {
-		// A pod reaching the external host over IPv6 is seen with its node's IPv6 address;
-		// a pod reaching another pod keeps its own.
-		ext := c.Network.External
-		extNS := framework.OpenNetns(t, filepath.Join("/run/netns", ext.NetNS))
-		extPeer := framework.AcceptOnce(t, extNS, 9000)
-		if err := retryDial(dp.client.NetNS, netip.AddrPortFrom(ext.IP6, 9000).String(), 10*time.Second); err != nil {
-			t.Fatalf("client pod -> external host [%s]:9000: %v", ext.IP6, err)
-		}
-		if got, want := framework.WaitPeer(t, extPeer), node1.IP6; got != want {
-			t.Errorf("the external host saw the client pod as %s, want its node's IPv6 address %s (natOutgoing)", got, want)
-		}
-		podPeer := framework.AcceptOnce(t, dp.server.NetNS, 9001)
-		if err := framework.DialFrom(dp.client.NetNS, netip.AddrPortFrom(dp.server.IPv6, 9001).String()); err != nil {
-			t.Fatalf("client pod -> server pod [%s]:9001: %v", dp.server.IPv6, err)
-		}
-		if got := framework.WaitPeer(t, podPeer); got != dp.client.IPv6 {
-			t.Errorf("the server pod saw the client pod as %s, want its IPv6 pod address %s (no NAT between pods)", got, dp.client.IPv6)
-		}
-	})
+	t.Run("NATOutgoingIPv6", func(t *testing.T) { checkNATOutgoing6(t, c, dp.client, dp.server, node1) })
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
 		// One policy, both families: a default-deny closes the server to the client over
@@ -502,4 +483,26 @@ func rootRoutes6(t *testing.T) string {
 		t.Fatalf("ip -6 route: %v", err)
 	}
 	return string(out)
+}
+
+// checkNATOutgoing6 checks natOutgoing over IPv6: client (a pod on node) reaching the
+// external host is seen with node's IPv6 address; reaching server, another pod, it keeps
+// its own.
+func checkNATOutgoing6(t *testing.T, c *cluster.Cluster, client, server framework.Pod, node cluster.Node) {
+	ext := c.Network.External
+	extNS := framework.OpenNetns(t, filepath.Join("/run/netns", ext.NetNS))
+	extPeer := framework.AcceptOnce(t, extNS, 9000)
+	if err := retryDial(client.NetNS, netip.AddrPortFrom(ext.IP6, 9000).String(), 10*time.Second); err != nil {
+		t.Fatalf("client pod -> external host [%s]:9000: %v", ext.IP6, err)
+	}
+	if got, want := framework.WaitPeer(t, extPeer), node.IP6; got != want {
+		t.Errorf("the external host saw the client pod as %s, want its node's IPv6 address %s (natOutgoing)", got, want)
+	}
+	podPeer := framework.AcceptOnce(t, server.NetNS, 9001)
+	if err := framework.DialFrom(client.NetNS, netip.AddrPortFrom(server.IPv6, 9001).String()); err != nil {
+		t.Fatalf("client pod -> server pod [%s]:9001: %v", server.IPv6, err)
+	}
+	if got := framework.WaitPeer(t, podPeer); got != client.IPv6 {
+		t.Errorf("the server pod saw the client pod as %s, want its IPv6 pod address %s (no NAT between pods)", got, client.IPv6)
+	}
 }

@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/netip"
 	"strings"
 	"testing"
@@ -23,12 +24,14 @@ import (
 // and the ClusterNetwork's only range PodCIDR6. The nodes keep IPv4 addresses for the test
 // bed's plumbing, but Kubernetes knows only their IPv6 ones, so Trellis runs its tunnel
 // over IPv6. Pods get IPv6 addresses only; pod to pod on one node, across nodes and through
-// the router, a ClusterIP and hostPort, in VXLAN then Hybrid and Direct (the router's pod
-// not in Direct: it is not on-link); a NetworkPolicy default-deny, then an allow.
+// the router, a ClusterIP, hostPort and full-MTU packets with DF (VXLAN over IPv6 takes 70
+// bytes), in VXLAN then Hybrid and Direct (the router's pod not in Direct: it is not
+// on-link); natOutgoing seen from the external host; cluster DNS over IPv6; a NetworkPolicy
+// default-deny, then an allow.
 func TestIPv6OnlyCluster(t *testing.T) {
 	rootBefore := rootNamespaceState(t)
 	root6Before := rootRoutes6(t)
-	c := cluster.ForTest(t, cluster.Options{Name: "v6only", Nodes: 3, RemoteNode: true, CNI: cluster.CNITrellis, IPFamily: cluster.IPFamilyIPv6})
+	c := cluster.ForTest(t, cluster.Options{Name: "v6only", Nodes: 3, RemoteNode: true, CNI: cluster.CNITrellis, IPFamily: cluster.IPFamilyIPv6, DNS: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	client, err := c.Client()
@@ -104,6 +107,14 @@ func TestIPv6OnlyCluster(t *testing.T) {
 				t.Errorf("pod %s: status.podIPs %v, want one IPv6 address of %s", name, podIPsOf(p), cluster.PodCIDR6)
 			}
 		}
+		// The agent counts the IPv6 block's use (kubectl get nodenetworks: PODS): node1's
+		// two pods at least; a /64's capacity is more than the status's int32 holds.
+		waitFor(t, 30*time.Second, node1.Name+"'s status.ipam", func() (bool, string) {
+			out, err := c.Kubectl(ctx, "get", "nodenetwork", node1.Name, "-o", "jsonpath={.status.ipam.inUse} {.status.ipam.capacity}")
+			var inUse, capacity int
+			_, serr := fmt.Sscan(out, &inUse, &capacity)
+			return err == nil && serr == nil && inUse >= 2 && capacity == math.MaxInt32, fmt.Sprintf("%q %v", out, err)
+		})
 	})
 	svc := framework.CreateService(ctx, t, c, "server")
 	if !svc.Is6() {
@@ -112,6 +123,7 @@ func TestIPv6OnlyCluster(t *testing.T) {
 	dp := datapathPods{client: pods["client"], neighbour: pods["neighbour"], server: pods["server"],
 		serverNode: node2, from: remote, svcIP6: svc}
 	far := pods["far"]
+	underlayMTU := framework.LinkMTU(t, node1, "eth0")
 	for _, mode := range []string{"VXLAN", "Hybrid", "Direct"} {
 		if mode != "VXLAN" {
 			if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type", "merge", "-p", fmt.Sprintf(`{"spec":{"encapsulation":%q}}`, mode)); err != nil {
@@ -155,8 +167,12 @@ func TestIPv6OnlyCluster(t *testing.T) {
 		}
 		checkDatapath(t, dp, mode, 6)
 		if mode == "Direct" {
+			// no encapsulation: the full underlay MTU
+			t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, underlayMTU, node1, node2) })
 			continue
 		}
+		// VXLAN over IPv6: 70 bytes of headers; Hybrid's tunnel to the remote node too.
+		t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, underlayMTU-70, node1, remote) })
 		t.Run(mode+"/IPv6/ThroughRouter", func(t *testing.T) {
 			for _, cn := range []struct {
 				from framework.Pod
@@ -172,6 +188,31 @@ func TestIPv6OnlyCluster(t *testing.T) {
 	if t.Failed() {
 		t.Fatalf("IPv6-only pod traffic:\n%s", c.Diagnose(ctx))
 	}
+
+	t.Run("NATOutgoingIPv6", func(t *testing.T) { checkNATOutgoing6(t, c, dp.client, dp.server, node1) })
+
+	t.Run("ClusterDNS", func(t *testing.T) {
+		// CoreDNS behind the IPv6 kube-dns ClusterIP answers a Service name with its IPv6
+		// ClusterIP (AAAA), from a node and from a pod over UDP and TCP; the kubelet gave
+		// pods that nameserver.
+		fqdn := "server." + framework.PodNamespace + ".svc." + cluster.ClusterDomain
+		waitFor(t, time.Minute, fqdn+" from "+node1.Name, func() (bool, string) {
+			addrs, err := c.LookupFromNode(ctx, node1, fqdn)
+			return err == nil && len(addrs) == 1 && addrs[0] == svc, fmt.Sprintf("%v %v", addrs, err)
+		})
+		for _, network := range []string{"udp", "tcp"} {
+			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			addrs, err := nsResolverAt(dp.client.NetNS, network, cluster.ClusterDNS6).LookupNetIP(lctx, "ip6", fqdn+".")
+			cancel()
+			if err != nil || len(addrs) != 1 || addrs[0] != svc {
+				t.Errorf("%s from the client pod over %s: %v (%v), want %s", fqdn, network, addrs, err, svc)
+			}
+		}
+		out, err := c.Kubectl(ctx, "exec", "-n", framework.PodNamespace, "client", "--", "/agnhost", "dns-server-list")
+		if err != nil || strings.TrimSpace(out) != cluster.ClusterDNS6.String() {
+			t.Errorf("the client pod's nameservers %q (%v), want %s (the kubelets' clusterDNS)", out, err, cluster.ClusterDNS6)
+		}
+	})
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
 		server := netip.AddrPortFrom(dp.server.IP, framework.ServerPort).String()

@@ -27,7 +27,9 @@ func (c Config) containerdConfig() string {
 //   - failSwapOn: false; oomScoreAdj: 0 (it cannot lower it);
 //   - protectKernelDefaults: true, so it never changes machine-wide sysctls (the values it
 //     checks are bind-mounted inside the node's mount namespace);
-//   - serving on the node's IP, healthz on loopback, no read-only port;
+//   - serving on the node's IP (its IPv6 one on an IPv6-only cluster: the API server
+//     reaches kubelets at their InternalIP for exec, logs and port-forward), healthz on
+//     loopback, no read-only port;
 //   - eviction and image GC thresholds relaxed: the shared disk would trigger them;
 //   - x509 client certificates (the API server's) and webhook authn/authz;
 //   - a static pod directory of the node's own (empty unless a test writes a manifest);
@@ -76,7 +78,7 @@ serializeImagePulls: false
 rotateCertificates: false
 registerNode: true
 staticPodPath: %[6]q
-%[7]s`, c.IP, c.CACert, "/"+c.Cgroup, filepath.Join(c.Dir, "resolv.conf"), "unix://"+c.Socket(), c.StaticPodDir(), dns)
+%[7]s`, c.servingIP(), c.CACert, "/"+c.Cgroup, filepath.Join(c.Dir, "resolv.conf"), "unix://"+c.Socket(), c.StaticPodDir(), dns)
 }
 
 // kubeProxyConfig: iptables mode; conntrack values of 0 so that it leaves the

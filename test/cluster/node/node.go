@@ -438,6 +438,15 @@ func mustLook(cmd string) string {
 	return cmd
 }
 
+// servingIP is the address the kubelet serves on: the Node's first InternalIP, which the
+// API server dials.
+func (c Config) servingIP() netip.Addr {
+	if c.IPv6Only {
+		return c.IP6
+	}
+	return c.IP
+}
+
 // nodeIPs is the kubelet's --node-ip: the node's address, and its IPv6 one in a
 // dual-stack cluster (the Node then lists an InternalIP of each family, IPv4 first); the
 // IPv6 one alone in an IPv6-only cluster.

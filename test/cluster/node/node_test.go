@@ -135,3 +135,27 @@ func TestKubeletClusterDNS(t *testing.T) {
 		}
 	}
 }
+
+// The kubelet serves where the API server dials it, the Node's first InternalIP: its IPv4
+// address, or its IPv6 one on an IPv6-only cluster (kubectl exec and logs need it).
+func TestKubeletServingAddress(t *testing.T) {
+	ip, ip6 := netip.MustParseAddr("198.51.100.11"), netip.MustParseAddr("2001:db8:100::11")
+	for _, tc := range []struct {
+		name    string
+		c       Config
+		want    netip.Addr
+		nodeIPs string
+	}{
+		{"ipv4", Config{IP: ip}, ip, "198.51.100.11"},
+		{"dual", Config{IP: ip, IP6: ip6}, ip, "198.51.100.11,2001:db8:100::11"},
+		{"ipv6", Config{IP: ip, IP6: ip6, IPv6Only: true}, ip6, "2001:db8:100::11"},
+	} {
+		var got struct{ Address string }
+		if err := yaml.Unmarshal([]byte(tc.c.kubeletConfig()), &got); err != nil || got.Address != tc.want.String() {
+			t.Errorf("%s: kubelet address %q (%v), want %s", tc.name, got.Address, err, tc.want)
+		}
+		if got := tc.c.nodeIPs(); got != tc.nodeIPs {
+			t.Errorf("%s: --node-ip %s, want %s", tc.name, got, tc.nodeIPs)
+		}
+	}
+}
