@@ -181,8 +181,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		return ctrl.Result{}, r.failed(ctx, nil, report{reason: ReasonSyncFailed}, fmt.Errorf("reading NodeNetwork %s: %w", r.NodeName, err))
 	}
 	block, block6 := Blocks(nn.Spec)
-	// An IPv6-only node (one IPv6 block) runs its tunnel on its IPv6 address.
-	nodeIP, err := r.nodeIP(node, !block.IsValid() && block6.IsValid())
+	// An IPv6-only node (one IPv6 block) runs its tunnel on its IPv6 address, and its
+	// datapath status is the IPv6 one (st.IPv6) alone.
+	ipv6Only := !block.IsValid() && block6.IsValid()
+	nodeIP, err := r.nodeIP(node, ipv6Only)
 	if err != nil {
 		return ctrl.Result{}, r.failed(ctx, nn, report{reason: ReasonSyncFailed}, err)
 	}
@@ -217,7 +219,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		}
 		return ctrl.Result{}, r.failed(ctx, nn, rep, err)
 	}
-	if v6 := st.IPv6; !block.IsValid() && v6 != nil {
+	if v6 := st.IPv6; ipv6Only && v6 != nil {
 		peersProgrammed.WithLabelValues("direct").Set(float64(len(v6.PeersDirect)))
 		peersProgrammed.WithLabelValues("vxlan").Set(float64(len(v6.PeersVXLAN)))
 	} else {
@@ -252,7 +254,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 		msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(st.PeersPending, ", "))
 	}
 	unreachable := st.Unreachable
-	if v6 := st.IPv6; v6 != nil && !block.IsValid() {
+	if v6 := st.IPv6; ipv6Only && v6 != nil {
 		msg = r.ipv6Summary(v6) + " (IPv6-only, VXLAN over IPv6)"
 		if len(v6.PeersPending) > 0 {
 			msg += fmt.Sprintf("; waiting for the VTEP MAC of %s", strings.Join(v6.PeersPending, ", "))

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os/exec"
@@ -401,36 +400,11 @@ func waitReadyMessages(ctx context.Context, t *testing.T, c *cluster.Cluster, wa
 // selects (port 80 to the pod's ServerPort) and returns its IPv4 and IPv6 ClusterIPs.
 func dualStackService(ctx context.Context, t *testing.T, c *cluster.Cluster, pod string) (netip.Addr, netip.Addr) {
 	t.Helper()
-	svc := fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata:
-  name: %[1]s
-  namespace: %[2]s
-spec:
-  ipFamilyPolicy: RequireDualStack
-  selector:
-    name: %[1]s
-  ports:
-  - port: 80
-    targetPort: %[3]d
-`, pod, framework.PodNamespace, framework.ServerPort)
-	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
-		t.Fatalf("creating Service %s: %v", pod, err)
-	}
-	out, err := c.Kubectl(ctx, "get", "service", "-n", framework.PodNamespace, pod, "-o", "jsonpath={.spec.clusterIPs}")
-	if err != nil {
-		t.Fatalf("Service %s: %v", pod, err)
-	}
-	var ips []string
-	if err := json.Unmarshal([]byte(out), &ips); err != nil || len(ips) != 2 {
-		t.Fatalf("Service %s's clusterIPs %q (%v), want one of each family", pod, out, err)
-	}
-	v4, err4 := netip.ParseAddr(ips[0])
-	v6, err6 := netip.ParseAddr(ips[1])
-	if err4 != nil || err6 != nil || !cluster.ServiceCIDR.Contains(v4) || !cluster.ServiceCIDR6.Contains(v6) {
+	ips := framework.CreateServiceIPs(ctx, t, c, pod, "RequireDualStack")
+	if len(ips) != 2 || !cluster.ServiceCIDR.Contains(ips[0]) || !cluster.ServiceCIDR6.Contains(ips[1]) {
 		t.Fatalf("Service %s's clusterIPs %v, want one in %v and one in %v", pod, ips, cluster.ServiceCIDR, cluster.ServiceCIDR6)
 	}
-	return v4, v6
+	return ips[0], ips[1]
 }
 
 // nodeBlocks6 are every node's IPv4 and IPv6 pod blocks, by node name.

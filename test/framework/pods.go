@@ -166,30 +166,48 @@ func DeletePods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch str
 // the pod's ServerPort, and returns its ClusterIP.
 func CreateService(ctx context.Context, t *testing.T, c *cluster.Cluster, pod string) netip.Addr {
 	t.Helper()
+	return CreateServiceIPs(ctx, t, c, pod, "")[0]
+}
+
+// CreateServiceIPs is CreateService with spec.ipFamilyPolicy (empty: the API server's
+// default, SingleStack) and returns every ClusterIP (spec.clusterIPs), the primary first.
+func CreateServiceIPs(ctx context.Context, t *testing.T, c *cluster.Cluster, pod, ipFamilyPolicy string) []netip.Addr {
+	t.Helper()
+	policy := ""
+	if ipFamilyPolicy != "" {
+		policy = "\n  ipFamilyPolicy: " + ipFamilyPolicy
+	}
 	svc := fmt.Sprintf(`apiVersion: v1
 kind: Service
 metadata:
   name: %[1]s
   namespace: %[2]s
-spec:
+spec:%[4]s
   selector:
     name: %[1]s
   ports:
   - port: 80
     targetPort: %[3]d
-`, pod, PodNamespace, ServerPort)
+`, pod, PodNamespace, ServerPort, policy)
 	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
 		t.Fatalf("creating Service %s: %v", pod, err)
 	}
-	out, err := c.Kubectl(ctx, "get", "service", "-n", PodNamespace, pod, "-o", "jsonpath={.spec.clusterIP}")
+	out, err := c.Kubectl(ctx, "get", "service", "-n", PodNamespace, pod, "-o", `jsonpath={range .spec.clusterIPs[*]}{@}{" "}{end}`)
 	if err != nil {
 		t.Fatalf("Service %s: %v", pod, err)
 	}
-	ip, err := netip.ParseAddr(strings.TrimSpace(out))
-	if err != nil {
-		t.Fatalf("Service %s's ClusterIP %q: %v", pod, out, err)
+	var ips []netip.Addr
+	for _, f := range strings.Fields(out) {
+		ip, err := netip.ParseAddr(f)
+		if err != nil {
+			t.Fatalf("Service %s's ClusterIP %q: %v", pod, f, err)
+		}
+		ips = append(ips, ip)
 	}
-	return ip
+	if len(ips) == 0 {
+		t.Fatalf("Service %s has no ClusterIP", pod)
+	}
+	return ips
 }
 
 // PodIP is the IP of pod name in PodNamespace.
