@@ -15,6 +15,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/topology"
@@ -44,16 +45,7 @@ func TestDualStackCluster(t *testing.T) {
 
 	t.Run("NodeAddresses", func(t *testing.T) {
 		for _, n := range c.Nodes {
-			node, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var internal []string
-			for _, a := range node.Status.Addresses {
-				if a.Type == corev1.NodeInternalIP {
-					internal = append(internal, a.Address)
-				}
-			}
+			internal := nodeInternalIPs(ctx, t, client, n.Name)
 			if want := []string{n.IP.String(), n.IP6.String()}; strings.Join(internal, ",") != strings.Join(want, ",") {
 				t.Errorf("node %s InternalIPs %v, want %v (IPv4 first)", n.Name, internal, want)
 			}
@@ -191,17 +183,7 @@ func TestDualStackCluster(t *testing.T) {
 			if mode == "Direct" {
 				continue
 			}
-			t.Run(fmt.Sprintf("%s/IPv%d/ThroughRouter", mode, family), func(t *testing.T) {
-				for _, cn := range []struct {
-					from framework.Pod
-					to   netip.Addr
-				}{{dp.client, far.Addr(family)}, {far, dp.client.Addr(family)}} {
-					to := netip.AddrPortFrom(cn.to, framework.ServerPort).String()
-					if err := retryDial(cn.from.NetNS, to, 10*time.Second); err != nil {
-						t.Errorf("pod on %s -> %s in %s: %v", cn.from.Node, to, mode, err)
-					}
-				}
-			})
+			t.Run(fmt.Sprintf("%s/IPv%d/ThroughRouter", mode, family), func(t *testing.T) { checkThroughRouter(t, dp.client, far, mode, family) })
 		}
 		t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, mtu, node1, mtuPeer) })
 	}
@@ -361,14 +343,7 @@ func TestDualStackCluster(t *testing.T) {
 		})
 	})
 
-	t.Run("RootNamespaceUntouched", func(t *testing.T) {
-		if after := rootNamespaceState(t); after != rootBefore {
-			t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", rootBefore, after)
-		}
-		if after := rootRoutes6(t); after != root6Before {
-			t.Errorf("the root namespace's IPv6 routes changed:\nbefore:\n%s\nafter:\n%s", root6Before, after)
-		}
-	})
+	t.Run("RootNamespaceUntouched", func(t *testing.T) { checkRootUntouched(t, rootBefore, root6Before) })
 }
 
 // waitReadyMessages waits up to a minute until each node's NodeNetwork is Ready with a
@@ -478,5 +453,46 @@ func checkNATOutgoing6(t *testing.T, c *cluster.Cluster, client, server framewor
 	}
 	if got := framework.WaitPeer(t, podPeer); got != client.IPv6 {
 		t.Errorf("the server pod saw the client pod as %s, want its IPv6 pod address %s (no NAT between pods)", got, client.IPv6)
+	}
+}
+
+// nodeInternalIPs is the InternalIP addresses of Node name, in the order it lists them.
+func nodeInternalIPs(ctx context.Context, t *testing.T, client kubernetes.Interface, name string) []string {
+	t.Helper()
+	node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var internal []string
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			internal = append(internal, a.Address)
+		}
+	}
+	return internal
+}
+
+// checkThroughRouter connects from client to far (the pod behind the router) and back
+// over family, in mode.
+func checkThroughRouter(t *testing.T, client, far framework.Pod, mode string, family int) {
+	for _, cn := range []struct {
+		from framework.Pod
+		to   netip.Addr
+	}{{client, far.Addr(family)}, {far, client.Addr(family)}} {
+		to := netip.AddrPortFrom(cn.to, framework.ServerPort).String()
+		if err := retryDial(cn.from.NetNS, to, 10*time.Second); err != nil {
+			t.Errorf("pod on %s -> %s in %s: %v", cn.from.Node, to, mode, err)
+		}
+	}
+}
+
+// checkRootUntouched: the root namespace's state and IPv6 routes are as they were before
+// the cluster came up.
+func checkRootUntouched(t *testing.T, before, before6 string) {
+	if after := rootNamespaceState(t); after != before {
+		t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if after := rootRoutes6(t); after != before6 {
+		t.Errorf("the root namespace's IPv6 routes changed:\nbefore:\n%s\nafter:\n%s", before6, after)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/test/cluster"
@@ -42,16 +41,7 @@ func TestIPv6OnlyCluster(t *testing.T) {
 
 	t.Run("IPv6OnlyKubernetes", func(t *testing.T) {
 		for _, n := range c.Nodes {
-			node, err := client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var internal []string
-			for _, a := range node.Status.Addresses {
-				if a.Type == corev1.NodeInternalIP {
-					internal = append(internal, a.Address)
-				}
-			}
+			internal := nodeInternalIPs(ctx, t, client, n.Name)
 			if strings.Join(internal, ",") != n.IP6.String() {
 				t.Errorf("node %s InternalIPs %v, want its IPv6 address %s only", n.Name, internal, n.IP6)
 			}
@@ -173,17 +163,7 @@ func TestIPv6OnlyCluster(t *testing.T) {
 		}
 		// VXLAN over IPv6: 70 bytes of headers; Hybrid's tunnel to the remote node too.
 		t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, underlayMTU-70, node1, remote) })
-		t.Run(mode+"/IPv6/ThroughRouter", func(t *testing.T) {
-			for _, cn := range []struct {
-				from framework.Pod
-				to   netip.Addr
-			}{{dp.client, far.IP}, {far, dp.client.IP}} {
-				to := netip.AddrPortFrom(cn.to, framework.ServerPort).String()
-				if err := retryDial(cn.from.NetNS, to, 10*time.Second); err != nil {
-					t.Errorf("pod on %s -> %s in %s: %v", cn.from.Node, to, mode, err)
-				}
-			}
-		})
+		t.Run(mode+"/IPv6/ThroughRouter", func(t *testing.T) { checkThroughRouter(t, dp.client, far, mode, 6) })
 	}
 	if t.Failed() {
 		t.Fatalf("IPv6-only pod traffic:\n%s", c.Diagnose(ctx))
@@ -249,12 +229,5 @@ spec:
 		}
 	})
 
-	t.Run("RootNamespaceUntouched", func(t *testing.T) {
-		if after := rootNamespaceState(t); after != rootBefore {
-			t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", rootBefore, after)
-		}
-		if after := rootRoutes6(t); after != root6Before {
-			t.Errorf("the root namespace's IPv6 routes changed:\nbefore:\n%s\nafter:\n%s", root6Before, after)
-		}
-	})
+	t.Run("RootNamespaceUntouched", func(t *testing.T) { checkRootUntouched(t, rootBefore, root6Before) })
 }
