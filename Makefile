@@ -18,6 +18,16 @@ KUBECTL ?= kubectl
 GO_TEST_FLAGS ?= -count=1 -timeout=30m
 # The e2e package runs every local-cluster test one after another (~35 minutes warm).
 E2E_TIMEOUT ?= 60m
+# The e2e suite's go test -json events, which RUN_E2E keeps for `gotestsum tool slowest`.
+E2E_JSON ?= $(TRELLIS_CACHE)/e2e-results/last.json
+# RUN_E2E runs the e2e suite through gotestsum (hack/build-gotestsum.sh): a line per package
+# and the whole output of each failed test, then, pass or fail, the tests and subtests
+# that took 20 s or more, slowest first (what CI's time goes to).
+RUN_E2E = gts=$$(hack/build-gotestsum.sh) || exit 1; mkdir -p $(dir $(E2E_JSON)); \
+	"$$gts/gotestsum" --format pkgname-and-test-fails --format-icons text --jsonfile $(E2E_JSON) -- \
+		-tags e2e -count=1 -timeout=$(E2E_TIMEOUT) ./test/e2e/...; rc=$$?; \
+	echo "e2e tests and subtests of 20 s or more:"; "$$gts/gotestsum" tool slowest --jsonfile $(E2E_JSON) --threshold 20s; \
+	exit $$rc
 # The fuzz runs of make test, as counts of inputs (about 10 s each on 2 CPUs), not durations:
 # with a -fuzztime duration Go 1.26's fuzz coordinator can fail a target with "context
 # deadline exceeded" at the deadline when a worker is mid-input (golang/go#75804, fixed in
@@ -77,7 +87,7 @@ lint: ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(T
 	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./...
 
 .PHONY: deps
-deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus and the upstream e2e.test + ginkgo into $(TRELLIS_CACHE)).
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus, the upstream e2e.test + ginkgo and gotestsum into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
 	hack/build-k8s.sh >/dev/null
 	hack/build-runtime-tools.sh >/dev/null
@@ -86,6 +96,7 @@ deps: ## Install what the tests need (apt packages; k8s binaries, crictl, refere
 	hack/build-coredns.sh >/dev/null
 	hack/build-prometheus.sh >/dev/null
 	hack/build-e2e.sh >/dev/null
+	hack/build-gotestsum.sh >/dev/null
 
 # The ClusterNetworkPolicy conformance tests make test runs (make conformance-cnp runs all):
 # both tiers with NetworkPolicy, priorities, TCP and UDP rules, the experimental named ports.
@@ -98,7 +109,7 @@ test: deps manifests generate bundle catalog vet lint ## Run every test: unit, r
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_PARSE_EXECS) ./cni/plugin/
 	go test -run='^$$' -fuzz='^FuzzIPBlockApply$$' -fuzztime=$(FUZZ_IPBLOCK_EXECS) -fuzzminimizetime=10x ./agent/policy/
 	hack/build-agnhost.sh >/dev/null
-	go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) ./test/e2e/...
+	$(RUN_E2E)
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
 	UPSTREAM_FOCUS=test/upstream/ci.txt UPSTREAM_DIRECT=0 hack/conformance-upstream.sh
 	CNP_RUN='$(CNP_CI)' ARTIFACTS=$(TRELLIS_CACHE)/cnp-ci hack/conformance-cnp.sh
@@ -203,7 +214,7 @@ demo: ## Bring up the local cluster with Trellis and show nodes, pod blocks, the
 .PHONY: e2e
 e2e: deps ## End-to-end tests on a fresh local cluster (TRELLIS_E2E_CNI=trellis|reference, TRELLIS_CLUSTER_REUSE=1 to reuse one).
 	hack/build-agnhost.sh >/dev/null
-	go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) ./test/e2e/...
+	$(RUN_E2E)
 
 .PHONY: e2e-olm
 e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a local cluster "olm", then upgrade it to this tree under traffic (TestOLM).
