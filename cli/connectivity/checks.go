@@ -242,7 +242,7 @@ func (r *runner) run(ctx context.Context, c Check) Result {
 		addr := addrPort(to.IP, mtuPort)
 		res.From, res.To = podEndpoint(from, ""), podEndpoint(to, "UDP "+addr)
 		res.To.Address = addr
-		res.Status, res.Detail = r.fullMTU(ctx, from.Name, addr)
+		res.Status, res.Detail = r.fullMTU(ctx, from.Name, addr, strings.Contains(to.IP, ":"))
 	case KindDNS:
 		from := r.probe(roleClient, c.From)
 		res.From = podEndpoint(from, "")
@@ -263,14 +263,13 @@ func (r *runner) run(ctx context.Context, c Check) Result {
 // from its eth0), with DF set (socat's mtudiscover=2, IP_PMTUDISC_DO), to the size echo
 // at addr, and expects the size back: the whole packet crossed unfragmented. A path that
 // can't carry it drops it (or the sender's kernel refuses it with "Message too long"
-// once an ICMP frag-needed came back), and no size comes back.
-func (r *runner) fullMTU(ctx context.Context, from, addr string) (Status, string) {
+// once an ICMP frag-needed came back), and no size comes back. ipv6: addr is an IPv6
+// one (an IPv6-only cluster's pods), whose headers take 48 bytes of the MTU, not 28.
+func (r *runner) fullMTU(ctx context.Context, from, addr string, ipv6 bool) (Status, string) {
 	b := newBudget(r.checkTimeout)
 	ctx, cancel := context.WithTimeout(ctx, b.hard)
 	defer cancel()
-	script := fmt.Sprintf(`m=$(cat /sys/class/net/eth0/mtu) || exit 3
-echo "mtu $m"
-head -c $((m - %d)) /dev/zero | socat -b 65536 -t 2 - UDP4:%s,mtudiscover=2 2>&1`, ipUDPHeaders, addr)
+	script, headers := mtuScript(addr, ipv6)
 	var lastNet, lastExec string
 	for {
 		b.tries++
@@ -279,10 +278,10 @@ head -c $((m - %d)) /dev/zero | socat -b 65536 -t 2 - UDP4:%s,mtudiscover=2 2>&1
 		switch {
 		case err != nil:
 			lastExec = err.Error()
-		case mtu <= ipUDPHeaders:
+		case mtu <= headers:
 			b.ran++
 			lastNet = fmt.Sprintf("could not read the pod's MTU: %s", strings.TrimSpace(res.Stdout+" "+res.Stderr))
-		case reply == strconv.Itoa(mtu-ipUDPHeaders):
+		case reply == strconv.Itoa(mtu-headers):
 			return Pass, fmt.Sprintf("%d-byte packet (the pod MTU), DF set, arrived whole", mtu)
 		case reply == "":
 			b.ran++
@@ -295,6 +294,18 @@ head -c $((m - %d)) /dev/zero | socat -b 65536 -t 2 - UDP4:%s,mtudiscover=2 2>&1
 			return Fail, verdict(lastNet, lastExec, b)
 		}
 	}
+}
+
+// mtuScript is the MTU check's shell script, run in the client pod, for the echo at addr,
+// and the UDP and IP headers that its datagram adds to the payload.
+func mtuScript(addr string, ipv6 bool) (script string, headers int) {
+	udp, headers := "UDP4", ipUDPHeaders
+	if ipv6 {
+		udp, headers = "UDP6", ip6UDPHeaders
+	}
+	return fmt.Sprintf(`m=$(cat /sys/class/net/eth0/mtu) || exit 3
+echo "mtu $m"
+head -c $((m - %d)) /dev/zero | socat -b 65536 -t 2 - %s:%s,mtudiscover=2 2>&1`, headers, udp, addr), headers
 }
 
 // parseMTUOutput splits the MTU script's output into the MTU it read and what came back

@@ -56,8 +56,10 @@ const (
 	httpPort    = 8080
 	mtuPort     = 9100
 	servicePort = 80
-	// ipUDPHeaders is what an IPv4 UDP datagram adds to its payload.
-	ipUDPHeaders = 28
+	// ipUDPHeaders and ip6UDPHeaders are what a UDP datagram adds to its payload over
+	// IPv4 and over IPv6.
+	ipUDPHeaders  = 28
+	ip6UDPHeaders = 48
 )
 
 // Roles of the probe pods.
@@ -149,10 +151,12 @@ func probePod(cfg Config, ns, role, node string) *corev1.Pod {
 	case roleServer:
 		netexec.Ports[0].HostPort = cfg.HostPort
 		// The MTU check's echo: socat answers each datagram with its size (`wc -c`), so
-		// the sender learns that all of it arrived, whatever the MTU.
+		// the sender learns that all of it arrived, whatever the MTU. One listener per
+		// family: the pod's address is IPv6 on an IPv6-only cluster, and a pod without
+		// IPv6 keeps the IPv4 one (the container lives while either does).
 		echo := corev1.Container{
 			Name: "udp-size-echo", Image: cfg.Image, ImagePullPolicy: corev1.PullIfNotPresent,
-			Command: []string{"socat", "-b", "65536", fmt.Sprintf("UDP4-RECVFROM:%d,fork", mtuPort), "SYSTEM:wc -c"},
+			Command: []string{"sh", "-c", sizeEcho},
 		}
 		p.Spec.Containers = []corev1.Container{netexec, echo}
 	case rolePolicyServer:
@@ -166,6 +170,11 @@ func probePod(cfg Config, ns, role, node string) *corev1.Pod {
 	}
 	return p
 }
+
+// sizeEcho is the MTU check's UDP echo on mtuPort, over IPv4 and IPv6.
+var sizeEcho = fmt.Sprintf(`socat -b 65536 UDP4-RECVFROM:%[1]d,fork "SYSTEM:wc -c" &
+socat -b 65536 UDP6-RECVFROM:%[1]d,fork,ipv6only=1 "SYSTEM:wc -c" &
+wait`, mtuPort)
 
 // Manifests are everything the test makes in its namespace for nodes.
 type Manifests struct {

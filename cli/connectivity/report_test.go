@@ -3,6 +3,7 @@ package connectivity
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -286,6 +287,31 @@ func TestBudgetExhausted(t *testing.T) {
 		b.ran = tc.ran
 		if got := b.exhausted(); got != tc.want {
 			t.Errorf("%s: exhausted() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The MTU check's datagram fills the pod MTU less the headers of the echo's family: 28
+// bytes over IPv4, 48 over IPv6 (an IPv6-only cluster's pods), sent with socat's address
+// of that family.
+func TestMTUScriptFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		addr    string
+		ipv6    bool
+		headers int
+		send    string
+	}{
+		{"10.244.1.5:9100", false, 28, "UDP4:10.244.1.5:9100,mtudiscover=2"},
+		{"[fd00:10:244:1::5]:9100", true, 48, "UDP6:[fd00:10:244:1::5]:9100,mtudiscover=2"},
+	} {
+		script, headers := mtuScript(tc.addr, tc.ipv6)
+		if headers != tc.headers || !strings.Contains(script, "$((m - "+strconv.Itoa(tc.headers)+"))") || !strings.Contains(script, tc.send) {
+			t.Errorf("%s: headers %d, script:\n%s\nwant %d bytes of headers and %q", tc.addr, headers, script, tc.headers, tc.send)
+		}
+	}
+	for _, l := range []string{"UDP4-RECVFROM:9100,fork", "UDP6-RECVFROM:9100,fork,ipv6only=1"} {
+		if !strings.Contains(sizeEcho, l) {
+			t.Errorf("the size echo has no %s listener:\n%s", l, sizeEcho)
 		}
 	}
 }

@@ -33,8 +33,9 @@ var checkLine = regexp.MustCompile(`^(PASS|FAIL|SKIP)\s`)
 
 // testCLIConnectivity runs `kubectl trellis connectivity test` on the healthy cluster as
 // a user does: every check passes (the cluster has DNS, so none is skipped), the summary
-// says so, it exits 0 and leaves no namespace behind; the same with --output json, read as
-// a script would; and a run interrupted with ^C mid-way removes everything it made.
+// says so, it exits 0 and leaves no namespace behind (--output json: checkConnectivityJSON,
+// run on the IPv6-only cluster); and a run interrupted with ^C mid-way removes everything
+// it made.
 func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 	nodes := clusterNodeNames(env.c)
 	want := len(connectivity.Plan(nodes))
@@ -84,40 +85,6 @@ func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 			}
 		}
 		assertNoTestNamespace(ctx, t, env, namespaceIn(r.Stdout))
-	})
-
-	t.Run("JSON", func(t *testing.T) {
-		r := env.kubectlTrellis(ctx, t, "connectivity", "test", "--image", images.AgnhostImage, "--output", "json")
-		if r.Code != 0 {
-			t.Errorf("exit %d, want 0", r.Code)
-		}
-		var rep struct {
-			Namespace string   `json:"namespace"`
-			Nodes     []string `json:"nodes"`
-			OK        bool     `json:"ok"`
-			Checks    []struct {
-				Name, Status, Detail string
-				From, To             struct{ Node string }
-				Nodes                []string
-				DurationSeconds      float64
-			} `json:"checks"`
-			Summary struct{ Passed, Failed, Skipped int } `json:"summary"`
-		}
-		if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil {
-			t.Fatalf("stdout is not one JSON document: %v", err)
-		}
-		if !rep.OK || rep.Summary.Passed != want || rep.Summary.Failed != 0 || rep.Summary.Skipped != 0 || len(rep.Checks) != want {
-			t.Errorf("ok=%v summary %+v, %d checks; want ok, %d passed", rep.OK, rep.Summary, len(rep.Checks), want)
-		}
-		if strings.Join(rep.Nodes, ",") != strings.Join(nodes, ",") {
-			t.Errorf("nodes %v, want %v", rep.Nodes, nodes)
-		}
-		for _, c := range rep.Checks {
-			if c.Status != "pass" || c.From.Node == "" || len(c.Nodes) == 0 || c.DurationSeconds <= 0 {
-				t.Errorf("check %+v: want passed, with its source node and a duration", c)
-			}
-		}
-		assertNoTestNamespace(ctx, t, env, rep.Namespace)
 	})
 
 	t.Run("Forbidden", func(t *testing.T) {
@@ -474,4 +441,43 @@ func (p *runningPlugin) wait(t *testing.T, timeout time.Duration) int {
 		t.Errorf("kubectl trellis ended by a signal (%s), not by its own exit", p.cmd.ProcessState)
 	}
 	return code
+}
+
+// checkConnectivityJSON runs `kubectl trellis connectivity test --output json` on a healthy
+// cluster and reads it as a script would: one JSON document, ok, every check of the plan
+// passed with its source node and a duration, and no namespace left behind.
+func checkConnectivityJSON(ctx context.Context, t *testing.T, env *cliEnv) {
+	nodes := clusterNodeNames(env.c)
+	want := len(connectivity.Plan(nodes))
+	r := env.kubectlTrellis(ctx, t, "connectivity", "test", "--image", images.AgnhostImage, "--output", "json")
+	if r.Code != 0 {
+		t.Errorf("exit %d, want 0", r.Code)
+	}
+	var rep struct {
+		Namespace string   `json:"namespace"`
+		Nodes     []string `json:"nodes"`
+		OK        bool     `json:"ok"`
+		Checks    []struct {
+			Name, Status, Detail string
+			From, To             struct{ Node string }
+			Nodes                []string
+			DurationSeconds      float64
+		} `json:"checks"`
+		Summary struct{ Passed, Failed, Skipped int } `json:"summary"`
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil {
+		t.Fatalf("stdout is not one JSON document: %v", err)
+	}
+	if !rep.OK || rep.Summary.Passed != want || rep.Summary.Failed != 0 || rep.Summary.Skipped != 0 || len(rep.Checks) != want {
+		t.Errorf("ok=%v summary %+v, %d checks; want ok, %d passed", rep.OK, rep.Summary, len(rep.Checks), want)
+	}
+	if strings.Join(rep.Nodes, ",") != strings.Join(nodes, ",") {
+		t.Errorf("nodes %v, want %v", rep.Nodes, nodes)
+	}
+	for _, c := range rep.Checks {
+		if c.Status != "pass" || c.From.Node == "" || len(c.Nodes) == 0 || c.DurationSeconds <= 0 {
+			t.Errorf("check %+v: want passed, with its source node and a duration", c)
+		}
+	}
+	assertNoTestNamespace(ctx, t, env, rep.Namespace)
 }

@@ -25,8 +25,8 @@ import (
 // over IPv6. Pods get IPv6 addresses only; pod to pod on one node, across nodes and through
 // the router, a ClusterIP, hostPort and full-MTU packets with DF (VXLAN over IPv6 takes 70
 // bytes), in VXLAN then Hybrid and Direct (the router's pod not in Direct: it is not
-// on-link); natOutgoing seen from the external host; cluster DNS over IPv6; a NetworkPolicy
-// default-deny, then an allow.
+// on-link); kubectl trellis status and connectivity test; natOutgoing seen from the
+// external host; cluster DNS over IPv6; a NetworkPolicy default-deny, then an allow.
 func TestIPv6OnlyCluster(t *testing.T) {
 	rootBefore := rootNamespaceState(t)
 	root6Before := rootRoutes6(t)
@@ -156,6 +156,18 @@ func TestIPv6OnlyCluster(t *testing.T) {
 			}
 		}
 		checkDatapath(t, dp, mode, 6)
+		if mode == "VXLAN" {
+			// kubectl trellis as a user runs it on an IPv6-only cluster: status finds it
+			// healthy, and the connectivity test (its checks over IPv6, the MTU check's
+			// datagram with IPv6 headers) passes every check, read as JSON.
+			t.Run("KubectlTrellis", func(t *testing.T) {
+				env := newCLIEnv(t, c)
+				if r := env.kubectlTrellis(ctx, t, "status"); r.Code != 0 || !strings.Contains(r.Stdout, "Healthy: no problems found.") {
+					t.Errorf("kubectl trellis status on the healthy IPv6-only cluster:\n%s", r)
+				}
+				checkConnectivityJSON(ctx, t, env)
+			})
+		}
 		if mode == "Direct" {
 			// no encapsulation: the full underlay MTU
 			t.Run(mode+"/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, mode, underlayMTU, node1, node2) })
