@@ -333,7 +333,7 @@ func (r *runner) dns(ctx context.Context, from, node string) (Status, string) {
 	kube := "kubernetes.default.svc." + r.domain
 	own := serviceName(target) + "." + r.ns + ".svc." + r.domain
 	wantOwn := r.clusterIPs[target]
-	script := fmt.Sprintf("dig +short +time=2 +tries=1 A %s; echo ---; dig +short +time=2 +tries=1 A %s", kube, own)
+	script := dnsScript(kube, own, wantOwn)
 	var lastNet, lastExec string
 	for {
 		b.tries++
@@ -357,6 +357,17 @@ func (r *runner) dns(ctx context.Context, from, node string) (Status, string) {
 			return Fail, verdict(lastNet, lastExec, b)
 		}
 	}
+}
+
+// dnsScript looks up both names with dig, asking for the records of the family of the
+// Service's ClusterIP clusterIP: A, or AAAA on an IPv6-only cluster (whose Services,
+// kubernetes.default among them, have IPv6 ClusterIPs only).
+func dnsScript(kube, own, clusterIP string) string {
+	rtype := "A"
+	if strings.Contains(clusterIP, ":") {
+		rtype = "AAAA"
+	}
+	return fmt.Sprintf("dig +short +time=2 +tries=1 %[1]s %[2]s; echo ---; dig +short +time=2 +tries=1 %[1]s %[3]s", rtype, kube, own)
 }
 
 // addrs are the IP addresses among dig +short's lines (it may print CNAMEs or errors).

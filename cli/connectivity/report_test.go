@@ -315,3 +315,16 @@ func TestMTUScriptFamilies(t *testing.T) {
 		}
 	}
 }
+
+// The DNS check asks for the records of the Services' family: A, or AAAA on an IPv6-only
+// cluster.
+func TestDNSScriptFamilies(t *testing.T) {
+	for _, tc := range []struct{ clusterIP, want string }{
+		{"10.96.12.34", "dig +short +time=2 +tries=1 A kubernetes.default.svc.cluster.local; echo ---; dig +short +time=2 +tries=1 A server-node2.ns.svc.cluster.local"},
+		{"fd00:10:96::1234", "dig +short +time=2 +tries=1 AAAA kubernetes.default.svc.cluster.local; echo ---; dig +short +time=2 +tries=1 AAAA server-node2.ns.svc.cluster.local"},
+	} {
+		if got := dnsScript("kubernetes.default.svc.cluster.local", "server-node2.ns.svc.cluster.local", tc.clusterIP); got != tc.want {
+			t.Errorf("ClusterIP %s: %q, want %q", tc.clusterIP, got, tc.want)
+		}
+	}
+}
