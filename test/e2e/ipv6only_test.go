@@ -167,6 +167,30 @@ func TestIPv6OnlyCluster(t *testing.T) {
 				}
 				checkConnectivityJSON(ctx, t, env)
 			})
+			// In VXLAN, where every node reaches the CoreDNS pod wherever it runs (in Direct
+			// the node behind the router is unreachable).
+			t.Run("ClusterDNS", func(t *testing.T) {
+				// CoreDNS behind the IPv6 kube-dns ClusterIP answers a Service name with its IPv6
+				// ClusterIP (AAAA), from a node and from a pod over UDP and TCP; the kubelet gave
+				// pods that nameserver.
+				fqdn := "server." + framework.PodNamespace + ".svc." + cluster.ClusterDomain
+				waitFor(t, time.Minute, fqdn+" from "+node1.Name, func() (bool, string) {
+					addrs, err := c.LookupFromNode(ctx, node1, fqdn)
+					return err == nil && len(addrs) == 1 && addrs[0] == svc, fmt.Sprintf("%v %v", addrs, err)
+				})
+				for _, network := range []string{"udp", "tcp"} {
+					lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+					addrs, err := nsResolverAt(dp.client.NetNS, network, cluster.ClusterDNS6).LookupNetIP(lctx, "ip6", fqdn+".")
+					cancel()
+					if err != nil || len(addrs) != 1 || addrs[0] != svc {
+						t.Errorf("%s from the client pod over %s: %v (%v), want %s", fqdn, network, addrs, err, svc)
+					}
+				}
+				out, err := c.Kubectl(ctx, "exec", "-n", framework.PodNamespace, "client", "--", "/agnhost", "dns-server-list")
+				if err != nil || strings.TrimSpace(out) != cluster.ClusterDNS6.String() {
+					t.Errorf("the client pod's nameservers %q (%v), want %s (the kubelets' clusterDNS)", out, err, cluster.ClusterDNS6)
+				}
+			})
 		}
 		if mode == "Direct" {
 			// no encapsulation: the full underlay MTU
@@ -182,29 +206,6 @@ func TestIPv6OnlyCluster(t *testing.T) {
 	}
 
 	t.Run("NATOutgoingIPv6", func(t *testing.T) { checkNATOutgoing6(t, c, dp.client, dp.server, node1) })
-
-	t.Run("ClusterDNS", func(t *testing.T) {
-		// CoreDNS behind the IPv6 kube-dns ClusterIP answers a Service name with its IPv6
-		// ClusterIP (AAAA), from a node and from a pod over UDP and TCP; the kubelet gave
-		// pods that nameserver.
-		fqdn := "server." + framework.PodNamespace + ".svc." + cluster.ClusterDomain
-		waitFor(t, time.Minute, fqdn+" from "+node1.Name, func() (bool, string) {
-			addrs, err := c.LookupFromNode(ctx, node1, fqdn)
-			return err == nil && len(addrs) == 1 && addrs[0] == svc, fmt.Sprintf("%v %v", addrs, err)
-		})
-		for _, network := range []string{"udp", "tcp"} {
-			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			addrs, err := nsResolverAt(dp.client.NetNS, network, cluster.ClusterDNS6).LookupNetIP(lctx, "ip6", fqdn+".")
-			cancel()
-			if err != nil || len(addrs) != 1 || addrs[0] != svc {
-				t.Errorf("%s from the client pod over %s: %v (%v), want %s", fqdn, network, addrs, err, svc)
-			}
-		}
-		out, err := c.Kubectl(ctx, "exec", "-n", framework.PodNamespace, "client", "--", "/agnhost", "dns-server-list")
-		if err != nil || strings.TrimSpace(out) != cluster.ClusterDNS6.String() {
-			t.Errorf("the client pod's nameservers %q (%v), want %s (the kubelets' clusterDNS)", out, err, cluster.ClusterDNS6)
-		}
-	})
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
 		server := netip.AddrPortFrom(dp.server.IP, framework.ServerPort).String()
