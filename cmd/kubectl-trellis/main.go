@@ -10,13 +10,18 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/trellis-net/trellis/cli"
 	"github.com/trellis-net/trellis/internal/version"
 )
 
 func main() {
+	// controller-runtime's client logs nothing a CLI user needs; with no logger set it
+	// prints a stack trace to stderr when first used 30 s after the start.
+	ctrllog.SetLogger(logr.Discard())
 	f := cli.NewFactory()
 	root := newRoot(f)
 	if err := root.Execute(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/mattfenwick/cyclonus/pkg/connectivity"
 	"github.com/mattfenwick/cyclonus/pkg/connectivity/probe"
 	"github.com/mattfenwick/cyclonus/pkg/kube"
@@ -23,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
@@ -42,6 +44,9 @@ const probeTimeoutSeconds = 1
 // per family and case, its verdict and, when it fails, the pod pairs and probes that
 // differ; totals and JUnit XML at the end. See doc.go for the environment.
 func TestNetworkPolicyConformance(t *testing.T) {
+	// The explain check runs kubectl trellis's code in this process, with a
+	// controller-runtime client: its logs, as the plugin's, go nowhere.
+	ctrllog.SetLogger(logr.Discard())
 	mode := Mode(envOr("TRELLIS_CONFORMANCE", string(ModeSubset)))
 	cni := cluster.CNI(envOr("TRELLIS_CONFORMANCE_CNI", string(cluster.CNITrellis)))
 	defaultFamily := "dual"
