@@ -97,34 +97,10 @@ func TestStatusWrittenAndCoalesced(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	start := func() (*ipamstatus.Reporter, func()) {
-		r := ipamstatus.New(counted, "node-1", dir)
-		r.MinWriteInterval = interval
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- r.Start(rctx) }()
-		return r, func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("reporter: %v", err)
-			}
-		}
-	}
+	start := func() (*ipamstatus.Reporter, func()) { return startReporter(t, counted, "node-1", dir, interval) }
 	expect := func(inUse int32) {
 		t.Helper()
-		want := v1alpha1.NodeIPAMStatus{InUse: inUse, Capacity: 253}
-		var got v1alpha1.NodeNetwork
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if err := k8s.Get(ctx, types.NamespacedName{Name: "node-1"}, &got); err != nil {
-				t.Fatal(err)
-			}
-			if got.Status.IPAM == want {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("status.ipam %+v, want %+v", got.Status.IPAM, want)
-			}
-		}
+		waitIPAM(t, k8s, "node-1", v1alpha1.NodeIPAMStatus{InUse: inUse, Capacity: 253})
 		if g := gauges(t); g["in_use"] != float64(inUse) || g["free"] != float64(253-inUse) {
 			t.Errorf("gauges %v, want in_use %d and free %d", g, inUse, 253-inUse)
 		}
@@ -204,32 +180,43 @@ func TestStatusIPv6OnlyNode(t *testing.T) {
 		}
 	}
 	s.Close()
-	r := ipamstatus.New(k8s, "node6", dir)
-	r.MinWriteInterval = 100 * time.Millisecond
-	rctx, cancel := context.WithCancel(ctx)
+	_, stop := startReporter(t, k8s, "node6", dir, 100*time.Millisecond)
+	defer stop()
+	waitIPAM(t, k8s, "node6", v1alpha1.NodeIPAMStatus{InUse: 3, Capacity: math.MaxInt32})
+	if g := gauges(t); g["in_use"] != 3 {
+		t.Errorf("gauges %v, want in_use 3", g)
+	}
+}
+
+// startReporter runs a Reporter for node's store in dir until stop is called.
+func startReporter(t *testing.T, c client.Client, node, dir string, interval time.Duration) (r *ipamstatus.Reporter, stop func()) {
+	r = ipamstatus.New(c, node, dir)
+	r.MinWriteInterval = interval
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- r.Start(rctx) }()
-	defer func() {
+	go func() { done <- r.Start(ctx) }()
+	return r, func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("reporter: %v", err)
 		}
-	}()
-	want := v1alpha1.NodeIPAMStatus{InUse: 3, Capacity: math.MaxInt32}
+	}
+}
+
+// waitIPAM waits up to 10 s until node's NodeNetwork has status.ipam want.
+func waitIPAM(t *testing.T, k8s client.Client, node string, want v1alpha1.NodeIPAMStatus) {
+	t.Helper()
 	var got v1alpha1.NodeNetwork
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if err := k8s.Get(ctx, types.NamespacedName{Name: "node6"}, &got); err != nil {
+		if err := k8s.Get(context.Background(), types.NamespacedName{Name: node}, &got); err != nil {
 			t.Fatal(err)
 		}
 		if got.Status.IPAM == want {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("status.ipam %+v, want %+v", got.Status.IPAM, want)
 		}
-	}
-	if g := gauges(t); g["in_use"] != 3 {
-		t.Errorf("gauges %v, want in_use 3", g)
 	}
 }
 
