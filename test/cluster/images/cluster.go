@@ -2,6 +2,8 @@ package images
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -107,7 +109,9 @@ func Build(ctx context.Context, src Sources) (string, bool, error) {
 	if v := strings.TrimSpace(string(version)); v != AgnhostVersion {
 		return "", false, fmt.Errorf("%s/agnhost is version %s, the image name says %s: update images.AgnhostVersion with the Kubernetes version", src.AgnhostDir, v, AgnhostVersion)
 	}
-	binDir := filepath.Join(src.CacheDir, "bin")
+	// One directory per checkout: two checkouts building at once (worktrees) must not
+	// put one's binaries into the other's image.
+	binDir := filepath.Join(src.CacheDir, "bin", checkoutKey(src.ModuleRoot))
 	pkgs := []string{"./test/runtime/cmd/pause"}
 	if src.Trellis {
 		pkgs = append(pkgs, "./cmd/manager", "./cmd/agent", "./cmd/cni")
@@ -220,4 +224,14 @@ func goCommand() (string, error) {
 		return "", fmt.Errorf("the go command builds the images' binaries: put /usr/local/go/bin on PATH (%w)", err)
 	}
 	return p, nil
+}
+
+// checkoutKey names a checkout's build directory: a short hash of its module root.
+func checkoutKey(moduleRoot string) string {
+	abs, err := filepath.Abs(moduleRoot)
+	if err != nil {
+		abs = moduleRoot
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return hex.EncodeToString(sum[:6])
 }
