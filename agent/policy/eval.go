@@ -13,8 +13,15 @@ import (
 // Packet is the first packet of a connection as the filter table sees it on this node.
 type Packet struct {
 	Src, Dst netip.Addr
-	Protocol string // "tcp", "udp", "sctp"
-	DstPort  int
+	// Protocol is named as the rules' "-p" names it: "tcp", "udp", "sctp", "icmp",
+	// "ipv6-icmp", or the IP protocol's number ("47").
+	Protocol string
+	// DstPort: TCP, UDP and SCTP only (0 for other protocols: a rule with ports names its
+	// protocol, so it never matches them).
+	DstPort int
+	// ICMPType: the ICMP or ICMPv6 type of the first packet (conntrack tracks only
+	// queries: an echo request and the like).
+	ICMPType int
 	// InInterface and OutInterface: a pod's host veth when the packet comes from (goes to)
 	// a pod of this node, else "".
 	InInterface, OutInterface string
@@ -214,9 +221,13 @@ func (e *evaluator) match(args []string) (matched bool, target string, gotoChain
 				return false, "", false, fmt.Errorf("unknown match %s", m)
 			}
 		case "--icmpv6-type":
-			// Packets are connections' first packets (TCP, UDP, SCTP): "-p ipv6-icmp" has
-			// already failed to match them; an ICMPv6 packet is taken to be of the type named.
-			next()
+			// Written after "-p ipv6-icmp" only; only plain type numbers are written.
+			v := next()
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return false, "", false, fmt.Errorf("ICMPv6 type %s is not understood", v)
+			}
+			matched = matched && e.p.ICMPType == n
 		case "--comment", "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-name", "--nflog-prefix", "--nflog-group", "--nflog-size":
 			// A rate limit only decides whether a deny log is sent, never a verdict.
 			next()

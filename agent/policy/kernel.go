@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -67,15 +68,47 @@ type conntrackFilter struct {
 	err   error
 }
 
-var protocols = map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp", unix.IPPROTO_SCTP: "sctp"}
+// flowPacket is the first packet of a tracked connection, as the policy rules judge it:
+// every IP protocol, not only those with ports. A rule with ports names its protocol
+// ("-p tcp --dport 80") and so never matches ICMP or GRE; a rule without ports matches
+// every protocol, as in the kernel. A ping or an ICMP tunnel a new policy denies loses its
+// entry as a TCP connection does.
+func flowPacket(flow *netlink.ConntrackFlow) Packet {
+	p := Packet{Protocol: protocolName(flow.Forward.Protocol)}
+	switch flow.Forward.Protocol {
+	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
+		// After DNAT (a Service) the reply's source port is the pod's.
+		p.DstPort = int(flow.Reverse.SrcPort)
+	case unix.IPPROTO_ICMP:
+		p.ICMPType = 8 // echo request: conntrack tracks only queries
+	case unix.IPPROTO_ICMPV6:
+		// Echo request (or a node information query, 139): conntrack tracks only queries;
+		// neighbour discovery (135, 136), which the rules let through, is never tracked.
+		p.ICMPType = 128
+	}
+	return p
+}
+
+// protocolName is the name "-p" gives an IP protocol (iptables-save's), else its number.
+func protocolName(proto uint8) string {
+	switch proto {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	case unix.IPPROTO_ICMP:
+		return "icmp"
+	case unix.IPPROTO_ICMPV6:
+		return "ipv6-icmp"
+	}
+	return strconv.Itoa(int(proto))
+}
 
 // MatchConntrackFlow: the filter table saw the original source and, after DNAT (a
 // Service), the reply's source as destination.
 func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	proto, ok := protocols[flow.Forward.Protocol]
-	if !ok {
-		return false
-	}
 	src, ok1 := netip.AddrFromSlice(flow.Forward.SrcIP)
 	dst, ok2 := netip.AddrFromSlice(flow.Reverse.SrcIP)
 	if !ok1 || !ok2 {
@@ -92,8 +125,10 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if src == dst {
 		return false
 	}
-	allowed, err := f.ev.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: int(flow.Reverse.SrcPort), InInterface: in, OutInterface: out,
-		ToHost: out == "" && f.local[dst]})
+	p := flowPacket(flow)
+	p.Src, p.Dst, p.InInterface, p.OutInterface = src, dst, in, out
+	p.ToHost = out == "" && f.local[dst]
+	allowed, err := f.ev.Allowed(p)
 	if err != nil {
 		f.err = err
 		return false
@@ -102,9 +137,10 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 }
 
 // DeleteDeniedConnections removes the conntrack entries of connections to or from this
-// node's pods that rs denies, so a new denial also stops established connections (their
-// next packet is NEW, and dropped): IPv4 flows, and IPv6 flows when rs has IPv6 rules
-// (ifaces holds the pods' addresses of both families). It returns how many it removed.
+// node's pods that rs denies, so a new denial also stops established connections of every
+// protocol (their next packet is NEW, and dropped): IPv4 flows, and IPv6 flows when rs has
+// IPv6 rules (ifaces holds the pods' addresses of both families). It returns how many it
+// removed; an error when an entry could not be removed (the others are).
 func DeleteDeniedConnections(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error) {
 	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: ifaces, local: map[netip.Addr]bool{}}
 	families := []netlink.InetFamily{unix.AF_INET}

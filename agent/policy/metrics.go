@@ -66,7 +66,8 @@ func NewMetrics(dropCounters func() (string, error), log logr.Logger) *Metrics {
 
 // Register adds the metrics to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.syncDuration, m.syncErrors, m.rules, m.sets, m.setMembers, m.isolated, m.enforced, m} {
+	for _, c := range []prometheus.Collector{m.syncDuration, m.syncErrors, m.rules, m.sets, m.setMembers, m.isolated, m.enforced, m,
+		conntrackRemoved, conntrackCleanupErrors} {
 		if err := r.Register(c); err != nil {
 			return err
 		}
