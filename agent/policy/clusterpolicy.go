@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,7 +11,9 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -36,12 +39,15 @@ var clusterPolicyGVK = schema.GroupVersion(policyv1beta1.GroupVersion).WithKind(
 // peer: an agent of a cluster without node peers never holds every Node. Whether the API
 // is installed is asked of the API server (discovery) before the first sync and, while it
 // isn't, every APIPollPeriod; until the answer is known a sync fails (the kernel keeps the
-// rules it has), so an API server unreachable at the agent's start can't make a restarted
-// agent drop the cluster's Admin rules.
+// rules it has, a new pod's veth stays an unknown interface), so an API server unreachable
+// or unsure at the agent's start can't make a restarted agent drop the cluster's Admin
+// rules.
 type apiSource struct {
 	cache  cache.Cache // the agent's
 	nodes  cache.Cache // all nodes, trimmed (TrimNode)
 	mapper meta.RESTMapper
+	// discovery asks the API server itself (no cache) when the mapper finds no such kind.
+	discovery discovery.DiscoveryInterface
 	// trigger asks the engine for a sync.
 	trigger func()
 	log     logr.Logger
@@ -71,30 +77,108 @@ type ClusterPolicyWatcher interface {
 // NewClusterPolicySource is the source Setup gives trellis-agent's engine, for a program
 // that builds its Engine itself (the policy benchmark): the ClusterNetworkPolicies in c
 // (the cache of the Engine's Reader, with CacheOptions) once their API is installed —
-// asked before the first sync, then every APIPollPeriod until it is — and the nodes in nodes (a cache of Nodes trimmed by TrimNode, added to the manager;
-// its informer starts on the first node peer). trigger asks the engine for a sync
+// asked before the first sync, then every APIPollPeriod until it is — and the nodes in
+// nodes (a cache of Nodes trimmed by TrimNode, added to the manager; its informer starts
+// on the first node peer). mapper is asked first; when it finds no such kind, disc (a
+// discovery client without a cache) decides. trigger asks the engine for a sync
 // (Engine.Trigger). Add the source to the manager: it watches.
-func NewClusterPolicySource(c, nodes cache.Cache, mapper meta.RESTMapper, trigger func(), log logr.Logger) ClusterPolicyWatcher {
-	return &apiSource{cache: c, nodes: nodes, mapper: mapper, trigger: trigger, log: log}
+func NewClusterPolicySource(c, nodes cache.Cache, mapper meta.RESTMapper, disc discovery.DiscoveryInterface, trigger func(), log logr.Logger) ClusterPolicyWatcher {
+	return &apiSource{cache: c, nodes: nodes, mapper: mapper, discovery: disc, trigger: trigger, log: log}
 }
 
 // APIPollPeriod is how often an agent that found no ClusterNetworkPolicy API looks again.
 var APIPollPeriod = 30 * time.Second
 
-// check asks the API server whether the API is installed and records the answer; an
-// error (the API server unreachable) leaves it unknown.
+// apiRetryPeriod is how soon an agent that could not tell whether the API is installed
+// asks again (doubling up to APIPollPeriod): meanwhile its syncs fail and the kernel keeps
+// the rules it has.
+var apiRetryPeriod = time.Second
+
+// check asks the API server whether the API is installed and records the answer; a
+// question the API server did not answer for sure leaves it unknown (with the reason).
+//
+// A RESTMapper's "no such kind" is not that answer: a mapper's cache can be older than
+// the CRD, and discovery can list a group before it serves it (a CRD being established,
+// an aggregated API that is unavailable). Only a group list fetched now that succeeds
+// and lacks the group version means "not installed"; one that lists it means installed
+// once the version's resource list names the kind.
 func (s *apiSource) check() (int32, error) {
 	_, err := s.mapper.RESTMapping(schema.GroupKind{Group: clusterPolicyGVK.Group, Kind: clusterPolicyGVK.Kind}, clusterPolicyGVK.Version)
 	switch {
 	case err == nil:
 		s.state.Store(apiInstalled)
 		return apiInstalled, nil
-	case meta.IsNoMatchError(err):
-		s.state.CompareAndSwap(apiUnknown, apiAbsent)
-		return apiAbsent, nil
-	default:
+	case !meta.IsNoMatchError(err):
 		return apiUnknown, fmt.Errorf("asking the API server whether ClusterNetworkPolicy (%s) is installed: %w", clusterPolicyGVK.GroupVersion(), err)
 	}
+	state, err := s.discover()
+	if err != nil {
+		return apiUnknown, fmt.Errorf("asking the API server whether ClusterNetworkPolicy (%s) is installed (the REST mapper found no such kind, discovery can't confirm it): %w",
+			clusterPolicyGVK.GroupVersion(), err)
+	}
+	if state == apiAbsent {
+		s.state.CompareAndSwap(apiUnknown, apiAbsent)
+		return apiAbsent, nil
+	}
+	// Installed, though the mapper did not know it yet: the informer's start asks it again
+	// (and a sync fails until it knows).
+	s.state.Store(apiInstalled)
+	return apiInstalled, nil
+}
+
+// discover asks the API server's discovery, with no cache, whether it serves
+// ClusterNetworkPolicy: apiInstalled, apiAbsent, or an error (unknown).
+func (s *apiSource) discover() (int32, error) {
+	if s.discovery == nil {
+		return apiUnknown, fmt.Errorf("no discovery client")
+	}
+	gv := clusterPolicyGVK.GroupVersion()
+	var (
+		groups    *metav1.APIGroupList
+		resources map[schema.GroupVersion]*metav1.APIResourceList
+		failed    map[schema.GroupVersion]error
+		err       error
+	)
+	// Aggregated discovery (one request) says which versions it can't describe now (an
+	// unavailable aggregated API): ServerGroups would leave them out, as if not installed.
+	if ad, ok := s.discovery.(discovery.AggregatedDiscoveryInterface); ok {
+		groups, resources, failed, err = ad.GroupsAndMaybeResources()
+	} else {
+		groups, err = s.discovery.ServerGroups()
+	}
+	if err != nil {
+		return apiUnknown, fmt.Errorf("listing the API groups: %w", err)
+	}
+	if err := failed[gv]; err != nil {
+		return apiUnknown, fmt.Errorf("the API server lists %s but can't say what it serves: %w", gv, err)
+	}
+	if groups == nil || len(groups.Groups) == 0 {
+		return apiUnknown, fmt.Errorf("listing the API groups: the API server listed none")
+	}
+	listed := false
+	for _, g := range groups.Groups {
+		if g.Name != gv.Group {
+			continue
+		}
+		for _, v := range g.Versions {
+			listed = listed || v.Version == gv.Version
+		}
+	}
+	if !listed {
+		return apiAbsent, nil
+	}
+	list := resources[gv]
+	if list == nil {
+		if list, err = s.discovery.ServerResourcesForGroupVersion(gv.String()); err != nil {
+			return apiUnknown, fmt.Errorf("the API server lists %s but does not say what it serves: %w", gv, err)
+		}
+	}
+	for _, r := range list.APIResources {
+		if r.Kind == clusterPolicyGVK.Kind && !strings.Contains(r.Name, "/") {
+			return apiInstalled, nil
+		}
+	}
+	return apiAbsent, nil
 }
 
 func (s *apiSource) ClusterPolicies(ctx context.Context) ([]*policyv1beta1.ClusterNetworkPolicy, error) {
@@ -159,13 +243,20 @@ func (s *apiSource) Nodes(ctx context.Context) ([]*Node, error) {
 }
 
 // Start looks for the API until it is installed, then watches the policies (a runnable
-// of the agent's manager).
+// of the agent's manager). While the answer is unknown it asks again soon (apiRetryPeriod,
+// doubling up to APIPollPeriod); while the API is not installed, every APIPollPeriod.
 func (s *apiSource) Start(ctx context.Context) error {
 	logged := false
+	retry := apiRetryPeriod
 	for {
 		state, err := s.check()
+		wait := APIPollPeriod
 		if err != nil {
-			s.log.Error(err, "retrying", "in", APIPollPeriod)
+			wait = min(retry, APIPollPeriod)
+			retry *= 2
+			s.log.Error(err, "ClusterNetworkPolicy rules stay as the kernel holds them until the API server answers; retrying", "in", wait)
+		} else {
+			retry = apiRetryPeriod
 		}
 		if state == apiInstalled {
 			if err := s.watch(ctx); err != nil {
@@ -178,11 +269,13 @@ func (s *apiSource) Start(ctx context.Context) error {
 		if state == apiAbsent && !logged {
 			s.log.Info("the ClusterNetworkPolicy API (policy.networking.k8s.io/v1beta1) is not installed; looking again periodically", "every", APIPollPeriod)
 			logged = true
+			// A sync that failed waiting for the answer goes on without them.
+			s.trigger()
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(APIPollPeriod):
+		case <-time.After(wait):
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -89,7 +90,11 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	if err != nil {
 		return err
 	}
-	src := &apiSource{cache: mgr.GetCache(), nodes: nodes, mapper: mgr.GetRESTMapper(), log: log.WithName("cluster-policy")}
+	disc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
+	if err != nil {
+		return fmt.Errorf("making the discovery client: %w", err)
+	}
+	src := &apiSource{cache: mgr.GetCache(), nodes: nodes, mapper: mgr.GetRESTMapper(), discovery: disc, log: log.WithName("cluster-policy")}
 	e := &Engine{
 		Cluster: src,
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,

@@ -23,6 +23,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/discovery"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -152,7 +153,11 @@ func runAgent(o agentOptions, node string) (err error) {
 			mu.Unlock()
 		},
 	}
-	src := policy.NewClusterPolicySource(mgr.GetCache(), nodes, mgr.GetRESTMapper(), e.Trigger, logr.Discard())
+	disc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
+	if err != nil {
+		return fmt.Errorf("making the discovery client: %w", err)
+	}
+	src := policy.NewClusterPolicySource(mgr.GetCache(), nodes, mgr.GetRESTMapper(), disc, e.Trigger, logr.Discard())
 	e.Cluster = src
 	if err := mgr.Add(e); err != nil {
 		return err
