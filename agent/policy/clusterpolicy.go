@@ -253,7 +253,7 @@ func (s *apiSource) Start(ctx context.Context) error {
 		wait := APIPollPeriod
 		if err != nil {
 			wait = min(retry, APIPollPeriod)
-			retry *= 2
+			retry = min(2*retry, APIPollPeriod)
 			s.log.Error(err, "ClusterNetworkPolicy rules stay as the kernel holds them until the API server answers; retrying", "in", wait)
 		} else {
 			retry = apiRetryPeriod
