@@ -254,7 +254,11 @@ func (s *apiSource) Start(ctx context.Context) error {
 		if err != nil {
 			wait = min(retry, APIPollPeriod)
 			retry = min(2*retry, APIPollPeriod)
-			s.log.Error(err, "ClusterNetworkPolicy rules stay as the kernel holds them until the API server answers; retrying", "in", wait)
+			msg := "can't tell whether the ClusterNetworkPolicy API is installed; asking again"
+			if s.state.Load() == apiUnknown {
+				msg = "can't tell whether the ClusterNetworkPolicy API is installed (until then syncs fail and the kernel keeps its rules); asking again"
+			}
+			s.log.Error(err, msg, "in", wait)
 		} else {
 			retry = apiRetryPeriod
 		}
