@@ -241,7 +241,7 @@ func startAgent(t *testing.T, cfg *rest.Config, s *runtime.Scheme, n *node, back
 	check.Must(t, err)
 	mapper, err := apiutil.NewDynamicRESTMapper(cfg, httpClient)
 	check.Must(t, err)
-	c, err := cache.New(cfg, cache.Options{Scheme: s, ByObject: policy.CacheOptions()})
+	c, err := cache.New(cfg, cache.Options{Scheme: s, ByObject: policy.CacheOptions(), DefaultTransform: policy.CacheTransform})
 	check.Must(t, err)
 	nodes, err := cache.New(cfg, cache.Options{Scheme: s, ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: policy.TrimNode}}})
 	check.Must(t, err)

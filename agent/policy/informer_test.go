@@ -43,7 +43,7 @@ func TestInformerPods(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ca, err := cache.New(cfg, cache.Options{Scheme: c.Scheme(), ByObject: policy.CacheOptions()})
+	ca, err := cache.New(cfg, cache.Options{Scheme: c.Scheme(), ByObject: policy.CacheOptions(), DefaultTransform: policy.CacheTransform})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,14 +48,25 @@ type Options struct {
 
 // CacheOptions trims what the agent's cache keeps of the objects policy reads: pods,
 // namespaces and policies of the whole cluster, each cut down to what Compile needs.
+// ClusterNetworkPolicies are trimmed by CacheTransform, the cache's DefaultTransform: a
+// kind named here is looked up when the cache is made, and an agent must start where
+// that API is not installed, or discovery can't say yet (its informer starts once the
+// API is known to be installed).
 func CacheOptions() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
 		&corev1.Pod{}:                 {Transform: TrimPod},
 		&corev1.Namespace{}:           {Transform: TrimNamespace},
 		&networkingv1.NetworkPolicy{}: {Transform: TrimNetworkPolicy},
-		// Read only once the API is installed (the informer starts on the first list).
-		&policyv1beta1.ClusterNetworkPolicy{}: {Transform: TrimClusterNetworkPolicy},
 	}
+}
+
+// CacheTransform is the DefaultTransform of the agent's cache: it trims
+// ClusterNetworkPolicies (TrimClusterNetworkPolicy) and leaves other objects as they are.
+func CacheTransform(obj any) (any, error) {
+	if _, ok := obj.(*policyv1beta1.ClusterNetworkPolicy); ok {
+		return TrimClusterNetworkPolicy(obj)
+	}
+	return obj, nil
 }
 
 // Setup adds the policy engine, its CNI hook server, metrics and status reporting to the

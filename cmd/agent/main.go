@@ -141,7 +141,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	}
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                 scheme,
-		Cache:                  cache.Options{ByObject: byObject(policy.CacheOptions(), nodenet.CacheOptions(nodeName))},
+		Cache:                  cache.Options{ByObject: byObject(policy.CacheOptions(), nodenet.CacheOptions(nodeName)), DefaultTransform: policy.CacheTransform},
 		Metrics:                metricsServer,
 		HealthProbeBindAddress: o.HealthAddr,
 	})

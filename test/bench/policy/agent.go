@@ -108,7 +108,7 @@ func runAgent(o agentOptions, node string) (err error) {
 	ctrl.SetLogger(logr.Discard())
 	mgr, err := ctrl.NewManager(access.RestConfig(), ctrl.Options{
 		Scheme: s, Metrics: metricsserver.Options{BindAddress: "0"},
-		Cache: cache.Options{ByObject: policy.CacheOptions()},
+		Cache: cache.Options{ByObject: policy.CacheOptions(), DefaultTransform: policy.CacheTransform},
 	})
 	if err != nil {
 		return fmt.Errorf("creating the agent's manager: %w", err)
