@@ -110,6 +110,11 @@ func (s *apiSource) check() (int32, error) {
 		return apiInstalled, nil
 	case !meta.IsNoMatchError(err):
 		return apiUnknown, fmt.Errorf("asking the API server whether ClusterNetworkPolicy (%s) is installed: %w", clusterPolicyGVK.GroupVersion(), err)
+	case s.state.Load() == apiAbsent:
+		// Known to be absent, and still no such kind (the lazy mapper asked the API server
+		// for the group version again): every poll of every agent must not fetch the
+		// whole discovery document.
+		return apiAbsent, nil
 	}
 	state, err := s.discover()
 	if err != nil {

@@ -121,3 +121,14 @@ func TestClusterPolicyAPIUnknownFailsTheSync(t *testing.T) {
 		})
 	}
 }
+
+// Once the API is known to be absent, a poll that still finds no such kind costs no
+// discovery document (5,000 agents poll every 30 s).
+func TestClusterPolicyAPIAbsentPollsCheaply(t *testing.T) {
+	s := &apiSource{mapper: mapper{err: &meta.NoKindMatchError{GroupKind: clusterPolicyGVK.GroupKind()}}, log: testr.New(t), trigger: func() {}}
+	s.state.Store(apiAbsent)
+	// No discovery client: asking it would be an error.
+	if got, err := s.check(); got != apiAbsent || err != nil {
+		t.Errorf("check() with the API known absent = %d, %v; want absent, no error", got, err)
+	}
+}
