@@ -51,8 +51,6 @@ func (x nsApplier) Remove() error {
 	return x.n.ns.Do(func(ns.NetNS) error { return x.a.Remove() })
 }
 
-const cnpCRDName = "clusternetworkpolicies.policy.networking.k8s.io"
-
 // unavailableAPIService is an aggregated API for policy.networking.k8s.io/v1beta1 whose
 // service does not exist: discovery lists the group version but can't say what it serves
 // (aggregated discovery marks it stale, its resource list answers 503), so a REST mapper
@@ -110,7 +108,7 @@ func TestKernelAdminRulesWaitForDiscovery(t *testing.T) {
 	check.Must(t, envtest.UninstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{crdPath}}))
 	check.Eventually(t, 30*time.Second, "the ClusterNetworkPolicy API gone from discovery", func() error {
 		if listed, err := policyGroupVersion(disc); err != nil || listed {
-			return fmt.Errorf("listed=%v, %v", listed, err)
+			return errors.Join(err, errors.New("still listed"))
 		}
 		return nil
 	})
@@ -134,9 +132,8 @@ func TestKernelAdminRulesWaitForDiscovery(t *testing.T) {
 			_, err := envtest.InstallCRDs(cfg, envtest.CRDInstallOptions{Paths: []string{crdPath}})
 			check.Must(t, err)
 			// The policy as it is now: Deny from cache (the previous agent's from web).
-			pc := client.Client(c)
 			check.Eventually(t, 20*time.Second, "the ClusterNetworkPolicy created", func() error {
-				return pc.Create(ctx, adminDeny("current", "cache"))
+				return c.Create(ctx, adminDeny("current", "cache"))
 			})
 		}, admin: "admin/current", removed: "admin/previous"},
 	} {
@@ -149,7 +146,7 @@ func TestKernelAdminRulesWaitForDiscovery(t *testing.T) {
 			})
 			check.Eventually(t, 20*time.Second, "discovery listing the unavailable group version", func() error {
 				if listed, err := policyGroupVersion(disc); err != nil || !listed {
-					return fmt.Errorf("listed=%v, %v", listed, err)
+					return errors.Join(err, errors.New("not listed"))
 				}
 				return nil
 			})
