@@ -146,8 +146,8 @@ func TestDenyLogsKernel(t *testing.T) {
 			sent := n.udpFlood("other", "web", 9999, 2*time.Second)
 			took := time.Since(start)
 			time.Sleep(500 * time.Millisecond)
-			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "rate")) +
-				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "repeat"))
+			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")) +
+				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "repeat"))
 			bound := int(rate*took.Seconds()) + rate + 5 // the kernel bucket: rate a second, one second of burst
 			t.Logf("flood: %d datagrams in %v, %d reached the agent (bound %d), %d lines", sent, took.Round(time.Millisecond), delivered, bound, len(got.denied())-before)
 			if sent < 10*bound {
@@ -247,8 +247,8 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 			sent := n.udpFloodAddr("other", n.pods["web"].ip6, 9999, 2*time.Second)
 			took := time.Since(start)
 			time.Sleep(500 * time.Millisecond)
-			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "rate")) +
-				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "repeat"))
+			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")) +
+				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "repeat"))
 			bound := int(rate*took.Seconds()) + rate + 5
 			t.Logf("IPv6 flood: %d datagrams in %v, %d reached the agent (bound %d)", sent, took.Round(time.Millisecond), delivered, bound)
 			if sent < 10*bound {

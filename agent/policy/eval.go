@@ -217,7 +217,7 @@ func (e *evaluator) match(args []string) (matched bool, target string, gotoChain
 			// Packets are connections' first packets (TCP, UDP, SCTP): "-p ipv6-icmp" has
 			// already failed to match them; an ICMPv6 packet is taken to be of the type named.
 			next()
-		case "--comment", "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-name", "--nflog-prefix", "--nflog-group", "--nflog-size":
+		case "--comment", "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-name", "--hashlimit-htable-size", "--hashlimit-htable-max", "--nflog-prefix", "--nflog-group", "--nflog-size":
 			// A rate limit only decides whether a deny log is sent, never a verdict.
 			next()
 		case "--dst-type":
