@@ -331,6 +331,27 @@ func TestDenyLogsKernelNamespaceShares(t *testing.T) {
 			if drops := n.drops(backend) - dropsBefore; drops < uint64(sent) {
 				t.Errorf("the pods' chains dropped %d of the %d flooded datagrams: logging changed verdicts", drops, sent)
 			}
+			// The summary says which namespace lost lines to its share, and how many.
+			d.Summarize()
+			var summaries []map[string]any
+			got.mu.Lock()
+			for _, m := range got.all {
+				if strings.HasPrefix(fmt.Sprint(m["msg"]), "deny log lines suppressed") {
+					summaries = append(summaries, m)
+				}
+			}
+			got.mu.Unlock()
+			rateSuppressed := counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")
+			if rateSuppressed > 0 && (len(summaries) != 1 || summaries[0]["namespace"] != "shop" || summaries[0]["suppressed"] != rateSuppressed) {
+				t.Errorf("summary lines %v, want one for shop saying %v", summaries, rateSuppressed)
+			}
+			if rateSuppressed == 0 && len(summaries) != 0 {
+				t.Errorf("summary lines %v with nothing suppressed", summaries)
+			}
+			for _, m := range summaries {
+				b, _ := json.Marshal(m)
+				t.Logf("summary line: %s", b)
+			}
 		})
 	}
 }
