@@ -7,8 +7,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
@@ -303,5 +306,54 @@ func TestDenyLoggerResolvesPrefixesPerFamily(t *testing.T) {
 	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
 	if len(got) != 2 || !strings.Contains(got[0], `"pod"="shop/v4pod"`) || !strings.Contains(got[1], `"pod"="shop/v6pod"`) || !strings.Contains(got[1], `"src"="fd00::1"`) {
 		t.Errorf("lines %q, want the IPv4 packet's naming shop/v4pod and the IPv6 one's shop/v6pod", got)
+	}
+}
+
+// The agent's bound is split between the namespaces the rules say (their Shares): a flood
+// at shop's pod gets shop's share, bank's attempts all get their lines; what shop's share
+// suppressed is counted by namespace and summarised per namespace.
+func TestDenyLoggerSharesPerNamespace(t *testing.T) {
+	rule := func(ns string) DenyLogRule {
+		return DenyLogRule{PodChain: PodChain{Pod: types.NamespacedName{Namespace: ns, Name: "web"}, Direction: Ingress}, Rule: "not allowed by NetworkPolicy", Shares: 2}
+	}
+	var got []string
+	now := time.Unix(1000, 0)
+	d := &DenyLogger{LinesPerSecond: 10, Log: funcr.New(func(_, args string) { got = append(got, args) }, funcr.Options{}), Now: func() time.Time { return now }}
+	reg := prometheus.NewRegistry()
+	if err := d.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	d.SetRules(&Ruleset{DenyLogRules: map[string]DenyLogRule{"TRELLIS-I-SHOP 1": rule("shop"), "TRELLIS-I-BANK 1": rule("bank")}})
+	pkt := func(prefix string, sport uint16) denylog.Packet {
+		return denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "udp", SrcPort: sport, DstPort: 53}
+	}
+	for i := range 100 {
+		d.Handle(pkt("TRELLIS-I-SHOP 1", uint16(i)))
+	}
+	for i := range 5 {
+		d.Handle(pkt("TRELLIS-I-BANK 1", uint16(1000+i)))
+	}
+	lines := map[string]int{}
+	for _, l := range got {
+		for _, ns := range []string{"shop", "bank"} {
+			if strings.Contains(l, `"pod"="`+ns+`/web"`) {
+				lines[ns]++
+			}
+		}
+	}
+	if lines["shop"] != 5 || lines["bank"] != 5 {
+		t.Errorf("lines by namespace %v, want 5 each (half of 10 a second: a burst of 5)", lines)
+	}
+	var m dto.Metric
+	if err := d.suppressed.WithLabelValues("shop", denylog.SuppressedRate).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if c := m.GetCounter().GetValue(); c != 95 {
+		t.Errorf("suppressed{shop,rate} = %v, want 95", c)
+	}
+	got = nil
+	d.Summarize()
+	if len(got) != 1 || !strings.Contains(got[0], `"namespace"="shop"`) || !strings.Contains(got[0], `"suppressed"=95`) {
+		t.Errorf("summary %q, want one line: shop, 95 suppressed", got)
 	}
 }
