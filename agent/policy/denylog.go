@@ -114,8 +114,8 @@ func (d DenyLog) limitName(namespace string) string {
 }
 
 // shareRate is a namespace's share of LinesPerSecond split between d.shares namespaces,
-// as hashlimit's rate (in the coarsest unit that says it exactly, else per hour rounded
-// down) and burst (one second's worth, at least 1; denylog.Share).
+// as hashlimit's rate (in the first of /sec, /min, /hour that says it exactly, else per
+// hour rounded down) and burst (one second's worth, at least 1; denylog.Share).
 func (d DenyLog) shareRate() (string, int) {
 	perSecond, n := max(d.LinesPerSecond, 1), max(d.shares, 1)
 	_, burst := denylog.Share(perSecond, n)
