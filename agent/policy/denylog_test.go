@@ -276,7 +276,7 @@ func TestDenyLogsIPv6(t *testing.T) {
 			}
 			logs++
 			prefix := c.Name + " " + strconv.Itoa(j)
-			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name "+DenyLog(denyLogWorld("true", DenyLogAnnotated).DenyLog).limitName("x")+" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
+			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name "+denyLogWorld("true", DenyLogAnnotated).DenyLog.limitName("x")+" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
 				t.Errorf("IPv6 chain %s rule %d: %s", c.Name, j, r)
 			}
 			if j+1 >= len(c.Rules) || !strings.HasSuffix(c.Rules[j+1], "-j DROP") {
