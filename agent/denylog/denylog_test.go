@@ -3,6 +3,7 @@ package denylog
 import (
 	"encoding/binary"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
@@ -129,9 +130,94 @@ func TestLimiter(t *testing.T) {
 		{"the fifth a second later", syn(5), 8 * time.Second, true, ""},
 		{"the first 5-tuple after the window: a new attempt", syn(1), 31 * time.Second, true, ""},
 	} {
-		ok, why := l.Admit(step.p, t0.Add(step.at))
+		ok, why := l.Admit("shop", step.p, t0.Add(step.at))
 		if ok != step.ok || why != step.why {
 			t.Errorf("%s: Admit = %v, %q, want %v, %q", step.name, ok, why, step.ok, step.why)
+		}
+	}
+}
+
+// One namespace's flood uses up its own share of the bound, never another's: with the
+// bound split between two namespaces, a flood of distinct attempts in "shop" gets shop's
+// share (and no more), and "bank"'s attempts during the flood all get their lines.
+func TestLimiterSharesPerNamespace(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	pkt := func(src string, sport uint16) Packet {
+		return Packet{Src: netip.MustParseAddr(src), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "udp", SrcPort: sport, DstPort: 53}
+	}
+	for _, tc := range []struct {
+		name              string
+		perSecond, shares int
+		wantShop          int // lines of the flood in 2 s: the share a second, plus one second's burst
+	}{
+		{"two namespaces split 20 a second", 20, 2, 10 + 2*10},
+		{"three namespaces split 10 a second (3.33 each, burst 3)", 10, 3, 3 + 6},
+		{"more namespaces than lines a second (burst 1)", 2, 4, 1 + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLimiter(tc.perSecond, 30*time.Second)
+			l.SetShares(tc.shares)
+			shop, bank := 0, 0
+			// 2 s of a 10,000 attempts a second flood from shop; bank makes one attempt
+			// every 100 ms, up to its burst in all (bank's own rate is never exceeded).
+			_, burst := Share(tc.perSecond, tc.shares)
+			for i := range 20000 {
+				now := t0.Add(time.Duration(i) * 100 * time.Microsecond)
+				if ok, _ := l.Admit("shop", pkt("10.0.1.1", uint16(i)), now); ok {
+					shop++
+				}
+				if i%1000 == 500 && bank < burst {
+					if ok, why := l.Admit("bank", pkt("10.0.2.1", uint16(i)), now); ok {
+						bank++
+					} else {
+						t.Errorf("bank's attempt %d at %v during shop's flood: suppressed (%s)", bank+1, now.Sub(t0), why)
+					}
+				}
+			}
+			if shop < tc.wantShop-1 || shop > tc.wantShop+1 {
+				t.Errorf("shop's flood got %d lines in 2 s, want its share: %d", shop, tc.wantShop)
+			}
+			if bank != burst {
+				t.Errorf("bank got %d lines, want %d", bank, burst)
+			}
+		})
+	}
+}
+
+// The limiter's memory is bounded whatever names it is given: at most MaxBuckets buckets
+// (plus the shared one) and maxFlows remembered attempts. A bucket that is not full is
+// never forgotten (that would hand its namespace a fresh burst); a full one may be.
+func TestLimiterMemoryBound(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	pkt := func(i int) Packet {
+		return Packet{Src: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp", SrcPort: uint16(i), DstPort: 80}
+	}
+	l := NewLimiter(1, 30*time.Second) // one line a second: a used bucket stays not full for 1 s
+	for i := range 3 * MaxBuckets {
+		l.Admit("ns-"+strconv.Itoa(i), pkt(i), t0.Add(time.Duration(i)*time.Microsecond))
+		if n := l.Buckets(); n > MaxBuckets+1 {
+			t.Fatalf("%d buckets after %d namespaces, want at most %d", n, i+1, MaxBuckets+1)
+		}
+	}
+	at := t0.Add(time.Duration(3*MaxBuckets) * time.Microsecond)
+	if ok, why := l.Admit("ns-0", pkt(100000), at); ok || why != SuppressedRate {
+		t.Errorf("ns-0's second attempt within its second: Admit = %v, %q, want its used bucket kept (false, %q)", ok, why, SuppressedRate)
+	}
+	// A second later every bucket is full again: a new namespace gets a bucket of its own.
+	if ok, _ := l.Admit("new", pkt(100001), at.Add(2*time.Second)); !ok || l.buckets["new"] == nil {
+		t.Errorf("a new namespace once the old buckets refilled: admitted %v, own bucket %v; want both", ok, l.buckets["new"] != nil)
+	}
+
+	// Attempts are remembered for the window, up to maxFlows (made small here).
+	l = NewLimiter(1_000_000, time.Hour)
+	l.maxFlows = 1000
+	for i := range 5 * l.maxFlows {
+		p := Packet{Src: netip.AddrFrom4([4]byte{10, 2, byte(i >> 8), byte(i)}), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "udp", SrcPort: uint16(i), DstPort: 53}
+		if ok, _ := l.Admit("shop", p, t0.Add(time.Duration(i)*time.Microsecond)); !ok {
+			t.Fatalf("attempt %d suppressed", i)
+		}
+		if len(l.seen) > l.maxFlows {
+			t.Fatalf("%d remembered attempts, want at most %d", len(l.seen), l.maxFlows)
 		}
 	}
 }

@@ -65,6 +65,24 @@ type Packet struct {
 // socket's receive buffer was full.
 var ErrOverflow = errors.New("the netlink log socket overflowed: the kernel dropped log messages")
 
+// NotFromKernelError is returned by Read for a netlink message that a process sent to
+// the Reader's socket: only the kernel (netlink port ID 0) sends NFLOG messages, and any
+// process with CAP_NET_ADMIN in the node's network namespace can unicast to the socket's
+// port ID. Its packets are ignored (they would forge deny lines); reading can go on.
+type NotFromKernelError struct {
+	// PortID is the sender's netlink port ID (the kernel sets it from the sending
+	// socket: it can't be forged), usually the sending process's PID.
+	PortID uint32
+}
+
+func (e *NotFromKernelError) Error() string {
+	return fmt.Sprintf("ignored a netlink message on the NFLOG socket sent by netlink port %d, not by the kernel", e.PortID)
+}
+
+// fromKernel tells whether a message came from the kernel: the source address the kernel
+// fills in on receipt names port ID 0 only for its own messages.
+func fromKernel(from *unix.SockaddrNetlink) bool { return from != nil && from.Pid == 0 }
+
 // Reader receives the packets of one NFLOG group.
 type Reader struct {
 	sock  *nl.NetlinkSocket
@@ -160,12 +178,15 @@ func (r *Reader) awaitAck(seq uint32, timeout time.Duration) error {
 		if err := r.sock.SetReceiveTimeout(&tv); err != nil {
 			return err
 		}
-		msgs, _, err := r.sock.Receive()
+		msgs, from, err := r.sock.Receive()
 		if errors.Is(err, unix.EAGAIN) {
 			break
 		}
 		if err != nil {
 			return err
+		}
+		if !fromKernel(from) {
+			continue // a forged answer must not pass for the kernel's
 		}
 		for _, m := range msgs {
 			if m.Header.Type != unix.NLMSG_ERROR || m.Header.Seq != seq {
@@ -184,15 +205,22 @@ func (r *Reader) awaitAck(seq uint32, timeout time.Duration) error {
 }
 
 // Read blocks until the kernel sends log messages and returns their packets. It returns
-// ErrOverflow when messages were lost (reading can go on) and another error once the
-// Reader is closed.
+// ErrOverflow when messages were lost and a *NotFromKernelError for messages a process
+// sent (reading can go on after both), and another error once the Reader is closed.
 func (r *Reader) Read() ([]Packet, error) {
-	msgs, _, err := r.sock.Receive()
+	msgs, from, err := r.sock.Receive()
 	if errors.Is(err, unix.ENOBUFS) {
 		return nil, ErrOverflow
 	}
 	if err != nil {
 		return nil, err
+	}
+	if !fromKernel(from) {
+		e := &NotFromKernelError{}
+		if from != nil {
+			e.PortID = from.Pid
+		}
+		return nil, e
 	}
 	out := make([]Packet, 0, len(msgs))
 	for _, m := range msgs {
@@ -205,6 +233,10 @@ func (r *Reader) Read() ([]Packet, error) {
 	}
 	return out, nil
 }
+
+// PortID is the netlink port ID of the Reader's socket: where the kernel sends the
+// group's messages.
+func (r *Reader) PortID() (uint32, error) { return r.sock.GetPid() }
 
 // Close unbinds the group (the kernel does when the socket goes) and ends a blocked Read.
 func (r *Reader) Close() { r.sock.Close() }

@@ -1,25 +1,38 @@
 package policy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
+
+	"github.com/trellis-net/trellis/agent/denylog"
 )
 
 // Deny logs: where a pod's namespace asks for them, each DROP rule of the pod's chains is
 // preceded by an NFLOG rule with the same matches. NFLOG is a non-terminal target (the
 // packet goes on to the DROP after it), so logging never changes a verdict; its prefix
 // names the chain and rule, which the agent resolves to the pod, the direction and the
-// policies (DenyLogRules). Every NFLOG rule passes a hashlimit match with no mode and one
-// name, which is one token bucket shared by all of the node's log rules: a flood of denied
-// packets costs the node a hash lookup per packet and at most LinesPerSecond messages to
-// the agent. Where logging is off, the chains are what they are without this feature.
+// policies (DenyLogRules).
+//
+// Each namespace has its own share of the node's bound: LinesPerSecond is split evenly
+// between the namespaces that log and have pods on this node (N), and every NFLOG rule of
+// a namespace passes a hashlimit match with no mode and the namespace's own table name,
+// which is one token bucket of LinesPerSecond/N a second per namespace. A flood of
+// denied packets in one namespace empties its own bucket, never another namespace's; it
+// costs the node a hash lookup per packet, and the kernel passes the agent at most
+// LinesPerSecond messages a second in all. The agent splits its own bound the same way
+// (denylog.Limiter). Where logging is off, the chains are what they are without this
+// feature.
 //
 // The IPv6 chains (ip6tables) get the same NFLOG rules, to the same group with the same
-// limit. xt_hashlimit keeps its tables per family, so each family has its own bucket of
-// LinesPerSecond: the kernel passes the agent at most twice that, and the agent's own
-// bound (one for both families) keeps the lines at LinesPerSecond. A prefix names a rule
-// of its family's chains (the chains have the same names in both, their rules may sit at
-// other positions): the agent looks it up in the rules of the logged packet's family.
+// limit. xt_hashlimit keeps its tables per family, so each family has its own buckets:
+// the kernel passes the agent at most twice the bound, and the agent's own buckets (one
+// per namespace for both families) keep the lines at LinesPerSecond. A prefix names a
+// rule of its family's chains (the chains have the same names in both, their rules may
+// sit at other positions): the agent looks it up in the rules of the logged packet's
+// family.
 
 // DenyLogAnnotation on a namespace switches deny logs on ("true") or off ("false") for its
 // pods (api/v1alpha1 DenyLogsAnnotation).
@@ -49,6 +62,10 @@ type DenyLog struct {
 	LinesPerSecond int
 	// Group is the NFLOG group (DefaultNFLOGGroup when 0).
 	Group uint16
+
+	// shares is how many namespaces split LinesPerSecond (the compiler counts them when
+	// it writes the first deny log rule).
+	shares int
 }
 
 // On tells whether ns's pods' denied packets are logged.
@@ -77,10 +94,39 @@ func (d DenyLog) group() uint16 {
 	return d.Group
 }
 
-// limitName is the hashlimit table of the node's log rules. It carries the rate: a table
-// keeps the rate it was made with while any rule uses it, so a new rate needs a new table.
-func (d DenyLog) limitName() string {
-	return fmt.Sprintf("trl-deny-%d", d.LinesPerSecond)
+// limit is the hashlimit match of namespace's deny log rules: a table of the namespace's
+// own (no mode: one bucket) at its share of LinesPerSecond. A table keeps the rate it was
+// made with while any rule uses it, so its name carries the rate and burst as well as the
+// namespace (hashed: a name has at most 15 characters; a collision would only make two
+// namespaces share a bucket). The table holds one entry, so its hash is one bucket big
+// (the default is up to 8,192 buckets, 64 KiB, per table).
+func (d DenyLog) limit(namespace string) string {
+	rate, burst := d.shareRate()
+	return fmt.Sprintf("-m hashlimit --hashlimit-upto %s --hashlimit-burst %d --hashlimit-name %s --hashlimit-htable-size 1 --hashlimit-htable-max 4",
+		rate, burst, d.limitName(namespace))
+}
+
+// limitName is namespace's hashlimit table at its share: "td" and 13 hex digits.
+func (d DenyLog) limitName(namespace string) string {
+	rate, burst := d.shareRate()
+	sum := sha256.Sum256([]byte(namespace + "\x00" + rate + "\x00" + strconv.Itoa(burst)))
+	return "td" + hex.EncodeToString(sum[:])[:13]
+}
+
+// shareRate is a namespace's share of LinesPerSecond split between d.shares namespaces,
+// as hashlimit's rate (in the first of /sec, /min, /hour that says it exactly, else per
+// hour rounded down) and burst (one second's worth, at least 1; denylog.Share).
+func (d DenyLog) shareRate() (string, int) {
+	perSecond, n := max(d.LinesPerSecond, 1), max(d.shares, 1)
+	_, burst := denylog.Share(perSecond, n)
+	switch {
+	case perSecond%n == 0:
+		return fmt.Sprintf("%d/sec", perSecond/n), burst
+	case perSecond*60%n == 0:
+		return fmt.Sprintf("%d/min", perSecond*60/n), burst
+	default:
+		return fmt.Sprintf("%d/hour", max(1, perSecond*3600/n)), burst
+	}
 }
 
 // DenyLogRule is what a deny log rule stands for: the pod chain it is in and the rule of
@@ -92,6 +138,9 @@ type DenyLogRule struct {
 	Rule string
 	// ClusterPolicy is the ClusterNetworkPolicy of a Deny rule ("" for NetworkPolicy).
 	ClusterPolicy string
+	// Shares is how many namespaces split the node's bound (the agent's limiter splits
+	// its own bound the same way).
+	Shares int
 }
 
 // logged is chains with deny logs when pod's namespace asks for them.
@@ -99,7 +148,24 @@ func (c *compiler) logged(pod *Pod, chains []Chain, pc PodChain) []Chain {
 	if !c.denyLog.On(c.namespaces[pod.Namespace]) {
 		return chains
 	}
+	if c.denyLog.shares == 0 {
+		c.denyLog.shares = c.denyLogNamespaces()
+	}
 	return c.withDenyLogs(chains, pc)
+}
+
+// denyLogNamespaces counts the namespaces that split the node's bound: those with deny
+// logs on and pods on this node (whether or not a policy isolates the pods yet, so the
+// split, and with it every logged pod's rules, changes only when a namespace comes or
+// goes).
+func (c *compiler) denyLogNamespaces() int {
+	seen := map[string]bool{}
+	for _, p := range c.pods {
+		if !seen[p.Namespace] && c.denyLog.On(c.namespaces[p.Namespace]) {
+			seen[p.Namespace] = true
+		}
+	}
+	return max(1, len(seen))
 }
 
 // withDenyLogs puts an NFLOG rule in front of each DROP rule of a pod's chains.
@@ -111,12 +177,14 @@ func (c *compiler) withDenyLogs(chains []Chain, pc PodChain) []Chain {
 			matches, isDrop := strings.CutSuffix(r, "-j DROP")
 			if isDrop {
 				prefix := fmt.Sprintf("%s %d", ch.Name, len(rules))
-				rules = append(rules, fmt.Sprintf("%s-m hashlimit --hashlimit-upto %d/sec --hashlimit-burst %d --hashlimit-name %s -j NFLOG --nflog-prefix \"%s\" --nflog-group %d --nflog-size %d",
-					matches, c.denyLog.LinesPerSecond, c.denyLog.LinesPerSecond, c.denyLog.limitName(), prefix, c.denyLog.group(), denyLogCopy))
+				rules = append(rules, fmt.Sprintf("%s%s -j NFLOG --nflog-prefix \"%s\" --nflog-group %d --nflog-size %d",
+					matches, c.denyLog.limit(pc.Pod.Namespace), prefix, c.denyLog.group(), denyLogCopy))
 				if c.rs.DenyLogRules == nil {
 					c.rs.DenyLogRules = map[string]DenyLogRule{}
 				}
-				c.rs.DenyLogRules[prefix] = denyLogRule(pc, r)
+				rule := denyLogRule(pc, r)
+				rule.Shares = max(c.denyLog.shares, 1)
+				c.rs.DenyLogRules[prefix] = rule
 			}
 			rules = append(rules, r)
 		}

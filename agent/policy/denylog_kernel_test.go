@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -21,7 +22,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/agent/netfilter"
@@ -146,8 +149,8 @@ func TestDenyLogsKernel(t *testing.T) {
 			sent := n.udpFlood("other", "web", 9999, 2*time.Second)
 			took := time.Since(start)
 			time.Sleep(500 * time.Millisecond)
-			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "rate")) +
-				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "repeat"))
+			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")) +
+				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "repeat"))
 			bound := int(rate*took.Seconds()) + rate + 5 // the kernel bucket: rate a second, one second of burst
 			t.Logf("flood: %d datagrams in %v, %d reached the agent (bound %d), %d lines", sent, took.Round(time.Millisecond), delivered, bound, len(got.denied())-before)
 			if sent < 10*bound {
@@ -247,8 +250,8 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 			sent := n.udpFloodAddr("other", n.pods["web"].ip6, 9999, 2*time.Second)
 			took := time.Since(start)
 			time.Sleep(500 * time.Millisecond)
-			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "rate")) +
-				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "repeat"))
+			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")) +
+				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "repeat"))
 			bound := int(rate*took.Seconds()) + rate + 5
 			t.Logf("IPv6 flood: %d datagrams in %v, %d reached the agent (bound %d)", sent, took.Round(time.Millisecond), delivered, bound)
 			if sent < 10*bound {
@@ -264,12 +267,218 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 	}
 }
 
+// Each namespace has its own share of the node's bound, in the kernel and in the agent,
+// both iptables backends: while a pod floods shop's web with denied datagrams (far over
+// the bound), every denied connection attempt at bank's api still gets its line; shop's
+// flood gets its own share and no more; every flooded datagram is still dropped.
+func TestDenyLogsKernelNamespaceShares(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			const rate = 20 // shop and bank: 10 a second each, a burst of 10
+			n := newNode(t, backend, "web", "flooder", "client", "api")
+			n.pods["api"].pod.Namespace = "bank"
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			webDeny := policyFor("web", map[string]string{"app": "web"}, nil)
+			apiDeny := policyFor("api", map[string]string{"app": "api"}, nil)
+			apiDeny.Namespace = "bank"
+			st := n.state(webDeny, apiDeny)
+			st.Namespaces[0].DenyLogs = "true"
+			st.Namespaces = append(st.Namespaces, &policy.Namespace{Name: "bank", Labels: map[string]string{"kubernetes.io/metadata.name": "bank"}, DenyLogs: "true"})
+			st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
+			var got lines
+			reg := prometheus.NewRegistry()
+			d := startDenyLogger(t, n, rate, reg, &got)
+			rs := policy.Compile(st)
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
+			d.SetRules(rs)
+			waitReader(t, d, &got)
+
+			dropsBefore := n.drops(backend)
+			start := time.Now()
+			flood := make(chan int)
+			go func() { flood <- n.udpFlood("flooder", "web", 9999, 2500*time.Millisecond) }()
+			time.Sleep(time.Second) // shop's share is long used up
+			const attempts = 4
+			for range attempts {
+				if err := n.dialFor("client", "api", 7000, 200*time.Millisecond); err == nil {
+					t.Fatal("client -> bank/api:7000 was allowed")
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			sent := <-flood
+			took := time.Since(start)
+			time.Sleep(500 * time.Millisecond)
+
+			byPod := map[string]int{}
+			for _, l := range got.denied() {
+				byPod[fmt.Sprint(l["pod"])]++
+			}
+			share := rate / 2
+			bound := int(float64(share)*took.Seconds()) + share + 5 // shop's bucket: its share a second, one second of burst
+			delivered := byPod["shop/web"] + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")) +
+				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "repeat"))
+			t.Logf("shop's flood: %d datagrams in %v, %d reached the agent (its share's bound %d), %d lines; bank's attempts: %d lines",
+				sent, took.Round(time.Millisecond), delivered, bound, byPod["shop/web"], byPod["bank/api"])
+			if sent < 10*rate*3 {
+				t.Fatalf("the flood sent only %d datagrams: too few to use up the bound", sent)
+			}
+			if byPod["bank/api"] != attempts {
+				t.Errorf("bank's %d denied attempts during shop's flood got %d lines, want one each", attempts, byPod["bank/api"])
+			}
+			if byPod["shop/web"] < share || delivered > bound {
+				t.Errorf("shop's flood: %d lines, %d packets reached the agent; want at least %d lines and at most %d packets (its share)", byPod["shop/web"], delivered, share, bound)
+			}
+			if drops := n.drops(backend) - dropsBefore; drops < uint64(sent) {
+				t.Errorf("the pods' chains dropped %d of the %d flooded datagrams: logging changed verdicts", drops, sent)
+			}
+			// The summary says which namespace lost lines to its share, and how many.
+			d.Summarize()
+			var summaries []map[string]any
+			got.mu.Lock()
+			for _, m := range got.all {
+				if strings.HasPrefix(fmt.Sprint(m["msg"]), "deny log lines suppressed") {
+					summaries = append(summaries, m)
+				}
+			}
+			got.mu.Unlock()
+			rateSuppressed := counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")
+			if rateSuppressed > 0 && (len(summaries) != 1 || summaries[0]["namespace"] != "shop" || summaries[0]["suppressed"] != rateSuppressed) {
+				t.Errorf("summary lines %v, want one for shop saying %v", summaries, rateSuppressed)
+			}
+			if rateSuppressed == 0 && len(summaries) != 0 {
+				t.Errorf("summary lines %v with nothing suppressed", summaries)
+			}
+			for _, m := range summaries {
+				b, _ := json.Marshal(m)
+				t.Logf("summary line: %s", b)
+			}
+		})
+	}
+}
+
+// NFLOG messages are taken from the kernel only: a process in the node's network namespace
+// that sends a well-formed NFLOG packet message (naming a real deny log rule, a real pod)
+// to the agent's netlink socket makes no line; it is counted and logged. A denied attempt
+// the kernel logs still makes its line.
+func TestDenyLogsKernelIgnoresMessagesNotFromKernel(t *testing.T) {
+	const rate = 20
+	backend := netfilter.NFT
+	n := newNode(t, backend, "web", "other")
+	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+	st := n.state(policyFor("web", map[string]string{"app": "web"}, nil))
+	st.Namespaces[0].DenyLogs = "true"
+	st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
+	var got lines
+	reg := prometheus.NewRegistry()
+	d, opened := startDenyLoggerReader(t, n, rate, reg, &got)
+	rs := policy.Compile(st)
+	check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
+	d.SetRules(rs)
+	waitReader(t, d, &got)
+	r := <-opened
+	port, err := r.PortID()
+	check.Must(t, err)
+	if port == 0 {
+		t.Fatal("the reader's netlink port ID is 0")
+	}
+
+	// A forged message: what the kernel would send for a SYN from other to web:7000, by
+	// web's own deny log rule, from a socket of the test's in the same namespace.
+	var prefix string
+	for p, rule := range rs.DenyLogRules {
+		if rule.Pod.Name == "web" {
+			prefix = p
+		}
+	}
+	if prefix == "" {
+		t.Fatalf("no deny log rule of web: %v", rs.DenyLogRules)
+	}
+	h, err := netns.GetFromPath(n.ns.Path())
+	check.Must(t, err)
+	defer h.Close()
+	sock, err := nl.GetNetlinkSocketAt(h, netns.None(), unix.NETLINK_NETFILTER)
+	check.Must(t, err)
+	defer sock.Close()
+	msg := forgedNFLOG(prefix, n.pods["other"].ip, n.pods["web"].ip, 4242, 7000)
+	for range 3 {
+		check.Must(t, unix.Sendto(sock.GetFd(), msg, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Pid: port}))
+	}
+	check.Eventually(t, 3*time.Second, "the forged messages read", func() error {
+		if c := counter(t, reg, "trellis_policy_deny_logs_rejected_messages_total"); c < 3 && len(got.denied()) == 0 {
+			return fmt.Errorf("trellis_policy_deny_logs_rejected_messages_total = %v and no line yet", c)
+		}
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond)
+	if l := got.denied(); len(l) != 0 {
+		t.Fatalf("forged NFLOG messages made %d deny log lines: %v", len(l), l)
+	}
+	if c := counter(t, reg, "trellis_policy_deny_logs_rejected_messages_total"); c != 3 {
+		t.Errorf("trellis_policy_deny_logs_rejected_messages_total = %v, want 3", c)
+	}
+	got.mu.Lock()
+	warned := slices.ContainsFunc(got.all, func(m map[string]any) bool {
+		return strings.Contains(fmt.Sprint(m["msg"]), "the kernel did not send") && fmt.Sprint(m["lastSenderPortID"]) != "0"
+	})
+	got.mu.Unlock()
+	if !warned {
+		t.Error("no log line about the messages the kernel did not send")
+	}
+
+	// The control: a denied attempt the kernel logs makes its line.
+	if err := n.dialFor("other", "web", 7000, 300*time.Millisecond); err == nil {
+		t.Fatal("other -> web:7000 was allowed")
+	}
+	check.Eventually(t, 3*time.Second, "the kernel's deny log line", func() error {
+		if l := got.denied(); len(l) != 1 || l[0]["pod"] != "shop/web" || l[0]["srcPod"] != "shop/other" {
+			return fmt.Errorf("lines %v, want one for shop/web from shop/other", l)
+		}
+		return nil
+	})
+}
+
+// forgedNFLOG is a netlink message as nfnetlink_log sends it for a TCP SYN from src:sport
+// to dst:dport by the rule of prefix (NFULNL_MSG_PACKET; header port ID 0, as the
+// kernel's).
+func forgedNFLOG(prefix string, src, dst netip.Addr, sport, dport uint16) []byte {
+	ip := make([]byte, 40)
+	ip[0], ip[8], ip[9] = 0x45, 64, unix.IPPROTO_TCP
+	binary.BigEndian.PutUint16(ip[2:], 40)
+	s4, d4 := src.As4(), dst.As4()
+	copy(ip[12:], s4[:])
+	copy(ip[16:], d4[:])
+	binary.BigEndian.PutUint16(ip[20:], sport)
+	binary.BigEndian.PutUint16(ip[22:], dport)
+	ip[32], ip[33] = 5<<4, 0x02 // data offset, SYN
+	body := []byte{unix.AF_INET, 0, 0, 0}
+	binary.BigEndian.PutUint16(body[2:], policy.DefaultNFLOGGroup)
+	for _, a := range []*nl.RtAttr{
+		nl.NewRtAttr(1, []byte{0x08, 0x00, 2, 0}),   // NFULA_PACKET_HDR: IPv4, FORWARD
+		nl.NewRtAttr(10, append([]byte(prefix), 0)), // NFULA_PREFIX
+		nl.NewRtAttr(9, ip),                         // NFULA_PAYLOAD
+	} {
+		body = append(body, a.Serialize()...)
+	}
+	hdr := make([]byte, unix.SizeofNlMsghdr)
+	nl.NativeEndian().PutUint32(hdr[0:], uint32(len(hdr)+len(body)))
+	nl.NativeEndian().PutUint16(hdr[4:], 4<<8) // NFNL_SUBSYS_ULOG, NFULNL_MSG_PACKET
+	return append(hdr, body...)
+}
+
 func funcrLogger(l *lines) logr.Logger { return l.logger() }
 
 // startDenyLogger runs a DenyLogger of rate lines a second on n's network namespace until
 // the test ends, naming n's pods by their addresses of both families; its lines go to got,
 // its metrics to reg.
 func startDenyLogger(t *testing.T, n *node, rate int, reg *prometheus.Registry, got *lines) *policy.DenyLogger {
+	t.Helper()
+	d, _ := startDenyLoggerReader(t, n, rate, reg, got)
+	return d
+}
+
+// startDenyLoggerReader is startDenyLogger that also hands over the Reader the logger
+// opens (its socket's netlink port ID is where the kernel sends the group's messages).
+func startDenyLoggerReader(t *testing.T, n *node, rate int, reg *prometheus.Registry, got *lines) (*policy.DenyLogger, <-chan *denylog.Reader) {
 	t.Helper()
 	h, err := netns.GetFromPath(n.ns.Path())
 	check.Must(t, err)
@@ -281,9 +490,19 @@ func startDenyLogger(t *testing.T, n *node, rate int, reg *prometheus.Registry, 
 			byIP[p.ip6] = p.pod.Key()
 		}
 	}
+	opened := make(chan *denylog.Reader, 1)
 	d := &policy.DenyLogger{
 		LinesPerSecond: rate, Log: funcrLogger(got),
-		Open:    func(ctx context.Context, g uint16) (*denylog.Reader, error) { return denylog.OpenAt(ctx, h, g) },
+		Open: func(ctx context.Context, g uint16) (*denylog.Reader, error) {
+			r, err := denylog.OpenAt(ctx, h, g)
+			if err == nil {
+				select {
+				case opened <- r:
+				default:
+				}
+			}
+			return r, err
+		},
 		PodByIP: func(a netip.Addr) (types.NamespacedName, bool) { k, ok := byIP[a]; return k, ok },
 	}
 	check.Must(t, d.Register(reg))
@@ -291,7 +510,7 @@ func startDenyLogger(t *testing.T, n *node, rate int, reg *prometheus.Registry, 
 	done := make(chan struct{})
 	go func() { _ = d.Start(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done }) // before h closes (cleanups run last first)
-	return d
+	return d, opened
 }
 
 // waitReader waits until the logger has bound its group (its first line says so).

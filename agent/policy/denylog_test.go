@@ -3,11 +3,15 @@ package policy
 import (
 	"net/netip"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/types"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
@@ -56,9 +60,16 @@ func TestDenyLogsOffChangeNothing(t *testing.T) {
 }
 
 func TestDenyLogsRendering(t *testing.T) {
-	for _, tc := range []struct{ name, annotation, mode string }{
-		{"mode Annotated, namespace annotated true", "true", DenyLogAnnotated},
-		{"mode All, namespace not annotated", "", DenyLogAll},
+	for _, tc := range []struct {
+		name, annotation, mode string
+		// rate and burst are x's share of the node's 100 lines a second; shares the
+		// namespaces that split them (those logging with pods on the node).
+		rate   string
+		burst  int
+		shares int
+	}{
+		{"mode Annotated, namespace annotated true", "true", DenyLogAnnotated, "100/sec", 100, 1},
+		{"mode All, namespace not annotated (x, y, z split the bound)", "", DenyLogAll, "2000/min", 33, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := denyLogWorld(tc.annotation, tc.mode)
@@ -82,8 +93,10 @@ func TestDenyLogsRendering(t *testing.T) {
 						continue
 					}
 					matches, _ := strings.CutSuffix(c.Rules[j+1], "-j DROP")
-					want := matches + "-m hashlimit --hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name trl-deny-100 -j NFLOG --nflog-prefix \"" + c.Name + " " + strconv.Itoa(j) + "\" --nflog-group 7425 --nflog-size 128"
-					if r != want {
+					name := limitName.FindString(r)
+					want := matches + "-m hashlimit --hashlimit-upto " + tc.rate + " --hashlimit-burst " + strconv.Itoa(tc.burst) + " --hashlimit-name " + name +
+						" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \"" + c.Name + " " + strconv.Itoa(j) + "\" --nflog-group 7425 --nflog-size 128"
+					if name == "" || r != want {
 						t.Errorf("chain %s rule %d:\n%s\nwant\n%s", c.Name, j, r, want)
 					}
 				}
@@ -97,6 +110,9 @@ func TestDenyLogsRendering(t *testing.T) {
 			got := map[types.NamespacedName]DenyLogRule{}
 			for _, d := range rs.DenyLogRules {
 				got[d.Pod] = d
+				if d.Shares != tc.shares {
+					t.Errorf("%s's deny log rule says %d namespaces split the bound, want %d", d.Pod, d.Shares, tc.shares)
+				}
 			}
 			a, b := got[types.NamespacedName{Namespace: "x", Name: "a"}], got[types.NamespacedName{Namespace: "x", Name: "b"}]
 			if a.Direction != Ingress || a.Rule != "not allowed by NetworkPolicy" || a.ClusterPolicy != "" ||
@@ -122,6 +138,95 @@ func TestDenyLogsRendering(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// limitName finds a deny log rule's hashlimit table: "td" and 13 hex digits (a table name
+// has at most 15 characters).
+var limitName = regexp.MustCompile(`\btd[0-9a-f]{13}\b`)
+
+// Each namespace has a hashlimit table (a token bucket) of its own, at its share of the
+// node's bound: a namespace's flood empties its own bucket only. The tables are named per
+// namespace and share (a table keeps the rate it was made with), the split counts the
+// namespaces that log and have pods on the node, and it changes only when one comes or
+// goes.
+func TestDenyLogsPerNamespaceLimit(t *testing.T) {
+	st := denyLogWorld("", DenyLogAll)
+	// y/a and z/a are isolated too (deny all ingress).
+	st.Policies = append(st.Policies,
+		np("y", "deny", map[string]string{"pod": "a"}, nil, nil, nil),
+		np("z", "deny", map[string]string{"pod": "a"}, nil, nil, nil))
+	tables := func(rs *Ruleset) map[string]string { // namespace -> table
+		out := map[string]string{}
+		for _, c := range rs.Chains {
+			for j, r := range c.Rules {
+				if !strings.Contains(r, "-j NFLOG") {
+					continue
+				}
+				d, ok := rs.DenyLogRules[c.Name+" "+strconv.Itoa(j)]
+				if !ok {
+					t.Fatalf("chain %s rule %d: no DenyLogRule", c.Name, j)
+				}
+				name := limitName.FindString(r)
+				if name == "" {
+					t.Fatalf("chain %s rule %d: no per-namespace table name: %s", c.Name, j, r)
+				}
+				if prev, ok := out[d.Pod.Namespace]; ok && prev != name {
+					t.Errorf("namespace %s has two tables, %s and %s", d.Pod.Namespace, prev, name)
+				}
+				out[d.Pod.Namespace] = name
+				if !strings.Contains(r, "--hashlimit-upto 2000/min --hashlimit-burst 33 ") {
+					t.Errorf("chain %s rule %d: want a third of 100/sec (2000/min, burst 33): %s", c.Name, j, r)
+				}
+			}
+		}
+		return out
+	}
+	all := tables(Compile(st))
+	if len(all) != 3 || all["x"] == all["y"] || all["y"] == all["z"] || all["x"] == all["z"] {
+		t.Fatalf("tables by namespace %v, want x, y and z each its own", all)
+	}
+	// A new isolated pod in a namespace already there: the tables stay.
+	st2 := denyLogWorld("", DenyLogAll)
+	st2.Policies = append(st2.Policies, np("y", "deny", map[string]string{"pod": "a"}, nil, nil, nil),
+		np("z", "deny", map[string]string{"pod": "a"}, nil, nil, nil), np("z", "deny-b", map[string]string{"pod": "b"}, nil, nil, nil))
+	if got := tables(Compile(st2)); !reflect.DeepEqual(got, all) {
+		t.Errorf("another pod of z isolated: tables %v, want them unchanged %v", got, all)
+	}
+	// y stops logging: x and z split the bound (new tables at the new rate).
+	st.Namespaces[1].DenyLogs = "false"
+	rs := Compile(st)
+	for _, c := range rs.Chains {
+		for _, r := range c.Rules {
+			if strings.Contains(r, "-j NFLOG") && !strings.Contains(r, "--hashlimit-upto 50/sec --hashlimit-burst 50 ") {
+				t.Errorf("with two namespaces logging: %s, want 50/sec", r)
+			}
+		}
+	}
+	for _, d := range rs.DenyLogRules {
+		if d.Shares != 2 || d.Pod.Namespace == "y" {
+			t.Errorf("%+v, want x's and z's rules, split by 2", d)
+		}
+	}
+}
+
+func TestDenyLogShareRate(t *testing.T) {
+	for _, tc := range []struct {
+		perSecond, shares int
+		rate              string
+		burst             int
+	}{
+		{100, 1, "100/sec", 100},
+		{100, 4, "25/sec", 25},
+		{100, 3, "2000/min", 33},
+		{100, 7, "51428/hour", 14},
+		{1, 110, "32/hour", 1},
+		{10000, 1, "10000/sec", 10000},
+	} {
+		rate, burst := DenyLog{LinesPerSecond: tc.perSecond, shares: tc.shares}.shareRate()
+		if rate != tc.rate || burst != tc.burst {
+			t.Errorf("%d lines a second split %d ways: %s burst %d, want %s burst %d", tc.perSecond, tc.shares, rate, burst, tc.rate, tc.burst)
+		}
 	}
 }
 
@@ -171,7 +276,7 @@ func TestDenyLogsIPv6(t *testing.T) {
 			}
 			logs++
 			prefix := c.Name + " " + strconv.Itoa(j)
-			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name trl-deny-100 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
+			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name "+denyLogWorld("true", DenyLogAnnotated).DenyLog.limitName("x")+" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
 				t.Errorf("IPv6 chain %s rule %d: %s", c.Name, j, r)
 			}
 			if j+1 >= len(c.Rules) || !strings.HasSuffix(c.Rules[j+1], "-j DROP") {
@@ -201,5 +306,54 @@ func TestDenyLoggerResolvesPrefixesPerFamily(t *testing.T) {
 	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
 	if len(got) != 2 || !strings.Contains(got[0], `"pod"="shop/v4pod"`) || !strings.Contains(got[1], `"pod"="shop/v6pod"`) || !strings.Contains(got[1], `"src"="fd00::1"`) {
 		t.Errorf("lines %q, want the IPv4 packet's naming shop/v4pod and the IPv6 one's shop/v6pod", got)
+	}
+}
+
+// The agent's bound is split between the namespaces the rules say (their Shares): a flood
+// at shop's pod gets shop's share, bank's attempts all get their lines; what shop's share
+// suppressed is counted by namespace and summarised per namespace.
+func TestDenyLoggerSharesPerNamespace(t *testing.T) {
+	rule := func(ns string) DenyLogRule {
+		return DenyLogRule{PodChain: PodChain{Pod: types.NamespacedName{Namespace: ns, Name: "web"}, Direction: Ingress}, Rule: "not allowed by NetworkPolicy", Shares: 2}
+	}
+	var got []string
+	now := time.Unix(1000, 0)
+	d := &DenyLogger{LinesPerSecond: 10, Log: funcr.New(func(_, args string) { got = append(got, args) }, funcr.Options{}), Now: func() time.Time { return now }}
+	reg := prometheus.NewRegistry()
+	if err := d.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	d.SetRules(&Ruleset{DenyLogRules: map[string]DenyLogRule{"TRELLIS-I-SHOP 1": rule("shop"), "TRELLIS-I-BANK 1": rule("bank")}})
+	pkt := func(prefix string, sport uint16) denylog.Packet {
+		return denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "udp", SrcPort: sport, DstPort: 53}
+	}
+	for i := range 100 {
+		d.Handle(pkt("TRELLIS-I-SHOP 1", uint16(i)))
+	}
+	for i := range 5 {
+		d.Handle(pkt("TRELLIS-I-BANK 1", uint16(1000+i)))
+	}
+	lines := map[string]int{}
+	for _, l := range got {
+		for _, ns := range []string{"shop", "bank"} {
+			if strings.Contains(l, `"pod"="`+ns+`/web"`) {
+				lines[ns]++
+			}
+		}
+	}
+	if lines["shop"] != 5 || lines["bank"] != 5 {
+		t.Errorf("lines by namespace %v, want 5 each (half of 10 a second: a burst of 5)", lines)
+	}
+	var m dto.Metric
+	if err := d.suppressed.WithLabelValues("shop", denylog.SuppressedRate).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if c := m.GetCounter().GetValue(); c != 95 {
+		t.Errorf("suppressed{shop,rate} = %v, want 95", c)
+	}
+	got = nil
+	d.Summarize()
+	if len(got) != 1 || !strings.Contains(got[0], `"namespace"="shop"`) || !strings.Contains(got[0], `"suppressed"=95`) {
+		t.Errorf("summary %q, want one line: shop, 95 suppressed", got)
 	}
 }

@@ -34,17 +34,32 @@ type DenyLogger struct {
 	Open func(ctx context.Context, group uint16) (*denylog.Reader, error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// SummaryEvery is how often the agent logs, per namespace, how many lines its share
+	// of the bound suppressed (default 10 s).
+	SummaryEvery time.Duration
 
 	mu sync.Mutex
 	// rules and rules6 are the deny log rules of the IPv4 and the IPv6 chains: a prefix
 	// names a rule of its family's chains.
 	rules, rules6 map[string]DenyLogRule
 	limiter       *denylog.Limiter
+	// rateSuppressed counts, per namespace, the lines the namespace's share suppressed
+	// since the last summary line (its keys are the limiter's: bounded).
+	rateSuppressed map[string]int
+	// notFromKernel counts the messages not sent by the kernel since the last log line
+	// about them; lastNotFromKernel is when that line was written.
+	notFromKernel     int
+	lastNotFromKernel time.Time
 
 	logged     *prometheus.CounterVec
 	suppressed *prometheus.CounterVec
+	rejected   prometheus.Counter
 	once       sync.Once
 }
+
+// notFromKernelLogEvery bounds the log lines about messages not sent by the kernel: a
+// process flooding the socket gets one line a minute (with the count), not one each.
+const notFromKernelLogEvery = time.Minute
 
 func (d *DenyLogger) init() {
 	d.once.Do(func() {
@@ -57,25 +72,31 @@ func (d *DenyLogger) init() {
 		if d.Group == 0 {
 			d.Group = DefaultNFLOGGroup
 		}
+		if d.SummaryEvery == 0 {
+			d.SummaryEvery = 10 * time.Second
+		}
 		d.limiter = denylog.NewLimiter(d.LinesPerSecond, denylog.DefaultWindow)
+		d.rateSuppressed = map[string]int{}
 		d.logged = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trellis_policy_denied_connections_logged_total",
 			Help: "Connection attempts a policy denied that got a deny log line, by the pod whose chain denied them and direction (only where deny logs are on).",
 		}, []string{"namespace", "pod", "direction"})
 		d.suppressed = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trellis_policy_deny_logs_suppressed_total",
-			Help: "Denied packets the kernel sent for deny logs that made no line: repeat (the same attempt again), rate (the agent's lines-per-second bound), overflow (overflow events: the kernel dropped log messages the agent read too slowly; one event may lose several).",
-		}, []string{"reason"})
-		for _, r := range []string{denylog.SuppressedRepeat, denylog.SuppressedRate, "overflow"} {
-			d.suppressed.WithLabelValues(r)
-		}
+			Help: "Denied packets the kernel sent for deny logs that made no line, by the namespace of the pod whose chain denied them: repeat (the same attempt again), rate (the namespace's share of the agent's lines-per-second bound); and overflow (namespace \"\"; overflow events: the kernel dropped log messages the agent read too slowly; one event may lose several).",
+		}, []string{"namespace", "reason"})
+		d.suppressed.WithLabelValues("", "overflow")
+		d.rejected = prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "trellis_policy_deny_logs_rejected_messages_total",
+			Help: "Netlink messages on the agent's NFLOG socket that the kernel did not send (a process on the node sent them): ignored, they make no line.",
+		})
 	})
 }
 
 // Register adds the deny log metrics to r.
 func (d *DenyLogger) Register(r prometheus.Registerer) error {
 	d.init()
-	return errors.Join(r.Register(d.logged), r.Register(d.suppressed))
+	return errors.Join(r.Register(d.logged), r.Register(d.suppressed), r.Register(d.rejected))
 }
 
 // Synced is the engine's OnSync: it takes the deny log rules of rs only when the sync put
@@ -88,17 +109,26 @@ func (d *DenyLogger) Synced(st Status, rs *Ruleset) {
 	d.SetRules(rs)
 }
 
-// SetRules takes the deny log rules of the Ruleset the kernel now holds.
+// SetRules takes the deny log rules of the Ruleset the kernel now holds, and with them
+// how many namespaces split the bound.
 func (d *DenyLogger) SetRules(rs *Ruleset) {
 	if rs == nil {
 		return
 	}
+	d.init()
 	var rules6 map[string]DenyLogRule
 	if rs.IPv6 != nil {
 		rules6 = rs.IPv6.DenyLogRules
 	}
+	shares := 1
+	for _, rules := range []map[string]DenyLogRule{rs.DenyLogRules, rules6} {
+		for _, r := range rules {
+			shares = max(shares, r.Shares)
+		}
+	}
 	d.mu.Lock()
 	d.rules, d.rules6 = rs.DenyLogRules, rules6
+	d.limiter.SetShares(shares)
 	d.mu.Unlock()
 }
 
@@ -106,6 +136,7 @@ func (d *DenyLogger) SetRules(rs *Ruleset) {
 // bind (another program holds it) is retried.
 func (d *DenyLogger) Start(ctx context.Context) error {
 	d.init()
+	go d.summarize(ctx)
 	backoff := time.Second
 	for {
 		r, err := d.Open(ctx, d.Group)
@@ -138,7 +169,12 @@ func (d *DenyLogger) read(ctx context.Context, r *denylog.Reader) {
 	for {
 		pkts, err := r.Read()
 		if errors.Is(err, denylog.ErrOverflow) {
-			d.suppressed.WithLabelValues("overflow").Inc()
+			d.suppressed.WithLabelValues("", "overflow").Inc()
+			continue
+		}
+		var forged *denylog.NotFromKernelError
+		if errors.As(err, &forged) {
+			d.notKernel(forged)
 			continue
 		}
 		if err != nil {
@@ -153,8 +189,56 @@ func (d *DenyLogger) read(ctx context.Context, r *denylog.Reader) {
 	}
 }
 
+// notKernel counts a message a process (not the kernel) sent to the NFLOG socket, and
+// says so in the log: the first at once, then at most once a minute with the count.
+func (d *DenyLogger) notKernel(e *denylog.NotFromKernelError) {
+	d.rejected.Inc()
+	now := d.Now()
+	d.mu.Lock()
+	d.notFromKernel++
+	n := d.notFromKernel
+	due := now.Sub(d.lastNotFromKernel) >= notFromKernelLogEvery
+	if due {
+		d.notFromKernel, d.lastNotFromKernel = 0, now
+	}
+	d.mu.Unlock()
+	if due {
+		d.Log.Info("deny logs: ignored netlink messages that the kernel did not send (a process on the node sent them to the agent's NFLOG socket)",
+			"messages", n, "lastSenderPortID", e.PortID)
+	}
+}
+
+// summarize writes, every SummaryEvery until ctx ends, one line per namespace whose share
+// of the bound suppressed lines since the last one.
+func (d *DenyLogger) summarize(ctx context.Context) {
+	t := time.NewTicker(d.SummaryEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.Summarize()
+		}
+	}
+}
+
+// Summarize logs and resets the per-namespace counts of lines suppressed by the rate
+// bound.
+func (d *DenyLogger) Summarize() {
+	d.init()
+	d.mu.Lock()
+	counts := d.rateSuppressed
+	d.rateSuppressed = map[string]int{}
+	d.mu.Unlock()
+	for ns, n := range counts {
+		d.Log.Info("deny log lines suppressed: the namespace's share of the node's lines per second is used up",
+			"namespace", ns, "suppressed", n, "linesPerSecond", d.LinesPerSecond)
+	}
+}
+
 // Handle turns one logged packet into a line, unless it repeats an attempt already logged
-// or the bound is reached.
+// or its namespace's share of the bound is used up.
 func (d *DenyLogger) Handle(p denylog.Packet) {
 	d.init()
 	d.mu.Lock()
@@ -163,10 +247,16 @@ func (d *DenyLogger) Handle(p denylog.Packet) {
 		rules = d.rules6
 	}
 	rule, known := rules[p.Prefix]
-	ok, why := d.limiter.Admit(p, d.Now())
+	// A prefix the rules no longer hold (they changed since the drop) has no namespace:
+	// such packets share the bucket of namespace "".
+	ns := rule.Pod.Namespace
+	ok, why := d.limiter.Admit(ns, p, d.Now())
+	if why == denylog.SuppressedRate {
+		d.rateSuppressed[ns]++
+	}
 	d.mu.Unlock()
 	if !ok {
-		d.suppressed.WithLabelValues(why).Inc()
+		d.suppressed.WithLabelValues(ns, why).Inc()
 		return
 	}
 	kv := []any{"direction", string(rule.Direction), "pod", rule.Pod.String()}

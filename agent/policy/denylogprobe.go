@@ -30,7 +30,8 @@ const denyLogRetry = 10 * time.Minute
 // with a commit of its own (the legacy backend checks matches and targets against the
 // kernel only when it commits), then removes the chain.
 func ProbeDenyLogs(ctx context.Context, b netfilter.Backend) error {
-	rule := fmt.Sprintf("-m hashlimit --hashlimit-upto 1/sec --hashlimit-burst 1 --hashlimit-name trl-deny-probe -j NFLOG --nflog-prefix \"probe\" --nflog-group %d --nflog-size %d",
+	// The options of a namespace's deny log rule (DenyLog.limit), in a table of its own.
+	rule := fmt.Sprintf("-m hashlimit --hashlimit-upto 1/sec --hashlimit-burst 1 --hashlimit-name trl-deny-probe --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \"probe\" --nflog-group %d --nflog-size %d",
 		DefaultNFLOGGroup, denyLogCopy)
 	add := fmt.Sprintf("*filter\n:%s - [0:0]\n-A %s %s\nCOMMIT\n", denyLogProbeChain, denyLogProbeChain, rule)
 	perr := restore(ctx, b, add)

@@ -228,7 +228,7 @@ func (e *evaluator) match(args []string) (matched bool, target string, gotoChain
 				return false, "", false, fmt.Errorf("ICMPv6 type %s is not understood", v)
 			}
 			matched = matched && e.p.ICMPType == n
-		case "--comment", "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-name", "--nflog-prefix", "--nflog-group", "--nflog-size":
+		case "--comment", "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-name", "--hashlimit-htable-size", "--hashlimit-htable-max", "--nflog-prefix", "--nflog-group", "--nflog-size":
 			// A rate limit only decides whether a deny log is sent, never a verdict.
 			next()
 		case "--dst-type":
