@@ -114,7 +114,7 @@ func (r *tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*a
 		result, err = r.client.Create(ctx, review, metav1.CreateOptions{})
 		return err
 	}, webhook.DefaultShouldRetry); err != nil {
-		return nil, false, fmt.Errorf("TokenReview: %w", err)
+		return nil, false, fmt.Errorf("asking for a TokenReview: %w", err)
 	}
 	// The API server answers with the audiences the token is valid for among those asked:
 	// none (an authenticator that ignores audiences) is not good enough.
