@@ -48,9 +48,15 @@ func run(metrics metricsserving.Options, probeAddr string, leaderElect bool, lea
 	if err := policyv1beta1.Install(scheme); err != nil {
 		return err
 	}
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	restCfg := ctrl.GetConfigOrDie()
+	// /metrics for bearer tokens of the trellis-metrics audience, TokenReviews bounded.
+	metricsServer, err := metrics.TokenServer(restCfg)
+	if err != nil {
+		return err
+	}
+	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metrics.Server(),
+		Metrics:                 metricsServer,
 		HealthProbeBindAddress:  probeAddr,
 		LeaderElection:          leaderElect,
 		LeaderElectionID:        "trellis-operator.network.trellis.dev",

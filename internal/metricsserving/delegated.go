@@ -3,23 +3,32 @@ package metricsserving
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/apis/apiserver"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
-	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
+	"k8s.io/apiserver/pkg/authentication/group"
+	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
+	"k8s.io/apiserver/pkg/authentication/request/union"
+	"k8s.io/apiserver/pkg/authentication/request/x509"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	authnv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	"k8s.io/client-go/rest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
@@ -33,16 +42,20 @@ const (
 )
 
 // Delegated is the authentication and authorisation of a server that, like an aggregated
-// API server, leaves both to the API server: a caller is whoever a bearer token says
-// (TokenReview) or whoever a client certificate signed by the cluster's client CA says
-// (the CA read from kube-system/extension-apiserver-authentication, reloaded when it
-// changes), and may do what a SubjectAccessReview for the request's path and verb allows.
-// Anonymous callers and certificates of any other CA get 401. It is what `kubectl` users
-// have: a kubeconfig with a token or with a client certificate (kubeadm's admin.conf).
+// API server, leaves both to the API server: a caller is whoever a bearer token issued for
+// Audience says (TokenReview naming Audience, within Limits) or, when client certificates
+// are on, whoever a client certificate signed by the cluster's client CA says (the CA read
+// from kube-system/extension-apiserver-authentication, reloaded when it changes), and may
+// do what a SubjectAccessReview for the request's path and verb allows. Anonymous callers,
+// tokens for another audience and certificates of any other CA get 401; an unseen token
+// over the review budget gets 429. It is what Prometheus has (a projected service-account
+// token with Audience) and what `kubectl` users with a client certificate (kubeadm's
+// admin.conf) have.
 type Delegated struct {
-	authn authenticator.Request
-	authz authorizer.Authorizer
-	ca    *dynamiccertificates.ConfigMapCAController
+	authn  authenticator.Request
+	tokens *boundedTokens
+	authz  authorizer.Authorizer
+	ca     *dynamiccertificates.ConfigMapCAController
 }
 
 // retryBackoff is the API server's own default for its authentication/authorisation
@@ -52,29 +65,26 @@ func retryBackoff() *wait.Backoff {
 }
 
 // NewDelegated builds the authenticator and authoriser with cfg's credentials (the
-// server's own: it needs create on tokenreviews and subjectaccessreviews, and read of the
-// client CA ConfigMap). Run must run for client certificates to be accepted.
-func NewDelegated(cfg *rest.Config) (*Delegated, error) {
+// server's own: it needs create on tokenreviews and subjectaccessreviews, and, with
+// clientCerts, read of the client CA ConfigMap). Run must run for client certificates to
+// be accepted.
+func NewDelegated(cfg *rest.Config, clientCerts bool, limits Limits) (*Delegated, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("making a client for authentication: %w", err)
 	}
-	ca, err := dynamiccertificates.NewDynamicCAFromConfigMapController("client-ca", ClientCANamespace, ClientCAConfigMap, ClientCAKey, cs)
-	if err != nil {
-		return nil, fmt.Errorf("reading the client CA from %s/%s: %w", ClientCANamespace, ClientCAConfigMap, err)
+	d := &Delegated{tokens: newBoundedTokens(&tokenReviewer{client: cs.AuthenticationV1().TokenReviews(), timeout: 10 * time.Second}, limits)}
+	var authns []authenticator.Request
+	if clientCerts {
+		d.ca, err = dynamiccertificates.NewDynamicCAFromConfigMapController("client-ca", ClientCANamespace, ClientCAConfigMap, ClientCAKey, cs)
+		if err != nil {
+			return nil, fmt.Errorf("reading the client CA from %s/%s: %w", ClientCANamespace, ClientCAConfigMap, err)
+		}
+		authns = append(authns, x509.NewDynamic(d.ca.VerifyOptions, x509.CommonNameUserConversion))
 	}
-	authn, _, err := authenticatorfactory.DelegatingAuthenticatorConfig{
-		Anonymous:                          &apiserver.AnonymousAuthConfig{Enabled: false},
-		CacheTTL:                           time.Minute,
-		TokenAccessReviewClient:            cs.AuthenticationV1(),
-		TokenAccessReviewTimeout:           10 * time.Second,
-		WebhookRetryBackoff:                retryBackoff(),
-		ClientCertificateCAContentProvider: ca,
-	}.New()
-	if err != nil {
-		return nil, fmt.Errorf("making the authenticator: %w", err)
-	}
-	authz, err := authorizerfactory.DelegatingAuthorizerConfig{
+	authns = append(authns, bearertoken.New(d.tokens))
+	d.authn = group.NewAuthenticatedGroupAdder(union.New(authns...))
+	d.authz, err = authorizerfactory.DelegatingAuthorizerConfig{
 		SubjectAccessReviewClient: cs.AuthorizationV1(),
 		AllowCacheTTL:             time.Minute,
 		DenyCacheTTL:              10 * time.Second,
@@ -83,13 +93,52 @@ func NewDelegated(cfg *rest.Config) (*Delegated, error) {
 	if err != nil {
 		return nil, fmt.Errorf("making the authoriser: %w", err)
 	}
-	return &Delegated{authn: authn, authz: authz, ca: ca}, nil
+	return d, nil
+}
+
+// tokenReviewer asks the API server who a token is, for Audience only.
+type tokenReviewer struct {
+	client  authnv1client.TokenReviewInterface
+	timeout time.Duration
+}
+
+// AuthenticateToken implements authenticator.Token: a refusal is (nil, false, nil) (the
+// caller caches it), an error means the API server didn't answer (not cached).
+func (r *tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*authenticator.Response, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	defer cancel()
+	review := &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: token, Audiences: []string{Audience}}}
+	var result *authenticationv1.TokenReview
+	if err := webhook.WithExponentialBackoff(ctx, *retryBackoff(), func() error {
+		var err error
+		result, err = r.client.Create(ctx, review, metav1.CreateOptions{})
+		return err
+	}, webhook.DefaultShouldRetry); err != nil {
+		return nil, false, fmt.Errorf("asking for a TokenReview: %w", err)
+	}
+	// The API server answers with the audiences the token is valid for among those asked:
+	// none (an authenticator that ignores audiences) is not good enough.
+	if !result.Status.Authenticated || !slices.Contains(result.Status.Audiences, Audience) {
+		return nil, false, nil
+	}
+	u := result.Status.User
+	var extra map[string][]string
+	if u.Extra != nil {
+		extra = make(map[string][]string, len(u.Extra))
+		for k, v := range u.Extra {
+			extra[k] = v
+		}
+	}
+	return &authenticator.Response{User: &user.DefaultInfo{Name: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra},
+		Audiences: authenticator.Audiences{Audience}}, true, nil
 }
 
 // Start keeps the client CA current until ctx ends (a manager.Runnable). Until the CA is
 // read, client certificates are not accepted (401), tokens are.
 func (d *Delegated) Start(ctx context.Context) error {
-	d.ca.Run(ctx, 1)
+	if d.ca != nil {
+		d.ca.Run(ctx, 1)
+	}
 	return nil
 }
 
@@ -121,29 +170,52 @@ func (d *Delegated) Wrap(log logr.Logger, h http.Handler) http.Handler {
 	})
 	impersonating := impersonation.WithImpersonation(authorised, d.authz, clientgoscheme.Codecs)
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		res, ok, err := d.authn.AuthenticateRequest(req)
+		res, ok, err := d.authn.AuthenticateRequest(req.WithContext(withSource(req.Context(), req.RemoteAddr)))
 		if !ok {
-			// A token the API server refused, a certificate of another CA and no
-			// credentials at all: all mean "not authenticated" (err says which).
+			if errors.Is(err, errLimited) {
+				// Not refused, not reviewed: an unseen token over the review budget.
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, "Too Many Requests: too many unknown bearer tokens to review now; try again later", http.StatusTooManyRequests)
+				return
+			}
+			// A token the API server refused or that is not for Audience, a certificate
+			// of another CA and no credentials at all: all mean "not authenticated" (err
+			// says which).
 			log.V(4).Info("not authenticated", "err", fmt.Sprint(err))
-			http.Error(w, "Unauthorized: present a bearer token or a client certificate the cluster's API server accepts", http.StatusUnauthorized)
+			http.Error(w, "Unauthorized: present a bearer token issued for the audience "+Audience+" (a projected service-account token) or a client certificate the cluster's API server accepts", http.StatusUnauthorized)
 			return
 		}
 		impersonating.ServeHTTP(w, req.WithContext(request.WithUser(req.Context(), res.User)))
 	})
 }
 
-// DelegatedServer is Server with Delegated authentication (tokens and client
+// DelegatedServer is Server with Delegated authentication (tokens for Audience and client
 // certificates) and extra handlers behind it (controller-runtime wraps extra handlers in
 // the same filter as /metrics). The returned Delegated must be started (mgr.Add) for
 // client certificates to be accepted. When o is not Secure the extra handlers are not
 // served at all: they never go out unauthenticated.
 func (o Options) DelegatedServer(cfg *rest.Config, extra map[string]http.Handler) (metricsserver.Options, *Delegated, error) {
-	s := o.Server()
+	return o.delegated(cfg, true, extra)
+}
+
+// TokenServer is Server with Delegated authentication by bearer tokens for Audience only
+// (no client certificates: the server needs no read of the client CA). Nothing needs
+// starting.
+func (o Options) TokenServer(cfg *rest.Config) (metricsserver.Options, error) {
+	s, _, err := o.delegated(cfg, false, nil)
+	return s, err
+}
+
+func (o Options) delegated(cfg *rest.Config, clientCerts bool, extra map[string]http.Handler) (metricsserver.Options, *Delegated, error) {
+	s := o.server()
 	if !o.Secure || o.Addr == "0" {
 		return s, nil, nil
 	}
-	d, err := NewDelegated(cfg)
+	limits := o.Limits
+	if limits == (Limits{}) {
+		limits = DefaultLimits()
+	}
+	d, err := NewDelegated(cfg, clientCerts, limits)
 	if err != nil {
 		return s, nil, err
 	}
@@ -151,8 +223,10 @@ func (o Options) DelegatedServer(cfg *rest.Config, extra map[string]http.Handler
 		return func(log logr.Logger, h http.Handler) (http.Handler, error) { return d.Wrap(log, h), nil }, nil
 	}
 	s.ExtraHandlers = extra
-	// Ask for a certificate without demanding one (token callers have none); the
-	// authenticator verifies it against the cluster's client CA.
-	s.TLSOpts = append(s.TLSOpts, func(c *tls.Config) { c.ClientAuth = tls.RequestClientCert })
+	if clientCerts {
+		// Ask for a certificate without demanding one (token callers have none); the
+		// authenticator verifies it against the cluster's client CA.
+		s.TLSOpts = append(s.TLSOpts, func(c *tls.Config) { c.ClientAuth = tls.RequestClientCert })
+	}
 	return s, d, nil
 }

@@ -22,6 +22,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
@@ -66,19 +67,17 @@ func TestDelegatedAuth(t *testing.T) {
 			t.Fatalf("creating %s: %v", f, err)
 		}
 	}
-	token := func(ns, sa string) string {
+	// token is a token of service account ns/sa (made unless it is the agent's) for the
+	// audiences (none: the API server's own, as a pod's default token).
+	token := func(ns, sa string, audiences ...string) string {
 		t.Helper()
 		if ns != "trellis-system" || sa != "trellis-agent" {
-			if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			_, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{})
+			if err != nil && !apierrors.IsAlreadyExists(err) {
 				t.Fatal(err)
 			}
 		}
-		tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-			Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600))}}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("a token for %s/%s: %v", ns, sa, err)
-		}
-		return tr.Status.Token
+		return saToken(ctx, t, cs, ns, sa, audiences...)
 	}
 	bind := func(name string, subject rbacv1.Subject) {
 		t.Helper()
@@ -126,9 +125,12 @@ func TestDelegatedAuth(t *testing.T) {
 	alice, bob := userCert("alice"), userCert("bob")
 	root := userCert("root", "system:masters")
 	bind("alice-diagnostics", rbacv1.Subject{Kind: "User", APIGroup: rbacv1.GroupName, Name: "alice"})
-	readerToken := token("default", "reader")
+	// Scrapers' tokens are for the metrics audience; the reader's token for the API server
+	// (the default audience) must not be accepted here.
+	readerToken := token("default", "reader", metricsAudience)
+	readerAPIToken := token("default", "reader")
 	bind("reader-diagnostics", rbacv1.Subject{Kind: "ServiceAccount", Namespace: "default", Name: "reader"})
-	nobodyToken := token("default", "nobody")
+	nobodyToken := token("default", "nobody", metricsAudience)
 
 	type caller struct {
 		name    string
@@ -179,8 +181,9 @@ func TestDelegatedAuth(t *testing.T) {
 	}{
 		{caller{name: "alice: client certificate of the cluster CA, reader role bound", cert: &alice}, 200, ""},
 		{caller{name: "bob: client certificate of the cluster CA, no role", cert: &bob}, 403, `user "bob" cannot get non-resource URL`},
-		{caller{name: "service account reader: bearer token, reader role bound", token: readerToken}, 200, ""},
-		{caller{name: "service account nobody: bearer token, no role", token: nobodyToken}, 403, `"system:serviceaccount:default:nobody"`},
+		{caller{name: "service account reader: bearer token for trellis-metrics, reader role bound", token: readerToken}, 200, ""},
+		{caller{name: "service account reader: bearer token for the API server (default audience), reader role bound", token: readerAPIToken}, 401, "Unauthorized"},
+		{caller{name: "service account nobody: bearer token for trellis-metrics, no role", token: nobodyToken}, 403, `"system:serviceaccount:default:nobody"`},
 		{caller{name: "anonymous"}, 401, "Unauthorized"},
 		{caller{name: "a token the API server never issued", token: "not-a-token"}, 401, "Unauthorized"},
 		{caller{name: "a certificate for alice from another CA", cert: &forged}, 401, "Unauthorized"},
@@ -198,6 +201,22 @@ func TestDelegatedAuth(t *testing.T) {
 			}
 		}
 	}
+}
+
+// metricsAudience is the audience scrapers' tokens are for (metricsserving.Audience,
+// spelled out so that the test builds against the code before it existed).
+const metricsAudience = "trellis-metrics"
+
+// saToken is a TokenRequest token of service account ns/sa for the audiences (none: the
+// API server's own).
+func saToken(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, sa string, audiences ...string) string {
+	t.Helper()
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600)), Audiences: audiences}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a token for %s/%s: %v", ns, sa, err)
+	}
+	return tr.Status.Token
 }
 
 func freeLoopbackAddr(t *testing.T) string {

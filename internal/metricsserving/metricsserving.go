@@ -1,15 +1,15 @@
 // Package metricsserving is how the operator and the agent serve /metrics: over HTTPS, to
-// callers whose bearer token the API server authenticates (TokenReview) and authorises for
-// GET /metrics (SubjectAccessReview), as kubebuilder-scaffolded operators do. A cluster's
-// Prometheus gets in by binding its service account to the trellis-metrics-reader
-// ClusterRole (config/prometheus).
+// callers whose bearer token, issued for the audience trellis-metrics, the API server
+// authenticates (TokenReview, cached and within Limits) and authorises for GET /metrics
+// (SubjectAccessReview); the agent also takes client certificates of the cluster's CA. A
+// cluster's Prometheus gets in with a projected service-account token of that audience and
+// its service account bound to the trellis-metrics-reader ClusterRole (config/prometheus).
 package metricsserving
 
 import (
 	"crypto/tls"
 	"flag"
 
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
@@ -23,6 +23,8 @@ type Options struct {
 	// CertDir holds tls.crt and tls.key (e.g. from cert-manager); empty: a self-signed
 	// certificate made at start.
 	CertDir string
+	// Limits bound the TokenReviews of a Secure server (zero: DefaultLimits).
+	Limits Limits
 }
 
 // AddFlags registers the options as flags; addrFlag keeps each binary's historic name.
@@ -32,13 +34,13 @@ func (o *Options) AddFlags(fs *flag.FlagSet, addrFlag string) {
 	fs.StringVar(&o.CertDir, "metrics-cert-dir", o.CertDir, "directory with tls.crt and tls.key for /metrics (default: a self-signed certificate)")
 }
 
-// Server is the controller-runtime metrics server configuration.
-func (o Options) Server() metricsserver.Options {
+// server is the controller-runtime metrics server configuration, without authentication
+// (delegated adds it when Secure).
+func (o Options) server() metricsserver.Options {
 	s := metricsserver.Options{BindAddress: o.Addr, SecureServing: o.Secure}
 	if !o.Secure {
 		return s
 	}
-	s.FilterProvider = filters.WithAuthenticationAndAuthorization
 	s.CertDir = o.CertDir
 	// HTTP/1.1 only: HTTP/2's stream reset and rapid-reset attacks (CVE-2023-44487,
 	// CVE-2023-39325) are not worth it for a scrape endpoint.

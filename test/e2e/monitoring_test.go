@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 
+	"github.com/trellis-net/trellis/internal/metricsserving"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
@@ -40,7 +41,8 @@ const (
 // TestMonitoring proves config/prometheus on a real Prometheus (hack/build-prometheus.sh),
 // run on the cluster as a user would run it without the Prometheus Operator: a Deployment
 // whose service account is bound to trellis-metrics-reader, scraping with the
-// kubernetes_sd_configs of docs/monitoring.md (read from the page: the doc is what runs)
+// kubernetes_sd_configs of docs/monitoring.md and the projected token for the
+// trellis-metrics audience it mounts (read from the page: the doc is what runs)
 // and evaluating the alerts of prometheus_rule.yaml unchanged but for their `for:`
 // durations (a minute becomes a second). It checks that Prometheus finds and scrapes the
 // operator and every agent, that the agents' series carry the node label, that every rule
@@ -189,31 +191,62 @@ func monRules(t *testing.T) monRuleSet {
 	return set
 }
 
-// monConfig is prometheus.yml: short intervals, the rule file, and the scrape_configs
-// block of docs/monitoring.md as it stands.
-func monConfig(t *testing.T) string {
+// monDoc is the page the test's Prometheus setup is read from.
+const monDoc = "docs/monitoring.md"
+
+// monDocBlock is the one yaml block of docs/monitoring.md that starts with first (a key).
+func monDocBlock(t *testing.T, first string) string {
 	t.Helper()
-	const doc = "docs/monitoring.md"
-	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), doc))
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), monDoc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var block string
 	for _, part := range strings.Split(string(data), "```yaml\n")[1:] {
 		text, _, _ := strings.Cut(part, "```")
-		if strings.HasPrefix(text, "scrape_configs:\n") {
+		if strings.HasPrefix(text, first+":") {
 			if block != "" {
-				t.Fatalf("%s has two yaml blocks starting with scrape_configs: the test runs one", doc)
+				t.Fatalf("%s has two yaml blocks starting with %s: the test runs one", monDoc, first)
 			}
 			block = text
 		}
 	}
 	if block == "" {
-		t.Fatalf("%s has no yaml block starting with scrape_configs: (the setup without the Prometheus Operator)", doc)
+		t.Fatalf("%s has no yaml block starting with %s:", monDoc, first)
 	}
+	return block
+}
+
+// monTokenVolume is the token volume of docs/monitoring.md (a projected service-account
+// token for the metrics audience) and its mount, each as JSON for the manifest.
+func monTokenVolume(t *testing.T) (volume, mount string) {
+	t.Helper()
+	var v struct {
+		Volumes      []map[string]any `json:"volumes"`
+		VolumeMounts []map[string]any `json:"volumeMounts"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(monDocBlock(t, "volumes")), &v); err != nil {
+		t.Fatalf("%s's token volume: %v", monDoc, err)
+	}
+	if len(v.Volumes) != 1 || len(v.VolumeMounts) != 1 {
+		t.Fatalf("%s's token volume block: %d volumes, %d mounts, want one each", monDoc, len(v.Volumes), len(v.VolumeMounts))
+	}
+	if b, _ := json.Marshal(v.Volumes[0]); !strings.Contains(string(b), `"audience":"`+metricsserving.Audience+`"`) {
+		t.Fatalf("%s's token volume is not for the audience %s: %s", monDoc, metricsserving.Audience, b)
+	}
+	vb, _ := json.Marshal(v.Volumes[0])
+	mb, _ := json.Marshal(v.VolumeMounts[0])
+	return string(vb), string(mb)
+}
+
+// monConfig is prometheus.yml: short intervals, the rule file, and the scrape_configs
+// block of docs/monitoring.md as it stands.
+func monConfig(t *testing.T) string {
+	t.Helper()
+	block := monDocBlock(t, "scrape_configs")
 	var cfg map[string]any
 	if err := yaml.Unmarshal([]byte(block), &cfg); err != nil {
-		t.Fatalf("%s's scrape_configs: %v", doc, err)
+		t.Fatalf("%s's scrape_configs: %v", monDoc, err)
 	}
 	cfg["global"] = map[string]any{"scrape_interval": monInterval, "scrape_timeout": monInterval, "evaluation_interval": monInterval}
 	cfg["rule_files"] = []string{"/etc/prometheus/trellis.rules.yaml"}
@@ -227,8 +260,10 @@ func monConfig(t *testing.T) string {
 // monManifest runs Prometheus as a user would without the Prometheus Operator: its
 // service account bound to trellis-metrics-reader (to scrape) and allowed to discover
 // EndpointSlices, Services and pods in trellis-system, its configuration and rules in a ConfigMap, its storage an
-// emptyDir, unprivileged; a Service in front of its API. %[1]s: namespace; %[2]s: image;
-// %[3]s, %[4]s: prometheus.yml and the rule file, each a JSON string.
+// emptyDir, its token for /metrics the projected volume of docs/monitoring.md,
+// unprivileged; a Service in front of its API. %[1]s: namespace; %[2]s: image;
+// %[3]s, %[4]s: prometheus.yml and the rule file, each a JSON string; %[5]s, %[6]s: the
+// token volume and its mount, each a JSON object.
 const monManifest = `apiVersion: v1
 kind: Namespace
 metadata:
@@ -329,11 +364,13 @@ spec:
         volumeMounts:
         - {name: config, mountPath: /etc/prometheus, readOnly: true}
         - {name: data, mountPath: /prometheus}
+        - %[6]s
       volumes:
       - name: config
         configMap: {name: prometheus}
       - name: data
         emptyDir: {}
+      - %[5]s
 ---
 apiVersion: v1
 kind: Service
@@ -376,7 +413,8 @@ func deployPrometheus(ctx context.Context, t *testing.T, c *cluster.Cluster, con
 		}
 	}
 	quote := func(s string) string { b, _ := json.Marshal(s); return string(b) }
-	if out, err := c.KubectlInput(ctx, fmt.Sprintf(monManifest, monNamespace, image, quote(config), quote(rules)), "apply", "-f", "-"); err != nil {
+	volume, mount := monTokenVolume(t)
+	if out, err := c.KubectlInput(ctx, fmt.Sprintf(monManifest, monNamespace, image, quote(config), quote(rules), volume, mount), "apply", "-f", "-"); err != nil {
 		t.Fatalf("deploying Prometheus: %v\n%s", err, out)
 	}
 	if out, err := c.Kubectl(ctx, "-n", monNamespace, "rollout", "status", "deployment/prometheus", "--timeout=2m"); err != nil {

@@ -27,6 +27,7 @@ import (
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/metricsserving"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/netnstest"
@@ -37,7 +38,8 @@ import (
 // capabilities, not privileged, and keeps its files root-only; a node's agent, with the
 // real token of its pod, can write its own NodeNetwork status and nothing else; both
 // components' /metrics answer a Prometheus-style scrape (HTTPS, bearer token of a service
-// account bound to trellis-metrics-reader) and refuse everyone else.
+// account bound to trellis-metrics-reader, issued for the trellis-metrics audience) and
+// refuse everyone else, that account's token for the API server included.
 func TestNodeSecurity(t *testing.T) {
 	c := cluster.ForTest(t, cluster.Options{Name: "security", Nodes: 2, CNI: cluster.CNITrellis})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -147,6 +149,8 @@ metadata:
 			t.Fatal(err)
 		}
 		reader, nobody := saToken(ctx, t, c, "e2e-prometheus"), saToken(ctx, t, c, "e2e-nobody")
+		// The reader's token for the API server (what its pod mounts by default): no good here.
+		readerAPI := saToken(ctx, t, c, "e2e-prometheus", "")
 		from := framework.OpenNetns(t, nodeA.NetNSPath())
 		agents := serviceEndpoints(ctx, t, c, "trellis-agent-metrics", len(c.Nodes))
 		operator := serviceEndpoints(ctx, t, c, "trellis-operator-metrics", 1)
@@ -160,6 +164,9 @@ metadata:
 			}
 			if code, _ := scrape(t, from, ep, nobody); code != http.StatusForbidden {
 				t.Errorf("scraping %s with a token not bound to trellis-metrics-reader: %d, want 403", ep, code)
+			}
+			if code, _ := scrape(t, from, ep, readerAPI); code != http.StatusUnauthorized {
+				t.Errorf("scraping %s with the reader's token for the API server's audience: %d, want 401", ep, code)
 			}
 		}
 		// The series move: a pod made on node A brings a NetworkPolicy sync there.
@@ -241,10 +248,19 @@ func agentToken(t *testing.T, n cluster.Node) string {
 	return strings.TrimSpace(string(b))
 }
 
-// saToken is a short-lived token of service account name in the default namespace.
-func saToken(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) string {
+// saToken is a short-lived token of service account name in the default namespace, for
+// the audience /metrics requires (metricsserving.Audience) unless audience says another
+// ("": the API server's own).
+func saToken(ctx context.Context, t *testing.T, c *cluster.Cluster, name string, audience ...string) string {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "create", "token", "-n", "default", name, "--duration=1h")
+	args := []string{"create", "token", "-n", "default", name, "--duration=1h"}
+	if len(audience) == 0 {
+		audience = []string{metricsserving.Audience}
+	}
+	if audience[0] != "" {
+		args = append(args, "--audience="+audience[0])
+	}
+	out, err := c.Kubectl(ctx, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,7 +122,13 @@ func TestPrometheusScrapeConfig(t *testing.T) {
 		monitors++
 		spec := m["spec"].(map[string]any)
 		selector := spec["selector"].(map[string]any)["matchLabels"].(map[string]any)
-		port := spec["endpoints"].([]any)[0].(map[string]any)["port"].(string)
+		endpoint := spec["endpoints"].([]any)[0].(map[string]any)
+		port := endpoint["port"].(string)
+		// The token for /metrics' audience, as docs/monitoring.md mounts it; not the pod's
+		// default token (for the API server), which /metrics refuses.
+		if f := endpoint["bearerTokenFile"]; f != metricsTokenFile {
+			t.Errorf("%s: bearerTokenFile %v, want %s (a projected token for the trellis-metrics audience)", key, f, metricsTokenFile)
+		}
 		var found bool
 		for skey, sm := range def {
 			if filepath.Dir(skey) != "Service" {
@@ -153,6 +159,9 @@ func TestPrometheusScrapeConfig(t *testing.T) {
 		t.Errorf("config/prometheus/monitor has %d ServiceMonitors, want 2 (operator, agent)", monitors)
 	}
 }
+
+// metricsTokenFile is where docs/monitoring.md mounts Prometheus' token for /metrics.
+const metricsTokenFile = "/var/run/secrets/trellis.dev/metrics/token"
 
 func labelsMatch(selector map[string]any, labels map[string]string) bool {
 	for k, v := range selector {

@@ -44,6 +44,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/metricsserving"
 	"github.com/trellis-net/trellis/test/audit"
 	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
@@ -272,7 +273,11 @@ func TestOperatorLeastPrivilege(t *testing.T) {
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "default", Name: "scraper"}}}); err != nil {
 		t.Fatal(err)
 	}
-	scrape(t, metricsAddr, token("default", "scraper"))
+	scrape(t, metricsAddr, scraperToken(ctx, t, cs))
+	// The same account's token for the API server (a pod's default token) is refused.
+	if code := scrapeCode(t, metricsAddr, token("default", "scraper")); code != http.StatusUnauthorized {
+		t.Errorf("GET /metrics with the scraper's token for the API server's audience: %d, want 401", code)
+	}
 
 	// What the roles must refuse, asked with the operator's own token.
 	probe := operatorClient(t, cfg, operatorToken)
@@ -536,6 +541,36 @@ func scrape(t *testing.T, addr, token string) {
 		}
 		return nil
 	})
+}
+
+// scrapeCode is the status of one GET /metrics with token.
+func scrapeCode(t *testing.T, addr, token string) int {
+	t.Helper()
+	hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a loopback test server
+	}}
+	req, err := http.NewRequest(http.MethodGet, "https://"+addr+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// scraperToken is a token of default/scraper for the audience /metrics requires.
+func scraperToken(ctx context.Context, t *testing.T, cs kubernetes.Interface) string {
+	t.Helper()
+	tr, err := cs.CoreV1().ServiceAccounts("default").CreateToken(ctx, "scraper", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(3600)), Audiences: []string{metricsserving.Audience}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a token for default/scraper: %v", err)
+	}
+	return tr.Status.Token
 }
 
 func freeLoopbackAddr(t *testing.T) string {
