@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -99,7 +100,11 @@ func (s *Server) Start(ctx context.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(ln, "", "") }()
 	s.Log.Info("serving the node's diagnostics", "address", addr, "certificateSHA256", fp)
-	go s.publishUntilDone(ctx, v1alpha1.NodeDiagnosticsStatus{Port: int32(s.Port), CertificateSHA256: fp}, retry)
+	var publishing sync.WaitGroup
+	defer publishing.Wait() // it ends with ctx
+	publishing.Go(func() {
+		s.publishUntilDone(ctx, v1alpha1.NodeDiagnosticsStatus{Port: int32(s.Port), CertificateSHA256: fp}, retry)
+	})
 	select {
 	case <-ctx.Done():
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
