@@ -60,7 +60,7 @@ func TestServerPublishesItsCertificate(t *testing.T) {
 	go func() { done <- srv.Start(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		_ = <-done
 	}()
 
 	check.Eventually(t, 10*time.Second, "the stale certificate cleared while the port is taken", func() error {
