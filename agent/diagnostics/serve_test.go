@@ -60,7 +60,9 @@ func TestServerPublishesItsCertificate(t *testing.T) {
 	go func() { done <- srv.Start(ctx) }()
 	defer func() {
 		cancel()
-		_ = <-done
+		if err := <-done; err != nil {
+			t.Errorf("the server returned %v, want nil (it never stops the agent)", err)
+		}
 	}()
 
 	check.Eventually(t, 10*time.Second, "the stale certificate cleared while the port is taken", func() error {
