@@ -1,8 +1,8 @@
 // Package diagnostics is the agent's read-only view of the node's trellis state for bug
 // reports (`kubectl trellis sysdump`): a fixed set of items, each read from the kernel or
-// the node's files, never a shell or a command the caller chooses. It is served on the
-// agent's metrics server behind the same authentication and authorisation as /metrics
-// (internal/metricsserving), bounded in size per item and in time per request.
+// the node's files, never a shell or a command the caller chooses, bounded in size per
+// item and in time per request. Server serves it on the node's loopback only, over TLS
+// whose certificate's fingerprint the agent publishes in its NodeNetwork status.
 package diagnostics
 
 import (
@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -113,9 +114,18 @@ func (c *Collector) Collect(ctx context.Context) report.Report {
 }
 
 // cni: the directory's configurations in the order the runtime considers them (it uses
-// the first), and each one's content.
+// the first), and each one's content. Files are read through an os.Root of the directory:
+// a symlink there pointing out of it (to /etc/shadow, a kubeconfig, a token) is never
+// followed, and only regular files are read, so whoever can write the directory can't
+// make the agent (root) put another file of the node in a dump.
 func (c *Collector) cni(add func(string, string, error)) {
-	entries, err := os.ReadDir(c.CNIConfDir)
+	root, err := os.OpenRoot(c.CNIConfDir)
+	if err != nil {
+		add("cni/order.txt", "", fmt.Errorf("reading the CNI conf dir %s: %w", c.CNIConfDir, err))
+		return
+	}
+	defer root.Close()
+	entries, err := readDir(root)
 	if err != nil {
 		add("cni/order.txt", "", fmt.Errorf("reading the CNI conf dir %s: %w", c.CNIConfDir, err))
 		return
@@ -144,7 +154,7 @@ func (c *Collector) cni(add func(string, string, error)) {
 		}
 		fmt.Fprintf(&order, "%s%s%s\n", mark, e.Name(), note)
 		if isConf {
-			b, err := readBounded(filepath.Join(c.CNIConfDir, e.Name()))
+			b, err := readBounded(root, e.Name())
 			add("cni/"+e.Name(), string(b), err)
 		}
 	}
@@ -154,12 +164,33 @@ func (c *Collector) cni(add func(string, string, error)) {
 	add("cni/order.txt", order.String(), nil)
 }
 
-func readBounded(path string) ([]byte, error) {
-	f, err := os.Open(path)
+func readDir(root *os.Root) ([]os.DirEntry, error) {
+	d, err := root.Open(".")
 	if err != nil {
 		return nil, err
 	}
+	defer d.Close()
+	entries, err := d.ReadDir(-1)
+	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
+	return entries, err
+}
+
+// readBounded reads the regular file name in root, at most MaxItemBytes+1 bytes. A
+// symlink is followed only while it stays inside root; a FIFO or device is not read
+// (O_NONBLOCK: opening a FIFO doesn't wait for a writer).
+func readBounded(root *os.Root, name string) ([]byte, error) {
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("not read: %w", err)
+	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("not read: %s is not a regular file (%s)", name, st.Mode().Type())
+	}
 	return io.ReadAll(io.LimitReader(f, MaxItemBytes+1))
 }
 

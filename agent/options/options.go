@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/internal/metricsserving"
 )
@@ -29,6 +30,9 @@ type Options struct {
 	// Metrics is where and how /metrics is served: HTTPS with authentication on every
 	// address by default, so a cluster's Prometheus can scrape it.
 	Metrics metricsserving.Options
+	// DiagnosticsPort is where on 127.0.0.1 (only) the node's diagnostics are served, for
+	// `kubectl trellis sysdump` through the API server's port-forward; 0 turns them off.
+	DiagnosticsPort int
 	// CNIBinDir and CNIConfDir are the node's CNI directories as mounted into the pod.
 	CNIBinDir, CNIConfDir string
 	// ReadyFile's presence tells the CNI plugin the node is ready.
@@ -58,18 +62,19 @@ type Options struct {
 // New returns the options with their defaults.
 func New() *Options {
 	o := &Options{
-		ConfigPath:     "/etc/trellis/config.json",
-		HealthAddr:     "127.0.0.1:9799",
-		Metrics:        metricsserving.Options{Addr: ":9798", Secure: true},
-		CNIBinDir:      "/host/opt/cni/bin",
-		CNIConfDir:     "/host/etc/cni/net.d",
-		ReadyFile:      cnicontract.DefaultReadyFile,
-		CNIVersion:     cnicontract.NewestVersion,
-		PluginDir:      "/usr/local/lib/trellis/cni",
-		ProcSysDir:     "/proc/sys",
-		IPAMGCGrace:    5 * time.Minute,
-		IPAMGCInterval: 2 * time.Minute,
-		level:          uzap.NewAtomicLevelAt(zapcore.InfoLevel),
+		ConfigPath:      "/etc/trellis/config.json",
+		HealthAddr:      "127.0.0.1:9799",
+		Metrics:         metricsserving.Options{Addr: ":9798", Secure: true},
+		DiagnosticsPort: report.DefaultPort,
+		CNIBinDir:       "/host/opt/cni/bin",
+		CNIConfDir:      "/host/etc/cni/net.d",
+		ReadyFile:       cnicontract.DefaultReadyFile,
+		CNIVersion:      cnicontract.NewestVersion,
+		PluginDir:       "/usr/local/lib/trellis/cni",
+		ProcSysDir:      "/proc/sys",
+		IPAMGCGrace:     5 * time.Minute,
+		IPAMGCInterval:  2 * time.Minute,
+		level:           uzap.NewAtomicLevelAt(zapcore.InfoLevel),
 	}
 	// The logger reads this level at every call, so the configuration's log level, known
 	// only once the configuration is read, still applies to the logger built before.
@@ -82,6 +87,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ConfigPath, "config", o.ConfigPath, "agent configuration rendered by the operator")
 	fs.StringVar(&o.HealthAddr, "health-addr", o.HealthAddr, "address of /healthz and /readyz")
 	o.Metrics.AddFlags(fs, "metrics-addr")
+	fs.IntVar(&o.DiagnosticsPort, "diagnostics-port", o.DiagnosticsPort, "port on 127.0.0.1 (never another address) the node's diagnostics for kubectl trellis sysdump are served on; 0 disables them")
 	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the node's CNI binary directory, as mounted")
 	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the node's CNI configuration directory, as mounted")
 	fs.StringVar(&o.ReadyFile, "ready-file", o.ReadyFile, "file whose presence tells the CNI plugin the node is ready")
@@ -130,6 +136,9 @@ func (o *Options) Validate() error {
 	}
 	if o.NodeIP.IsValid() && !o.NodeIP.Is4() {
 		errs = append(errs, fmt.Errorf("--node-ip %s: only IPv4 node addresses are supported", o.NodeIP))
+	}
+	if o.DiagnosticsPort < 0 || o.DiagnosticsPort > 65535 {
+		errs = append(errs, fmt.Errorf("--diagnostics-port %d: want a TCP port (1-65535), or 0 to turn the diagnostics off", o.DiagnosticsPort))
 	}
 	if o.IPAMGCGrace <= 0 {
 		errs = append(errs, fmt.Errorf("--ipam-gc-grace %s: must be positive", o.IPAMGCGrace))

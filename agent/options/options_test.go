@@ -38,7 +38,7 @@ func TestDefaults(t *testing.T) {
 	got.Zap, got.level = zap.Options{}, New().level // not comparable
 	want := Options{
 		ConfigPath: "/etc/trellis/config.json", HealthAddr: "127.0.0.1:9799",
-		Metrics:   metricsserving.Options{Addr: ":9798", Secure: true},
+		Metrics: metricsserving.Options{Addr: ":9798", Secure: true}, DiagnosticsPort: 9795,
 		CNIBinDir: "/host/opt/cni/bin", CNIConfDir: "/host/etc/cni/net.d", ReadyFile: "/var/run/trellis/cni-ready",
 		CNIVersion: "1.1.0", PluginDir: "/usr/local/lib/trellis/cni", ProcSysDir: "/proc/sys",
 		IPAMGCGrace: 5 * time.Minute, IPAMGCInterval: 2 * time.Minute, level: got.level,
@@ -57,17 +57,19 @@ func TestFlags(t *testing.T) {
 		check func(*Options) bool
 	}{
 		{name: "every flag", args: []string{
-			"--config=/c.json", "--health-addr=:1", "--metrics-addr=0", "--metrics-secure=false", "--metrics-cert-dir=/certs", "--cni-bin-dir=/b", "--cni-conf-dir=/n",
+			"--config=/c.json", "--health-addr=:1", "--metrics-addr=0", "--metrics-secure=false", "--metrics-cert-dir=/certs", "--diagnostics-port=1234", "--cni-bin-dir=/b", "--cni-conf-dir=/n",
 			"--ready-file=/r", "--node-ip=198.51.100.4", "--node-ip-interface=eth1", "--cni-version=0.4.0",
 			"--plugin-dir=/p", "--proc-sys-dir=/host/proc/sys", "--ipam-gc-grace=30s", "--ipam-gc-interval=10s"},
 			check: func(o *Options) bool {
-				return o.ConfigPath == "/c.json" && o.HealthAddr == ":1" && o.Metrics == metricsserving.Options{Addr: "0", CertDir: "/certs"} && o.CNIBinDir == "/b" &&
+				return o.ConfigPath == "/c.json" && o.HealthAddr == ":1" && o.Metrics == metricsserving.Options{Addr: "0", CertDir: "/certs"} && o.DiagnosticsPort == 1234 && o.CNIBinDir == "/b" &&
 					o.CNIConfDir == "/n" && o.ReadyFile == "/r" && o.NodeIP == netip.MustParseAddr("198.51.100.4") &&
 					o.NodeIPInterface == "eth1" && o.CNIVersion == "0.4.0" && o.PluginDir == "/p" && o.ProcSysDir == "/host/proc/sys" &&
 					o.IPAMGCGrace == 30*time.Second && o.IPAMGCInterval == 10*time.Second
 			}},
 		{name: "node IP not an address", args: []string{"--node-ip=node-a"}, err: "node-ip"},
 		{name: "IPv6 node IP", args: []string{"--node-ip=2001:db8::1"}, err: "--node-ip 2001:db8::1: only IPv4"},
+		{name: "diagnostics off", args: []string{"--diagnostics-port=0"}, check: func(o *Options) bool { return o.DiagnosticsPort == 0 }},
+		{name: "diagnostics port out of range", args: []string{"--diagnostics-port=70000"}, err: "--diagnostics-port 70000: want a TCP port"},
 		{name: "zero grace", args: []string{"--ipam-gc-grace=0s"}, err: "--ipam-gc-grace 0s: must be positive"},
 		{name: "negative interval", args: []string{"--ipam-gc-interval=-1m"}, err: "--ipam-gc-interval -1m0s: must be positive"},
 		{name: "not a duration", args: []string{"--ipam-gc-grace=5"}, err: "ipam-gc-grace"},

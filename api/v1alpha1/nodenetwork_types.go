@@ -93,11 +93,35 @@ type NodeNetworkStatus struct {
 	// change at most every 10 seconds).
 	// +optional
 	IPAM NodeIPAMStatus `json:"ipam,omitzero"`
+	// Diagnostics is how `kubectl trellis sysdump` recognises this node's agent: the
+	// agent serves the node's diagnostics on the node's loopback only, over TLS with a key
+	// it makes at each start, and publishes that certificate's fingerprint here (only this
+	// node's agent may write this status: the trellis-agent-node-restriction admission
+	// policy). Empty while the agent is not serving diagnostics (its log says why).
+	// +optional
+	Diagnostics NodeDiagnosticsStatus `json:"diagnostics,omitzero"`
 	// Conditions: Ready, TXChecksumOffload.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeDiagnosticsStatus says where the node's agent serves its diagnostics and with
+// which certificate.
+type NodeDiagnosticsStatus struct {
+	// Port is the TCP port on the node's loopback (127.0.0.1) the diagnostics are served
+	// on; clients reach it through the API server's port-forward to the agent pod.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+	// CertificateSHA256 is the SHA-256 of the DER of the certificate the diagnostics
+	// endpoint presents, in lowercase hex: a client that finds any other certificate
+	// there is not talking to this node's agent.
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{64}$`
+	// +optional
+	CertificateSHA256 string `json:"certificateSHA256,omitempty"`
 }
 
 // NodeKernelStatus is the kernel configuration the agent sets on its node.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,27 +25,36 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/agent/diagnostics/report"
+	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cli"
 )
 
 // agentSelector selects the agent pods (config/agent/daemonset.yaml).
 const agentSelector = "app.kubernetes.io/name=trellis-agent"
 
-// agentPort is the agent's metrics server (HTTPS), where the diagnostics are served.
-const agentPort = 9798
-
 type collector struct {
-	f    *cli.Factory
-	a    *Archive
-	o    *Options
-	cfg  *rest.Config
-	cs   kubernetes.Interface
-	c    client.Client
-	mu   sync.Mutex
-	ok   int
-	all  int
-	deny map[string]bool // permissions found missing, for the hints
+	f   *cli.Factory
+	a   *Archive
+	o   *Options
+	cfg *rest.Config
+	cs  kubernetes.Interface
+	c   client.Client
+	// forward opens a port-forward to port of an agent pod (forward, through the API
+	// server with the user's credentials); tests put a local server there.
+	forward    func(ctx context.Context, pod string, port int) (uint16, func(), error)
+	mu         sync.Mutex
+	ok         int
+	all        int
+	unverified []string        // nodes whose agent could not be verified
+	deny       map[string]bool // permissions found missing, for the hints
 }
+
+// unverifiedError: what answered on the node could not be shown to be its agent; nothing
+// was asked of it.
+type unverifiedError struct{ err error }
+
+func (e *unverifiedError) Error() string { return "agent could not be verified: " + e.err.Error() }
+func (e *unverifiedError) Unwrap() error { return e.err }
 
 func newCollector(f *cli.Factory, a *Archive, o *Options) (*collector, error) {
 	cfg, err := f.RESTConfig()
@@ -59,7 +69,11 @@ func newCollector(f *cli.Factory, a *Archive, o *Options) (*collector, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &collector{f: f, a: a, o: o, cfg: cfg, cs: cs, c: c, deny: map[string]bool{}}, nil
+	col := &collector{f: f, a: a, o: o, cfg: cfg, cs: cs, c: c, deny: map[string]bool{}}
+	col.forward = func(ctx context.Context, pod string, port int) (uint16, func(), error) {
+		return forward(ctx, cfg, pod, port)
+	}
+	return col, nil
 }
 
 func (c *collector) collect(ctx context.Context) {
@@ -74,6 +88,13 @@ func (c *collector) collect(ctx context.Context) {
 
 func (c *collector) nodesOK() int    { c.mu.Lock(); defer c.mu.Unlock(); return c.ok }
 func (c *collector) nodesTotal() int { c.mu.Lock(); defer c.mu.Unlock(); return c.all }
+func (c *collector) nodesUnverified() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := append([]string(nil), c.unverified...)
+	sort.Strings(out)
+	return out
+}
 
 // fail records a failure; a refusal by RBAC is also kept for the hints.
 func (c *collector) fail(what string, err error) {
@@ -206,7 +227,9 @@ func (c *collector) log(ctx context.Context, pod, container string, previous boo
 }
 
 // nodes collects every node's diagnostics from its agent, Parallel at a time. A node
-// without a running agent, or whose agent can't be reached, is recorded and skipped.
+// without a running agent, whose agent can't be reached, or whose agent can't be verified
+// (the certificate it published in its NodeNetwork status is not what answers), is
+// recorded and skipped.
 func (c *collector) nodes(ctx context.Context, pods []corev1.Pod) {
 	byNode := map[string]*corev1.Pod{}
 	for i := range pods {
@@ -244,6 +267,19 @@ func (c *collector) nodes(ctx context.Context, pods []corev1.Pod) {
 		}
 		return
 	}
+	// What each agent published about its diagnostics endpoint, read from the API server
+	// (only that node's agent may write it): how the agent is told from an impostor.
+	var nns v1alpha1.NodeNetworkList
+	if err := c.c.List(ctx, &nns); err != nil {
+		for _, n := range sorted {
+			c.fail("nodes/"+n, &unverifiedError{fmt.Errorf("reading the NodeNetworks, where the agents publish their diagnostics certificates (you need list on nodenetworks.network.trellis.dev): %w", err)})
+		}
+		return
+	}
+	published := map[string]*v1alpha1.NodeNetwork{}
+	for i := range nns.Items {
+		published[nns.Items[i].Name] = &nns.Items[i]
+	}
 	sem := make(chan struct{}, c.o.Parallel)
 	var wg sync.WaitGroup
 	for _, n := range sorted {
@@ -261,7 +297,13 @@ func (c *collector) nodes(ctx context.Context, pods []corev1.Pod) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := c.node(ctx, n, p.Name); err != nil {
+			if err := c.node(ctx, n, p.Name, published[n]); err != nil {
+				var unverified *unverifiedError
+				if errors.As(err, &unverified) {
+					c.mu.Lock()
+					c.unverified = append(c.unverified, n)
+					c.mu.Unlock()
+				}
 				c.fail("nodes/"+n, fmt.Errorf("agent pod %s: %w", p.Name, err))
 				fmt.Fprintf(c.f.ErrOut, "  ✗ %s: %v\n", n, err)
 				return
@@ -285,9 +327,9 @@ func (c *collector) preflight(ctx context.Context) []string {
 		{authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
 			Namespace: cli.Namespace, Verb: "create", Resource: "pods", Subresource: "portforward"}},
 			"create pods/portforward in namespace " + cli.Namespace + " (to reach the agents through the API server)"},
-		{authorizationv1.SelfSubjectAccessReviewSpec{NonResourceAttributes: &authorizationv1.NonResourceAttributes{
-			Path: report.Path, Verb: "get"}},
-			"get on the non-resource URL " + report.Path + " (bind the ClusterRole trellis-diagnostics-reader)"},
+		{authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Verb: "list", Group: v1alpha1.GroupVersion.Group, Resource: "nodenetworks"}},
+			"list nodenetworks.network.trellis.dev (where the agents publish their diagnostics certificates)"},
 	} {
 		r, err := c.cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{Spec: chk.attrs}, metav1.CreateOptions{})
 		if err != nil {
@@ -304,42 +346,52 @@ func (c *collector) preflight(ctx context.Context) []string {
 	return missing
 }
 
-// node fetches one node's report through a port-forward to its agent pod and writes it
-// under nodes/<node>/.
-func (c *collector) node(ctx context.Context, node, pod string) error {
+// node fetches one node's report through a port-forward to its agent pod, from the
+// endpoint the agent published in nn's status, and writes it under nodes/<node>/. The
+// request carries no credential and goes out only after the endpoint proved to hold the
+// published certificate; anything else is an unverifiedError.
+func (c *collector) node(ctx context.Context, node, pod string, nn *v1alpha1.NodeNetwork) error {
+	if nn == nil {
+		return &unverifiedError{fmt.Errorf("no NodeNetwork %s, where its agent publishes its diagnostics certificate", node)}
+	}
+	d := nn.Status.Diagnostics
+	if d.CertificateSHA256 == "" {
+		return &unverifiedError{fmt.Errorf("NodeNetwork %s has no status.diagnostics.certificateSHA256: the agent is not serving its diagnostics (its log says why: port %d on the node's loopback taken by another process, --diagnostics-port=0, or an agent older than this plugin)", node, report.DefaultPort)}
+	}
+	port := int(d.Port)
+	if port == 0 {
+		port = report.DefaultPort
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.o.NodeTimeout)
 	defer cancel()
-	local, stop, err := forward(ctx, c.cfg, pod, agentPort)
+	local, stop, err := c.forward(ctx, pod, port)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	hc, err := agentClient(c.cfg, local)
-	if err != nil {
-		return err
-	}
+	hc, verified := agentClient(local, d.CertificateSHA256)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", local, report.Path), nil)
 	if err != nil {
 		return err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
+		if !verified() {
+			return &unverifiedError{fmt.Errorf("on port %d of the node's loopback: %w; nothing was sent to it", port, err)}
+		}
 		return fmt.Errorf("asking the agent for the node's diagnostics: %w", err)
 	}
 	defer resp.Body.Close()
+	if !verified() {
+		// Not reachable (the handshake checks), but never take an answer unchecked.
+		return &unverifiedError{fmt.Errorf("on port %d of the node's loopback: the certificate was not checked", port)}
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
 	if err != nil {
 		return fmt.Errorf("reading the agent's answer: %w", err)
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
-	case http.StatusUnauthorized:
-		return fmt.Errorf("the agent did not accept your credentials (401: %s); an agent older than this plugin has no diagnostics endpoint, or it has not read the cluster's client CA yet", strings.TrimSpace(string(body)))
-	case http.StatusForbidden:
-		c.mu.Lock()
-		c.deny["get on the non-resource URL "+report.Path+" (bind the ClusterRole trellis-diagnostics-reader)"] = true
-		c.mu.Unlock()
-		return fmt.Errorf("the agent refused (403: %s): you need get on the non-resource URL %s (ClusterRole trellis-diagnostics-reader)", strings.TrimSpace(string(body)), report.Path)
 	case http.StatusNotFound:
 		return fmt.Errorf("the agent has no diagnostics endpoint (404): it is older than this plugin; upgrade Trellis")
 	default:
@@ -349,8 +401,12 @@ func (c *collector) node(ctx context.Context, node, pod string) error {
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return fmt.Errorf("reading the agent's answer: %w", err)
 	}
+	if rep.Node != node {
+		return fmt.Errorf("the agent's answer is for node %q, not %s", rep.Node, node)
+	}
 	var summary bytes.Buffer
-	fmt.Fprintf(&summary, "node: %s\nagent pod: %s\nagent version: %s\ncollected at: %s\n", rep.Node, pod, rep.Version, rep.CollectedAt.Format(time.RFC3339))
+	fmt.Fprintf(&summary, "node: %s\nagent pod: %s\nagent version: %s\ncollected at: %s\nagent certificate sha256: %s (as published in NodeNetwork %s status.diagnostics)\n",
+		rep.Node, pod, rep.Version, rep.CollectedAt.Format(time.RFC3339), d.CertificateSHA256, node)
 	for _, it := range rep.Items {
 		file := "nodes/" + node + "/" + it.File
 		if it.Error != "" {

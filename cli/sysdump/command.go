@@ -2,9 +2,12 @@
 // objects, events and logs come from the API server with the user's credentials; each
 // node's state (CNI configuration, trellis's iptables chains and ipsets, routes, VXLAN
 // FDB/neighbours, links, the agent's metrics) comes from that node's agent, through the
-// API server's port-forward to the agent pod, from the agent's read-only diagnostics
-// endpoint (agent/diagnostics), which authenticates and authorises the user as /metrics
-// does. Nothing runs on a node with access the user's RBAC doesn't grant.
+// API server's port-forward to the agent pod (authorised by the API server: create
+// pods/portforward), from the agent's read-only diagnostics endpoint on the node's
+// loopback (agent/diagnostics). No credential of the user goes to a node: the request to
+// the agent carries none, and goes out only over TLS pinned to the certificate the agent
+// published in its NodeNetwork status; a node where something else answers is reported
+// as unverified and skipped.
 package sysdump
 
 import (
@@ -54,8 +57,11 @@ func NewCommand(f *cli.Factory) *cobra.Command {
     chains (and the jumps into them) and ipsets, routes of protocol 201/202, the VXLAN
     device's FDB and neighbours, trellis's links, and the agent's metrics
 
-Per node it needs pods/portforward (create) on the agent pods in trellis-system and get on
-the non-resource URL /debug/trellis/node (ClusterRole trellis-diagnostics-reader).
+Per node it needs create on pods/portforward in trellis-system (the API server authorises
+the port-forward to the agent pod) and list on nodenetworks. No credential of yours is
+sent to a node: the request to the agent carries none, and is sent only once the agent
+has shown the certificate it published in its NodeNetwork status; a node where anything
+else answers is reported as "agent could not be verified" and skipped.
 What could not be collected is listed in errors.txt and at the end; the exit code is 0
 when everything was collected, 3 when the archive is incomplete, 1 when none was written.`,
 		Args: cobra.NoArgs,
@@ -148,6 +154,9 @@ func run(ctx context.Context, f *cli.Factory, o *Options) error {
 	errs := a.Errors()
 	fmt.Fprintf(f.Out, "Wrote %s (%d files)\n", name, len(a.Files()))
 	fmt.Fprintf(f.Out, "Nodes: %d of %d collected\n", c.nodesOK(), c.nodesTotal())
+	if u := c.nodesUnverified(); len(u) > 0 {
+		fmt.Fprintf(f.Out, "Agents that could not be verified (skipped, nothing sent to them): %s\n", strings.Join(u, ", "))
+	}
 	if len(errs) == 0 {
 		return nil
 	}

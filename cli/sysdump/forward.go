@@ -2,16 +2,23 @@ package sysdump
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 
+	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/cli"
 )
 
@@ -66,20 +73,54 @@ func forwardError(err error) error {
 	return fmt.Errorf("port-forward: %w", err)
 }
 
-// agentClient speaks HTTPS to the agent at the local end of a port-forward, with the
-// user's own credentials (token, client certificate, exec plugin; impersonation headers
-// for --as, which the agent checks as the API server does). The agent's serving
-// certificate is self-signed and not verified: the tunnel is the API server's port-forward,
-// authenticated and authorised, to that very pod, so nothing else can answer on it.
-func agentClient(cfg *rest.Config, local uint16) (*http.Client, error) {
-	c := rest.CopyConfig(cfg)
-	c.Host = fmt.Sprintf("https://127.0.0.1:%d", local)
-	c.TLSClientConfig.Insecure = true
-	c.TLSClientConfig.CAFile, c.TLSClientConfig.CAData, c.TLSClientConfig.ServerName = "", nil, ""
-	c.Proxy = nil
-	rt, err := rest.TransportFor(c)
-	if err != nil {
-		return nil, fmt.Errorf("credentials for the agent: %w", err)
+// agentClient speaks HTTPS to the agent's diagnostics endpoint at the local end of a
+// port-forward (local), and trusts only the certificate whose fingerprint the agent
+// published in its NodeNetwork status (want): anything else on the node's port (a process
+// that took it while the agent was down) fails the handshake before a byte of the request
+// is sent. It carries no credential at all: it is built from nothing of the user's
+// kubeconfig (no token, no client certificate, no exec plugin, no impersonation), because
+// the API server already authenticated and authorised the port-forward, and a credential
+// sent to a node could be kept by whoever controls it. verified reports whether the
+// pinned certificate was seen.
+func agentClient(local uint16, want string) (hc *http.Client, verified func() bool) {
+	var ok atomic.Bool
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(local)))
+	dialer := &net.Dialer{Timeout: 10 * time.Second}
+	tr := &http.Transport{
+		Proxy: nil, // the local end of the port-forward, never through a proxy
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "tcp", addr)
+		},
+		TLSClientConfig: &tls.Config{
+			// The chain is not verified against a CA: the certificate is self-signed and
+			// pinned, checked in VerifyConnection (which runs on every handshake).
+			InsecureSkipVerify: true, // pinned: VerifyConnection
+			MinVersion:         tls.VersionTLS13,
+			NextProtos:         []string{"http/1.1"},
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) == 0 {
+					return errors.New("the endpoint presented no certificate")
+				}
+				if got := report.Fingerprint(cs.PeerCertificates[0].Raw); got != want {
+					return &mismatchError{got: got, want: want}
+				}
+				ok.Store(true)
+				return nil
+			},
+		},
+		TLSHandshakeTimeout: 10 * time.Second,
+		DisableKeepAlives:   true,
+		ForceAttemptHTTP2:   false,
 	}
-	return &http.Client{Transport: rt}, nil
+	return &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}, ok.Load
+}
+
+// mismatchError: the endpoint's certificate is not the one the agent published.
+type mismatchError struct{ got, want string }
+
+func (e *mismatchError) Error() string {
+	return fmt.Sprintf("the endpoint presented certificate sha256 %s, the agent published %s in its NodeNetwork status (not the agent: another process on its port?)", e.got, e.want)
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/trellis-net/trellis/agent/cnimetrics"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/diagnostics"
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/ipamstatus"
 	"github.com/trellis-net/trellis/agent/nodenet"
@@ -131,11 +130,7 @@ func run(o *options.Options, node uninstall.Node) error {
 		return err
 	}
 	restCfg := ctrl.GetConfigOrDie()
-	// The node's diagnostics (kubectl trellis sysdump) beside /metrics, behind the same
-	// authentication (tokens and client certificates) and authorisation.
-	diag := &diagnostics.Collector{NodeName: nodeName, Version: version.Version, CNIConfDir: node.CNIConfDir,
-		Gatherer: metrics.Registry, Log: ctrl.Log.WithName("diagnostics")}
-	metricsServer, authn, err := o.Metrics.DelegatedServer(restCfg, map[string]http.Handler{report.Path: diag.Handler()})
+	metricsServer, authn, err := o.Metrics.DelegatedServer(restCfg, nil)
 	if err != nil {
 		return err
 	}
@@ -154,6 +149,14 @@ func run(o *options.Options, node uninstall.Node) error {
 		}
 	}
 	r.Client = mgr.GetClient()
+	// The node's diagnostics (kubectl trellis sysdump): on 127.0.0.1 only, apart from
+	// /metrics, no credential asked (agent/diagnostics.Server says why).
+	diag := &diagnostics.Collector{NodeName: nodeName, Version: version.Version, CNIConfDir: node.CNIConfDir,
+		Gatherer: metrics.Registry, Log: ctrl.Log.WithName("diagnostics")}
+	if err := mgr.Add(&diagnostics.Server{Port: o.DiagnosticsPort, NodeName: nodeName, Handler: diag.Handler(),
+		Client: mgr.GetClient(), Log: ctrl.Log.WithName("diagnostics")}); err != nil {
+		return err
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}

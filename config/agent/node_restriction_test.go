@@ -109,6 +109,17 @@ func TestNodeRestriction(t *testing.T) {
 		nn.Status.NodeIP = ip
 		return c.Status().Patch(ctx, nn, client.MergeFrom(orig))
 	}
+	// status.diagnostics is how kubectl trellis sysdump recognises a node's agent: an agent
+	// that could publish its certificate for another node could answer for that node.
+	patchDiagnostics := func(c client.Client, node string) error {
+		nn := &v1alpha1.NodeNetwork{}
+		if err := admin.Get(ctx, types.NamespacedName{Name: node}, nn); err != nil {
+			t.Fatal(err)
+		}
+		orig := nn.DeepCopy()
+		nn.Status.Diagnostics = v1alpha1.NodeDiagnosticsStatus{Port: 9795, CertificateSHA256: strings.Repeat("ab", 32)}
+		return c.Status().Patch(ctx, nn, client.MergeFrom(orig))
+	}
 	// The policy takes effect once the API server has loaded it; until then the forged
 	// write would go through (harmless here), so wait for the first refusal.
 	deadline := time.Now().Add(30 * time.Second)
@@ -137,6 +148,9 @@ func TestNodeRestriction(t *testing.T) {
 	}{
 		{"own status", func() error { return patchStatus(agentA, "node-a", "192.0.2.1") }, ""},
 		{"another node's status", func() error { return patchStatus(agentA, "node-b", "192.0.2.1") },
+			"may write only NodeNetwork node-a, not NodeNetwork node-b"},
+		{"own diagnostics certificate", func() error { return patchDiagnostics(agentA, "node-a") }, ""},
+		{"another node's diagnostics certificate", func() error { return patchDiagnostics(agentA, "node-b") },
 			"may write only NodeNetwork node-a, not NodeNetwork node-b"},
 		{"own spec", func() error {
 			nn := &v1alpha1.NodeNetwork{}

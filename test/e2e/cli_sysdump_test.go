@@ -4,26 +4,45 @@ package e2e
 
 import (
 	"archive/tar"
+	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/trellis-net/trellis/agent/diagnostics"
+	"github.com/trellis-net/trellis/agent/diagnostics/report"
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // testCLISysdump: `kubectl trellis sysdump` as the cluster's admin (a client certificate)
 // writes a 0600 tar.gz in which a user finds, for every node, what the issue lists: the
 // conflist first in order, trellis's iptables chains with the jumps into them, routes of
 // protocol 202 and FDB entries to the other nodes, the agent's metrics; and cluster-wide
-// the Trellis objects, events and logs. Then as users without the permissions (kubectl
-// --as): one with namespace read only is told which permissions it lacks (exit 3, the
-// archive holds what it could read); one with exactly the sysdump permissions gets every
-// node (the agents honour impersonation and authorise the impersonated user).
+// the Trellis objects, events and logs. Then as other users: one with namespace read only
+// (kubectl --as) is told which permissions it lacks (exit 3, the archive holds what it
+// could read); one with exactly the permissions docs/kubectl-trellis/sysdump.md documents,
+// with a bearer token, gets everything; and with an impostor on a node's diagnostics
+// port, that token reaches nothing on the node (testSysdumpImpostor).
 func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 	c := env.c
 	dir := t.TempDir()
@@ -137,9 +156,21 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 		check("routes.txt", "# proto 201: routes to this node's pods")
 	}
 
+	// Every agent published its diagnostics endpoint (loopback port, certificate), and
+	// the dump says which certificate answered.
+	for _, n := range nns.Items {
+		d := diagnosticsStatus(ctx, t, c, n.Metadata.Name)
+		if d.Port != report.DefaultPort || len(d.CertificateSHA256) != 64 {
+			t.Errorf("NodeNetwork %s status.diagnostics %+v, want port %d and a SHA-256", n.Metadata.Name, d, report.DefaultPort)
+		}
+		if !strings.Contains(files["nodes/"+n.Metadata.Name+"/agent.txt"], "agent certificate sha256: "+d.CertificateSHA256) {
+			t.Errorf("nodes/%s/agent.txt doesn't name the published certificate %s", n.Metadata.Name, d.CertificateSHA256)
+		}
+	}
+
 	// A user with namespace read only (kubectl --as a service account bound to "view"
 	// in trellis-system): told what is missing, still given what it may read.
-	const viewer, reader = "sysdump-viewer", "sysdump-reader"
+	const viewer = "sysdump-viewer"
 	manifest := `apiVersion: v1
 kind: ServiceAccount
 metadata: {name: sysdump-viewer, namespace: default}
@@ -149,29 +180,6 @@ kind: RoleBinding
 metadata: {name: sysdump-viewer, namespace: trellis-system}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}
 subjects: [{kind: ServiceAccount, name: sysdump-viewer, namespace: default}]
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: {name: sysdump-reader, namespace: default}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: sysdump-reader}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: trellis-diagnostics-reader}
-subjects: [{kind: ServiceAccount, name: sysdump-reader, namespace: default}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: {name: sysdump-portforward, namespace: trellis-system}
-rules:
-- {apiGroups: [""], resources: [pods], verbs: [get, list]}
-- {apiGroups: [""], resources: [pods/portforward], verbs: [create]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: {name: sysdump-reader, namespace: trellis-system}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: sysdump-portforward}
-subjects: [{kind: ServiceAccount, name: sysdump-reader, namespace: default}]
 `
 	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
 		t.Fatal(err)
@@ -189,7 +197,7 @@ subjects: [{kind: ServiceAccount, name: sysdump-reader, namespace: default}]
 	}
 	for _, want := range []string{
 		"missing permission: create pods/portforward in namespace trellis-system",
-		"missing permission: get on the non-resource URL /debug/trellis/node (bind the ClusterRole trellis-diagnostics-reader)",
+		"missing permission: list nodenetworks.network.trellis.dev",
 		fmt.Sprintf("Nodes: 0 of %d collected", len(c.Nodes)),
 	} {
 		if !strings.Contains(strings.ToLower(r.Stdout+r.Stderr), strings.ToLower(want)) {
@@ -206,18 +214,291 @@ subjects: [{kind: ServiceAccount, name: sysdump-reader, namespace: default}]
 		}
 	}
 
-	// Exactly the per-node permissions, through impersonation: every node collected.
+	// Exactly the permissions docs/kubectl-trellis/sysdump.md documents, given to a
+	// service account, with a bearer token of it (a credential that would be worth
+	// keeping): everything collected.
+	kubeconfig, token := documentedSysdumpUser(ctx, t, c)
 	out3 := filepath.Join(dir, "reader.tar.gz")
-	r = env.kubectlTrellis(ctx, t, "sysdump", "--output-file", out3, "--as", "system:serviceaccount:default:"+reader)
-	if !strings.Contains(r.Stdout, allNodes) {
-		t.Errorf("sysdump as a user with pods/portforward and trellis-diagnostics-reader didn't collect every node:\n%s", r)
+	r = env.kubectlTrellisWith(ctx, t, kubeconfig, "sysdump", "--output-file", out3)
+	if r.Code != 0 || !strings.Contains(r.Stdout, allNodes) {
+		t.Errorf("sysdump with exactly the documented permissions: exit %d, want 0 and %q:\n%s", r.Code, allNodes, r)
 	}
 	files = readDump(t, out3, "reader")
+	if got := files["errors.txt"]; got != "nothing failed\n" {
+		t.Errorf("sysdump with exactly the documented permissions: errors.txt %q, want nothing failed", got)
+	}
 	for _, n := range nns.Items {
 		if !strings.Contains(files["nodes/"+n.Metadata.Name+"/iptables/filter.txt"], ":TRELLIS-FORWARD") {
 			t.Errorf("the reader's archive has no iptables chains of %s", n.Metadata.Name)
 		}
 	}
+
+	testSysdumpImpostor(ctx, t, env, kubeconfig, token)
+}
+
+// testSysdumpImpostor: a process on a node's diagnostics port that is not the agent (it
+// took the port while the agent was down, so the restarted agent can't bind it) gets no
+// credential and no request, its answer is not taken as the agent's, and sysdump reports
+// the node as unverified while collecting the others. Twice: as things are (the
+// restarted agent cleared its published certificate), and with the previous agent's
+// certificate still published (the window before the restarted agent clears it), where
+// sysdump does connect and the TLS handshake refuses the impostor. The user runs sysdump
+// with a bearer token; the impostor records every byte it is sent.
+func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubeconfig, token string) {
+	c := env.c
+	n := c.Nodes[len(c.Nodes)-1]
+	before := diagnosticsStatus(ctx, t, c, n.Name)
+	imp := startImpostor(t, n)
+	defer func() {
+		// The agent retries its port every 10 s: once the impostor is gone it serves and
+		// publishes a new certificate, and the rest of the suite finds it healthy.
+		imp.close()
+		check.Eventually(t, 2*time.Minute, "the agent on "+n.Name+" serving its diagnostics again", func() error {
+			d := diagnosticsStatus(ctx, t, c, n.Name)
+			if d.CertificateSHA256 == "" || d.CertificateSHA256 == before.CertificateSHA256 || d.CertificateSHA256 == imp.fingerprint {
+				return fmt.Errorf("status.diagnostics %+v", d)
+			}
+			return nil
+		})
+		check.Eventually(t, 2*time.Minute, "the agent on "+n.Name+" Ready", func() error {
+			if !framework.AgentsRestartedAndReady(ctx, t, c, []cluster.Node{n}) {
+				return errors.New("not Ready")
+			}
+			return nil
+		})
+	}()
+	check.Eventually(t, 2*time.Minute, "the restarted agent on "+n.Name+" clearing its published certificate (it can't bind its port)", func() error {
+		if d := diagnosticsStatus(ctx, t, c, n.Name); d.CertificateSHA256 != "" {
+			return fmt.Errorf("status.diagnostics %+v", d)
+		}
+		return nil
+	})
+	if logs, err := c.Kubectl(ctx, "logs", "-n", "trellis-system", agentPod(ctx, t, c, n.Name), "-c", "agent"); err != nil || !strings.Contains(logs, "diagnostics not served: can't listen on the node's loopback") {
+		t.Errorf("the agent on %s doesn't log that it can't serve its diagnostics (%v)", n.Name, err)
+	}
+
+	dir := t.TempDir()
+	for i, tc := range []struct {
+		name   string
+		setup  func()
+		reason string
+	}{
+		{name: "no certificate published", reason: "NodeNetwork " + n.Name + " has no status.diagnostics.certificateSHA256"},
+		{name: "the previous agent's certificate published", setup: func() {
+			patch := fmt.Sprintf(`{"status":{"diagnostics":{"port":%d,"certificateSHA256":%q}}}`, before.Port, before.CertificateSHA256)
+			if _, err := c.Kubectl(ctx, "patch", "nodenetwork", n.Name, "--subresource=status", "--type=merge", "-p", patch); err != nil {
+				t.Fatal(err)
+			}
+		}, reason: "the endpoint presented certificate sha256 " + imp.fingerprint + ", the agent published " + before.CertificateSHA256},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.setup != nil {
+				tc.setup()
+			}
+			out := filepath.Join(dir, fmt.Sprintf("impostor%d.tar.gz", i))
+			r := env.kubectlTrellisWith(ctx, t, kubeconfig, "sysdump", "--output-file", out)
+			if r.Code != 3 {
+				t.Errorf("sysdump with an impostor on %s exited %d, want 3 (archive incomplete)", n.Name, r.Code)
+			}
+			for _, want := range []string{
+				fmt.Sprintf("Nodes: %d of %d collected", len(c.Nodes)-1, len(c.Nodes)),
+				"Agents that could not be verified (skipped, nothing sent to them): " + n.Name,
+			} {
+				if !strings.Contains(r.Stdout, want) {
+					t.Errorf("sysdump's summary doesn't say %q", want)
+				}
+			}
+			files := readDump(t, out, strings.TrimSuffix(filepath.Base(out), ".tar.gz"))
+			if !strings.Contains(files["errors.txt"], "nodes/"+n.Name+": ") || !strings.Contains(files["errors.txt"], "agent could not be verified: ") ||
+				!strings.Contains(files["errors.txt"], tc.reason) {
+				t.Errorf("errors.txt doesn't report %s's agent unverified because %q:\n%s", n.Name, tc.reason, files["errors.txt"])
+			}
+			for name, body := range files {
+				if strings.HasPrefix(name, "nodes/"+n.Name+"/") || strings.Contains(body, impostorAnswer) {
+					t.Errorf("the impostor's answer is in the dump: %s", name)
+				}
+			}
+			for _, other := range c.Nodes {
+				if other.Name != n.Name && !strings.Contains(files["nodes/"+other.Name+"/iptables/filter.txt"], ":TRELLIS-FORWARD") {
+					t.Errorf("%s (a verified agent) not collected", other.Name)
+				}
+			}
+		})
+	}
+	raw, reqs := imp.received()
+	if raw == "" {
+		t.Errorf("the impostor received nothing: with the previous agent's certificate published, sysdump should have tried (and refused) a TLS handshake with it")
+	}
+	if strings.Contains(raw, token) || len(reqs) > 0 {
+		t.Errorf("the impostor on %s received the user's token (%v) or a request (%d):\n%q", n.Name, strings.Contains(raw, token), len(reqs), reqs)
+	}
+}
+
+// impostorAnswer is in everything the impostor answers.
+const impostorAnswer = "ANSWERED-BY-THE-IMPOSTOR"
+
+// impostor listens on a node's diagnostics port (127.0.0.1 in the node's network
+// namespace) with its own certificate, answers as an agent would, and keeps every byte
+// it is sent.
+type impostor struct {
+	fingerprint string
+	srv         *http.Server
+	mu          sync.Mutex
+	raw         bytes.Buffer
+	reqs        []string
+}
+
+// startImpostor kills node n's agent and takes its diagnostics port before the restarted
+// agent does (a tight loop, not a wait: it races the kubelet's restart; when the agent
+// wins, it kills it again: the kubelet's back-off then leaves the port free for longer).
+func startImpostor(t *testing.T, n cluster.Node) *impostor {
+	t.Helper()
+	cert, fp, err := diagnostics.SelfSigned(n.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imp := &impostor{fingerprint: fp}
+	var ln net.Listener
+	for attempt := 1; ln == nil; attempt++ {
+		killAgent(t, n)
+		err := netnstest.EnterPath(n.NetNSPath(), func() error {
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", report.DefaultPort))
+				if err == nil {
+					ln = l
+					return nil
+				}
+				if time.Now().After(deadline) {
+					return err
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
+		if err != nil && attempt == 3 {
+			t.Fatalf("taking %s's diagnostics port before the restarted agent: %v", n.Name, err)
+		}
+	}
+	t.Logf("impostor listening on 127.0.0.1:%d in %s, certificate sha256 %s", report.DefaultPort, n.Name, fp)
+	imp.srv = &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			dump, _ := httputil.DumpRequest(r, true)
+			imp.mu.Lock()
+			imp.reqs = append(imp.reqs, string(dump))
+			imp.mu.Unlock()
+			_ = json.NewEncoder(w).Encode(report.Report{Node: n.Name, Version: impostorAnswer, CollectedAt: time.Now(),
+				Items: []report.Item{{File: "routes.txt", Content: impostorAnswer}}})
+		}),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequestClientCert},
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() { _ = imp.srv.ServeTLS(recordingListener{ln, imp}, "", "") }()
+	return imp
+}
+
+func (imp *impostor) close() { _ = imp.srv.Close() }
+
+func (imp *impostor) received() (string, []string) {
+	imp.mu.Lock()
+	defer imp.mu.Unlock()
+	return imp.raw.String(), append([]string(nil), imp.reqs...)
+}
+
+type recordingListener struct {
+	net.Listener
+	imp *impostor
+}
+
+func (l recordingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return recordingConn{c, l.imp}, nil
+}
+
+type recordingConn struct {
+	net.Conn
+	imp *impostor
+}
+
+func (c recordingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.imp.mu.Lock()
+	c.imp.raw.Write(b[:n])
+	c.imp.mu.Unlock()
+	return n, err
+}
+
+// diagnosticsStatus is node's NodeNetwork status.diagnostics.
+func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) v1alpha1.NodeDiagnosticsStatus {
+	t.Helper()
+	js, err := c.Kubectl(ctx, "get", "nodenetwork", node, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nn v1alpha1.NodeNetwork
+	if err := json.Unmarshal([]byte(js), &nn); err != nil {
+		t.Fatalf("NodeNetwork %s: %v", node, err)
+	}
+	return nn.Status.Diagnostics
+}
+
+// agentPod is the name of the agent pod on node.
+func agentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) string {
+	t.Helper()
+	name, err := c.Kubectl(ctx, "get", "pods", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent",
+		"--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[0].metadata.name}")
+	if err != nil || name == "" {
+		t.Fatalf("the agent pod on %s: %q %v", node, name, err)
+	}
+	return strings.TrimSpace(name)
+}
+
+// documentedSysdumpUser gives the service account default/sysdump-reader exactly the
+// permissions docs/kubectl-trellis/sysdump.md documents (its YAML block after the
+// "sysdump-permissions" marker, bound to that account instead of alice), and returns a
+// kubeconfig holding only a bearer token of it, and the token.
+func documentedSysdumpUser(ctx context.Context, t *testing.T, c *cluster.Cluster) (kubeconfig, token string) {
+	t.Helper()
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "kubectl-trellis", "sysdump.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(doc), "<!-- sysdump-permissions")
+	_, after, ok2 := strings.Cut(after, "```yaml\n")
+	block, _, ok3 := strings.Cut(after, "```")
+	const alice = "{kind: User, apiGroup: rbac.authorization.k8s.io, name: alice}"
+	if !ok || !ok2 || !ok3 || strings.Count(block, alice) != 2 {
+		t.Fatalf("docs/kubectl-trellis/sysdump.md has no YAML block after <!-- sysdump-permissions --> binding %s twice", alice)
+	}
+	manifest := "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sysdump-reader, namespace: default}\n---\n" +
+		strings.ReplaceAll(block, alice, "{kind: ServiceAccount, name: sysdump-reader, namespace: default}")
+	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("applying the documented permissions: %v\n%s", err, manifest)
+	}
+	t.Cleanup(func() {
+		if _, err := c.KubectlInput(context.Background(), manifest, "delete", "--ignore-not-found", "-f", "-"); err != nil {
+			t.Errorf("removing the documented permissions: %v", err)
+		}
+	})
+	token, err = c.Kubectl(ctx, "create", "token", "sysdump-reader", "-n", "default", "--duration", "1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	token = strings.TrimSpace(token)
+	cfg, err := clientcmd.LoadFromFile(c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range cfg.AuthInfos {
+		cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{Token: token}
+	}
+	kubeconfig = filepath.Join(t.TempDir(), "sysdump-reader.kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	return kubeconfig, token
 }
 
 // readDump reads a sysdump archive: its files by their path under the dump's directory

@@ -77,8 +77,14 @@ func (r cliResult) String() string {
 // user types it.
 func (e *cliEnv) kubectlTrellis(ctx context.Context, t *testing.T, args ...string) cliResult {
 	t.Helper()
+	return e.kubectlTrellisWith(ctx, t, e.c.Kubeconfig, args...)
+}
+
+// kubectlTrellisWith is kubectlTrellis with another kubeconfig (another user).
+func (e *cliEnv) kubectlTrellisWith(ctx context.Context, t *testing.T, kubeconfig string, args ...string) cliResult {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, "kubectl"), append([]string{"trellis"}, args...)...)
-	cmd.Env = []string{"PATH=" + e.bin + ":/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + t.TempDir(), "KUBECONFIG=" + e.c.Kubeconfig}
+	cmd.Env = []string{"PATH=" + e.bin + ":/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + t.TempDir(), "KUBECONFIG=" + kubeconfig}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -1,12 +1,27 @@
 // Package report is what the agent's diagnostics endpoint answers and `kubectl trellis
-// sysdump` reads: the wire format, apart from the collectors so the CLI doesn't link them.
+// sysdump` reads: the wire format and how the endpoint's certificate is recognised, apart
+// from the collectors so the CLI doesn't link them.
 package report
 
-import "time"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
 
-// Path is the node's diagnostics on the agent's metrics server (HTTPS, GET, authorised
-// like /metrics: a SubjectAccessReview for this non-resource URL).
+// Path is the node's diagnostics on the agent's diagnostics endpoint (HTTPS, GET, on the
+// node's loopback only: reached through the API server's port-forward to the agent pod).
 const Path = "/debug/trellis/node"
+
+// DefaultPort is the agent's diagnostics port on 127.0.0.1 (--diagnostics-port).
+const DefaultPort = 9795
+
+// Fingerprint is how NodeNetwork status.diagnostics.certificateSHA256 names a
+// certificate: the SHA-256 of its DER, lowercase hex.
+func Fingerprint(der []byte) string {
+	sum := sha256.Sum256(der)
+	return hex.EncodeToString(sum[:])
+}
 
 // Report is one node's trellis state, read-only, a fixed set of items.
 type Report struct {
