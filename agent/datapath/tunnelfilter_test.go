@@ -23,19 +23,22 @@ import (
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
-var clusterPods = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+var (
+	clusterPods  = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+	clusterPods6 = []netip.Prefix{netip.MustParsePrefix("fd00:10:244::/48")}
+)
 
 // guard writes node i's netfilter state as the agent does (nodenet.syncNetfilter): the
-// tunnel's peer sets, the node's own chains, the tunnel's guard, with the other nodes as
-// peers.
-func (topo *topology) guard(i int, s *[2]netfilter.Syncer) {
+// tunnel's peer sets, the node's own chains, the tunnel's guard (of IPv6 too when the node
+// has an IPv6 block), with the other nodes as peers.
+func (topo *topology) guard(i int, s *[4]netfilter.Syncer) {
 	topo.t.Helper()
 	n := topo.nodes[i]
-	cfg := datapath.Config{Mode: datapath.ModeVXLAN, VNI: 1, Port: 4789, PodCIDRs: clusterPods,
-		Local: datapath.Local{NodeIP: n.ip, PodCIDR: n.block}}
+	cfg := datapath.Config{Mode: datapath.ModeVXLAN, VNI: 1, Port: 4789, PodCIDRs: []netip.Prefix{clusterPods[0], clusterPods6[0]},
+		Local: datapath.Local{NodeIP: n.ip, PodCIDR: n.block, NodeIPv6: n.ip6, PodCIDRv6: n.block6}}
 	for j, p := range topo.nodes {
 		if j != i {
-			cfg.Peers = append(cfg.Peers, datapath.Peer{Name: p.name, NodeIP: p.ip, PodCIDR: p.block, VTEPMAC: p.mac})
+			cfg.Peers = append(cfg.Peers, datapath.Peer{Name: p.name, NodeIP: p.ip, PodCIDR: p.block, NodeIPv6: p.ip6, PodCIDRv6: p.block6, VTEPMAC: p.mac})
 		}
 	}
 	check.Must(topo.t, n.ns.Do(func(ns.NetNS) error {
@@ -46,7 +49,17 @@ func (topo *topology) guard(i int, s *[2]netfilter.Syncer) {
 		if _, err := s[0].Sync(ctx, datapath.Netfilter(clusterPods, true)); err != nil {
 			return err
 		}
-		_, err := s[1].Sync(ctx, datapath.TunnelFilter(cfg, ipam.IPv4, clusterPods))
+		if _, err := s[1].Sync(ctx, datapath.TunnelFilter(cfg, ipam.IPv4, clusterPods)); err != nil {
+			return err
+		}
+		if !n.block6.IsValid() {
+			return nil
+		}
+		s[2].Backend, s[3].Backend = s[0].ActiveBackend().IPv6(), s[0].ActiveBackend().IPv6()
+		if _, err := s[2].Sync(ctx, datapath.Netfilter6(clusterPods6, true)); err != nil {
+			return err
+		}
+		_, err := s[3].Sync(ctx, datapath.TunnelFilter(cfg, ipam.IPv6, clusterPods6))
 		return err
 	}))
 }
@@ -54,10 +67,16 @@ func (topo *topology) guard(i int, s *[2]netfilter.Syncer) {
 // udpCounter counts the datagrams holding marker that arrive on port in namespace n.
 func udpCounter(t *testing.T, n ns.NetNS, port int, marker []byte) *atomic.Int32 {
 	t.Helper()
+	return udpCounterOn(t, n, "udp4", port, marker)
+}
+
+// udpCounterOn is udpCounter on network udp4 or udp6.
+func udpCounterOn(t *testing.T, n ns.NetNS, network string, port int, marker []byte) *atomic.Int32 {
+	t.Helper()
 	var pc net.PacketConn
 	check.Must(t, n.Do(func(ns.NetNS) error {
 		var err error
-		pc, err = net.ListenPacket("udp4", ":"+strconv.Itoa(port))
+		pc, err = net.ListenPacket(network, ":"+strconv.Itoa(port))
 		return err
 	}))
 	t.Cleanup(func() { pc.Close() })
@@ -103,7 +122,7 @@ func sendUDP(t *testing.T, n ns.NetNS, dst netip.AddrPort, payload []byte, count
 func TestTunnelGuard(t *testing.T) {
 	topo := newTopology(t)
 	topo.syncAll(datapath.ModeVXLAN)
-	syncers := make([][2]netfilter.Syncer, len(topo.nodes))
+	syncers := make([][4]netfilter.Syncer, len(topo.nodes))
 	for i := range topo.nodes {
 		topo.guard(i, &syncers[i])
 	}
@@ -176,7 +195,7 @@ func TestTunnelGuard(t *testing.T) {
 	}
 
 	// A restarted agent's first sync (syncers that never wrote) rewrites nothing.
-	restarted := [2]netfilter.Syncer{}
+	restarted := [4]netfilter.Syncer{}
 	topo.guard(0, &restarted)
 	check.Must(t, victim.ns.Do(func(ns.NetNS) error {
 		cfg := datapath.Config{Port: 4789, Local: datapath.Local{NodeIP: victim.ip, PodCIDR: victim.block}}
@@ -241,4 +260,47 @@ func TestNodeSetsAndPolicySets(t *testing.T) {
 		}
 		return nil
 	}))
+}
+
+// IPv6-only nodes run the tunnel over IPv6: the guard's IPv6 rules and set hold it the
+// same way (a forged datagram from a pod or a non-node host is not delivered, one from a
+// peer node is), and pods keep talking across nodes under it.
+func TestTunnelGuardIPv6Only(t *testing.T) {
+	keepRootIPv6(t)
+	topo := newTopologyWith(t, topoOpts{v6only: true})
+	topo.syncAll(datapath.ModeVXLAN)
+	syncers := make([][4]netfilter.Syncer, len(topo.nodes))
+	for i := range topo.nodes {
+		topo.guard(i, &syncers[i])
+	}
+	for _, pair := range [][2]int{{0, 1}, {1, 0}, {0, 2}, {2, 0}} {
+		if _, err := topo.reach6(pair[0], pair[1]); err != nil {
+			t.Errorf("%s -> %s over IPv6 under the guard: %v", topo.nodes[pair[0]].name, topo.nodes[pair[1]].name, err)
+		}
+	}
+	victim, peer := topo.nodes[0], topo.nodes[1]
+	const port = 9400
+	marker := []byte("forged through the IPv6 tunnel")
+	got := udpCounterOn(t, victim.pod, "udp6", port, marker)
+	forged := craft.VXLAN(1, datapath.VTEPMACFor(victim.ip6), net.HardwareAddr{0x02, 0, 0, 0, 0, 1},
+		netip.AddrPortFrom(peer.podIP6, 40000), netip.AddrPortFrom(victim.podIP6, port), marker)
+	for _, tc := range []struct {
+		what   string
+		sender ns.NetNS
+		want   bool
+	}{
+		{"peer node (control)", peer.ns, true},
+		{"a pod on a peer node", peer.pod, false},
+		{"a pod on the victim's node", victim.pod, false},
+		{"a host on the underlay that is not a node", topo.router, false},
+	} {
+		before := got.Load()
+		sendUDP(t, tc.sender, netip.AddrPortFrom(victim.ip6, 4789), forged, 20)
+		time.Sleep(200 * time.Millisecond)
+		if n := got.Load() - before; tc.want != (n > 0) {
+			t.Errorf("%s: %d of 20 forged datagrams delivered, want delivered: %v", tc.what, n, tc.want)
+		} else {
+			t.Logf("%s: %d of 20 delivered", tc.what, n)
+		}
+	}
 }
