@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"reflect"
 	"strconv"
 	"sync/atomic"
@@ -169,6 +171,28 @@ func TestTunnelGuard(t *testing.T) {
 	} {
 		for _, from := range []netip.Addr{peer.podIP, victim.podIP} {
 			delivered(tc.what+", inner source "+from.String(), tc.sender, from, false)
+		}
+	}
+
+	// Through a Service whose endpoint is the victim's node's tunnel port (kube-proxy's
+	// DNAT, after the raw table): from a pod on a peer node and from one on the victim's.
+	svc := netip.AddrPortFrom(netip.MustParseAddr("10.96.0.10"), 53)
+	for _, n := range []*testNode{peer, victim} {
+		check.Must(t, n.ns.Do(func(ns.NetNS) error {
+			out, err := exec.Command("iptables", "-t", "nat", "-A", "PREROUTING", "-d", svc.Addr().String(), "-p", "udp", "--dport", "53",
+				"-j", "DNAT", "--to-destination", tunnel.String()).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		}))
+	}
+	for _, n := range []*testNode{peer, victim} {
+		before := got.Load()
+		sendUDP(t, n.pod, svc, forged(peer.podIP), 20)
+		time.Sleep(200 * time.Millisecond)
+		if k := got.Load() - before; k != 0 {
+			t.Errorf("a pod on %s through a Service DNAT to the tunnel port: %d of 20 forged datagrams delivered, want none", n.name, k)
 		}
 	}
 
