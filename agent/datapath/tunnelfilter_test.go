@@ -282,6 +282,11 @@ func TestNodeSetsAndPolicySets(t *testing.T) {
 		if _, err := ipset.ApplyNode(ctx, policy); err == nil {
 			t.Error("the node applier took a set without the node prefix")
 		}
+		// A peer comes, another goes: one entry added, one deleted, nothing rebuilt.
+		node[0].Entries = []ipset.Entry{{Member: "198.51.100.13"}}
+		if res, err := ipset.ApplyNode(ctx, node); err != nil || res.Added != 1 || res.Deleted != 1 || len(res.Rebuilt)+len(res.Created) != 0 {
+			t.Errorf("a peer replaced: %+v, %v, want one entry added and one deleted", res, err)
+		}
 		return nil
 	}))
 }
