@@ -182,7 +182,7 @@ func TestTunnelGuard(t *testing.T) {
 			out, err := exec.Command("iptables", "-t", "nat", "-A", "PREROUTING", "-d", svc.Addr().String(), "-p", "udp", "--dport", "53",
 				"-j", "DNAT", "--to-destination", tunnel.String()).CombinedOutput()
 			if err != nil {
-				return fmt.Errorf("%v: %s", err, out)
+				return fmt.Errorf("adding the DNAT: %w: %s", err, out)
 			}
 			return nil
 		}))
