@@ -31,10 +31,11 @@ type Result struct {
 }
 
 // Apply makes trellis's sets be want: one `ipset list` to read the kernel's sets, and,
-// when anything differs, one `ipset restore`. A set that can't be changed (its type
-// changed while a rule uses it) or is not valid (Validate) is left as the kernel holds it,
-// if it does, and reported by name; the rest is applied, so one bad set can't hold back
-// the others.
+// when anything differs, one `ipset restore`. It speaks for every trellis set but the
+// node's own (NodePrefix, ApplyNode's): those are neither changed nor destroyed here. A
+// set that can't be changed (its type changed while a rule uses it) or is not valid
+// (Validate) is left as the kernel holds it, if it does, and reported by name; the rest
+// is applied, so one bad set can't hold back the others.
 func Apply(ctx context.Context, want []Set) (Result, error) {
 	var sets []*desired
 	var errs []error
@@ -64,7 +65,13 @@ func Apply(ctx context.Context, want []Set) (Result, error) {
 	if err != nil {
 		return Result{}, errors.Join(append(errs, err)...)
 	}
-	script, res, err := plan(sets, parseList(out), invalid)
+	have := parseList(out)
+	for name := range have {
+		if strings.HasPrefix(name, NodePrefix) {
+			delete(have, name)
+		}
+	}
+	script, res, err := plan(sets, have, invalid)
 	errs = append(errs, err)
 	if len(script) > 0 {
 		if rerr := restore(ctx, script); rerr != nil {
@@ -73,6 +80,57 @@ func Apply(ctx context.Context, want []Set) (Result, error) {
 		res.Restored = true
 	}
 	return res, errors.Join(errs...)
+}
+
+// ApplyNode makes the node's own sets (names starting with NodePrefix: the datapath's,
+// not NetworkPolicy's) be want, as Apply does for the others: node sets no longer desired
+// are destroyed once no rule uses them. It lists only the node's sets (`ipset list -name`,
+// then `ipset list` of each), never the policy's, which may hold tens of thousands of
+// entries; a change is one `ipset restore` of the difference.
+func ApplyNode(ctx context.Context, want []Set) (Result, error) {
+	var sets []*desired
+	for _, s := range want {
+		if !strings.HasPrefix(s.Name, NodePrefix) {
+			return Result{}, fmt.Errorf("ipset %s: a node set's name must start with %s", s.Name, NodePrefix)
+		}
+		d, err := s.canonical()
+		if err != nil {
+			return Result{}, err
+		}
+		sets = append(sets, d)
+	}
+	if _, err := exec.LookPath("ipset"); err != nil {
+		if len(sets) == 0 {
+			return Result{}, nil
+		}
+		return Result{}, errors.New("the ipset command is missing: install ipset")
+	}
+	names, err := command(ctx, nil, "list", "-name")
+	if err != nil {
+		return Result{}, err
+	}
+	have := map[string]*current{}
+	for _, name := range strings.Fields(string(names)) {
+		if !strings.HasPrefix(name, NodePrefix) {
+			continue
+		}
+		out, err := command(ctx, nil, "list", name)
+		if err != nil {
+			return Result{}, err
+		}
+		maps.Copy(have, parseList(out))
+	}
+	script, res, err := plan(sets, have, nil)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(script) > 0 {
+		if err := restore(ctx, script); err != nil {
+			return Result{}, err
+		}
+		res.Restored = true
+	}
+	return res, nil
 }
 
 // current is one of trellis's sets as the kernel lists it.

@@ -31,6 +31,11 @@ import (
 // tell trellis's sets from everyone else's.
 const Prefix = "trellis-"
 
+// NodePrefix starts the names of the node's own sets (agent/datapath's: the tunnel's
+// peers), which ApplyNode keeps and Apply, NetworkPolicy's applier, leaves alone. The
+// policy's set names (a hash after Prefix) never contain a dash.
+const NodePrefix = Prefix + "node-"
+
 // swapPrefix names the sets a rebuild fills before swapping them in; never desired.
 const swapPrefix = Prefix + "swap-"
 

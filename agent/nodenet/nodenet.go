@@ -43,9 +43,11 @@ import (
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/offload"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
@@ -138,6 +140,9 @@ type Reconciler struct {
 	// netfilter keeps the node's NAT and anti-spoofing chains; netfilter6 their IPv6
 	// twins (ip6tables, the backend netfilter detected), once the node has an IPv6 block.
 	netfilter, netfilter6 netfilter.Syncer
+	// tunnel and tunnel6 keep the tunnel's guard chains (datapath.TunnelFilter) of each
+	// family, on netfilter's backend.
+	tunnel, tunnel6 netfilter.Syncer
 }
 
 // outcome of a sync for /readyz: notReady is nil when the node got programmed.
@@ -379,10 +384,24 @@ func byFamily(prefixes []netip.Prefix) (v4, v6 []netip.Prefix) {
 
 // syncNetfilter keeps the node's own chains: IPv4's always, IPv6's (ip6tables, the same
 // backend) once the node has an IPv6 block; an IPv4-only node's ip6tables stay untouched.
+// The tunnel's peer sets go first: the guard's rules name them (datapath.TunnelFilter).
 func (r *Reconciler) syncNetfilter(ctx context.Context, cfg *datapath.Config) error {
 	v4, v6 := byFamily(cfg.PodCIDRs)
+	res, err := ipset.ApplyNode(ctx, datapath.TunnelSets(*cfg))
+	if err != nil {
+		return fmt.Errorf("the tunnel's peer sets: %w", err)
+	}
+	if res.Restored {
+		logf.FromContext(ctx).V(1).Info("tunnel peer sets updated", "added", res.Added, "deleted", res.Deleted)
+	}
 	if _, err := r.netfilter.Sync(ctx, datapath.Netfilter(v4, r.Config.NATOutgoing)); err != nil {
 		return err
+	}
+	if r.tunnel.Backend.Mode == "" {
+		r.tunnel.Backend = r.netfilter.ActiveBackend()
+	}
+	if _, err := r.tunnel.Sync(ctx, datapath.TunnelFilter(*cfg, ipam.IPv4, v4)); err != nil {
+		return fmt.Errorf("the tunnel's guard: %w", err)
 	}
 	if !cfg.Local.PodCIDRv6.IsValid() {
 		return nil
@@ -392,6 +411,12 @@ func (r *Reconciler) syncNetfilter(ctx context.Context, cfg *datapath.Config) er
 	}
 	if _, err := r.netfilter6.Sync(ctx, datapath.Netfilter6(v6, r.Config.NATOutgoing)); err != nil {
 		return fmt.Errorf("IPv6: %w", err)
+	}
+	if r.tunnel6.Backend.Mode == "" {
+		r.tunnel6.Backend = r.netfilter6.Backend
+	}
+	if _, err := r.tunnel6.Sync(ctx, datapath.TunnelFilter(*cfg, ipam.IPv6, v6)); err != nil {
+		return fmt.Errorf("IPv6: the tunnel's guard: %w", err)
 	}
 	return nil
 }

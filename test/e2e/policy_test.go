@@ -304,7 +304,8 @@ func readPolicyRules(t *testing.T, n cluster.Node) string {
 	return strings.Join(rules, "\n")
 }
 
-// trellisPolicyState lists the policy chains, jumps and trellis ipsets left on node n.
+// trellisPolicyState lists the policy chains, jumps and trellis ipsets left on node n
+// (the node's own sets, trellis-node-*, the tunnel's peers, are not the policy's).
 func trellisPolicyState(t *testing.T, n cluster.Node) string {
 	t.Helper()
 	left := readPolicyRules(t, n)
@@ -313,7 +314,7 @@ func trellisPolicyState(t *testing.T, n cluster.Node) string {
 		t.Fatalf("%s: ipset list: %v", n.Name, err)
 	}
 	for _, s := range strings.Fields(out) {
-		if strings.HasPrefix(s, "trellis-") {
+		if strings.HasPrefix(s, "trellis-") && !strings.HasPrefix(s, "trellis-node-") {
 			left += "\nipset " + s
 		}
 	}

@@ -10,10 +10,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +31,7 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/metricsserving"
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/craft"
 	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
@@ -39,7 +42,8 @@ import (
 // real token of its pod, can write its own NodeNetwork status and nothing else; both
 // components' /metrics answer a Prometheus-style scrape (HTTPS, bearer token of a service
 // account bound to trellis-metrics-reader, issued for the trellis-metrics audience) and
-// refuse everyone else, that account's token for the API server included.
+// refuse everyone else, that account's token for the API server included; the VXLAN
+// tunnel carries no forged packet past a NetworkPolicy.
 func TestNodeSecurity(t *testing.T) {
 	c := cluster.ForTest(t, cluster.Options{Name: "security", Nodes: 2, CNI: cluster.CNITrellis})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -136,6 +140,8 @@ func TestNodeSecurity(t *testing.T) {
 			t.Errorf("creating a forged NodeNetwork with the agent's token: got %v, want forbidden", err)
 		}
 	})
+
+	t.Run("ForgedTunnelTraffic", func(t *testing.T) { testForgedTunnelTraffic(ctx, t, c) })
 
 	t.Run("MetricsScrape", func(t *testing.T) {
 		manifest := metricsReaderManifest + `---
@@ -398,5 +404,127 @@ func theAgentPid(t *testing.T, n cluster.Node) int {
 			t.Fatalf("%d trellis-agent processes on %s for 30 s, want 1", len(pids), n.Name)
 		}
 		t.Logf("%d trellis-agent processes on %s (%v): waiting for one", len(pids), n.Name, pids)
+	}
+}
+
+// testForgedTunnelTraffic sends forged VXLAN datagrams (plain UDP to a node's VXLAN port,
+// the inner packet "from" a pod the victim's policy allows, or from the victim's own
+// address) to a victim pod under default-deny + allow-from-friend, from a pod on the
+// other node (its datagram masqueraded as that node, a peer), from a pod on the victim's
+// node and from the external host on the underlay (not a node): none is delivered. The
+// control: the same datagram from the friend's node itself is delivered (the test sees
+// delivery), and with the victim's own address inside it is not.
+func testForgedTunnelTraffic(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
+	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
+	pods := framework.DeployPolicyPods(ctx, t, c, "tunnel", []framework.PolicyPod{
+		{Name: "victim", Node: nodeA.Name, Labels: "role: tunnel-victim"},
+		{Name: "friend", Node: nodeB.Name, Labels: "role: tunnel-friend"},
+		{Name: "attacker-b", Node: nodeB.Name, Labels: "role: tunnel-attacker"},
+		{Name: "attacker-a", Node: nodeA.Name, Labels: "role: tunnel-attacker"},
+	})
+	defer framework.DeletePolicyPods(ctx, t, c, "tunnel")
+	victim, friend := pods["victim"], pods["friend"]
+	framework.ApplyPolicy(ctx, t, c, "tunnel-victim", framework.IngressFrom("role: tunnel-victim", "role: tunnel-friend"))
+	defer framework.DeletePolicy(ctx, t, c, "tunnel-victim")
+	framework.TCPEcho(t, victim.NetNS, 9100)
+	echo := netip.AddrPortFrom(victim.IP, 9100).String()
+	framework.WaitAllowed(t, friend.NetNS, echo, 20*time.Second)
+	framework.WaitDenied(t, pods["attacker-b"].NetNS, echo, 20*time.Second)
+
+	port, err := strconv.Atoi(framework.ClusterNetworkField(ctx, t, c, ".spec.vxlan.port"))
+	if err != nil {
+		t.Fatalf("spec.vxlan.port: %v", err)
+	}
+	out, err := c.Kubectl(ctx, "get", "nodenetwork", nodeA.Name, "-o", "jsonpath={.status.vtepMAC}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vtepMAC, err := net.ParseMAC(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("%s's VTEP MAC %q: %v", nodeA.Name, out, err)
+	}
+
+	const victimPort = 9300
+	marker := []byte("forged through the tunnel")
+	var pc net.PacketConn
+	if err := netnstest.Enter(victim.NetNS, func() error {
+		var err error
+		pc, err = net.ListenPacket("udp4", ":"+strconv.Itoa(victimPort))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	var mu sync.Mutex
+	received := 0
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, _, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if string(buf[:n]) == string(marker) {
+				mu.Lock()
+				received++
+				mu.Unlock()
+			}
+		}
+	}()
+	count := func() int { mu.Lock(); defer mu.Unlock(); return received }
+
+	tunnel := netip.AddrPortFrom(nodeA.IP, uint16(port)).String()
+	const sent = 20
+	send := func(what string, from *os.File, inner netip.Addr) int {
+		t.Helper()
+		datagram := craft.VXLAN(1, vtepMAC, net.HardwareAddr{0x02, 0, 0, 0, 0, 0x37},
+			netip.AddrPortFrom(inner, 40000), netip.AddrPortFrom(victim.IP, victimPort), marker)
+		before := count()
+		if err := netnstest.Enter(from, func() error {
+			conn, err := net.Dial("udp", tunnel)
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			for range sent {
+				_, _ = conn.Write(datagram) // a refusal (ICMP) is a non-delivery too
+				time.Sleep(10 * time.Millisecond)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("%s: sending: %v", what, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		got := count() - before
+		t.Logf("%s, inner source %s: %d of %d delivered to the victim", what, inner, got, sent)
+		return got
+	}
+	if vni := framework.ClusterNetworkField(ctx, t, c, ".spec.vxlan.vni"); vni != "1" {
+		t.Fatalf("spec.vxlan.vni %s: the test forges VNI 1", vni)
+	}
+
+	// The control: the friend's node itself sends what its tunnel would.
+	nodeBNS := framework.OpenNetns(t, nodeB.NetNSPath())
+	if got := send("from "+nodeB.Name+" (a peer, control)", nodeBNS, friend.IP); got == 0 {
+		t.Fatalf("a well-formed datagram from the peer node %s with the friend pod's address inside was not delivered: the test can't see delivery", nodeB.Name)
+	}
+	if got := send("from "+nodeB.Name+" (a peer)", nodeBNS, victim.IP); got != 0 {
+		t.Errorf("from the peer node %s with the victim's own address inside: %d delivered, want 0", nodeB.Name, got)
+	}
+	ext := framework.OpenNetns(t, filepath.Join("/run/netns", c.Network.External.NetNS))
+	for _, s := range []struct {
+		what string
+		from *os.File
+	}{
+		{"from a pod on " + nodeB.Name + " (masqueraded as that node)", pods["attacker-b"].NetNS},
+		{"from a pod on the victim's node " + nodeA.Name, pods["attacker-a"].NetNS},
+		{"from the external host " + c.Network.External.IP.String() + " on the underlay", ext},
+	} {
+		for _, inner := range []netip.Addr{friend.IP, victim.IP} {
+			if got := send(s.what, s.from, inner); got != 0 {
+				t.Errorf("%s, inner source %s: %d forged datagrams delivered to the victim pod, want 0", s.what, inner, got)
+			}
+		}
 	}
 }
