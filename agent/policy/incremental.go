@@ -200,26 +200,41 @@ func (v *podView) pods(items []*corev1.Pod, nets map[string]*NodeNet, check bool
 // nodeNetView converts NodeNetworks (again only when their resourceVersion changed),
 // keeping a node's NodeNet (the same pointer) while its blocks and addresses stay the
 // same: the pods of a node are checked again only when those change, not on each write
-// of its status.
+// of its status. Its maps are updated in place (no per-sync copy of every node's).
 type nodeNetView struct {
 	nets map[string]*NodeNet
 	rv   map[string]string
 }
 
+// convert returns the NodeNets by node name; the map is the view's own, valid until the
+// next call.
 func (v *nodeNetView) convert(items []*v1alpha1.NodeNetwork) map[string]*NodeNet {
-	next, rv := make(map[string]*NodeNet, len(items)), make(map[string]string, len(items))
+	if v.nets == nil {
+		v.nets, v.rv = make(map[string]*NodeNet, len(items)), make(map[string]string, len(items))
+	}
 	for _, it := range items {
 		old := v.nets[it.Name]
-		n := old
-		if old == nil || v.rv[it.Name] != it.ResourceVersion || it.ResourceVersion == "" {
-			if n = NodeNetFrom(it); n.Equal(old) {
-				n = old
+		if old != nil && v.rv[it.Name] == it.ResourceVersion && it.ResourceVersion != "" {
+			continue
+		}
+		if n := NodeNetFrom(it); !n.Equal(old) {
+			v.nets[it.Name] = n
+		}
+		v.rv[it.Name] = it.ResourceVersion
+	}
+	if len(v.nets) > len(items) { // some are gone
+		present := make(map[string]bool, len(items))
+		for _, it := range items {
+			present[it.Name] = true
+		}
+		for name := range v.nets {
+			if !present[name] {
+				delete(v.nets, name)
+				delete(v.rv, name)
 			}
 		}
-		next[it.Name], rv[it.Name] = n, it.ResourceVersion
 	}
-	v.nets, v.rv = next, rv
-	return next
+	return v.nets
 }
 
 // peerChanges compares the peers with the last sync's.

@@ -167,6 +167,17 @@ func TestPodViewChecksAddressesAgainstNodeBlocks(t *testing.T) {
 	if len(fresh) != 0 || n != 2 || later[3].IP != netip.MustParseAddr("10.244.3.10") || later[0] != got[0] || later[1] != got[1] {
 		t.Errorf("after node3's NodeNetwork: fresh %v, count %d, new-node %v, others reused %v", fresh, n, later[3].IP, later[0] == got[0])
 	}
+
+	// node2's NodeNetwork is gone: nothing of node2's is trusted any more.
+	pods = append(pods, mk("remote-good", "node2", "10.244.2.7", "1"))
+	nets = nv.convert([]*v1alpha1.NodeNetwork{nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node3", "198.51.100.13", "", "10.244.3.0/24")})
+	if _, ok := nets["node2"]; ok {
+		t.Fatal("node2's NodeNet outlived its NodeNetwork")
+	}
+	last, fresh, _ := v.pods(pods, nets, true)
+	if last[4].IP.IsValid() || len(fresh) != 2 { // external (again: its node's NodeNet changed) and remote-good
+		t.Errorf("after node2's NodeNetwork went: remote-good %v, fresh %v", last[4].IP, fresh)
+	}
 }
 
 // ClusterNetworkPolicy node peers match every address Trellis knows a node by: the Node's
