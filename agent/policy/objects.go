@@ -239,3 +239,20 @@ func trustedPod(p *Pod, nn *NodeNet) (trusted *Pod, dropped []netip.Addr) {
 	cp.IP, cp.IPv6 = ip, ip6
 	return &cp, dropped
 }
+
+// TrustedPods is what the engine does to the pods before Compile, for programs that
+// compile the agents' rules themselves (kubectl trellis explain): each pod keeps only its
+// addresses inside the pod blocks of its node's NodeNet in nets (trustedPod); dropped
+// lists the addresses taken away.
+func TrustedPods(pods []*Pod, nets map[string]*NodeNet) (out []*Pod, dropped []DroppedPodAddr) {
+	out = make([]*Pod, len(pods))
+	for i, p := range pods {
+		nn := nets[p.NodeName]
+		var d []netip.Addr
+		out[i], d = trustedPod(p, nn)
+		for _, a := range d {
+			dropped = append(dropped, DroppedPodAddr{Pod: p.Key(), Node: p.NodeName, Addr: a, NodeNetworkKnown: nn != nil})
+		}
+	}
+	return out, dropped
+}
