@@ -137,7 +137,7 @@ func TestPodAddressesOutsideNodeBlocksAreIgnored(t *testing.T) {
 			st := last
 			mu.Unlock()
 			if !st.Enforced {
-				return fmt.Errorf("not enforced: %v", st.Err)
+				return fmt.Errorf("not enforced: %w", st.Err)
 			}
 			sets := n.ipsetSave(t)
 			for _, a := range want {
