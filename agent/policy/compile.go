@@ -303,6 +303,7 @@ type compiler struct {
 	clusterPolicies []*policyv1beta1.ClusterNetworkPolicy
 	subjects        map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector
 	nodes           []*Node
+	nodeNets        map[string]*NodeNet
 	denyLog         DenyLog
 	// memo, when set, holds pod-derived set members from earlier syncs (incremental).
 	memo *setMemo
@@ -318,7 +319,7 @@ func newCompiler(st State, memo *setMemo, family ipam.Family) *compiler {
 		rs: &Ruleset{}, pods: make(map[types.NamespacedName]*Pod, len(st.Endpoints)), namespaces: map[string]*Namespace{},
 		sets: map[string]*Set{}, setNames: map[string]string{},
 		podSelectors: map[*networkingv1.NetworkPolicy]labels.Selector{}, policies: map[string][]*networkingv1.NetworkPolicy{},
-		memo: memo, subjects: map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector{}, nodes: st.Nodes,
+		memo: memo, subjects: map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector{}, nodes: st.Nodes, nodeNets: st.NodeNets,
 		denyLog: st.DenyLog, family: family,
 	}
 	if family == ipam.IPv6 {

@@ -31,26 +31,6 @@ import (
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
-// nsApplier is the kernel applier run inside the node's namespace: the engine's sync loop
-// runs on any thread, and its rules belong to the node, never to the machine.
-type nsApplier struct {
-	n *node
-	a *policy.KernelApplier
-}
-
-func (x nsApplier) Apply(rs *policy.Ruleset, verify bool) (changed bool, err error) {
-	err = x.n.ns.Do(func(ns.NetNS) error {
-		var err error
-		changed, err = x.a.Apply(rs, verify)
-		return err
-	})
-	return changed, err
-}
-
-func (x nsApplier) Remove() error {
-	return x.n.ns.Do(func(ns.NetNS) error { return x.a.Remove() })
-}
-
 // unavailableAPIService is an aggregated API for policy.networking.k8s.io/v1beta1 whose
 // service does not exist: discovery lists the group version but can't say what it serves
 // (aggregated discovery marks it stale, its resource list answers 503), so a REST mapper
@@ -245,7 +225,7 @@ func startAgent(t *testing.T, cfg *rest.Config, s *runtime.Scheme, n *node, back
 	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	check.Must(t, err)
 	log := testr.New(t)
-	e := &policy.Engine{Reader: c, NodeName: "node1", Applier: nsApplier{n: n, a: &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}},
+	e := &policy.Engine{Reader: c, NodeName: "node1", Applier: nsApplier{ns: n.ns, a: &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}},
 		Log: log, ResyncPeriod: time.Second,
 		Wired: func() (map[netip.Addr]string, error) {
 			var wired map[netip.Addr]string

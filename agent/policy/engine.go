@@ -15,12 +15,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
@@ -53,6 +55,10 @@ type Status struct {
 	// DenyLogsOff says why deny logs, though asked for, are off on this node (the node's
 	// iptables refuses their rules); the pods' rules are the same without them.
 	DenyLogsOff error
+	// IgnoredPodAddrs counts the pod addresses (from pods' status) left out of every rule
+	// and set: outside the pod blocks of the pod's node, or of a node whose NodeNetwork the
+	// agent doesn't know (Engine.NodeNetworks).
+	IgnoredPodAddrs int
 }
 
 // Engine keeps this node's policy rules equal to what the cluster's NetworkPolicies say.
@@ -70,6 +76,13 @@ type Engine struct {
 	NodeName string
 	// Cluster, when set, gives the ClusterNetworkPolicies (and nodes for their peers).
 	Cluster ClusterPolicySource
+	// NodeNetworks, when set, lists the cluster's NodeNetworks (InformerNodeNetworks):
+	// a pod's addresses count only inside its node's pod blocks (a kubelet's credential
+	// can write any address into its pods' status), and node peers match the addresses
+	// Trellis knows a node by. Unset (tests of other parts), pods' addresses are taken as
+	// the API server has them.
+	NodeNetworks func(ctx context.Context) ([]*v1alpha1.NodeNetwork, error)
+
 	Applier Applier
 	Log     logr.Logger
 	// SetupTimeout bounds how long a new pod waits to appear in the cache.
@@ -134,6 +147,11 @@ type Engine struct {
 	denyLogsOff     error
 	denyLogsChecked bool
 	denyLogsRetry   time.Time
+
+	// nets are the NodeNetworks as last converted; ignoredAddrs the pod addresses the
+	// last state() left out (Status.IgnoredPodAddrs).
+	nets         nodeNetView
+	ignoredAddrs int
 }
 
 // announcement is what the CNI plugin said of a pod it wired: authoritative for the pod's
@@ -426,6 +444,7 @@ func (e *Engine) sync(ctx context.Context) error {
 		e.cleaner.submit(applied, ifaces)
 	}
 	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: clusterPolicyStates(st, applied), DenyLogsOff: e.denyLogsOff}
+	status.IgnoredPodAddrs = e.ignoredAddrs
 	type podDirection struct {
 		pod types.NamespacedName
 		dir Direction
@@ -639,7 +658,16 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	for i := range nps.Items {
 		st.Policies = append(st.Policies, &nps.Items[i])
 	}
-	st.Pods = e.view.pods(pods)
+	if e.NodeNetworks != nil {
+		nns, err := e.NodeNetworks(ctx)
+		if err != nil {
+			return st, nil, nil, false, fmt.Errorf("listing NodeNetworks: %w", err)
+		}
+		st.NodeNets = e.nets.convert(nns)
+	}
+	var ignored []DroppedPodAddr
+	st.Pods, ignored, e.ignoredAddrs = e.view.pods(pods, st.NodeNets, e.NodeNetworks != nil)
+	e.reportIgnored(ctx, ignored)
 	st.DenyLog = e.denyLog()
 	st.IPv6 = e.IPv6
 
@@ -673,6 +701,30 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	return st, ifaces, changes, nsChanged, nil
 }
 
+// reportIgnored logs each pod address newly left out of policy and, for this node's pods,
+// records a warning event on the pod: its node's kubelet wrote an address Trellis did
+// not give it. (Only the pod's node's agent records one: every agent sees the pod.)
+func (e *Engine) reportIgnored(ctx context.Context, ignored []DroppedPodAddr) {
+	for _, d := range ignored {
+		if !d.NodeNetworkKnown {
+			// Normally a moment's race (a new node's pods before its NodeNetwork): the
+			// addresses count once the NodeNetwork arrives.
+			e.Log.V(1).Info("a pod's addresses are not trusted until its node's NodeNetwork is known", "pod", d.Pod, "node", d.Node, "address", d.Addr)
+			continue
+		}
+		e.Log.Info("ignoring a pod address outside its node's pod blocks: no policy allows or matches it", "pod", d.Pod, "node", d.Node, "address", d.Addr)
+		if e.Recorder != nil && d.Node == e.NodeName {
+			ref := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: d.Pod.Namespace, Name: d.Pod.Name}}
+			var pod corev1.Pod
+			if err := e.Reader.Get(ctx, d.Pod, &pod); err == nil {
+				ref.UID = pod.UID
+			}
+			e.Recorder.Eventf(ref, nil, corev1.EventTypeWarning, "PodIPOutsideNodeBlock", "Enforce",
+				"pod address %s is outside the pod blocks of node %s (NodeNetwork spec.podCIDRs): NetworkPolicy ignores it", d.Addr, d.Node)
+		}
+	}
+}
+
 func (e *Engine) listPods(ctx context.Context) ([]*corev1.Pod, error) {
 	if e.ListPods != nil {
 		return e.ListPods(ctx)
@@ -686,6 +738,22 @@ func (e *Engine) listPods(ctx context.Context) ([]*corev1.Pod, error) {
 		out[i] = &pods.Items[i]
 	}
 	return out, nil
+}
+
+// InformerNodeNetworks lists the NodeNetworks of c's informer store (no copies); c is
+// the agent's cache, which holds every NodeNetwork, trimmed (nodenet.CacheOptions).
+func InformerNodeNetworks(c cache.Cache) func(ctx context.Context) ([]*v1alpha1.NodeNetwork, error) {
+	return func(ctx context.Context) ([]*v1alpha1.NodeNetwork, error) {
+		var l v1alpha1.NodeNetworkList
+		if err := c.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
+			return nil, err
+		}
+		out := make([]*v1alpha1.NodeNetwork, len(l.Items))
+		for i := range l.Items {
+			out[i] = &l.Items[i]
+		}
+		return out, nil
+	}
 }
 
 // InformerPods lists the pods of c's informer store: pointers to the cached objects, where

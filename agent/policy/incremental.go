@@ -2,10 +2,13 @@ package policy
 
 import (
 	"maps"
+	"net/netip"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
 )
 
 // podSetDef says which entries a pod contributes to a set: its IP (selector sets) or its
@@ -144,26 +147,94 @@ func refill[K comparable, V any](spare map[K]V, n int) map[K]V {
 type convertedPod struct {
 	uid             types.UID
 	resourceVersion string
-	pod             *Pod
+	// net is the NodeNet the pod's addresses were checked against (nil: none known);
+	// dropped the addresses that check took away.
+	net     *NodeNet
+	pod     *Pod
+	dropped []netip.Addr
+}
+
+// DroppedPodAddr is a pod address taken out of policy: not in its node's pod blocks.
+type DroppedPodAddr struct {
+	Pod  types.NamespacedName
+	Node string
+	Addr netip.Addr
+	// NodeNetworkKnown: the pod's node has a NodeNetwork (the address is outside its
+	// blocks); false: the agent knows no NodeNetwork of that node yet.
+	NodeNetworkKnown bool
 }
 
 // pods converts the cache's pods, reusing the conversion of every pod whose
-// resourceVersion is unchanged.
-func (v *podView) pods(items []*corev1.Pod) []*Pod {
+// resourceVersion and node's NodeNet are unchanged. With nets (check), each pod keeps only
+// the addresses inside its node's pod blocks (trustedPod); the pods whose addresses were
+// dropped at this conversion are returned in fresh (to be reported once), and dropped
+// counts every address dropped now.
+func (v *podView) pods(items []*corev1.Pod, nets map[string]*NodeNet, check bool) (out []*Pod, fresh []DroppedPodAddr, dropped int) {
 	next := refill(v.spareConverted, len(items))
-	out := make([]*Pod, 0, len(items))
+	out = make([]*Pod, 0, len(items))
 	for i := range items {
 		it := items[i]
 		key := types.NamespacedName{Namespace: it.Namespace, Name: it.Name}
-		c, ok := v.converted[key]
-		if !ok || c.uid != it.UID || c.resourceVersion != it.ResourceVersion || it.ResourceVersion == "" {
-			c = convertedPod{uid: it.UID, resourceVersion: it.ResourceVersion, pod: PodFrom(it)}
+		var net *NodeNet
+		if check {
+			net = nets[it.Spec.NodeName]
 		}
+		c, ok := v.converted[key]
+		if !ok || c.uid != it.UID || c.resourceVersion != it.ResourceVersion || it.ResourceVersion == "" || c.net != net {
+			c = convertedPod{uid: it.UID, resourceVersion: it.ResourceVersion, net: net, pod: PodFrom(it)}
+			if check {
+				c.pod, c.dropped = trustedPod(c.pod, net)
+				for _, a := range c.dropped {
+					fresh = append(fresh, DroppedPodAddr{Pod: key, Node: it.Spec.NodeName, Addr: a, NodeNetworkKnown: net != nil})
+				}
+			}
+		}
+		dropped += len(c.dropped)
 		next[key] = c
 		out = append(out, c.pod)
 	}
 	v.converted, v.spareConverted = next, v.converted
-	return out
+	return out, fresh, dropped
+}
+
+// nodeNetView converts NodeNetworks (again only when their resourceVersion changed),
+// keeping a node's NodeNet (the same pointer) while its blocks and addresses stay the
+// same: the pods of a node are checked again only when those change, not on each write
+// of its status. Its maps are updated in place (no per-sync copy of every node's).
+type nodeNetView struct {
+	nets map[string]*NodeNet
+	rv   map[string]string
+}
+
+// convert returns the NodeNets by node name; the map is the view's own, valid until the
+// next call.
+func (v *nodeNetView) convert(items []*v1alpha1.NodeNetwork) map[string]*NodeNet {
+	if v.nets == nil {
+		v.nets, v.rv = make(map[string]*NodeNet, len(items)), make(map[string]string, len(items))
+	}
+	for _, it := range items {
+		old := v.nets[it.Name]
+		if old != nil && v.rv[it.Name] == it.ResourceVersion && it.ResourceVersion != "" {
+			continue
+		}
+		if n := NodeNetFrom(it); !n.Equal(old) {
+			v.nets[it.Name] = n
+		}
+		v.rv[it.Name] = it.ResourceVersion
+	}
+	if len(v.nets) > len(items) { // some are gone
+		present := make(map[string]bool, len(items))
+		for _, it := range items {
+			present[it.Name] = true
+		}
+		for name := range v.nets {
+			if !present[name] {
+				delete(v.nets, name)
+				delete(v.rv, name)
+			}
+		}
+	}
+	return v.nets
 }
 
 // peerChanges compares the peers with the last sync's.

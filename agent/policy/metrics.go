@@ -26,6 +26,7 @@ type Metrics struct {
 	setMembers   prometheus.Gauge
 	isolated     *prometheus.GaugeVec
 	enforced     prometheus.Gauge
+	ignoredAddrs prometheus.Gauge
 	denied       *prometheus.Desc
 
 	mu    sync.Mutex
@@ -58,6 +59,10 @@ func NewMetrics(dropCounters func() (string, error), log logr.Logger) *Metrics {
 		enforced: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "trellis_policy_enforced", Help: "1 while the node's kernel holds every NetworkPolicy that applies to its pods.",
 		}),
+		ignoredAddrs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "trellis_policy_ignored_pod_addresses",
+			Help: "Pod addresses (from pods' status) NetworkPolicy ignores: outside the pod blocks of the pod's node (NodeNetwork spec.podCIDRs), or of a node whose NodeNetwork the agent doesn't know yet.",
+		}),
 		denied: prometheus.NewDesc("trellis_policy_denied_packets_total",
 			"Packets NetworkPolicy dropped, by pod and direction (connection attempts: replies of allowed connections are never counted).",
 			[]string{"namespace", "pod", "direction"}, nil),
@@ -66,7 +71,7 @@ func NewMetrics(dropCounters func() (string, error), log logr.Logger) *Metrics {
 
 // Register adds the metrics to r.
 func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.syncDuration, m.syncErrors, m.rules, m.sets, m.setMembers, m.isolated, m.enforced, m,
+	for _, c := range []prometheus.Collector{m.syncDuration, m.syncErrors, m.rules, m.sets, m.setMembers, m.isolated, m.enforced, m.ignoredAddrs, m,
 		conntrackRemoved, conntrackCleanupErrors} {
 		if err := r.Register(c); err != nil {
 			return err
@@ -87,6 +92,7 @@ func (m *Metrics) Observe(st Status, rs *Ruleset, took time.Duration) {
 	m.rules.Set(float64(st.Rules))
 	m.sets.Set(float64(st.Sets))
 	m.setMembers.Set(float64(st.SetMembers))
+	m.ignoredAddrs.Set(float64(st.IgnoredPodAddrs))
 	m.isolated.WithLabelValues(string(Ingress)).Set(float64(st.IsolatedIngress))
 	m.isolated.WithLabelValues(string(Egress)).Set(float64(st.IsolatedEgress))
 	if rs != nil {

@@ -124,8 +124,23 @@ type Node struct {
 	Name   string
 	Labels map[string]string
 	// IPs are the node's InternalIP and ExternalIP addresses, of both families (each
-	// family's sets take that family's).
+	// family's sets take that family's). A node peer also matches the addresses of the
+	// node's NodeNet (State.NodeNets).
 	IPs []netip.Addr
+}
+
+// NodeNet is what policy needs of a node's NodeNetwork: the pod blocks Trellis gave the
+// node and the addresses the node holds that Trellis assigned or its agent reported.
+type NodeNet struct {
+	Name string
+	// Blocks are the node's pod blocks (spec.podCIDRs): a pod of the node is a peer only
+	// with addresses in their pod range (trustedPod).
+	Blocks []netip.Prefix
+	// Addrs are the node's addresses Trellis knows: status.nodeIP and status.nodeIPv6 (the
+	// underlay addresses the agent found) and, per block, the VXLAN device's address (the
+	// block's first host address, cnicontract.NodeAddr). ClusterNetworkPolicy node peers
+	// match them beside the Node's InternalIP and ExternalIP addresses.
+	Addrs []netip.Addr
 }
 
 // Endpoint is a pod wired on this node: its addresses and the host end of its veth.
@@ -156,6 +171,10 @@ type State struct {
 	ClusterPolicies []*policyv1beta1.ClusterNetworkPolicy
 	// Nodes are the cluster's nodes; only ClusterNetworkPolicy node peers read them.
 	Nodes []*Node
+	// NodeNets are the cluster's NodeNetworks by node name: a node peer matches its
+	// node's addresses there too. (The engine checks pods' addresses against their
+	// blocks before Compile: Pods hold trusted addresses only.)
+	NodeNets map[string]*NodeNet
 	// Endpoints are this node's pods with their veths; only these get chains.
 	Endpoints []Endpoint
 	// DenyLog says whose denied packets are logged.

@@ -10,6 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 
 // MirrorAnnotation marks a static pod's mirror in the API server; its value is the UID the
@@ -166,4 +169,90 @@ func NodeFrom(n *corev1.Node) *Node {
 		}
 	}
 	return out
+}
+
+// NodeNetFrom converts a (trimmed) NodeNetwork: its blocks (entries that don't parse are
+// left out: no pod address is trusted in them) and the addresses Trellis knows the node by.
+func NodeNetFrom(nn *v1alpha1.NodeNetwork) *NodeNet {
+	out := &NodeNet{Name: nn.Name}
+	add := func(a netip.Addr) {
+		if a.IsValid() && !slices.Contains(out.Addrs, a) {
+			out.Addrs = append(out.Addrs, a)
+		}
+	}
+	for _, s := range []string{nn.Status.NodeIP, nn.Status.NodeIPv6} {
+		if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+			add(a.Unmap())
+		}
+	}
+	for _, s := range nn.Spec.Blocks() {
+		b, err := netip.ParsePrefix(s)
+		if err != nil || b.Addr().Is4In6() || b != b.Masked() {
+			continue
+		}
+		out.Blocks = append(out.Blocks, b)
+		add(cnicontract.NodeAddr(b)) // the VXLAN device's address (agent/datapath)
+	}
+	return out
+}
+
+// Equal says whether two NodeNets hold the same blocks and addresses.
+func (n *NodeNet) Equal(o *NodeNet) bool {
+	return n != nil && o != nil && n.Name == o.Name && slices.Equal(n.Blocks, o.Blocks) && slices.Equal(n.Addrs, o.Addrs)
+}
+
+// inPodRange tells whether a is an address the node's plugin can give a pod: inside one of
+// the node's blocks, and neither the node's own address there (the VXLAN device's) nor the
+// block's network or last address.
+func (n *NodeNet) inPodRange(a netip.Addr) bool {
+	for _, b := range n.Blocks {
+		if !b.Contains(a) {
+			continue
+		}
+		first, last := cnicontract.PodRange(b)
+		return a.Compare(first) >= 0 && a.Compare(last) <= 0
+	}
+	return false
+}
+
+// trustedPod checks a pod's addresses (from its status, which the kubelet of its node
+// writes) against the blocks of its node's NodeNetwork nn (nil: unknown). An address
+// outside them is no address of the pod: the pod returned (a copy, when one is dropped)
+// lacks it, and dropped lists it. Without a known NodeNetwork no address is trusted.
+// Pods on the host network (their addresses are the node's) and finished pods (never
+// peers) are returned as they are.
+func trustedPod(p *Pod, nn *NodeNet) (trusted *Pod, dropped []netip.Addr) {
+	if p.HostNetwork || p.Finished {
+		return p, nil
+	}
+	ip, ip6 := p.IP, p.IPv6
+	for _, a := range []*netip.Addr{&ip, &ip6} {
+		if a.IsValid() && (nn == nil || !nn.inPodRange(*a)) {
+			dropped = append(dropped, *a)
+			*a = netip.Addr{}
+		}
+	}
+	if len(dropped) == 0 {
+		return p, nil
+	}
+	cp := *p
+	cp.IP, cp.IPv6 = ip, ip6
+	return &cp, dropped
+}
+
+// TrustedPods is what the engine does to the pods before Compile, for programs that
+// compile the agents' rules themselves (kubectl trellis explain): each pod keeps only its
+// addresses inside the pod blocks of its node's NodeNet in nets (trustedPod); dropped
+// lists the addresses taken away.
+func TrustedPods(pods []*Pod, nets map[string]*NodeNet) (out []*Pod, dropped []DroppedPodAddr) {
+	out = make([]*Pod, len(pods))
+	for i, p := range pods {
+		nn := nets[p.NodeName]
+		var d []netip.Addr
+		out[i], d = trustedPod(p, nn)
+		for _, a := range d {
+			dropped = append(dropped, DroppedPodAddr{Pod: p.Key(), Node: p.NodeName, Addr: a, NodeNetworkKnown: nn != nil})
+		}
+	}
+	return out, dropped
 }

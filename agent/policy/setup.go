@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -118,6 +119,8 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 			}
 			reporter.set(st)
 		},
+		// Every NodeNetwork is in the agent's cache already (nodenet.CacheOptions).
+		NodeNetworks: InformerNodeNetworks(mgr.GetCache()),
 	}
 	src.trigger = e.Trigger
 	if err := mgr.Add(e); err != nil {
@@ -151,7 +154,37 @@ func watch(ctx context.Context, c cache.Cache, e *Engine) error {
 			return err
 		}
 	}
+	if e.NodeNetworks != nil {
+		if err := watchNodeNetworks(ctx, c, e.Trigger); err != nil {
+			return err
+		}
+	}
 	<-ctx.Done()
+	return nil
+}
+
+// watchNodeNetworks triggers a sync when a NodeNetwork comes, goes or changes what policy
+// reads of it (its blocks and addresses, NodeNetFrom), not on each write of its status
+// (IPAM figures, conditions, this node's own policy status).
+func watchNodeNetworks(ctx context.Context, c cache.Cache, trigger func()) error {
+	inf, err := c.GetInformer(ctx, &v1alpha1.NodeNetwork{})
+	if err != nil {
+		return fmt.Errorf("watching NodeNetworks: %w", err)
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { trigger() },
+		UpdateFunc: func(o, n any) {
+			on, ok1 := o.(*v1alpha1.NodeNetwork)
+			nn, ok2 := n.(*v1alpha1.NodeNetwork)
+			if !ok1 || !ok2 || !NodeNetFrom(on).Equal(NodeNetFrom(nn)) {
+				trigger()
+			}
+		},
+		DeleteFunc: func(any) { trigger() },
+	})
+	if err != nil {
+		return fmt.Errorf("watching NodeNetworks: %w", err)
+	}
 	return nil
 }
 

@@ -343,7 +343,7 @@ func labelSelector(s *metav1.LabelSelector) (labels.Selector, error) {
 }
 
 // nodeSet is the hash:ip set of the addresses (of the compiler's family) of the nodes sel
-// selects.
+// selects: their InternalIP and ExternalIP addresses and those of their NodeNetworks.
 func (c *compiler) nodeSet(sel labels.Selector) string {
 	key := "nodes|" + sel.String()
 	if name, ok := c.setNames[key]; ok {
@@ -351,11 +351,19 @@ func (c *compiler) nodeSet(sel labels.Selector) string {
 	}
 	var members []string
 	for _, n := range c.nodes {
-		if sel.Matches(labels.Set(n.Labels)) {
-			for _, ip := range n.IPs {
-				if ipam.FamilyOf(ip) == c.family {
-					members = append(members, ip.Unmap().String())
-				}
+		if !sel.Matches(labels.Set(n.Labels)) {
+			continue
+		}
+		// The Node's addresses, and every address of the node Trellis knows (its tunnel
+		// address, its underlay address as the agent found it): a pod reaches the node's
+		// services (the kubelet) at each of them.
+		ips := n.IPs
+		if nn := c.nodeNets[n.Name]; nn != nil {
+			ips = slices.Concat(ips, nn.Addrs)
+		}
+		for _, ip := range ips {
+			if ipam.FamilyOf(ip) == c.family {
+				members = append(members, ip.Unmap().String())
 			}
 		}
 	}

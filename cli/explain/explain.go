@@ -35,6 +35,8 @@ type Snapshot struct {
 	Nodes           []*policy.Node
 	Services        []corev1.Service
 	EndpointSlices  []discoveryv1.EndpointSlice
+	// NodeNets are the NodeNetworks by node name (nil: not readable).
+	NodeNets map[string]*policy.NodeNet
 	// PolicyDisabled: the ClusterNetwork switches NetworkPolicy enforcement off.
 	PolicyDisabled bool
 	// Notes say what could not be read and what that leaves out (RBAC, an API not
@@ -52,7 +54,7 @@ func (s *Snapshot) view(node string) *policy.NodeView {
 	defer s.mu.Unlock()
 	if s.views == nil {
 		s.views = map[string]*policy.NodeView{}
-		s.state = &policy.State{Pods: s.Pods, Namespaces: s.Namespaces, Policies: s.Policies, ClusterPolicies: s.ClusterPolicies, Nodes: s.Nodes}
+		s.state = &policy.State{Pods: s.Pods, Namespaces: s.Namespaces, Policies: s.Policies, ClusterPolicies: s.ClusterPolicies, Nodes: s.Nodes, NodeNets: s.NodeNets}
 		// The agents compile the IPv6 rules when the cluster has an IPv6 pod range; for
 		// explain, pods with IPv6 addresses say so.
 		s.state.IPv6 = slices.ContainsFunc(s.Pods, func(p *policy.Pod) bool { return p.IPv6.IsValid() })
@@ -238,7 +240,7 @@ func (s *Snapshot) byIP(a netip.Addr) end {
 		}
 	}
 	for _, n := range s.Nodes {
-		if slices.Contains(n.IPs, a) {
+		if slices.Contains(n.IPs, a) || s.NodeNets[n.Name] != nil && slices.Contains(s.NodeNets[n.Name].Addrs, a) {
 			return end{Endpoint: Endpoint{Kind: EndpointNode, Name: n.Name, IP: a.String(), Node: n.Name}, addr: a}
 		}
 	}

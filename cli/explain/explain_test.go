@@ -523,3 +523,39 @@ func TestExplainIPv6Refuses(t *testing.T) {
 		}
 	}
 }
+
+// explain judges as the agents do: a node peer matches a node's tunnel address (from its
+// NodeNetwork), and that address is recognised as the node's.
+func TestExplainNodeNetworkAddresses(t *testing.T) {
+	denyNodes := &policyv1beta1.ClusterNetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "deny-nodes"},
+		Spec: policyv1beta1.ClusterNetworkPolicySpec{
+			Tier: policyv1beta1.AdminTier, Priority: 10,
+			Subject: policyv1beta1.ClusterNetworkPolicySubject{Namespaces: &metav1.LabelSelector{}},
+			Egress: []policyv1beta1.ClusterNetworkPolicyEgressRule{{
+				Action: policyv1beta1.ClusterNetworkPolicyRuleActionDeny,
+				To:     []policyv1beta1.ClusterNetworkPolicyEgressPeer{{Nodes: &metav1.LabelSelector{}}},
+			}},
+		},
+	}
+	for _, tc := range []struct {
+		name, to, verdict string
+		kind              string
+	}{
+		{"a remote node's tunnel address", "10.244.2.1:10250", Denied, EndpointNode},
+		{"the pod's own node's tunnel address", "10.244.1.1:10250", Denied, EndpointNode},
+		{"a pod of the remote block", "10.244.2.2:80", Allowed, EndpointPod},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := snapshot(nil, []*policyv1beta1.ClusterNetworkPolicy{denyNodes})
+			s.NodeNets = map[string]*policy.NodeNet{
+				"node1": {Name: "node1", Blocks: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, Addrs: []netip.Addr{netip.MustParseAddr("198.51.100.11"), netip.MustParseAddr("10.244.1.1")}},
+				"node2": {Name: "node2", Blocks: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}, Addrs: []netip.Addr{netip.MustParseAddr("198.51.100.12"), netip.MustParseAddr("10.244.2.1")}},
+			}
+			res := explainLogged(t, s, "x/a", tc.to, "")
+			if res.Verdict != tc.verdict || len(res.Paths) != 1 || res.Paths[0].To.Kind != tc.kind {
+				t.Errorf("verdict %s, to %+v; want %s to a %s", res.Verdict, res.Paths, tc.verdict, tc.kind)
+			}
+		})
+	}
+}

@@ -76,6 +76,23 @@ func Load(ctx context.Context, f *cli.Factory) (*Snapshot, error) {
 		}
 	}
 
+	// As the agents do: a pod's address counts only inside its node's pod blocks, and
+	// node peers match the addresses Trellis knows a node by.
+	var nns v1alpha1.NodeNetworkList
+	if err := c.List(ctx, &nns); err != nil {
+		s.Notes = append(s.Notes, fmt.Sprintf("could not list nodenetworks (%v): pods' addresses are not checked against their nodes' pod blocks as the agents check them, and nodes' tunnel addresses are not recognised", reason(err)))
+	} else {
+		s.NodeNets = map[string]*policy.NodeNet{}
+		for i := range nns.Items {
+			s.NodeNets[nns.Items[i].Name] = policy.NodeNetFrom(&nns.Items[i])
+		}
+		var dropped []policy.DroppedPodAddr
+		s.Pods, dropped = policy.TrustedPods(s.Pods, s.NodeNets)
+		for _, d := range dropped {
+			s.Notes = append(s.Notes, fmt.Sprintf("pod %s: the address %s is outside the pod blocks of node %s (its NodeNetwork): the agents ignore it", d.Pod, d.Addr, d.Node))
+		}
+	}
+
 	svcs, err := cs.CoreV1().Services("").List(ctx, list)
 	if err != nil {
 		s.Notes = append(s.Notes, fmt.Sprintf("could not list services (%v): Service destinations and cluster IPs are not resolved", reason(err)))

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1) on the local cluster, beside
@@ -124,6 +126,100 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 			t.Errorf("client -> %s (not a subject): %v", nodeAddr, err)
 		}
 	})
+
+	t.Run("AdminDenyToNodesCoversTrellisAddresses", func(t *testing.T) {
+		// A pod reaches a node's services (the kubelet) at every address the node holds,
+		// not only its InternalIP: its VXLAN device's address in its pod block (Trellis
+		// gives it) among them, on its own node (INPUT) and across the tunnel. An Admin
+		// Deny to nodes covers them all.
+		start(t)
+		var remote cluster.Node
+		for _, n := range c.Nodes {
+			if n.Name != serverNode.Name {
+				remote = n
+			}
+		}
+		const port = 9310
+		var targets, ownNode []string // ownNode: those of friend's node
+		for _, n := range []cluster.Node{serverNode, remote} {
+			framework.TCPEcho(t, framework.OpenNetns(t, n.NetNSPath()), port)
+			for _, a := range nodeNetworkAddrs(ctx, t, c, n.Name) {
+				targets = append(targets, netip.AddrPortFrom(a, port).String())
+				if n.Name == serverNode.Name {
+					ownNode = append(ownNode, targets[len(targets)-1])
+				}
+			}
+		}
+		internal := netip.AddrPortFrom(netip.MustParseAddr(nodeInternalIP(ctx, t, c, remote.Name)), port).String()
+		// The positive control: without the policy every address answers.
+		for _, addr := range append(targets, internal) {
+			framework.WaitAllowed(t, friend.NetNS, addr, 10*time.Second)
+		}
+		// Node peers are of the experimental channel of the CRD (the standard one prunes
+		// them): installed for this subtest, the standard one put back after.
+		applyCRDChannel(ctx, t, c, "experimental")
+		defer applyCRDChannel(ctx, t, c, "standard")
+		egress := "  egress:\n  - action: Deny\n    to:\n    - nodes: {}\n"
+		applyCNP(ctx, t, c, "deny-nodes", "Admin", 10, "  subject:\n    pods:\n      namespaceSelector: {}\n      podSelector: {matchLabels: {role: friend}}\n", egress)
+		defer deleteCNP(ctx, t, c, "deny-nodes")
+		framework.WaitDenied(t, friend.NetNS, internal, 10*time.Second)
+		for _, addr := range targets {
+			if err := framework.DialEcho(friend.NetNS, addr); err == nil {
+				t.Errorf("friend -> %s (a node's Trellis address) allowed under an Admin Deny to nodes", addr)
+			}
+		}
+		// Not a subject: client (on the remote node) still reaches friend's node's addresses.
+		for _, addr := range ownNode {
+			if err := framework.DialEcho(client.NetNS, addr); err != nil {
+				t.Errorf("client -> %s (not a subject): %v", addr, err)
+			}
+		}
+	})
+}
+
+// nodeNetworkAddrs are the addresses of node's NodeNetwork other than its InternalIP: its
+// VXLAN device's address in each pod block (the block's first host address) and the node
+// IPs its agent reports, where they differ from the InternalIP.
+func nodeNetworkAddrs(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) []netip.Addr {
+	t.Helper()
+	out, err := c.Kubectl(ctx, "get", "nodenetwork", node, "-o", "json")
+	if err != nil {
+		t.Fatalf("NodeNetwork %s: %v", node, err)
+	}
+	var nn struct {
+		Spec   struct{ PodCIDRs []string }
+		Status struct{ NodeIP, NodeIPv6 string }
+	}
+	if err := json.Unmarshal([]byte(out), &nn); err != nil {
+		t.Fatalf("NodeNetwork %s: %v", node, err)
+	}
+	internal := nodeInternalIP(ctx, t, c, node)
+	var addrs []netip.Addr
+	for _, b := range nn.Spec.PodCIDRs {
+		if p, err := netip.ParsePrefix(b); err == nil && p.Addr().Is4() {
+			addrs = append(addrs, p.Masked().Addr().Next())
+		}
+	}
+	if a, err := netip.ParseAddr(nn.Status.NodeIP); err == nil && nn.Status.NodeIP != internal {
+		addrs = append(addrs, a)
+	}
+	if len(addrs) == 0 {
+		t.Fatalf("NodeNetwork %s holds no IPv4 block: %s", node, out)
+	}
+	return addrs
+}
+
+// applyCRDChannel installs the ClusterNetworkPolicy CRD of channel (standard or
+// experimental) from config/crd/network-policy-api.
+func applyCRDChannel(ctx context.Context, t *testing.T, c *cluster.Cluster, channel string) {
+	t.Helper()
+	path := filepath.Join(testenv.RepoRoot(), "config/crd/network-policy-api", channel, "policy.networking.k8s.io_clusternetworkpolicies.yaml")
+	if _, err := c.Kubectl(ctx, "apply", "--server-side", "--force-conflicts", "-f", path); err != nil {
+		t.Fatalf("applying the %s ClusterNetworkPolicy CRD: %v", channel, err)
+	}
+	if _, err := c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/clusternetworkpolicies.policy.networking.k8s.io"); err != nil {
+		t.Fatalf("the %s ClusterNetworkPolicy CRD: %v", channel, err)
+	}
 }
 
 const serverSubject = "  subject:\n    pods:\n      namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: " + framework.PolicyNamespace + "}}\n      podSelector: {matchLabels: {role: server}}\n"
