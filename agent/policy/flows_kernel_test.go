@@ -21,6 +21,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/craft"
 )
 
 // rawFlow is a stream of packets of one IP protocol from one pod to another, answered: ICMP
@@ -119,7 +120,7 @@ func (f *rawFlow) packet(seq int) []byte {
 		}
 		b := []byte{typ, 0, 0, 0, echoID >> 8, echoID & 0xff, byte(seq >> 8), byte(seq), 't', 'r', 'e', 'l', 'l', 'i', 's'}
 		if f.proto == protoICMP {
-			sum := icmpChecksum(b)
+			sum := craft.Checksum(b)
 			b[2], b[3] = byte(sum>>8), byte(sum)
 		}
 		return b
@@ -139,20 +140,6 @@ func (f *rawFlow) isReply(b []byte, peer net.Addr) bool {
 		return len(b) >= 8 && b[0] == 129 && int(b[4])<<8|int(b[5]) == echoID
 	}
 	return true
-}
-
-func icmpChecksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum>>16 != 0 {
-		sum = sum&0xffff + sum>>16
-	}
-	return ^uint16(sum)
 }
 
 // tracked tells whether the node's conntrack table holds f's entry.

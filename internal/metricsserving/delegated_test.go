@@ -13,8 +13,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,13 +22,11 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/internal/metricsserving"
@@ -53,20 +49,8 @@ func TestDelegatedAuth(t *testing.T) {
 	}
 
 	// The agent's identity and RBAC exactly as shipped; the reader role as shipped.
-	for _, f := range []string{"config/agent/namespace.yaml", "config/agent/service_account.yaml", "config/agent/cluster_role.yaml",
-		"config/agent/cluster_role_binding.yaml", "config/agent/role_binding.yaml", "config/prometheus/diagnostics_reader_role.yaml"} {
-		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(b, &u.Object); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		if err := admin.Create(ctx, u); err != nil {
-			t.Fatalf("creating %s: %v", f, err)
-		}
-	}
+	createManifests(ctx, t, admin, "config/agent/namespace.yaml", "config/agent/service_account.yaml", "config/agent/cluster_role.yaml",
+		"config/agent/cluster_role_binding.yaml", "config/agent/role_binding.yaml", "config/prometheus/diagnostics_reader_role.yaml")
 	// token is a token of service account ns/sa (made unless it is the agent's) for the
 	// audiences (none: the API server's own, as a pod's default token).
 	token := func(ns, sa string, audiences ...string) string {
@@ -91,22 +75,8 @@ func TestDelegatedAuth(t *testing.T) {
 	// The server, as the agent runs it.
 	agentCfg := rest.AnonymousClientConfig(cfg)
 	agentCfg.BearerToken = token("trellis-system", "trellis-agent")
-	addr := freeLoopbackAddr(t)
-	opts, d, err := metricsserving.Options{Addr: addr, Secure: true}.DelegatedServer(agentCfg,
+	addr := startServer(ctx, t, agentCfg,
 		map[string]http.Handler{report.Path: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "diagnostics") })})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc, err := rest.HTTPClientFor(agentCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := metricsserver.NewServer(opts, agentCfg, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = d.Start(ctx) }()
-	go func() { _ = srv.Start(ctx) }()
 
 	// Callers.
 	userCert := func(name string, groups ...string) tls.Certificate {
@@ -251,4 +221,26 @@ func trim(s string) string {
 		return s[:200] + "…"
 	}
 	return s
+}
+
+// startServer serves /metrics (and extra) with Delegated authentication as the agent runs
+// it, with cfg's credentials, on a free loopback address it returns, until ctx ends.
+func startServer(ctx context.Context, t *testing.T, cfg *rest.Config, extra map[string]http.Handler) string {
+	t.Helper()
+	addr := freeLoopbackAddr(t)
+	opts, d, err := metricsserving.Options{Addr: addr, Secure: true}.DelegatedServer(cfg, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := metricsserver.NewServer(opts, cfg, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = d.Start(ctx) }()
+	go func() { _ = srv.Start(ctx) }()
+	return addr
 }

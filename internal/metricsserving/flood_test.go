@@ -25,10 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/yaml"
 
-	"github.com/trellis-net/trellis/internal/metricsserving"
 	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
@@ -86,21 +84,7 @@ func TestTokenFlood(t *testing.T) {
 			return rt.RoundTrip(req)
 		})
 	})
-	addr := freeLoopbackAddr(t)
-	opts, d, err := metricsserving.Options{Addr: addr, Secure: true}.DelegatedServer(agentCfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hc, err := rest.HTTPClientFor(agentCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := metricsserver.NewServer(opts, agentCfg, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = d.Start(ctx) }()
-	go func() { _ = srv.Start(ctx) }()
+	addr := startServer(ctx, t, agentCfg, nil)
 	anonymous := client127(t, "127.0.0.3")
 	check.Eventually(t, 30*time.Second, "the server answers (401 to an anonymous caller)", func() error {
 		if code, body := get(ctx, anonymous, addr, ""); code != http.StatusUnauthorized {

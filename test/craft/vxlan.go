@@ -41,7 +41,7 @@ func UDP(src, dst netip.AddrPort, payload []byte) []byte {
 	// The pseudo-header: addresses, protocol, UDP length.
 	pseudo := append(append(append([]byte{}, s...), d...), 0, 17)
 	pseudo = binary.BigEndian.AppendUint16(pseudo, uint16(len(udp)))
-	sum := checksum(append(pseudo, udp...))
+	sum := Checksum(append(pseudo, udp...))
 	if sum == 0 {
 		sum = 0xffff // 0 means "no checksum" (IPv4) or is invalid (IPv6)
 	}
@@ -62,12 +62,12 @@ func UDP(src, dst netip.AddrPort, payload []byte) []byte {
 	ip[8], ip[9] = 64, 17 // TTL, protocol UDP
 	copy(ip[12:], s)
 	copy(ip[16:], d)
-	binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+	binary.BigEndian.PutUint16(ip[10:], Checksum(ip))
 	return append(ip, udp...)
 }
 
-// checksum is the Internet checksum (RFC 1071) of b.
-func checksum(b []byte) uint16 {
+// Checksum is the Internet checksum (RFC 1071) of b: IPv4 headers, UDP, ICMP.
+func Checksum(b []byte) uint16 {
 	var sum uint32
 	for i := 0; i+1 < len(b); i += 2 {
 		sum += uint32(b[i])<<8 | uint32(b[i+1])
