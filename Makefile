@@ -16,8 +16,10 @@ KUBEBUILDER_ASSETS ?= $(TRELLIS_CACHE)/k8s/$(K8S_VERSION)
 export KUBEBUILDER_ASSETS
 KUBECTL ?= kubectl
 GO_TEST_FLAGS ?= -count=1 -timeout=30m
-# The e2e package runs every local-cluster test one after another (~35 minutes warm).
+# The e2e package's cluster suites (TestXCluster: a shared local cluster each) run
+# E2E_PARALLEL at a time.
 E2E_TIMEOUT ?= 60m
+E2E_PARALLEL ?= 3
 # The e2e suite's go test -json events, which RUN_E2E keeps for `gotestsum tool slowest`.
 E2E_JSON ?= $(TRELLIS_CACHE)/e2e-results/last.json
 # RUN_E2E runs the e2e suite through gotestsum (hack/build-gotestsum.sh): a line per package
@@ -25,7 +27,7 @@ E2E_JSON ?= $(TRELLIS_CACHE)/e2e-results/last.json
 # that took 20 s or more, slowest first (what CI's time goes to).
 RUN_E2E = gts=$$(hack/build-gotestsum.sh) || exit 1; mkdir -p $(dir $(E2E_JSON)); \
 	"$$gts/gotestsum" --format pkgname-and-test-fails --format-icons text --jsonfile $(E2E_JSON) -- \
-		-tags e2e -count=1 -timeout=$(E2E_TIMEOUT) ./test/e2e/...; rc=$$?; \
+		-tags e2e -count=1 -parallel=$(E2E_PARALLEL) -timeout=$(E2E_TIMEOUT) ./test/e2e/...; rc=$$?; \
 	echo "e2e tests and subtests of 20 s or more:"; "$$gts/gotestsum" tool slowest --jsonfile $(E2E_JSON) --threshold 20s; \
 	exit $$rc
 # The fuzz runs of make test, as counts of inputs (about 10 s each on 2 CPUs), not durations:
@@ -103,15 +105,30 @@ deps: ## Install what the tests need (apt packages; k8s binaries, crictl, refere
 CNP_CI ?= CNPAdminTierIntegration|CNPAdminTierPriorityField|CNPAdminTierIngressNamedPort|CNPAdminTierEgressNamedPort|CNPBaselineTierIngressTCP|CNPBaselineTierEgressUDP
 
 .PHONY: test
-test: deps manifests generate bundle catalog vet lint ## Run every test: unit, real kube-apiserver/etcd, real namespaces, containerd, the local-cluster e2e, the NetworkPolicy conformance subset, the upstream [sig-network] subset (test/upstream/ci.txt), the ClusterNetworkPolicy conformance subset (CNP_CI).
+test: ## Run every test, in timed stages (hack/test-stages.sh; budgets in docs/development.md): deps, generate, vet, lint, then at once the Go tests (unit, real kube-apiserver/etcd, real namespaces, containerd) with fuzz and bundle validation, the local-cluster e2e, the NetworkPolicy conformance subset (a cluster per family), the upstream [sig-network] subset (test/upstream/ci.txt), the ClusterNetworkPolicy conformance subset (CNP_CI).
+	hack/test-stages.sh
+
+# The stages of make test (each also runs alone; none runs deps first).
+.PHONY: test-go
+test-go: ## Stage of make test: go test ./... (unit, real kube-apiserver/etcd, real namespaces, containerd); needs make deps.
 	go test $(GO_TEST_FLAGS) ./...
-	$(MAKE) validate-bundle
+
+.PHONY: test-fuzz
+test-fuzz: ## Stage of make test: short fuzz runs of the conflist parser and of ipBlock application.
 	go test -run='^$$' -fuzz=FuzzParseConf -fuzztime=$(FUZZ_PARSE_EXECS) ./cni/plugin/
 	go test -run='^$$' -fuzz='^FuzzIPBlockApply$$' -fuzztime=$(FUZZ_IPBLOCK_EXECS) -fuzzminimizetime=10x ./agent/policy/
+
+.PHONY: e2e-run
+e2e-run: ## Stage of make test: the e2e suite (make e2e without deps).
 	hack/build-agnhost.sh >/dev/null
 	$(RUN_E2E)
-	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
+
+.PHONY: conformance-upstream-ci
+conformance-upstream-ci: ## Stage of make test: the upstream [sig-network] subset of test/upstream/ci.txt.
 	UPSTREAM_FOCUS=test/upstream/ci.txt UPSTREAM_DIRECT=0 hack/conformance-upstream.sh
+
+.PHONY: conformance-cnp-ci
+conformance-cnp-ci: ## Stage of make test: the ClusterNetworkPolicy conformance subset CNP_CI.
 	CNP_RUN='$(CNP_CI)' ARTIFACTS=$(TRELLIS_CACHE)/cnp-ci hack/conformance-cnp.sh
 
 .PHONY: test-unit
@@ -231,7 +248,11 @@ e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a 
 # reference CNI) or ipv6.
 CONFORMANCE_OUT ?= _output/conformance
 CONFORMANCE_FAMILY ?=
-CONFORMANCE_ENV = TRELLIS_CONFORMANCE_JUNIT=$(CURDIR)/$(CONFORMANCE_OUT)/junit.xml TRELLIS_CONFORMANCE_FAMILY=$(CONFORMANCE_FAMILY)
+CONFORMANCE_STACK ?=
+CONFORMANCE_CLUSTER ?= conf
+CONFORMANCE_MODE ?= subset
+CONFORMANCE_ENV = TRELLIS_CONFORMANCE_JUNIT=$(CURDIR)/$(CONFORMANCE_OUT)/junit.xml TRELLIS_CONFORMANCE_FAMILY=$(CONFORMANCE_FAMILY) \
+	TRELLIS_CONFORMANCE_STACK=$(CONFORMANCE_STACK) TRELLIS_CONFORMANCE_CLUSTER=$(CONFORMANCE_CLUSTER)
 CONFORMANCE_RUN = -tags conformance -count=1 -v -run '^TestNetworkPolicyConformance$$' ./test/conformance/
 
 .PHONY: conformance
@@ -243,6 +264,11 @@ conformance: deps ## Every case cyclonus generates (230; ~82,000 probes per fami
 conformance-subset: deps ## The fixed subsets of conformance cases CI runs: 46 over IPv4, 27 over IPv6 (each every tag).
 	hack/build-agnhost.sh >/dev/null
 	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
+
+.PHONY: conformance-run
+conformance-run: ## Stage of make test: conformance cases (CONFORMANCE_MODE=subset|all) with no deps first; make test runs the IPv4 and IPv6 passes at once on clusters conf4 and conf6 (CONFORMANCE_FAMILY, CONFORMANCE_STACK, CONFORMANCE_CLUSTER, CONFORMANCE_OUT).
+	hack/build-agnhost.sh >/dev/null
+	TRELLIS_CONFORMANCE=$(CONFORMANCE_MODE) $(CONFORMANCE_ENV) go test -timeout 4h $(CONFORMANCE_RUN)
 
 .PHONY: conformance-upstream
 conformance-upstream: deps ## The upstream Kubernetes e2e suite, unchanged, on a fresh local cluster: the specs of test/upstream/focus.txt but test/upstream/skip.txt; prints N passed, M failed, K skipped and writes JUnit XML (UPSTREAM_PROCS, UPSTREAM_KEEP=1, ARTIFACTS).

@@ -64,6 +64,23 @@ func TestNetworkPolicyConformance(t *testing.T) {
 		}
 		ipFamily = cluster.IPFamilyDual
 	}
+	// make test runs the two passes at once, each on a cluster of its own: the IPv4 pass
+	// on a dual-stack cluster, as in a dual run.
+	switch stack := os.Getenv("TRELLIS_CONFORMANCE_STACK"); stack {
+	case "":
+	case "dual":
+		if cni != cluster.CNITrellis {
+			t.Fatalf("TRELLIS_CONFORMANCE_STACK=dual needs TRELLIS_CONFORMANCE_CNI=%s: the reference plugins here give pods IPv4 addresses only", cluster.CNITrellis)
+		}
+		ipFamily = cluster.IPFamilyDual
+	case "ipv4":
+		if ipFamily != cluster.IPFamilyIPv4 {
+			t.Fatalf("TRELLIS_CONFORMANCE_STACK=ipv4 with TRELLIS_CONFORMANCE_FAMILY=%s: an IPv6 pass needs a dual-stack cluster", os.Getenv("TRELLIS_CONFORMANCE_FAMILY"))
+		}
+	default:
+		t.Fatalf("TRELLIS_CONFORMANCE_STACK=%q: dual or ipv4 (the cluster's families)", stack)
+	}
+	clusterName := envOr("TRELLIS_CONFORMANCE_CLUSTER", "conf")
 	junitPath, err := filepath.Abs(envOr("TRELLIS_CONFORMANCE_JUNIT", filepath.Join(os.TempDir(), "trellis-conformance", "junit.xml")))
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +103,7 @@ func TestNetworkPolicyConformance(t *testing.T) {
 	logrus.SetOutput(logFile)
 	logrus.SetLevel(logrus.InfoLevel)
 
-	c := cluster.ForTest(t, cluster.Options{Name: "conf", Nodes: 3, CNI: cni, IPFamily: ipFamily})
+	c := cluster.ForTest(t, cluster.Options{Name: clusterName, Nodes: 3, CNI: cni, IPFamily: ipFamily})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var nodes []string

@@ -45,5 +45,9 @@
 //     cyclonus.log (cyclonus's own log) are written next to it;
 //   - TRELLIS_CONFORMANCE_WAIT: seconds between a step's changes and its probes (default 1);
 //     TRELLIS_CONFORMANCE_RETRIES: probe rounds repeated when a step differs (default 1);
-//   - TRELLIS_CLUSTER_REUSE=1: reuse (and leave running) the cluster "conf".
+//   - TRELLIS_CONFORMANCE_STACK: the cluster's families, dual or ipv4 (default: dual unless
+//     the family is ipv4); make test runs FAMILY=ipv4 STACK=dual and FAMILY=ipv6 at once;
+//   - TRELLIS_CONFORMANCE_CLUSTER: the local cluster's name (default conf), so that two
+//     runs can go on at once;
+//   - TRELLIS_CLUSTER_REUSE=1: reuse (and leave running) the cluster of that name.
 package conformance

@@ -447,3 +447,48 @@ func TestDocsCodeBlocksParse(t *testing.T) {
 		t.Fatalf("found only %d sh, yaml and json blocks in the docs: the test's parser is out of date", seen)
 	}
 }
+
+// TestStageBudgetsDocumented: the budget table of docs/development.md is hack/test-stages.sh's
+// BUDGET, stage for stage: the budgets are written down where people read them and watched
+// by the script that runs make test.
+func TestStageBudgetsDocumented(t *testing.T) {
+	script, err := os.ReadFile(filepath.Join(root, "hack", "test-stages.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, m := range regexp.MustCompile(`(?m)^\s*\[([a-z0-9-]+)\]=([0-9]+)\s*$`).FindAllStringSubmatch(string(script), -1) {
+		want[m[1]] = m[2]
+	}
+	if len(want) < 5 {
+		t.Fatalf("hack/test-stages.sh: found %d stage budgets ([stage]=seconds lines of BUDGET): the test's parser is out of date", len(want))
+	}
+	doc, err := os.ReadFile(filepath.Join(root, "docs", "development.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(doc), "<!-- stage budgets: hack/test-stages.sh -->")
+	if !ok {
+		t.Fatal("docs/development.md: no stage budget table (the line <!-- stage budgets: hack/test-stages.sh --> before it)")
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(table, "\n")[1:] {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "| "), "|")
+		if len(cells) == 2 && regexp.MustCompile(`^\s*[0-9]+\s*$`).MatchString(cells[1]) {
+			got[strings.TrimSpace(cells[0])] = strings.TrimSpace(cells[1])
+		}
+	}
+	for stage, budget := range want {
+		if got[stage] != budget {
+			t.Errorf("docs/development.md: stage %s: budget %q in the table, %s s in hack/test-stages.sh", stage, got[stage], budget)
+		}
+	}
+	for stage := range got {
+		if _, ok := want[stage]; !ok {
+			t.Errorf("docs/development.md: stage %s is in the budget table but not in hack/test-stages.sh", stage)
+		}
+	}
+}
