@@ -24,8 +24,7 @@ import (
 // natOutgoing, a node added and removed, and the agent killed under traffic. Each subtest
 // leaves the cluster as it found it. The other modes, the live switch between them and a
 // node behind a router are TestDualStackCluster's, for both families.
-func TestAgentDatapath(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "agent", Nodes: 3, CNI: cluster.CNITrellis})
+func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	if len(c.Nodes) != 3 {

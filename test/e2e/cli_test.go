@@ -22,8 +22,7 @@ import (
 // on PATH as a plugin, with the cluster's admin kubeconfig — on one 3-node cluster with
 // cluster DNS: status, explain, sysdump, connectivity test, then the connectivity test
 // again with a node broken on purpose (last: it leaves that node broken).
-func TestKubectlTrellis(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "cli", Nodes: 3, CNI: cluster.CNITrellis, DNS: true})
+func testKubectlTrellis(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	env := newCLIEnv(t, c)

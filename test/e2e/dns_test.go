@@ -37,8 +37,7 @@ import (
 //     network namespace, asks kube-dns over UDP and over TCP and checks the addresses.
 const dnsNS = "dns-e2e"
 
-func TestClusterDNS(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "dns", Nodes: 2, CNI: cluster.CNITrellis, DNS: true})
+func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)

@@ -27,8 +27,7 @@ const jumpsBackWithin = 3 * time.Second
 // to a pod under default-deny ingress stays blocked but for that moment: kube-proxy's
 // KUBE-FORWARD accepts the NodePort traffic it marks for masquerading before any rule
 // behind it sees it, so the time a rule sits in front is the hole's size.
-func TestPolicyJumpsStayFirst(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "jumps", Nodes: 2, CNI: cluster.CNITrellis})
+func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)

@@ -22,8 +22,7 @@ import (
 // image that can't be pulled (the rollout stalls on one node, the others keep the previous
 // agent, Degraded names the node and why, correcting the spec recovers) and changes the
 // running network can't take (refused whole, nothing rolled out).
-func TestRolloutsThatGoWrong(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "lifecycle", Nodes: 3, CNI: cluster.CNITrellis})
+func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	pods := framework.DeployPods(ctx, t, c, "life", []framework.PodSpec{

@@ -51,8 +51,7 @@ const (
 // checks that TrellisAgentNotReady fires for one node and TrellisAgentDown names that
 // node and no other; then it heals the node (the pod deleted, as an admin would once the
 // cause is fixed) and checks both resolve.
-func TestMonitoring(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "prom", Nodes: 2, CNI: cluster.CNITrellis})
+func testMonitoring(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	start := time.Now()

@@ -26,8 +26,7 @@ import (
 // take. Servers the test needs are sockets the test process opens inside the pods' network
 // namespaces; nothing is sent from the root network namespace.
 
-func TestNetworkPolicy(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "policy", Nodes: 2, CNI: cluster.CNITrellis})
+func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)

@@ -44,8 +44,7 @@ import (
 // account bound to trellis-metrics-reader, issued for the trellis-metrics audience) and
 // refuse everyone else, that account's token for the API server included; the VXLAN
 // tunnel carries no forged packet past a NetworkPolicy.
-func TestNodeSecurity(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "security", Nodes: 2, CNI: cluster.CNITrellis})
+func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]

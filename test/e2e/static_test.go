@@ -31,8 +31,7 @@ import (
 // kubernetes.io/config.mirror annotation. With NetworkPolicy on, the agent's CNI hook must
 // accept it and its policies apply; either way the IPAM collector must keep its address
 // while it runs, and release it once the manifest is gone.
-func TestStaticPod(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "static", Nodes: 2, CNI: cluster.CNITrellis})
+func testStaticPod(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	if len(c.Nodes) != 2 {

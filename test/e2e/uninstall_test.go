@@ -20,8 +20,7 @@ import (
 // no TRELLIS-* chains, no trellis plugin or conflist; the agents confirmed and the
 // ClusterNetwork is gone (the operator released its finalizer). Other components' state
 // (kube-proxy's chains, the node's underlay) stays.
-func TestUninstall(t *testing.T) {
-	c := cluster.ForTest(t, cluster.Options{Name: "uninst", Nodes: 2, CNI: cluster.CNITrellis})
+func testUninstall(t *testing.T, c *cluster.Cluster) {
 	if c.Shared {
 		t.Logf("%s=1: this test removes Trellis from cluster %q; it stays up without it", cluster.ReuseEnv, c.Name)
 	}
