@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/forward"
 	"github.com/trellis-net/trellis/test/cluster/images"
 )
@@ -201,9 +203,10 @@ func (c *Cluster) deployDNS(ctx context.Context, version string, timeout time.Du
 		return err
 	}
 	t0 := time.Now()
-	deadline := t0.Add(timeout)
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	var last string
-	for {
+	err = check.Until(wait, time.Second, "CoreDNS Ready", func(ctx context.Context) error {
 		state, ready := dnsReadiness(ctx, client)
 		if ready {
 			p.detail("CoreDNS Ready after %v", sinceRounded(t0))
@@ -213,15 +216,9 @@ func (c *Cluster) deployDNS(ctx context.Context, version string, timeout time.Du
 			p.detail("%s", state)
 			last = state
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("CoreDNS not Ready after %v: %s\n%s", timeout, state, c.Diagnose(ctx))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
+		return errors.New(state)
+	})
+	return c.diagnoseTimeout(ctx, wait, err)
 }
 
 // dnsReadiness says how far CoreDNS has got; ready when a CoreDNS pod is Ready and an

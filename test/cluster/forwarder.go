@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -12,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/forward"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
@@ -51,12 +53,14 @@ func runForwarder(args []string) int {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer cancel()
 	go func() {
-		for ctx.Err() == nil {
-			time.Sleep(5 * time.Second)
-			if _, err := os.Stat(*netns); err != nil {
-				log.Printf("%s is gone: exiting", *netns)
-				cancel()
+		if check.Until(ctx, 5*time.Second, *netns+" gone", func(context.Context) error {
+			if _, err := os.Stat(*netns); err == nil {
+				return errors.New("still there")
 			}
+			return nil
+		}) == nil {
+			log.Printf("%s is gone: exiting", *netns)
+			cancel()
 		}
 	}()
 	log.Printf("forwarding %s to %s in %s for the cluster in %s", l.Addr(), *target, *netns, *stateDir)

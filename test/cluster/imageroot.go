@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/containerd"
@@ -122,24 +123,23 @@ func startStandalone(ctx context.Context, work, root string) (*standalone, error
 		return nil, fmt.Errorf("starting containerd: %w", err)
 	}
 	go func() { d.waitErr = d.cmd.Wait(); close(d.exited) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = check.Until(wait, 100*time.Millisecond, "containerd ready", func(ctx context.Context) error {
 		select {
 		case <-d.exited:
 			d.done = true
-			return nil, fmt.Errorf("containerd exited during startup (%w); %s", d.waitErr, procs.LogTail(d.log, 4096))
+			return check.Stop(fmt.Errorf("containerd exited during startup (%w)", d.waitErr))
 		default:
 		}
 		_, err := procs.Run(ctx, "ctr", "--address", d.socket, "version")
-		if err == nil {
-			return d, nil
-		}
-		if time.Now().After(deadline) {
-			_ = d.stop()
-			return nil, fmt.Errorf("containerd not ready after 30s: %w; %s", err, procs.LogTail(d.log, 4096))
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err
+	})
+	if err != nil {
+		_ = d.stop()
+		return nil, fmt.Errorf("%w; %s", err, procs.LogTail(d.log, 4096))
 	}
+	return d, nil
 }
 
 // stop stops containerd (SIGTERM, SIGKILL after 10 s) and waits for it; again, it does

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/node"
 )
 
@@ -55,17 +57,12 @@ func (c *Cluster) waitAPI(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return check.Until(ctx, 200*time.Millisecond, "the API server answering through the forwarder", func(context.Context) error {
 		_, err := client.Discovery().ServerVersion()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return err
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // waitNodesReady waits until every node is Ready, printing changes; it fails early when
@@ -76,13 +73,14 @@ func (c *Cluster) waitNodesReady(ctx context.Context, timeout time.Duration, run
 		return err
 	}
 	p.step("waiting up to %v for %d nodes to be Ready", timeout, len(c.Nodes))
-	deadline := time.Now().Add(timeout)
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	var last string
 	var lastPrinted time.Time
-	for {
+	err = check.Until(wait, time.Second, fmt.Sprintf("%d nodes Ready", len(c.Nodes)), func(ctx context.Context) error {
 		for _, n := range running {
 			if err := n.CheckRunning(); err != nil {
-				return err
+				return check.Stop(err)
 			}
 		}
 		summary, ready := c.readiness(ctx, client)
@@ -97,15 +95,9 @@ func (c *Cluster) waitNodesReady(ctx context.Context, timeout time.Duration, run
 		if ready {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("nodes not Ready after %v: %s\n%s", timeout, summary, c.Diagnose(ctx))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
+		return errors.New(summary)
+	})
+	return c.diagnoseTimeout(ctx, wait, err)
 }
 
 // waitNodesRegistered waits until every node has registered its Node object (with
@@ -116,30 +108,34 @@ func (c *Cluster) waitNodesRegistered(ctx context.Context, timeout time.Duration
 		return err
 	}
 	p.step("waiting up to %v for %d nodes to register", timeout, len(c.Nodes))
-	deadline := time.Now().Add(timeout)
-	for {
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err = check.Until(wait, time.Second, fmt.Sprintf("%d nodes registered", len(c.Nodes)), func(ctx context.Context) error {
 		for _, n := range running {
 			if err := n.CheckRunning(); err != nil {
-				return err
+				return check.Stop(err)
 			}
 		}
 		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err == nil && len(nodes.Items) >= len(c.Nodes) {
-			p.detail("%d nodes registered", len(nodes.Items))
-			return nil
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			if err != nil {
-				return fmt.Errorf("nodes not registered after %v (%w)\n%s", timeout, err, c.Diagnose(ctx))
-			}
-			return fmt.Errorf("nodes not registered after %v (%d of %d)\n%s", timeout, len(nodes.Items), len(c.Nodes), c.Diagnose(ctx))
+		if len(nodes.Items) < len(c.Nodes) {
+			return fmt.Errorf("%d of %d", len(nodes.Items), len(c.Nodes))
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Second):
-		}
+		p.detail("%d nodes registered", len(nodes.Items))
+		return nil
+	})
+	return c.diagnoseTimeout(ctx, wait, err)
+}
+
+// diagnoseTimeout adds the cluster's diagnosis to err when the wait bounded by wait (a
+// timeout under ctx) ran out of time, not when it stopped early or ctx itself ended.
+func (c *Cluster) diagnoseTimeout(ctx, wait context.Context, err error) error {
+	if err == nil || wait.Err() == nil || ctx.Err() != nil {
+		return err
 	}
+	return fmt.Errorf("%w\n%s", err, c.Diagnose(ctx))
 }
 
 // readiness summarizes the nodes' Ready conditions (and, with Trellis, the operator and

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/netnstest"
@@ -309,22 +310,22 @@ func (c *Cluster) ServeCatalog(ctx context.Context, n Node, dir string, port int
 	if err != nil {
 		return nil, fmt.Errorf("opm serve %s: %w", abs, err)
 	}
-	deadline := time.Now().Add(time.Minute)
-	for {
+	wait, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = check.Until(wait, 200*time.Millisecond, fmt.Sprintf("opm serve %s accepting connections on %s", abs, s.Addr()), func(context.Context) error {
 		select {
 		case <-s.proc.Exited:
-			return nil, fmt.Errorf("opm serve %s exited: %v\n%s", abs, s.proc.State, procs.LogTail(filepath.Join(c.LogDir, "opm.log"), 2000))
+			return check.Stop(fmt.Errorf("opm serve exited: %v\n%s", s.proc.State, procs.LogTail(filepath.Join(c.LogDir, "opm.log"), 2000)))
 		default:
 		}
 		// Dialled inside the node's namespace: nothing leaves the root namespace.
-		if err := dialInNetNS(n.NetNSPath(), s.Addr()); err == nil {
-			return s, nil
-		} else if time.Now().After(deadline) {
-			s.Stop()
-			return nil, fmt.Errorf("opm serve %s: %s not accepting connections after 1m: %w", abs, s.Addr(), err)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return dialInNetNS(n.NetNSPath(), s.Addr())
+	})
+	if err != nil {
+		s.Stop()
+		return nil, err
 	}
+	return s, nil
 }
 
 // Stop stops opm (SIGTERM, then SIGKILL after 10 s) and waits for it to exit.

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/images"
 )
 
@@ -88,49 +89,44 @@ func (c *Cluster) DeployProbes(ctx context.Context, timeout time.Duration) ([]Pr
 	if err != nil {
 		return nil, err
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var probes []Probe
+	err = check.Until(wait, 500*time.Millisecond, fmt.Sprintf("a Ready probe pod on each of %d nodes", len(c.Nodes)), func(ctx context.Context) error {
+		probes = nil
 		pods, err := client.CoreV1().Pods(ProbeNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=probe"})
-		var probes []Probe
+		if err != nil {
+			return fmt.Errorf("listing them: %w", err)
+		}
 		var waiting []string
-		if err == nil {
-			byNode := map[string]Probe{}
-			for _, p := range pods.Items {
-				if p.DeletionTimestamp == nil && podReady(&p) && p.Status.PodIP != "" {
-					byNode[p.Spec.NodeName] = Probe{Pod: p.Name, Node: p.Spec.NodeName, IP: p.Status.PodIP}
-				} else {
-					waiting = append(waiting, fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, podState(&p)))
-				}
-			}
-			for _, n := range c.Nodes {
-				if p, ok := byNode[n.Name]; ok {
-					probes = append(probes, p)
-				}
-			}
-			if len(probes) == len(c.Nodes) {
-				// The Service too: kube-proxy programs its ClusterIP from the EndpointSlices.
-				ready := readyEndpoints(ctx, client, ProbeNamespace, "probe")
-				missing := slices.DeleteFunc(slices.Clone(probes), func(p Probe) bool { return ready[p.IP] })
-				if len(missing) == 0 {
-					return probes, nil
-				}
-				waiting = append(waiting, fmt.Sprintf("%d probe pods not yet ready endpoints of Service probe", len(missing)))
+		byNode := map[string]Probe{}
+		for _, p := range pods.Items {
+			if p.DeletionTimestamp == nil && podReady(&p) && p.Status.PodIP != "" {
+				byNode[p.Spec.NodeName] = Probe{Pod: p.Name, Node: p.Spec.NodeName, IP: p.Status.PodIP}
+			} else {
+				waiting = append(waiting, fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, podState(&p)))
 			}
 		}
-		if time.Now().After(deadline) {
-			if err != nil {
-				return probes, fmt.Errorf("%d of %d probe pods Ready after %v (listing them: %w)\n%s",
-					len(probes), len(c.Nodes), timeout, err, c.Diagnose(ctx))
+		for _, n := range c.Nodes {
+			if p, ok := byNode[n.Name]; ok {
+				probes = append(probes, p)
 			}
-			return probes, fmt.Errorf("%d of %d probe pods Ready after %v (waiting: %s)\n%s",
-				len(probes), len(c.Nodes), timeout, strings.Join(waiting, "; "), c.Diagnose(ctx))
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(500 * time.Millisecond):
+		if len(probes) == len(c.Nodes) {
+			// The Service too: kube-proxy programs its ClusterIP from the EndpointSlices.
+			ready := readyEndpoints(ctx, client, ProbeNamespace, "probe")
+			missing := slices.DeleteFunc(slices.Clone(probes), func(p Probe) bool { return ready[p.IP] })
+			if len(missing) == 0 {
+				return nil
+			}
+			waiting = append(waiting, fmt.Sprintf("%d probe pods not yet ready endpoints of Service probe", len(missing)))
 		}
+		return fmt.Errorf("%d of %d probe pods Ready (waiting: %s)", len(probes), len(c.Nodes), strings.Join(waiting, "; "))
+	})
+	if err != nil && ctx.Err() != nil {
+		return nil, err
 	}
+	return probes, c.diagnoseTimeout(ctx, wait, err)
 }
 
 // readyEndpoints are the addresses the EndpointSlices of Service ns/name list as ready.

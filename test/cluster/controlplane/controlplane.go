@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/test/audit"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/forward"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
@@ -219,27 +220,23 @@ func Start(ctx context.Context, cfg Config, logf func(string, ...any)) ([]Proces
 	return started, nil
 }
 
-// waitHealthy polls check until it passes, p exits (an error with its log's end) or
-// timeout passes.
-func waitHealthy(ctx context.Context, p Process, timeout time.Duration, check func() error) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
+// waitHealthy waits until healthy passes, p exits or timeout passes; the error ends with
+// p's log.
+func waitHealthy(ctx context.Context, p Process, timeout time.Duration, healthy func() error) error {
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := check.Until(wait, 200*time.Millisecond, p.Name+" healthy", func(context.Context) error {
 		select {
 		case <-p.Exited:
-			return fmt.Errorf("%s exited (%v) during startup; %s", p.Name, p.State, procs.LogTail(p.Log, 4096))
-		case <-ctx.Done():
-			return ctx.Err()
+			return check.Stop(fmt.Errorf("%s exited (%v) during startup", p.Name, p.State))
 		default:
 		}
-		if last = check(); last == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy after %v: %w; %s", p.Name, timeout, last, procs.LogTail(p.Log, 4096))
-		}
-		time.Sleep(200 * time.Millisecond)
+		return healthy()
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("%w; %s", err, procs.LogTail(p.Log, 4096))
 	}
+	return err
 }
 
 // get fetches url and wants a 200 whose body contains want.

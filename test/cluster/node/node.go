@@ -20,6 +20,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -28,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
@@ -280,43 +282,46 @@ func (n *Node) CheckRunning() error {
 // waitUnshared waits until the holder runs in a mount namespace of its own (unshare has
 // done its work and exec'd sleep), so that joining it joins the node's namespace.
 func waitUnshared(p *procs.Process, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return check.Until(ctx, 20*time.Millisecond, "the mount namespace holder unshared", func(context.Context) error {
 		select {
 		case <-p.Exited:
-			return fmt.Errorf("the mount namespace holder exited (%v)", p.State)
+			return check.Stop(fmt.Errorf("it exited (%v)", p.State))
 		default:
 		}
 		same, err := procs.SameMountNS(p.Pid)
-		if err == nil && !same && strings.HasPrefix(procs.Cmdline(p.Pid), "sleep") {
-			return nil
+		switch {
+		case err != nil:
+			return err
+		case same:
+			return errors.New("still in the machine's mount namespace")
+		case !strings.HasPrefix(procs.Cmdline(p.Pid), "sleep"):
+			return fmt.Errorf("running %q, not yet sleep", procs.Cmdline(p.Pid))
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the mount namespace holder did not unshare within %v", timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func waitContainerd(ctx context.Context, n *Node, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for {
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := check.Until(wait, 100*time.Millisecond, fmt.Sprintf("node %s: containerd ready", n.Name), func(ctx context.Context) error {
 		select {
 		case <-n.Containerd.Exited:
-			return fmt.Errorf("node %s: containerd exited (%v) during startup; %s", n.Name, n.Containerd.State, procs.LogTail(n.Log("containerd"), 4096))
+			return check.Stop(fmt.Errorf("containerd exited (%v) during startup", n.Containerd.State))
 		default:
 		}
 		if _, err := os.Stat(n.Socket()); err != nil {
-			last = err
-		} else if _, last = procs.Run(ctx, "ctr", "--address", n.Socket(), "version"); last == nil {
-			return nil
+			return err
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("node %s: containerd not ready after %v: %w; %s", n.Name, timeout, last, procs.LogTail(n.Log("containerd"), 4096))
-		}
-		time.Sleep(100 * time.Millisecond)
+		_, err := procs.Run(ctx, "ctr", "--address", n.Socket(), "version")
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%w; %s", err, procs.LogTail(n.Log("containerd"), 4096))
 	}
+	return nil
 }
 
 // kubeletSysctls are the values the kubelet insists on with protectKernelDefaults (which

@@ -2,6 +2,7 @@ package procs
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // CgroupHierarchies lists the mount points of the cgroup (v1, named ones included) and
@@ -115,17 +118,17 @@ func RemoveCgroupTrees(trees []string) error {
 		})
 		slices.SortFunc(dirs, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
 		for _, d := range dirs {
-			var err error
 			// A cgroup whose last task just exited stays busy for a moment.
-			for range 100 {
-				if err = syscall.Rmdir(d); err == nil || errors.Is(err, syscall.ENOENT) {
-					err = nil
-					break
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			err := check.Until(ctx, 20*time.Millisecond, "rmdir "+d, func(context.Context) error {
+				if err := syscall.Rmdir(d); err != nil && !errors.Is(err, syscall.ENOENT) {
+					return err
 				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return nil
+			})
+			cancel()
 			if err != nil {
-				errs = append(errs, fmt.Errorf("rmdir %s: %w", d, err))
+				errs = append(errs, err)
 			}
 		}
 	}

@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // SbinPath is the PATH the cluster's processes get: a non-login PATH may lack the sbin
@@ -202,29 +204,21 @@ func Matching(match func(pid int, argv []string) bool) []int {
 // KillUntilGone SIGKILLs the processes list returns until it returns none, for at most
 // timeout. Everything the cluster runs is disposable: nothing needs a graceful stop.
 func KillUntilGone(list func() []int, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		var alive []int
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return check.Until(ctx, 50*time.Millisecond, "processes gone after SIGKILL", func(context.Context) error {
+		var alive []string
 		for _, pid := range list() {
 			if Alive(pid) {
-				alive = append(alive, pid)
+				alive = append(alive, fmt.Sprintf("%d (%s)", pid, Cmdline(pid)))
+				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
-		if len(alive) == 0 {
-			return nil
+		if len(alive) > 0 {
+			return fmt.Errorf("still alive: %s", strings.Join(alive, ", "))
 		}
-		if time.Now().After(deadline) {
-			var desc []string
-			for _, pid := range alive {
-				desc = append(desc, fmt.Sprintf("%d (%s)", pid, Cmdline(pid)))
-			}
-			return fmt.Errorf("processes still alive after SIGKILL: %s", strings.Join(desc, ", "))
-		}
-		for _, pid := range alive {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // LogTail is the end of the log file at path, at most limit bytes, for error messages.

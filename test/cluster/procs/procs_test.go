@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
@@ -34,16 +35,12 @@ func TestStartPassesNoInheritedFD(t *testing.T) {
 		<-p.Exited
 	}()
 	// The child's descriptors are in place once it runs sleep (exec done).
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if comm, _ := os.ReadFile(filepath.Join("/proc", itoa(p.Pid), "comm")); string(comm) == "sleep\n" {
-			break
+	check.Eventually(t, 5*time.Second, "the detached process running sleep", func() error {
+		if comm, _ := os.ReadFile(filepath.Join("/proc", itoa(p.Pid), "comm")); string(comm) != "sleep\n" {
+			return fmt.Errorf("its comm is %q", comm)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the detached process did not start sleep within 5s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	dir := filepath.Join("/proc", itoa(p.Pid), "fd")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
