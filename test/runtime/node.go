@@ -39,6 +39,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/containerd"
 	"github.com/trellis-net/trellis/test/netnstest"
@@ -324,22 +325,23 @@ func (n *Node) containerdConfig(runc string) string {
 
 // waitReady waits until containerd's CRI answers with RuntimeReady.
 func (n *Node) waitReady(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var lastErr error
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := check.Until(ctx, 100*time.Millisecond, "containerd ready", func(context.Context) error {
 		select {
 		case <-n.exited:
-			return fmt.Errorf("containerd exited during startup (%v); its log:\n%s", n.cmd.ProcessState, n.logTail(16<<10))
+			return check.Stop(fmt.Errorf("containerd exited during startup (%v)", n.cmd.ProcessState))
 		default:
 		}
 		if _, err := os.Stat(n.Socket); err != nil {
-			lastErr = err
-		} else if lastErr = n.condition("RuntimeReady"); lastErr == nil {
-			return nil
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
+		return n.condition("RuntimeReady")
+	})
+	if err != nil {
+		return fmt.Errorf("%w; its log:\n%s", err, n.logTail(16<<10))
 	}
-	return fmt.Errorf("containerd not ready after %v: %w; its log:\n%s", timeout, lastErr, n.logTail(16<<10))
+	return nil
 }
 
 // WaitNetworkReady waits until containerd reports NetworkReady, that is until it has
@@ -348,18 +350,8 @@ func (n *Node) waitReady(timeout time.Duration) error {
 func (n *Node) WaitNetworkReady(timeout time.Duration) {
 	n.t.Helper()
 	start := time.Now()
-	deadline := start.Add(timeout)
-	for {
-		err := n.condition("NetworkReady")
-		if err == nil {
-			n.t.Logf("node %s: network ready after %v", n.Name, time.Since(start).Round(time.Millisecond))
-			return
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("node %s: network not ready after %v: %v", n.Name, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	check.Eventually(n.t, timeout, "node "+n.Name+": network ready", func() error { return n.condition("NetworkReady") })
+	n.t.Logf("node %s: network ready after %v", n.Name, time.Since(start).Round(time.Millisecond))
 }
 
 // condition returns nil when the runtime condition typ (RuntimeReady, NetworkReady) is

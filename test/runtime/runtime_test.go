@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 
@@ -77,7 +79,11 @@ func TestReferencePlugins(t *testing.T) {
 		if proto == "udp" {
 			args = append(args, "--udp")
 		}
-		out := execEventually(t, node, client, 20*time.Second, args...)
+		var out string
+		check.Eventually(t, 20*time.Second, proto+" from pod a to pod b", func() (err error) {
+			out, err = node.Exec(client, args...)
+			return err
+		})
 		t.Logf("%s a -> b: %s", proto, strings.TrimSpace(out))
 		// The server answers with its hostname and the peer it saw: pod a's own IP (ptp
 		// routes through the node without NAT between pods).
@@ -160,7 +166,11 @@ func TestCloseRemovesEverything(t *testing.T) {
 	}
 
 	// The other node, with the same pod IP in its own namespaces, still works.
-	out := execEventually(t, nodes[1], containers[1], 20*time.Second, "workload", "connect", "127.0.0.1:8080", "--timeout", "2s")
+	var out string
+	check.Eventually(t, 20*time.Second, "the remaining node's pod answering", func() (err error) {
+		out, err = nodes[1].Exec(containers[1], "workload", "connect", "127.0.0.1:8080", "--timeout", "2s")
+		return err
+	})
 	if !strings.Contains(out, "hostname=p ") {
 		t.Errorf("the remaining node's pod answered %q", out)
 	}
@@ -205,10 +215,12 @@ func TestSweepLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for len(procs.InNetNSInode(ino)) == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	check.Eventually(t, 5*time.Second, "the sleeper in namespace "+name, func() error {
+		if len(procs.InNetNSInode(ino)) == 0 {
+			return errors.New("no process in it yet")
+		}
+		return nil
+	})
 
 	removed, errs := sweepLeftovers()
 	if len(errs) != 0 {
@@ -231,22 +243,6 @@ func TestSweepLeftovers(t *testing.T) {
 		if _, err := os.Stat(path); err != nil {
 			t.Errorf("the sweep removed %s of a live process: %v", path, err)
 		}
-	}
-}
-
-// execEventually retries an Exec until it succeeds (the server may not listen yet).
-func execEventually(t *testing.T, node *Node, c *Container, timeout time.Duration, cmd ...string) string {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		out, err := node.Exec(c, cmd...)
-		if err == nil {
-			return out
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 

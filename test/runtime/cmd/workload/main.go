@@ -20,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/trellis-net/trellis/test/check"
 )
 
 func main() {
@@ -176,25 +178,18 @@ func connectUDP(ctx context.Context, target string) (string, error) {
 	}
 	defer conn.Close()
 	buf := make([]byte, 2048)
-	var lastErr error
-	for ctx.Err() == nil {
+	var answer string
+	err = check.Until(ctx, 100*time.Millisecond, "a udp answer from "+target, func(context.Context) error {
 		if _, err := conn.Write([]byte("ping\n")); err != nil {
-			lastErr = err
-		} else {
-			_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-			n, err := conn.Read(buf)
-			if err == nil {
-				return strings.TrimSpace(string(buf[:n])), nil
-			}
-			lastErr = err
+			return err
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
+		_ = conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		n, err := conn.Read(buf)
+		if err != nil {
+			return err
 		}
-	}
-	if lastErr != nil {
-		return "", fmt.Errorf("no udp answer from %s: %w (last error: %w)", target, ctx.Err(), lastErr)
-	}
-	return "", fmt.Errorf("no udp answer from %s: %w", target, ctx.Err())
+		answer = strings.TrimSpace(string(buf[:n]))
+		return nil
+	})
+	return answer, err
 }
