@@ -38,6 +38,7 @@ import (
 	"github.com/trellis-net/trellis/controllers"
 	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // The environment of a child process: the harness runs the operator and each agent as
@@ -325,19 +326,22 @@ func (c *Child) Counts() Counts {
 }
 
 // Settled waits until the child's counts stay the same for quiet (it reports every
-// reportInterval), and returns them.
+// reportInterval), and returns them; after timeout, the counts as they are (the
+// figures taken from them show that they were still moving).
 func (c *Child) Settled(ctx context.Context, quiet, timeout time.Duration) Counts {
-	deadline := time.Now().Add(timeout)
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	last, since := c.Counts(), time.Now()
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		time.Sleep(reportInterval)
+	_ = check.Until(wait, reportInterval, "the counts settled", func(context.Context) error {
 		cur := c.Counts()
 		if cur.Writes != last.Writes || cur.WatchEvents != last.WatchEvents {
 			last, since = cur, time.Now()
-		} else if time.Since(since) >= quiet {
-			break
 		}
-	}
+		if d := time.Since(since); d < quiet {
+			return fmt.Errorf("unchanged for %v only", d)
+		}
+		return nil
+	})
 	return last
 }
 

@@ -44,6 +44,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/netnstest"
 	"github.com/trellis-net/trellis/test/testenv"
@@ -278,16 +279,17 @@ func (h *Harness) WaitKwok(ctx context.Context, names []string, timeout time.Dur
 	for _, n := range names {
 		want[n] = true
 	}
-	var last string
-	err := poll(ctx, timeout, 200*time.Millisecond, func() (bool, error) {
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := check.Until(wait, 200*time.Millisecond, fmt.Sprintf("%d Nodes Ready with leases", len(want)), func(ctx context.Context) error {
 		select {
 		case <-h.kwokDone:
-			return false, fmt.Errorf("kwok exited: %s", h.kwok.ProcessState)
+			return check.Stop(fmt.Errorf("kwok exited: %s", h.kwok.ProcessState))
 		default:
 		}
 		var nodes corev1.NodeList
 		if err := h.C.List(ctx, &nodes); err != nil {
-			return false, err
+			return check.Stop(err)
 		}
 		ready := 0
 		for _, n := range nodes.Items {
@@ -299,7 +301,7 @@ func (h *Harness) WaitKwok(ctx context.Context, names []string, timeout time.Dur
 		}
 		var leases coordinationv1.LeaseList
 		if err := h.C.List(ctx, &leases, client.InNamespace(corev1.NamespaceNodeLease)); err != nil {
-			return false, err
+			return check.Stop(err)
 		}
 		held := 0
 		for _, l := range leases.Items {
@@ -307,11 +309,13 @@ func (h *Harness) WaitKwok(ctx context.Context, names []string, timeout time.Dur
 				held++
 			}
 		}
-		last = fmt.Sprintf("%d of %d Nodes Ready, %d leases", ready, len(want), held)
-		return ready == len(want) && held == len(want), nil
+		if ready != len(want) || held != len(want) {
+			return fmt.Errorf("%d of %d Nodes Ready, %d leases", ready, len(want), held)
+		}
+		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("kwok: %s: %w; kwok's log: %s", last, err, h.KwokLog())
+		return fmt.Errorf("kwok: %w; kwok's log: %s", err, h.KwokLog())
 	}
 	return nil
 }
@@ -332,11 +336,12 @@ func (h *Harness) WaitBlocks(ctx context.Context, names []string, timeout time.D
 	for _, n := range names {
 		want[n] = true
 	}
-	var last string
-	err := poll(ctx, timeout, 50*time.Millisecond, func() (bool, error) {
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := check.Until(wait, 50*time.Millisecond, fmt.Sprintf("a block for each of %d nodes, and no others", len(want)), func(ctx context.Context) error {
 		var nns v1alpha1.NodeNetworkList
 		if err := h.C.List(ctx, &nns); err != nil {
-			return false, err
+			return check.Stop(err)
 		}
 		have := 0
 		for _, nn := range nns.Items {
@@ -347,18 +352,20 @@ func (h *Harness) WaitBlocks(ctx context.Context, names []string, timeout time.D
 		if have > 0 && h.firstBlock.IsZero() {
 			h.firstBlock = time.Now()
 		}
-		last = fmt.Sprintf("%d of %d nodes have a block, %d NodeNetworks", have, len(want), len(nns.Items))
-		return have == len(want) && len(nns.Items) == len(want), nil
+		if have != len(want) || len(nns.Items) != len(want) {
+			return fmt.Errorf("%d of %d nodes have a block, %d NodeNetworks", have, len(want), len(nns.Items))
+		}
+		return nil
 	})
 	if err != nil {
 		// The operator says why it allocates nothing (e.g. a refused pod range).
 		cn := &v1alpha1.ClusterNetwork{}
 		if gerr := h.C.Get(ctx, client.ObjectKey{Name: v1alpha1.ClusterNetworkName}, cn); gerr == nil {
 			if d := meta.FindStatusCondition(cn.Status.Conditions, v1alpha1.ConditionDegraded); d != nil && d.Status == metav1.ConditionTrue {
-				last += fmt.Sprintf("; ClusterNetwork Degraded %s: %s", d.Reason, d.Message)
+				err = fmt.Errorf("%w; ClusterNetwork Degraded %s: %s", err, d.Reason, d.Message)
 			}
 		}
-		return fmt.Errorf("waiting for blocks: %s: %w", last, err)
+		return fmt.Errorf("waiting for blocks: %w", err)
 	}
 	return nil
 }
@@ -573,25 +580,6 @@ func parallel(ctx context.Context, names []string, f func(context.Context, strin
 		errs = append(errs[:3], fmt.Errorf("and %d more errors", len(errs)-3))
 	}
 	return errors.Join(errs...)
-}
-
-// poll calls f every interval until it returns true, an error, or timeout passes.
-func poll(ctx context.Context, timeout, interval time.Duration, f func() (bool, error)) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := f()
-		if err != nil || ok {
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(interval):
-		}
-	}
 }
 
 // addrAt is the i-th address of prefix p.

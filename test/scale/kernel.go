@@ -11,6 +11,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/internal/neighbours"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // Kernel is what a node's kernel holds for its peers.
@@ -109,21 +110,22 @@ func keys(m map[string]string) map[string]bool {
 // WaitKernel polls the node's kernel until done says it holds what is wanted, and returns
 // how long that took since t0.
 func (rn *RealNode) WaitKernel(ctx context.Context, t0 time.Time, timeout time.Duration, done func(Kernel) (bool, string)) (time.Duration, error) {
-	var last string
 	var took time.Duration
-	err := poll(ctx, timeout, 25*time.Millisecond, func() (bool, error) {
+	wait, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := check.Until(wait, 25*time.Millisecond, "node "+rn.Name+": the kernel as wanted", func(context.Context) error {
 		k, err := rn.Kernel()
 		if err != nil {
-			return false, err
+			return check.Stop(err)
 		}
 		ok, why := done(k)
-		took, last = time.Since(t0), why
-		return ok, nil
+		took = time.Since(t0)
+		if !ok {
+			return errors.New(why)
+		}
+		return nil
 	})
-	if err != nil {
-		return took, fmt.Errorf("node %s: %s: %w", rn.Name, last, err)
-	}
-	return took, nil
+	return took, err
 }
 
 // WatchPeer follows the node's route and neighbour notifications (rtnetlink multicast, in
