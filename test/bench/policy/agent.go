@@ -32,6 +32,7 @@ import (
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // event is one line the agent process prints on stdout.
@@ -47,6 +48,8 @@ type event struct {
 	// ClusterPolicies the sync held, and the first problem of one (none expected).
 	ClusterPolicies int    `json:"clusterPolicies"`
 	ClusterProblem  string `json:"clusterProblem,omitempty"`
+	// at is when the benchmark read the event: the waits below count quiet from it.
+	at time.Time
 }
 
 func (e event) duration() time.Duration { return time.Duration(e.Seconds * float64(time.Second)) }
@@ -238,7 +241,6 @@ type agentProc struct {
 	started time.Time
 	mu      sync.Mutex
 	events  []event
-	newEv   chan struct{}
 	peak    int // KiB
 	done    chan struct{}
 	stopped bool
@@ -257,7 +259,7 @@ func startAgent(netns string, o agentOptions) (*agentProc, error) {
 			args = append(args, flag, v)
 		}
 	}
-	a := &agentProc{newEv: make(chan struct{}, 1), done: make(chan struct{})}
+	a := &agentProc{done: make(chan struct{})}
 	if o.denyLogsOff {
 		args = append(args, "-deny-logs-off")
 	}
@@ -278,13 +280,10 @@ func startAgent(netns string, o agentOptions) (*agentProc, error) {
 			if json.Unmarshal(sc.Bytes(), &ev) != nil {
 				continue
 			}
+			ev.at = time.Now()
 			a.mu.Lock()
 			a.events = append(a.events, ev)
 			a.mu.Unlock()
-			select {
-			case a.newEv <- struct{}{}:
-			default:
-			}
 		}
 	}()
 	go func() {
@@ -305,28 +304,30 @@ func startAgent(netns string, o agentOptions) (*agentProc, error) {
 	return a, nil
 }
 
+// eventPoll is how often the waits below look at the agent's events: short against the
+// syncs they wait for.
+const eventPoll = 10 * time.Millisecond
+
 // waitSync waits for the first successful sync.
 func (a *agentProc) waitSync(timeout time.Duration) (event, error) {
-	deadline := time.After(timeout)
-	for {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var first event
+	err := check.Until(ctx, eventPoll, "the agent's first sync", func(context.Context) error {
 		a.mu.Lock()
+		defer a.mu.Unlock()
 		for _, ev := range a.events {
 			if ev.Kind == "sync" && ev.OK {
-				a.mu.Unlock()
-				return ev, nil
+				first = ev
+				return nil
 			}
 		}
-		var lastErr string
 		if n := len(a.events); n > 0 {
-			lastErr = a.events[n-1].Error
+			return fmt.Errorf("last error: %s", a.events[n-1].Error)
 		}
-		a.mu.Unlock()
-		select {
-		case <-a.newEv:
-		case <-deadline:
-			return event{}, fmt.Errorf("the agent did not sync within %v (last error: %s)", timeout, lastErr)
-		}
-	}
+		return errors.New("no event yet")
+	})
+	return first, err
 }
 
 // count is the number of events so far (settle's mark).
@@ -342,41 +343,39 @@ func (a *agentProc) count() int {
 // kernel write a probe sees). It fails on a failed sync: a benchmark of a failing engine
 // measures nothing.
 func (a *agentProc) settle(mark int) (event, error) {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var last event
+	err := check.Until(ctx, eventPoll, "the agent settled after a change", func(context.Context) error {
 		a.mu.Lock()
 		evs := a.events[min(mark, len(a.events)):]
 		a.mu.Unlock()
 		for _, ev := range evs {
 			if !ev.OK {
-				return ev, fmt.Errorf("the agent's sync failed: %s", ev.Error)
+				last = ev
+				return check.Stop(fmt.Errorf("the agent's sync failed: %s", ev.Error))
 			}
 		}
 		if len(evs) == 0 {
-			select {
-			case <-a.newEv:
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
+			return errors.New("no event since the change")
 		}
-		last := evs[len(evs)-1]
-		select {
-		case <-a.newEv:
-			continue
-		case <-time.After(50*time.Millisecond + last.duration()):
-			if a.count() == mark+len(evs) {
-				return last, nil
-			}
+		last = evs[len(evs)-1]
+		if quiet := time.Since(last.at); quiet < 50*time.Millisecond+last.duration() {
+			return fmt.Errorf("%d events since the change, the last %v ago", len(evs), quiet.Round(time.Millisecond))
 		}
-	}
-	return event{}, fmt.Errorf("the agent did not settle within 30 s of a change (%d events since)", a.count()-mark)
+		return nil
+	})
+	return last, err
 }
 
 // quiet waits until the agent reported nothing for 200 ms plus its last sync's length
-// (whether or not anything since mark made it sync), failing on a failed sync.
+// (whether or not anything since mark made it sync), counted from the call at the
+// earliest, failing on a failed sync.
 func (a *agentProc) quiet(mark int) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	from := time.Now()
+	return check.Until(ctx, eventPoll, "the agent quiet", func(context.Context) error {
 		a.mu.Lock()
 		n, last := len(a.events), event{}
 		if n > 0 {
@@ -384,14 +383,17 @@ func (a *agentProc) quiet(mark int) error {
 		}
 		a.mu.Unlock()
 		if n > mark && !last.OK {
-			return fmt.Errorf("the agent's sync failed: %s", last.Error)
+			return check.Stop(fmt.Errorf("the agent's sync failed: %s", last.Error))
 		}
-		time.Sleep(200*time.Millisecond + last.duration())
-		if a.count() == n {
-			return nil
+		since := last.at
+		if since.Before(from) {
+			since = from
 		}
-	}
-	return errors.New("the agent did not go quiet within 30 s")
+		if quiet := time.Since(since); quiet < 200*time.Millisecond+last.duration() {
+			return fmt.Errorf("%d events since, quiet for %v", n-mark, quiet.Round(time.Millisecond))
+		}
+		return nil
+	})
 }
 
 // peakRSS is the largest VmRSS seen so far, in KiB.

@@ -66,7 +66,7 @@ func (m *measurer) size(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	f.fullSync, f.fullSyncEngine = time.Since(m.ag.started), first.duration()
+	f.fullSync, f.fullSyncEngine = first.at.Sub(m.ag.started), first.duration()
 	f.rules, f.sets, f.entries, f.isolated = first.Rules, first.Sets, first.SetEntries, first.Isolated
 	// The full sync counts only if it held every ClusterNetworkPolicy, each enforced.
 	f.cnpHeld = first.ClusterPolicies

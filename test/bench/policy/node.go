@@ -22,6 +22,7 @@ import (
 
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
@@ -100,8 +101,26 @@ func (n *node) setup(ctx context.Context) error {
 	if err := n.iperfSrv.Start(); err != nil {
 		return fmt.Errorf("starting iperf3 -s: %w", err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	return nil
+	// It listens once its socket is in its namespace's tables (ip execs it in place: the
+	// pid is iperf3's, and /proc/PID/net is its namespace's).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	port := fmt.Sprintf(":%04X", serverPort)
+	return check.Until(ctx, 20*time.Millisecond, "iperf3 -s listening on port "+strconv.Itoa(serverPort), func(context.Context) error {
+		for _, table := range []string{"tcp6", "tcp"} {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", n.iperfSrv.Process.Pid, table))
+			if err != nil {
+				return err
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				// sl local_address rem_address st ...; st 0A is LISTEN.
+				if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[1], port) && f[3] == "0A" {
+					return nil
+				}
+			}
+		}
+		return errors.New("no listening socket yet")
+	})
 }
 
 func (n *node) cleanup() {
@@ -157,17 +176,20 @@ func (n *node) expect(from, to string, want bool) error {
 // timeout (not counted): a timing probe that merely timed out on a busy machine would end
 // the measurement before the change was enforced.
 func (n *node) until(from, to string, want bool, t0 time.Time) (time.Duration, error) {
-	deadline := t0.Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if got := n.connects(from, to); got == want {
-			took := time.Since(t0)
-			if want || !n.connectsWithin(from, to, confirmTimeout) {
-				return took, nil
-			}
+	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(10*time.Second))
+	defer cancel()
+	var took time.Duration
+	err := check.Until(ctx, 2*time.Millisecond, fmt.Sprintf("%s -> %s connects=%v", from, to, want), func(context.Context) error {
+		if got := n.connects(from, to); got != want {
+			return fmt.Errorf("connects=%v", got)
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return 0, fmt.Errorf("%s -> %s: %w", from, to, errTimeout)
+		took = time.Since(t0)
+		if !want && n.connectsWithin(from, to, confirmTimeout) {
+			return fmt.Errorf("connects within %v", confirmTimeout)
+		}
+		return nil
+	})
+	return took, err
 }
 
 // iperf runs iperf3 from client to server and returns the received bits per second.
@@ -194,8 +216,6 @@ func (n *node) iperf(ctx context.Context, d time.Duration) (float64, error) {
 func inNetns(name string, f func() error) error {
 	return netnstest.EnterPath(procs.NetNSPath(name), f)
 }
-
-var errTimeout = errors.New("no change within 10 s")
 
 // conntrackRoom fails unless a network namespace's conntrack table can hold n entries
 // and the probes' own: its limit is the host's nf_conntrack_max, which the benchmark
