@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/versions"
@@ -305,15 +306,20 @@ func removeLeftovers(ctx context.Context, t *testing.T, k *Kube) {
 			}
 		}
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for _, g := range gone {
-		for !g() {
-			if time.Now().After(deadline) {
-				t.Fatal("leftovers of an earlier run still there after 3 minutes")
+	wait, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	check.EventuallyCtx(wait, t, time.Second, "leftovers of an earlier run gone", func(context.Context) error {
+		left := 0
+		for _, g := range gone {
+			if !g() {
+				left++
 			}
-			time.Sleep(time.Second)
 		}
-	}
+		if left > 0 {
+			return fmt.Errorf("%d of %d pods still there", left, len(gone))
+		}
+		return nil
+	})
 	if err := kube.DeleteAllNetworkPoliciesInNamespaces(k, Namespaces); err != nil && !strings.Contains(err.Error(), "not found") {
 		t.Logf("deleting leftover policies: %v", err)
 	}
@@ -464,33 +470,37 @@ func layoutForIPBlocks(ctx context.Context, t *testing.T, k *Kube, families []Fa
 // waitPodIPs waits until the pod runs with an address of each family and returns them.
 func waitPodIPs(ctx context.Context, t *testing.T, k *Kube, ns, name string, families []Family) map[Family]netip.Addr {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	wait, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	out := map[Family]netip.Addr{}
+	check.EventuallyCtx(wait, t, 500*time.Millisecond, fmt.Sprintf("pod %s/%s running with an address of each of %v", ns, name, families), func(ctx context.Context) error {
 		pod, err := k.ClientSet.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err == nil && pod.Status.Phase == corev1.PodRunning {
-			ips := []string{pod.Status.PodIP}
-			for _, a := range pod.Status.PodIPs {
-				ips = append(ips, a.IP)
-			}
-			out := map[Family]netip.Addr{}
-			for _, f := range families {
-				if s := addrOf(ips, f); s != "" {
-					ip, err := netip.ParseAddr(s)
-					if err != nil {
-						t.Fatalf("pod %s/%s's IP: %v", ns, name, err)
-					}
-					out[f] = ip
+		if err != nil {
+			return err
+		}
+		if pod.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("phase %s", pod.Status.Phase)
+		}
+		ips := []string{pod.Status.PodIP}
+		for _, a := range pod.Status.PodIPs {
+			ips = append(ips, a.IP)
+		}
+		clear(out)
+		for _, f := range families {
+			if s := addrOf(ips, f); s != "" {
+				ip, err := netip.ParseAddr(s)
+				if err != nil {
+					return check.Stop(fmt.Errorf("its IP: %w", err))
 				}
-			}
-			if len(out) == len(families) {
-				return out
+				out[f] = ip
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pod %s/%s not running with an address of each of %v after 3 minutes (%v)", ns, name, families, err)
+		if len(out) != len(families) {
+			return fmt.Errorf("addresses %v", ips)
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return nil
+	})
+	return out
 }
 
 // preflight checks, before any policy exists, that the probes see the cluster as it is:
@@ -505,14 +515,20 @@ func preflight(t *testing.T, k *Kube, resources *probe.Resources) {
 	for _, proto := range []string{"tcp", "udp"} {
 		for _, port := range append(slices.Clone(Ports), 82) {
 			cmd := []string{"/agnhost", "connect", net.JoinHostPort(to.IP, strconv.Itoa(port)), "--timeout=1s", "--protocol=" + proto}
-			_, stderr, cmdErr, err := k.ExecuteRemoteCommand(from.Namespace, from.Name, from.Containers[0].Name, cmd)
 			// A pod shows Running when its containers started, not once each server has
 			// bound its port (the pods have no readiness probes): a served port refused at
-			// first is asked again for up to 10 s before it counts.
-			for try := 0; err == nil && port != 82 && cmdErr != nil && strings.HasPrefix(stderr, "REFUSED") && try < 10; try++ {
-				time.Sleep(time.Second)
+			// first is asked again for up to 10 s before it counts (the last answer does).
+			var stderr string
+			var cmdErr, err error
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = check.Until(ctx, time.Second, "a served port not refused", func(context.Context) error {
 				_, stderr, cmdErr, err = k.ExecuteRemoteCommand(from.Namespace, from.Name, from.Containers[0].Name, cmd)
-			}
+				if err == nil && port != 82 && cmdErr != nil && strings.HasPrefix(stderr, "REFUSED") {
+					return cmdErr
+				}
+				return nil
+			})
+			cancel()
 			switch {
 			case err != nil:
 				t.Fatalf("preflight: %v", err)

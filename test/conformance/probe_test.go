@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
@@ -93,20 +95,13 @@ func TestConnect(t *testing.T) {
 	// Until the veth has carrier and the neighbour is resolved, a first packet can be
 	// lost: wait for a first connection (the table below checks what a probe concludes).
 	served := netip.AddrPortFrom(serverIP, 80)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	check.Eventually(t, 10*time.Second, fmt.Sprintf("%s reachable over the veth", served), func() error {
 		var err error
 		if derr := client.Do(func(ns.NetNS) error { err = Connect(Probe{served, "tcp", time.Second}); return nil }); derr != nil {
-			t.Fatal(derr)
+			return check.Stop(derr)
 		}
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not reachable over the veth after 10s: %v", served, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err
+	})
 
 	for _, tc := range []struct {
 		proto string
