@@ -3,6 +3,7 @@ package cni_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -36,9 +37,12 @@ func TestCNIMetrics(t *testing.T) {
 			t.Errorf("the listener left its socket behind: %v", err)
 		}
 	})
-	waitFor(t, "the report socket", func() bool {
+	check.Eventually(t, 5*time.Second, "the report socket", func() error {
 		fi, err := os.Stat(socket)
-		return err == nil && fi.Mode()&os.ModeSocket != 0
+		if err == nil && fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("%s is a %v, not a socket", socket, fi.Mode().Type())
+		}
+		return err
 	})
 	if fi, _ := os.Stat(socket); fi.Mode().Perm() != 0o600 {
 		t.Errorf("socket mode %v, want 0600", fi.Mode().Perm())
@@ -118,13 +122,4 @@ func cniFigures(t *testing.T) map[string]float64 {
 		}
 	}
 	return out
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }

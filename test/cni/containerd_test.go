@@ -1,6 +1,7 @@
 package cni_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/test/check"
 	rt "github.com/trellis-net/trellis/test/runtime"
 )
 
@@ -65,18 +67,12 @@ func TestThroughContainerd(t *testing.T) {
 			args = append(args, "--udp")
 		}
 		var out string
-		var err error
-		deadline := time.Now().Add(20 * time.Second)
-		for {
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		check.EventuallyCtx(ctx, t, 200*time.Millisecond, proto+" from pod a to pod b", func(context.Context) (err error) {
 			out, err = node.Exec(client, args...)
-			if err == nil || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		if err != nil {
-			t.Fatalf("%s from pod a to pod b: %v", proto, err)
-		}
+			return err
+		})
+		cancel()
 		if !strings.Contains(out, "remote="+a.IP+":") {
 			t.Errorf("%s a -> b answered %q: want pod a's own address as the source", proto, out)
 		}
@@ -228,16 +224,12 @@ func TestDualStackThroughContainerd(t *testing.T) {
 	client := node.StartContainer(a, rt.WorkloadImage, "serve", "--port", "8080")
 	target := net.JoinHostPort(b.IPs[1], "8080")
 	var out string
-	var err error
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	check.EventuallyCtx(ctx, t, 200*time.Millisecond, "tcp over IPv6 from pod a to pod b", func(context.Context) (err error) {
 		out, err = node.Exec(client, "workload", "connect", target, "--timeout", "2s")
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("tcp over IPv6 from pod a to pod b: %v", err)
-	}
+		return err
+	})
 	if want := "remote=[" + a.IPs[1] + "]:"; !strings.Contains(out, want) {
 		t.Errorf("a -> b over IPv6 answered %q: want pod a's own IPv6 address as the source (%s)", out, want)
 	}
