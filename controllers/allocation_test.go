@@ -2,11 +2,13 @@ package controllers_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 
 	v1alpha1 "github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -117,38 +120,39 @@ func TestBlocksUniqueUnderLaggingCache(t *testing.T) {
 	}
 
 	// The end state: one NodeNetwork per live node, owned by it, with a block of the pool.
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		err := allocationDone(tctx, cl, alive, netip.MustParsePrefix(pool))
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("allocation did not converge in 2m: %v", err)
-		}
+	converge, cancel := context.WithTimeout(tctx, 2*time.Minute)
+	defer cancel()
+	check.EventuallyCtx(converge, t, 500*time.Millisecond, "allocation converged", func(ctx context.Context) error {
 		if werr := held.err(); werr != nil {
-			t.Fatal(werr)
+			return check.Stop(werr)
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
+		return allocationDone(ctx, cl, alive, netip.MustParsePrefix(pool))
+	})
 	if werr := held.err(); werr != nil {
 		t.Fatal(werr)
 	}
-	// The watch saw what the API server holds: it missed no write.
+	// The watch saw what the API server holds: it missed no write (once its last events
+	// are in).
 	var list v1alpha1.NodeNetworkList
 	if err := cl.List(tctx, &list); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // the watch's last events
-	seen := held.snapshot()
-	if len(seen) != len(list.Items) {
-		t.Errorf("the watch holds %d NodeNetworks, the API server %d", len(seen), len(list.Items))
-	}
-	for _, nn := range list.Items {
-		if seen[nn.Name] != nn.Spec.PodCIDR {
-			t.Errorf("NodeNetwork %s: the watch last saw block %q, the API server holds %q", nn.Name, seen[nn.Name], nn.Spec.PodCIDR)
+	check.Eventually(t, 5*time.Second, "the watch holding the API server's NodeNetworks", func() error {
+		seen := held.snapshot()
+		var wrong []string
+		if len(seen) != len(list.Items) {
+			wrong = append(wrong, fmt.Sprintf("the watch holds %d NodeNetworks, the API server %d", len(seen), len(list.Items)))
 		}
-	}
+		for _, nn := range list.Items {
+			if seen[nn.Name] != nn.Spec.PodCIDR {
+				wrong = append(wrong, fmt.Sprintf("NodeNetwork %s: the watch last saw block %q, the API server holds %q", nn.Name, seen[nn.Name], nn.Spec.PodCIDR))
+			}
+		}
+		if len(wrong) > 0 {
+			return errors.New(strings.Join(wrong, "; "))
+		}
+		return nil
+	})
 	t.Logf("%d NodeNetwork writes watched, no block ever held twice", held.events())
 }
 
@@ -161,16 +165,13 @@ func replaceNode(ctx context.Context, cl client.Client, name string, recreate bo
 	if !recreate {
 		return nil
 	}
-	for {
+	return check.Until(ctx, 10*time.Millisecond, "re-creating node "+name, func(ctx context.Context) error {
 		err := cl.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}})
-		if !apierrors.IsAlreadyExists(err) { // still being deleted
-			if err != nil {
-				return fmt.Errorf("re-creating node %s: %w", name, err)
-			}
-			return nil
+		if err != nil && !apierrors.IsAlreadyExists(err) { // already exists: still being deleted
+			return check.Stop(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // allocationDone says what is missing before every node in alive has its own NodeNetwork

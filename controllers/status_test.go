@@ -289,7 +289,12 @@ func TestRolloutJudgedAgainstTheApply(t *testing.T) {
 
 	// Once the DaemonSet controller has rolled the new template and the cache shows it.
 	setDaemonSetStatus(t, 1, 1, 1)
-	time.Sleep(lag)
+	check.Eventually(t, 30*time.Second, "the cache shows the new rollout complete", func() error {
+		if ds := cached(); ds.Status.ObservedGeneration != ds.Generation || ds.Status.UpdatedNumberScheduled != 1 {
+			return fmt.Errorf("cached DaemonSet generation %d, status %+v", ds.Generation, ds.Status)
+		}
+		return nil
+	})
 	check.Eventually(t, 30*time.Second, "Progressing=False/RolloutComplete for the new configuration", func() error {
 		pass(t)
 		return expectCondition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, controllers.ReasonRolloutComplete, "")
