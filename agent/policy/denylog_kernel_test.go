@@ -516,17 +516,14 @@ func startDenyLoggerReader(t *testing.T, n *node, rate int, reg *prometheus.Regi
 // waitReader waits until the logger has bound its group (its first line says so).
 func waitReader(t *testing.T, d *policy.DenyLogger, l *lines) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	check.Eventually(t, 5*time.Second, fmt.Sprintf("%v bound to its NFLOG group", d), func() error {
 		l.mu.Lock()
-		ok := slices.ContainsFunc(l.all, func(m map[string]any) bool { return m["msg"] == "deny logs: reading denied packets" })
-		l.mu.Unlock()
-		if ok {
-			return
+		defer l.mu.Unlock()
+		if !slices.ContainsFunc(l.all, func(m map[string]any) bool { return m["msg"] == "deny logs: reading denied packets" }) {
+			return fmt.Errorf("its lines: %v", l.all)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%v never bound its NFLOG group: %v", d, l.all)
+		return nil
+	})
 }
 
 func (n *node) dialFor(from, to string, port int, timeout time.Duration) error {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // recorder is an Applier that keeps what it was given.
@@ -110,7 +112,7 @@ func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = srv.Start(ctx) }()
-	waitFor(t, func() bool { return fileExists(sock) })
+	check.Eventually(t, 5*time.Second, "the hook's socket", func() error { _, err := os.Stat(sock); return err })
 
 	// The pod reaches the cache only after the plugin asked (as with a slow watch).
 	go func() {
@@ -165,7 +167,7 @@ func TestHookRefusesBadRequests(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = srv.Start(ctx) }()
-	waitFor(t, func() bool { return fileExists(sock) })
+	check.Eventually(t, 5*time.Second, "the hook's socket", func() error { _, err := os.Stat(sock); return err })
 	err := policyhook.Notify(sock, time.Second, cnicontract.PolicyRequest{Op: "add", Namespace: "shop", Pod: "web"})
 	if err == nil || !strings.Contains(err.Error(), "lacks") {
 		t.Errorf("request without ip and interface: %v", err)
@@ -173,22 +175,6 @@ func TestHookRefusesBadRequests(t *testing.T) {
 	err = policyhook.Notify(sock, time.Second, cnicontract.PolicyRequest{Op: "remove", Namespace: "shop", Pod: "web", IP: "10.0.0.1", HostInterface: "trlx"})
 	if err == nil || !strings.Contains(err.Error(), "unknown operation") {
 		t.Errorf("unknown op: %v", err)
-	}
-}
-
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -210,7 +196,12 @@ func TestUnenforceableRuleIsReported(t *testing.T) {
 			return map[netip.Addr]string{netip.MustParseAddr("10.244.1.9"): "trldb"}, nil
 		}
 	}, bad, pod("shop", "db", "u-db", "node1", "10.244.1.9", map[string]string{"app": "db"}))
-	waitFor(t, func() bool { return appl.ruleset() != nil })
+	check.Eventually(t, 5*time.Second, "a ruleset applied", func() error {
+		if appl.ruleset() == nil {
+			return errors.New("none yet")
+		}
+		return nil
+	})
 	ev, ok := nextEvent(rec)
 	if !ok {
 		t.Fatal("no event for a rule that can't be enforced")

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -56,11 +58,15 @@ func TestInformerPods(t *testing.T) {
 		t.Fatal("the cache did not sync")
 	}
 	var pods []*corev1.Pod
-	for deadline := time.Now().Add(30 * time.Second); len(pods) < 2 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	check.Eventually(t, 30*time.Second, "InformerPods listing both pods", func() error {
 		if pods, err = list(ctx); err != nil {
-			t.Fatal(err)
+			return check.Stop(err)
 		}
-	}
+		if len(pods) < 2 {
+			return fmt.Errorf("it lists %d", len(pods))
+		}
+		return nil
+	})
 	if len(pods) != 2 {
 		t.Fatalf("InformerPods listed %d pods, want 2", len(pods))
 	}

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // Lifecycle: a pod is under its policies from its first packet to its last, and the
@@ -56,16 +57,14 @@ func wiredAs(m map[string]string) func(*Engine) {
 
 func waitRuleset(t *testing.T, rec *recorder, cond func(*Ruleset) bool) *Ruleset {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if rs := rec.ruleset(); rs != nil && cond(rs) {
-			return rs
+	var rs *Ruleset
+	check.Eventually(t, 5*time.Second, "an applied ruleset meeting the condition", func() error {
+		if rs = rec.ruleset(); rs == nil || !cond(rs) {
+			return fmt.Errorf("last:\n%s", dump(rs))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no applied ruleset met the condition; last:\n%s", dump(rec.ruleset()))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
+	return rs
 }
 
 func hasEndpoint(rs *Ruleset, pod, ip string) bool {

@@ -1,6 +1,7 @@
 package policy_test
 
 import (
+	"errors"
 	"net"
 	"net/netip"
 	"sync"
@@ -216,7 +217,14 @@ func TestKernelOwnNodeConnectionNotPickedUpByTheNode(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	time.Sleep(300 * time.Millisecond)
+	check.Eventually(t, 5*time.Second, "ticks from the node before the Deny", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if last.IsZero() {
+			return errors.New("none yet")
+		}
+		return nil
+	})
 	st.ClusterPolicies[0].Spec.Egress[0].To[0].Networks = []cnp.CIDR{cnp.CIDR(nodeIP.String() + "/32")}
 	n.apply(a, st)
 	if n.deleteDenied(st, policy.Compile(st)) == 0 {
