@@ -2,6 +2,7 @@ package nodenet_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -73,9 +74,11 @@ func TestShadowingCNIConfig(t *testing.T) {
 			other := filepath.Join(a.rec.CNIConfDir, "00-other.conflist")
 			check.Must(t, os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644))
 			if tc.remove {
-				waitFor(t, "the agent removes 00-other.conflist", func() bool {
-					_, err := os.Stat(other)
-					return os.IsNotExist(err)
+				check.Eventually(t, 10*time.Second, "the agent removes 00-other.conflist", func() error {
+					if _, err := os.Stat(other); !os.IsNotExist(err) {
+						return fmt.Errorf("stat: %v", err)
+					}
+					return nil
 				})
 				stop()
 				a.expectCNIConfig(t, metav1.ConditionTrue, nodenet.ReasonConflistFirst, cniinstall.ConflistName)
@@ -85,9 +88,11 @@ func TestShadowingCNIConfig(t *testing.T) {
 				return
 			}
 
-			waitFor(t, "CNIConfigInEffect False/"+nodenet.ReasonConflistShadowed, func() bool {
-				c := meta.FindStatusCondition(a.nodeNetwork(t).Status.Conditions, v1alpha1.ConditionCNIConfigInEffect)
-				return c != nil && c.Reason == nodenet.ReasonConflistShadowed
+			check.Eventually(t, 10*time.Second, "CNIConfigInEffect False/"+nodenet.ReasonConflistShadowed, func() error {
+				if c := meta.FindStatusCondition(a.nodeNetwork(t).Status.Conditions, v1alpha1.ConditionCNIConfigInEffect); c == nil || c.Reason != nodenet.ReasonConflistShadowed {
+					return fmt.Errorf("CNIConfigInEffect %+v", c)
+				}
+				return nil
 			})
 			c := a.expectCNIConfig(t, metav1.ConditionFalse, nodenet.ReasonConflistShadowed, "00-other.conflist")
 			for _, want := range []string{cniinstall.ConflistName, "spec.agent.removeOtherCNIConfigs"} {
@@ -99,9 +104,11 @@ func TestShadowingCNIConfig(t *testing.T) {
 				t.Errorf("another CNI's file removed without removeOtherCNIConfigs: %v", err)
 			}
 			var evs []corev1.Event
-			waitFor(t, "a Warning Event "+nodenet.ReasonConflistShadowed, func() bool {
-				evs = a.shadowEvents(t, cs)
-				return len(evs) > 0
+			check.Eventually(t, 10*time.Second, "a Warning Event "+nodenet.ReasonConflistShadowed, func() error {
+				if evs = a.shadowEvents(t, cs); len(evs) == 0 {
+					return errors.New("no event yet")
+				}
+				return nil
 			})
 			if len(evs) != 1 || evs[0].Type != corev1.EventTypeWarning || evs[0].Count > 1 || !strings.Contains(evs[0].Message, "00-other.conflist") ||
 				!strings.Contains(evs[0].Message, "spec.agent.removeOtherCNIConfigs") || evs[0].InvolvedObject.Kind != "NodeNetwork" {
@@ -113,9 +120,11 @@ func TestShadowingCNIConfig(t *testing.T) {
 
 			// The other CNI's file goes: trellis's is in effect again.
 			check.Must(t, os.Remove(other))
-			waitFor(t, "CNIConfigInEffect True again", func() bool {
-				c := meta.FindStatusCondition(a.nodeNetwork(t).Status.Conditions, v1alpha1.ConditionCNIConfigInEffect)
-				return c != nil && c.Status == metav1.ConditionTrue
+			check.Eventually(t, 10*time.Second, "CNIConfigInEffect True again", func() error {
+				if c := meta.FindStatusCondition(a.nodeNetwork(t).Status.Conditions, v1alpha1.ConditionCNIConfigInEffect); c == nil || c.Status != metav1.ConditionTrue {
+					return fmt.Errorf("CNIConfigInEffect %+v", c)
+				}
+				return nil
 			})
 			a.expectCNIConfig(t, metav1.ConditionTrue, nodenet.ReasonConflistFirst, cniinstall.ConflistName)
 		})
@@ -139,14 +148,4 @@ func (a *agent) shadowEvents(t *testing.T, cs kubernetes.Interface) []corev1.Eve
 		FieldSelector: "involvedObject.name=" + a.rec.NodeName + ",reason=" + nodenet.ReasonConflistShadowed})
 	check.Must(t, err)
 	return evs.Items
-}
-
-// waitFor polls cond for up to 10 s (the watch re-reads the dir every 100 ms here).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
 }

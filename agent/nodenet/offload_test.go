@@ -2,6 +2,7 @@ package nodenet_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -172,24 +173,29 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 	offloadState := func(n *node, reason string) (*metav1.Condition, bool) {
 		t.Helper()
 		var c *metav1.Condition
-		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		nn := &v1alpha1.NodeNetwork{}
+		wait, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		// Reached or not, the checks below judge the last state.
+		_ = check.Until(wait, 100*time.Millisecond, "TXChecksumOffload reason "+reason, func(context.Context) error {
 			syncAll()
-			nn := &v1alpha1.NodeNetwork{}
+			nn = &v1alpha1.NodeNetwork{}
 			check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: n.name}, nn))
-			c = meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionTXChecksumOffload)
-			if c != nil && c.Reason == reason || time.Now().After(deadline) {
-				on := nn.Status.Kernel.VXLANTXChecksumOffload
-				var dev bool
-				check.Must(t, n.ns.Do(func(ns.NetNS) error { var err error; dev, err = datapath.TXChecksum(datapath.VXLANDevice); return err }))
-				if on == nil || *on != dev {
-					t.Errorf("%s: status.kernel.vxlanTXChecksumOffload %v, the device %v", n.name, on, dev)
-				}
-				if c == nil || c.Reason != reason {
-					t.Fatalf("%s: TXChecksumOffload condition %+v, want reason %s", n.name, c, reason)
-				}
-				return c, dev
+			if c = meta.FindStatusCondition(nn.Status.Conditions, v1alpha1.ConditionTXChecksumOffload); c == nil || c.Reason != reason {
+				return fmt.Errorf("%+v", c)
 			}
+			return nil
+		})
+		on := nn.Status.Kernel.VXLANTXChecksumOffload
+		var dev bool
+		check.Must(t, n.ns.Do(func(ns.NetNS) error { var err error; dev, err = datapath.TXChecksum(datapath.VXLANDevice); return err }))
+		if on == nil || *on != dev {
+			t.Errorf("%s: status.kernel.vxlanTXChecksumOffload %v, the device %v", n.name, on, dev)
 		}
+		if c == nil || c.Reason != reason {
+			t.Fatalf("%s: TXChecksumOffload condition %+v, want reason %s", n.name, c, reason)
+		}
+		return c, dev
 	}
 
 	// Pods on both nodes, and a TCP and a UDP exchange between them each way.
@@ -250,27 +256,33 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 	if err := bothWays(); err != nil {
 		t.Errorf("pod traffic did not recover with offload off on node A: %v", err)
 	}
-	c, _ = offloadState(nodes[0], v1alpha1.ReasonChecksumOffloadBroken)
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(c.Message, "get through"); time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Errorf("node A's re-check with offload off did not confirm the tunnel works: %q", c.Message)
-			break
+	recheck, cancel := context.WithTimeout(ctx, 10*time.Second)
+	if err := check.Until(recheck, 200*time.Millisecond, "node A's re-check with offload off confirming the tunnel works", func(context.Context) error {
+		if c, _ = offloadState(nodes[0], v1alpha1.ReasonChecksumOffloadBroken); !strings.Contains(c.Message, "get through") {
+			return fmt.Errorf("%q", c.Message)
 		}
-		c, _ = offloadState(nodes[0], v1alpha1.ReasonChecksumOffloadBroken)
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
+	cancel()
 	// Node B's NIC is fine: its probes' UDP got through (TCP only failed on A's replies),
 	// so it keeps offload on.
 	if c, on := offloadState(nodes[1], offload.ReasonTunnelVerified); !on {
 		t.Errorf("node B turned offload off for node A's broken NIC: %+v", c)
 	}
 	var evs *corev1.EventList
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
+	// Come or not, the check below says what there is.
+	_ = check.Until(wait, 100*time.Millisecond, "an Event "+v1alpha1.ReasonChecksumOffloadBroken+" for csum-a", func(context.Context) error {
 		evs, err = cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=csum-a,reason=" + v1alpha1.ReasonChecksumOffloadBroken})
 		check.Must(t, err)
-		if len(evs.Items) > 0 || time.Now().After(deadline) {
-			break
+		if len(evs.Items) == 0 {
+			return errors.New("none yet")
 		}
-	}
+		return nil
+	})
+	cancel()
 	if len(evs.Items) != 1 || evs.Items[0].Type != corev1.EventTypeWarning || evs.Items[0].Count > 1 {
 		t.Errorf("events for csum-a with reason %s: %+v; want one Warning", v1alpha1.ReasonChecksumOffloadBroken, evs.Items)
 	}
