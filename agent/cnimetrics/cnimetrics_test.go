@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/trellis-net/trellis/agent/cnimetrics"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // Whatever reaches the socket, only valid reports become samples: the rest is counted as
@@ -29,15 +30,10 @@ func TestInvalidReportsAreCountedNotRecorded(t *testing.T) {
 		}
 	}()
 	var conn *net.UnixConn
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var err error
-		if conn, err = net.DialUnix("unixgram", nil, &net.UnixAddr{Name: socket, Net: "unixgram"}); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the listener never listened: %v", err)
-		}
-	}
+	check.Eventually(t, 5*time.Second, "the listener listening", func() (err error) {
+		conn, err = net.DialUnix("unixgram", nil, &net.UnixAddr{Name: socket, Net: "unixgram"})
+		return err
+	})
 	defer conn.Close()
 	before := series(t)
 	for _, d := range []string{

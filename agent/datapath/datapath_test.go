@@ -205,18 +205,20 @@ func waitLinkLocal(dev string) error {
 	if err != nil {
 		return err
 	}
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return check.Until(ctx, 50*time.Millisecond, dev+"'s IPv6 link-local address usable", func(context.Context) error {
 		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
 		if err != nil {
-			return err
+			return check.Stop(err)
 		}
 		for _, a := range addrs {
 			if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
 				return nil
 			}
 		}
-	}
-	return fmt.Errorf("%s has no usable IPv6 link-local address after 5 s", dev)
+		return fmt.Errorf("addresses %v", addrs)
+	})
 }
 
 // addIPv6 gives the current namespace's dev the IPv6 address cidr, usable at once (no

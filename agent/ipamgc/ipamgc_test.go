@@ -17,6 +17,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -162,14 +163,10 @@ func TestFirstPassAtStart(t *testing.T) {
 			t.Errorf("the collector ended with %v", err)
 		}
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, ip.String())); os.IsNotExist(err) {
-			return
+	check.Eventually(t, 10*time.Second, fmt.Sprintf("the leaked allocation %s collected by a pass at start (interval 1h)", ip), func() error {
+		if _, err := os.Stat(filepath.Join(dir, ip.String())); !os.IsNotExist(err) {
+			return fmt.Errorf("still there (%v)", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the leaked allocation %s is still there 10s after the collector started (interval 1h): no pass at start", ip)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/trellis-net/trellis/agent/ipamstatus"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -206,18 +207,16 @@ func startReporter(t *testing.T, c client.Client, node, dir string, interval tim
 // waitIPAM waits up to 10 s until node's NodeNetwork has status.ipam want.
 func waitIPAM(t *testing.T, k8s client.Client, node string, want v1alpha1.NodeIPAMStatus) {
 	t.Helper()
-	var got v1alpha1.NodeNetwork
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	check.Eventually(t, 10*time.Second, fmt.Sprintf("status.ipam %+v", want), func() error {
+		var got v1alpha1.NodeNetwork
 		if err := k8s.Get(context.Background(), types.NamespacedName{Name: node}, &got); err != nil {
-			t.Fatal(err)
+			return check.Stop(err)
 		}
-		if got.Status.IPAM == want {
-			return
+		if got.Status.IPAM != want {
+			return fmt.Errorf("status.ipam %+v", got.Status.IPAM)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status.ipam %+v, want %+v", got.Status.IPAM, want)
-		}
-	}
+		return nil
+	})
 }
 
 // gauges reads the IPAM gauges from the registry the agent's /metrics serves.
