@@ -2,6 +2,7 @@ package connectivity
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -48,20 +50,16 @@ func TestHeartbeat(t *testing.T) {
 	go heartbeat(hbCtx, cs, live, every, maxGap, func(err error) { lost <- err })
 
 	// It beats: renewTime moves past the creation.
-	for {
+	check.EventuallyCtx(ctx, t, 50*time.Millisecond, fmt.Sprintf("Lease %s/%s renewed", live, LeaseName), func(ctx context.Context) error {
 		l, err := cs.CoordinationV1().Leases(live).Get(ctx, LeaseName, metav1.GetOptions{})
 		if err != nil {
-			t.Fatal(err)
+			return check.Stop(err)
 		}
-		if l.Spec.RenewTime != nil && l.Spec.RenewTime.After(started.Add(every/2)) {
-			break
+		if l.Spec.RenewTime == nil || !l.Spec.RenewTime.After(started.Add(every/2)) {
+			return fmt.Errorf("renewTime %v", l.Spec.RenewTime)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("Lease %s/%s never renewed (renewTime %v)", live, LeaseName, l.Spec.RenewTime)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 
 	left, err := findLeftovers(ctx, cs)
 	if err != nil {

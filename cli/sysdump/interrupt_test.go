@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/trellis-net/trellis/cli"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // ^C in the middle of a dump stops it with exit 130 and leaves nothing in the directory:
@@ -24,12 +26,14 @@ func TestInterruptedDumpLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
+	var accepted atomic.Bool
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			accepted.Store(true)
 			defer c.Close()
 		}
 	}()
@@ -51,7 +55,12 @@ current-context: c
 
 	done := make(chan error, 1)
 	go func() { done <- run(t.Context(), f, o) }()
-	time.Sleep(time.Second) // into the first request
+	check.Eventually(t, 10*time.Second, "the dump in its first request", func() error {
+		if !accepted.Load() {
+			return errors.New("no connection to the API server yet")
+		}
+		return nil
+	})
 	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}

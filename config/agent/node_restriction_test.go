@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -122,13 +124,14 @@ func TestNodeRestriction(t *testing.T) {
 	}
 	// The policy takes effect once the API server has loaded it; until then the forged
 	// write would go through (harmless here), so wait for the first refusal.
-	deadline := time.Now().Add(30 * time.Second)
-	for patchStatus(agentA, "node-b", "192.0.2.66") == nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the agent of node-a can still write node-b's NodeNetwork status 30s after the policy was created")
+	loaded, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	check.EventuallyCtx(loaded, t, 200*time.Millisecond, "the agent of node-a refused node-b's NodeNetwork status", func(context.Context) error {
+		if patchStatus(agentA, "node-b", "192.0.2.66") == nil {
+			return errors.New("the patch went through")
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 
 	forbidden := func(err error, want string) string {
 		switch {

@@ -30,6 +30,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/internal/metricsserving"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/testenv"
 )
 
@@ -131,17 +132,14 @@ func TestDelegatedAuth(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	// The server is up and has read the client CA once alice's certificate is accepted.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		code, body := get(caller{name: "alice", cert: &alice}, report.Path)
-		if code == http.StatusOK {
-			break
+	up, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	check.EventuallyCtx(up, t, 200*time.Millisecond, "alice's certificate accepted", func(context.Context) error {
+		if code, body := get(caller{name: "alice", cert: &alice}, report.Path); code != http.StatusOK {
+			return fmt.Errorf("%d %s", code, body)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("alice's certificate never accepted: %d %s", code, body)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 
 	forged := forgedCert(t, "alice")
 	for _, c := range []struct {

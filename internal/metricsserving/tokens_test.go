@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // jwt is an unsigned JWT with claims (the bounded authenticator verifies nothing itself).
@@ -184,10 +187,12 @@ func TestBoundedTokensConcurrency(t *testing.T) {
 			results <- ok
 		}()
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for review.count() < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	check.Eventually(t, 5*time.Second, "both review slots taken", func() error {
+		if n := review.count(); n < 2 {
+			return fmt.Errorf("%d reviews under way", n)
+		}
+		return nil
+	})
 	start := time.Now()
 	_, _, err := b.AuthenticateToken(withSource(context.Background(), "10.0.0.9:1"), token("c"))
 	if !errors.Is(err, errLimited) || time.Since(start) > time.Second {
