@@ -113,7 +113,7 @@ func TestBlocksUniqueUnderLaggingCache(t *testing.T) {
 				t.Fatalf("burst %d: %v", round, err)
 			}
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) //nolint:forbidigo // pacing: the bursts come 300 ms apart
 	}
 	if len(alive) != 1000-9*40 {
 		t.Fatalf("test bug: %d nodes alive, want %d", len(alive), 1000-9*40)

@@ -91,7 +91,7 @@ func TestUninstall(t *testing.T) {
 		for _, n := range nodes {
 			setAgentReady(t, n, metav1.ConditionFalse, v1alpha1.ReasonUninstalled)
 		}
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) //nolint:forbidigo // a window: the ClusterNetwork must not go in it
 		if err := k8s.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &v1alpha1.ClusterNetwork{}); err != nil {
 			t.Fatalf("the ClusterNetwork went while the agent pods still ran: %v", err)
 		}
@@ -103,8 +103,9 @@ func TestUninstall(t *testing.T) {
 	t.Run("released after the timeout, naming the node that did not confirm", func(t *testing.T) {
 		install(t)
 		deleteClusterNetwork(t)
-		setAgentReady(t, "uninst-a", metav1.ConditionFalse, v1alpha1.ReasonUninstalled) // uninst-b is down
-		time.Sleep(time.Second)
+		// uninst-b is down.
+		setAgentReady(t, "uninst-a", metav1.ConditionFalse, v1alpha1.ReasonUninstalled)
+		time.Sleep(time.Second) //nolint:forbidigo // a window: the ClusterNetwork must not go in it
 		if err := k8s.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &v1alpha1.ClusterNetwork{}); err != nil {
 			t.Fatalf("the ClusterNetwork went before the timeout: %v", err)
 		}

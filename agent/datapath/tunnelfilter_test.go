@@ -109,8 +109,8 @@ func sendUDP(t *testing.T, n ns.NetNS, dst netip.AddrPort, payload []byte, count
 		}
 		defer c.Close()
 		for range count {
-			_, _ = c.Write(payload) // refused or dropped ones are the point
-			time.Sleep(5 * time.Millisecond)
+			_, _ = c.Write(payload)          // refused or dropped ones are the point
+			time.Sleep(5 * time.Millisecond) //nolint:forbidigo // pacing: datagrams 5 ms apart
 		}
 		return nil
 	}))
@@ -143,7 +143,7 @@ func TestTunnelGuard(t *testing.T) {
 		t.Helper()
 		before := got.Load()
 		sendUDP(t, sender, tunnel, forged(from), 20)
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) //nolint:forbidigo // a window: forged datagrams are delivered in it or not at all
 		n := got.Load() - before
 		if want && n == 0 || !want && n != 0 {
 			t.Errorf("%s: %d of 20 forged datagrams delivered to the victim pod, want %v", what, n, map[bool]string{true: "some", false: "none"}[want])
@@ -190,7 +190,7 @@ func TestTunnelGuard(t *testing.T) {
 	for _, n := range []*testNode{peer, victim} {
 		before := got.Load()
 		sendUDP(t, n.pod, svc, forged(peer.podIP), 20)
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) //nolint:forbidigo // a window: forged datagrams are delivered in it or not at all
 		if k := got.Load() - before; k != 0 {
 			t.Errorf("a pod on %s through a Service DNAT to the tunnel port: %d of 20 forged datagrams delivered, want none", n.name, k)
 		}
@@ -325,7 +325,7 @@ func TestTunnelGuardIPv6Only(t *testing.T) {
 	} {
 		before := got.Load()
 		sendUDP(t, tc.sender, netip.AddrPortFrom(victim.ip6, 4789), forged, 20)
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) //nolint:forbidigo // a window: forged datagrams are delivered in it or not at all
 		if n := got.Load() - before; tc.want != (n > 0) {
 			t.Errorf("%s: %d of 20 forged datagrams delivered, want delivered: %v", tc.what, n, tc.want)
 		} else {

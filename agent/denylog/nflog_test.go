@@ -40,7 +40,7 @@ func TestAwaitAckIsBounded(t *testing.T) {
 		r := open()
 		done := make(chan error, 1)
 		go func() { done <- r.awaitAck(12345, time.Minute) }()
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) //nolint:forbidigo // a head start: awaitAck blocks before the close (nothing to observe)
 		r.Close()
 		select {
 		case err := <-done:

@@ -104,7 +104,7 @@ func TestDenyLogsKernel(t *testing.T) {
 			if err := n.dialFor("other", "web", 7000, 1500*time.Millisecond); err == nil {
 				t.Fatal("other -> web:7000 was allowed")
 			}
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) //nolint:forbidigo // a window: lines of the attempts, and no more, arrive in it
 			lines := got.denied()
 			if len(lines) != 1 {
 				t.Fatalf("%d deny log lines for one denied attempt and one allowed connection, want 1: %v", len(lines), lines)
@@ -134,7 +134,7 @@ func TestDenyLogsKernel(t *testing.T) {
 			if err := n.dial("other", "web", 7000); err == nil {
 				t.Fatal("other -> web:7000 was allowed with logging off")
 			}
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) //nolint:forbidigo // a window: the attempt must make no line in it
 			if l := got.denied(); len(l) != 1 {
 				t.Errorf("a denied attempt in a namespace without deny logs made a line: %v", l[1:])
 			}
@@ -142,13 +142,13 @@ func TestDenyLogsKernel(t *testing.T) {
 			// A flood of denied UDP datagrams (each its own 5-tuple) for 2 s: the kernel
 			// passes at most rate a second (plus one second's burst) to the agent.
 			apply("true")
-			time.Sleep(1100 * time.Millisecond) // the bucket refills
+			time.Sleep(1100 * time.Millisecond) //nolint:forbidigo // a window: the kernel's bucket refills
 			before := len(got.denied())
 			dropsBefore := n.drops(backend)
 			start := time.Now()
 			sent := n.udpFlood("other", "web", 9999, 2*time.Second)
 			took := time.Since(start)
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) //nolint:forbidigo // a window: what the flood got through is read before counting
 			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")) +
 				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "repeat"))
 			bound := int(rate*took.Seconds()) + rate + 5 // the kernel bucket: rate a second, one second of burst
@@ -213,7 +213,7 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 			if err := n.dialAddrFor("other", n.pods["web"].ip, 7000, 300*time.Millisecond); err == nil {
 				t.Fatal("other -> web:7000 over IPv4 was allowed")
 			}
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) //nolint:forbidigo // a window: lines of the attempts, and no more, arrive in it
 			lines := got.denied()
 			if len(lines) != 2 {
 				t.Fatalf("%d deny log lines for a denied IPv6 and a denied IPv4 attempt, want 2: %v", len(lines), lines)
@@ -243,13 +243,13 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 
 			// An IPv6 flood of denied UDP datagrams: IPv6's bucket passes at most rate a
 			// second (plus one second's burst), and every datagram is dropped.
-			time.Sleep(1100 * time.Millisecond)
+			time.Sleep(1100 * time.Millisecond) //nolint:forbidigo // a window: the kernel's bucket refills
 			before := len(got.denied())
 			dropsBefore := n.drops(backend.IPv6())
 			start := time.Now()
 			sent := n.udpFloodAddr("other", n.pods["web"].ip6, 9999, 2*time.Second)
 			took := time.Since(start)
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) //nolint:forbidigo // a window: what the flood got through is read before counting
 			delivered := len(got.denied()) - before + int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "rate")) +
 				int(counter(t, reg, "trellis_policy_deny_logs_suppressed_total", "shop", "repeat"))
 			bound := int(rate*took.Seconds()) + rate + 5
@@ -297,17 +297,17 @@ func TestDenyLogsKernelNamespaceShares(t *testing.T) {
 			start := time.Now()
 			flood := make(chan int)
 			go func() { flood <- n.udpFlood("flooder", "web", 9999, 2500*time.Millisecond) }()
-			time.Sleep(time.Second) // shop's share is long used up
+			time.Sleep(time.Second) //nolint:forbidigo // a window: shop's share is long used up
 			const attempts = 4
 			for range attempts {
 				if err := n.dialFor("client", "api", 7000, 200*time.Millisecond); err == nil {
 					t.Fatal("client -> bank/api:7000 was allowed")
 				}
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) //nolint:forbidigo // pacing: bank's attempts 100 ms apart
 			}
 			sent := <-flood
 			took := time.Since(start)
-			time.Sleep(500 * time.Millisecond)
+			time.Sleep(500 * time.Millisecond) //nolint:forbidigo // a window: what the flood got through is read before counting
 
 			byPod := map[string]int{}
 			for _, l := range got.denied() {
@@ -409,7 +409,7 @@ func TestDenyLogsKernelIgnoresMessagesNotFromKernel(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond) //nolint:forbidigo // a window: the forged messages must make no line in it
 	if l := got.denied(); len(l) != 0 {
 		t.Fatalf("forged NFLOG messages made %d deny log lines: %v", len(l), l)
 	}

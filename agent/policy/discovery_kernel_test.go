@@ -153,7 +153,7 @@ func TestKernelAdminRulesWaitForDiscovery(t *testing.T) {
 				if save := n.save(backend); !strings.Contains(save, "trellis: admin/previous") {
 					t.Fatalf("the previous agent's Admin rule is gone while discovery can't say whether the API is installed:\n%s", save)
 				}
-				time.Sleep(200 * time.Millisecond)
+				time.Sleep(200 * time.Millisecond) //nolint:forbidigo // pacing: the rules must hold for the whole 4 s
 			}
 			if err := e.Ready(); err == nil {
 				t.Error("the agent is ready while it can't tell whether the ClusterNetworkPolicy API is installed")

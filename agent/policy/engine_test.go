@@ -116,7 +116,7 @@ func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
 
 	// The pod reaches the cache only after the plugin asked (as with a slow watch).
 	go func() {
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) //nolint:forbidigo // a simulated slow watch: the pod reaches the cache late
 		_ = c.Create(context.Background(), pod("shop", "web-0", "u-web", "node1", "", map[string]string{"app": "web"}))
 	}()
 	start := time.Now()
@@ -210,7 +210,7 @@ func TestUnenforceableRuleIsReported(t *testing.T) {
 		t.Errorf("event %q, want a RuleNotEnforced warning naming the bad except", ev)
 	}
 	e.Trigger()
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) //nolint:forbidigo // a window: the problem must not be reported again in it
 	select {
 	case ev := <-rec.Events:
 		t.Errorf("the same problem was reported again: %q", ev)
@@ -243,7 +243,7 @@ func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
 	dbPod.Status.PodIPs = []corev1.PodIP{{IP: "10.244.1.9"}, {IP: "fd00:10:244:1::9"}}
 	e, rec, c := newEngine(t, wired, ns, deny, allowFromWeb, dbPod)
 	go func() {
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(300 * time.Millisecond) //nolint:forbidigo // a simulated slow watch: the pods reach the cache late
 		_ = c.Create(context.Background(), pod("shop", "web-0", "u-web", "node1", "", map[string]string{"app": "web"}))
 		_ = c.Create(context.Background(), pod("shop", "web-1", "u-web1", "node1", "", map[string]string{"app": "web"}))
 	}()

@@ -189,7 +189,7 @@ func TestKernelOwnNodeConnectionNotPickedUpByTheNode(t *testing.T) {
 		for range 200 {
 			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 			_, _ = c.Write([]byte("tick\n"))
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(50 * time.Millisecond) //nolint:forbidigo // pacing: a tick every 50 ms
 		}
 	}()
 	st := n.state()
@@ -231,7 +231,7 @@ func TestKernelOwnNodeConnectionNotPickedUpByTheNode(t *testing.T) {
 		t.Fatal("no conntrack entry removed for the connection the Deny denies")
 	}
 	cleaned := time.Now()
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) //nolint:forbidigo // a window: the denied connection must carry no data in it
 	mu.Lock()
 	defer mu.Unlock()
 	if last.After(cleaned.Add(200 * time.Millisecond)) {

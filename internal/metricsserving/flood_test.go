@@ -127,7 +127,7 @@ func TestTokenFlood(t *testing.T) {
 	}
 
 	// The real scraper, from another address, its token never seen before.
-	time.Sleep(floodHead)
+	time.Sleep(floodHead) //nolint:forbidigo // a head start: the flood is under way before the scraper comes
 	scraper := client127(t, "127.0.0.2")
 	var scrapes int
 	for first := true; floodCtx.Err() == nil || first; first = false {
@@ -143,7 +143,7 @@ func TestTokenFlood(t *testing.T) {
 		if first {
 			t.Logf("the scraper's first scrape (its token reviewed) answered %d after %v", code, took)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) //nolint:forbidigo // pacing: a scrape every 200 ms
 	}
 	wg.Wait()
 	flood := time.Since(floodT)

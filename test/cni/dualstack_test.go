@@ -236,7 +236,7 @@ func TestIPv6AntiSpoofing(t *testing.T) {
 	for _, src := range []netip.Addr{a6, c6, free} {
 		sendUDP(t, a.ns, src, b6, "from "+src.String())
 	}
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) //nolint:forbidigo // a window: only the owned source's datagram arrives in it
 	if want := []string{"from " + a6.String()}; !slices.Equal(got(), want) {
 		t.Errorf("pod b received %v, want only %v: a pod sent from an address it doesn't own", got(), want)
 	}
@@ -247,7 +247,7 @@ func TestIPv6AntiSpoofing(t *testing.T) {
 		t.Fatalf("the node has default or RA routes before the test: %v", got)
 	}
 	sendRA(t, a.ns)
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) //nolint:forbidigo // a window: the router advertisement must give the node no route in it
 	if got := raRoutes(t, n); len(got) != 0 {
 		t.Errorf("a pod's router advertisement gave the node routes: %v", got)
 	}

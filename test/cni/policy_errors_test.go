@@ -42,7 +42,7 @@ func fakeAgent(t *testing.T, delay time.Duration, ok bool) (socket string, got c
 			var req cnicontract.PolicyRequest
 			_ = json.Unmarshal(line, &req)
 			got <- req
-			time.Sleep(delay)
+			time.Sleep(delay) //nolint:forbidigo // a simulated slow policy hook
 			resp := cnicontract.PolicyResponse{OK: ok}
 			if !ok {
 				resp.Error = "ipset trellis-pods is full"

@@ -235,7 +235,7 @@ func Run(ctx context.Context, o RunOptions) (f Figures, err error) {
 	a0 := rn.Agent.Settled(ctx, time.Second, 30*time.Second)
 	o0 := h.Operator.Settled(ctx, time.Second, 30*time.Second)
 	logf("steady state for %v", o.Steady)
-	time.Sleep(o.Steady)
+	time.Sleep(o.Steady) //nolint:forbidigo // the steady state measured: writes counted over o.Steady
 	f.Steady = o.Steady
 	a1, o1 := rn.Agent.Counts(), h.Operator.Counts()
 	f.AgentWrites, f.OperatorSteadyWrites = a1.Writes-a0.Writes, o1.Writes-o0.Writes

@@ -104,7 +104,7 @@ func underPerf(ctx context.Context, file string, f func() (iperfResult, error)) 
 	if err := rec.Start(); err != nil {
 		return iperfResult{}, fmt.Errorf("starting perf record: %w", err)
 	}
-	time.Sleep(500 * time.Millisecond) // perf has its events open
+	time.Sleep(500 * time.Millisecond) //nolint:forbidigo // a head start: perf opens its events (it says nothing when done)
 	res, err := f()
 	_ = rec.Process.Signal(syscall.SIGINT) // perf writes the file, then dies of the signal
 	werr := rec.Wait()

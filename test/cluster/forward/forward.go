@@ -80,7 +80,7 @@ func Serve(ctx context.Context, l net.Listener, nsPath, target string, logf func
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
+				time.Sleep(10 * time.Millisecond) //nolint:forbidigo // a pause after a temporary accept error, not a wait
 				continue
 			}
 			return fmt.Errorf("accepting on %s: %w", l.Addr(), err)
