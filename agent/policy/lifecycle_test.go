@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -59,8 +60,11 @@ func waitRuleset(t *testing.T, rec *recorder, cond func(*Ruleset) bool) *Ruleset
 	t.Helper()
 	var rs *Ruleset
 	check.Eventually(t, 5*time.Second, "an applied ruleset meeting the condition", func() error {
-		if rs = rec.ruleset(); rs == nil || !cond(rs) {
-			return fmt.Errorf("last:\n%s", dump(rs))
+		switch rs = rec.ruleset(); {
+		case rs == nil:
+			return errors.New("none applied yet")
+		case !cond(rs):
+			return fmt.Errorf("the last does not:\n%s", dump(rs))
 		}
 		return nil
 	})
