@@ -236,11 +236,8 @@ func (n *Node) start(archive string) error {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	if out, err := sbinCommand(context.Background(), "ip", "netns", "add", n.Name).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add %s: %w: %s", n.Name, err, strings.TrimSpace(string(out)))
-	}
-	if out, err := sbinCommand(context.Background(), "ip", "-n", n.Name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		return fmt.Errorf("bringing lo up in %s: %w: %s", n.Name, err, strings.TrimSpace(string(out)))
+	if err := netnstest.Add(context.Background(), n.Name); err != nil {
+		return err
 	}
 	runc, err := procs.LookPath("runc")
 	if err != nil {
