@@ -62,6 +62,16 @@ func New(t testing.TB) ns.NetNS {
 	return n
 }
 
+// Remove removes a namespace New made before the test ends (as a runtime tears a pod's
+// sandbox down before its last CNI DEL); New's cleanup then finds nothing left.
+func Remove(n ns.NetNS) error {
+	n.Close()
+	if err := testutils.UnmountNS(n); err != nil {
+		return fmt.Errorf("removing the network namespace %s: %w", n.Path(), err)
+	}
+	return nil
+}
+
 // NewUnpinned is New for a process that may be killed before its cleanups run (a fuzz
 // worker the coordinator stops): the namespace is held only by an open file of this
 // process, never bind-mounted under /run/netns, so the kernel frees it when the process
