@@ -88,7 +88,7 @@ type NodeOptions struct {
 type Node struct {
 	// Name is the node's network namespace (in /run/netns) and its hostname.
 	Name string
-	// NetNS is the path of the node's network namespace, for nsenter --net= or netns.GetFromPath.
+	// NetNS is the path of the node's network namespace, for nsenter --net= or netnstest.EnterPath.
 	NetNS string
 	// Dir holds the node's containerd config, root, state, socket and logs.
 	Dir string
@@ -120,7 +120,7 @@ type Pod struct {
 	// PID is the sandbox (pause) process, in the root PID namespace.
 	PID int
 	// NetNS is the pod's network namespace as a path usable from the root mount
-	// namespace (/proc/PID/ns/net), e.g. for nsenter --net= or netns.GetFromPath.
+	// namespace (/proc/PID/ns/net), e.g. for nsenter --net= or netnstest.EnterPath.
 	NetNS string
 
 	node         *Node
