@@ -59,7 +59,7 @@ func New(t testing.TB) ns.NetNS {
 	}
 	t.Cleanup(func() { n.Close(); _ = testutils.UnmountNS(n) })
 	setLoUp(t, n)
-	return n
+	return handle{n}
 }
 
 // Remove removes a namespace New made before the test ends (as a runtime tears a pod's
@@ -141,7 +141,7 @@ func NewUnpinned(t testing.TB) ns.NetNS {
 	// f stays open while n is used: n's path names it.
 	t.Cleanup(func() { n.Close(); unix.Close(f) })
 	setLoUp(t, n)
-	return n
+	return handle{n}
 }
 
 func setLoUp(t testing.TB, n ns.NetNS) {
@@ -187,6 +187,13 @@ func netnsID(path string) (nsID, error) {
 // with Pdeathsig when the thread that started it ends, and any thread the scheduler hands
 // out may have started one (test/scale's agents, the benchmarks' iperf3).
 func Enter(ns *os.File, f func() error) error {
+	defer runtime.KeepAlive(ns) // its descriptor is used below
+	return enter(ns.Fd(), ns.Name(), func(*os.File) error { return f() })
+}
+
+// enter is Enter for the namespace open as descriptor fd (called name in errors), handing
+// f the namespace the thread came from.
+func enter(fd uintptr, name string, f func(back *os.File) error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -197,16 +204,16 @@ func Enter(ns *os.File, f func() error) error {
 			return
 		}
 		defer back.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+		if err := unix.Setns(int(fd), unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering the network namespace %s: %w", ns.Name(), err)
+			errc <- fmt.Errorf("entering the network namespace %s: %w", name, err)
 			return
 		}
 		// Judge where the thread is now, not the handle: that is where f would act.
 		if err = refuseMachineNetns("/proc/thread-self/ns/net"); err != nil {
-			err = fmt.Errorf("refusing to act in %s: %w", ns.Name(), err)
+			err = fmt.Errorf("refusing to act in %s: %w", name, err)
 		} else {
-			err = f()
+			err = f(back)
 		}
 		if unix.Setns(int(back.Fd()), unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
@@ -214,6 +221,30 @@ func Enter(ns *os.File, f func() error) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// handle is a namespace this package made or opened (New, NewUnpinned, Open), for code
+// that takes an ns.NetNS: its Do is Enter, so what runs through it is refused in the
+// machine's own namespace like everything else; its Set, which would move the calling
+// thread with no way back, refuses.
+type handle struct{ ns.NetNS }
+
+// Do runs f inside the namespace (Enter), handing it the namespace the thread came from,
+// as ns.NetNS's Do does.
+func (h handle) Do(f func(ns.NetNS) error) error {
+	return enter(h.Fd(), h.Path(), func(back *os.File) error {
+		host, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", back.Fd()))
+		if err != nil {
+			return fmt.Errorf("opening the namespace the thread came from: %w", err)
+		}
+		defer host.Close()
+		return f(host)
+	})
+}
+
+// Set refuses: a thread moved for good may be handed to any goroutine. Use Do.
+func (h handle) Set() error {
+	return errors.New("netnstest: Set would move the calling thread for good: use Do")
 }
 
 // EnterPath is Enter for the network namespace at path: a bind mount (/run/netns/NAME) or
@@ -239,7 +270,7 @@ func Open(path string) (ns.NetNS, error) {
 		n.Close()
 		return nil, fmt.Errorf("refusing to hand out %s: %w", path, err)
 	}
-	return n, nil
+	return handle{n}, nil
 }
 
 // refuseMachineNetns fails when the network namespace at path is the machine's own, or

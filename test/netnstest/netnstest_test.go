@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/test/check"
@@ -180,5 +181,35 @@ func TestRefuseParentNetns(t *testing.T) {
 	}
 	if err := EnterPath(n.Path(), helper); err != nil {
 		t.Errorf("a helper started inside a namespace of its own: %v", err)
+	}
+}
+
+// TestHandles: the handles New, NewUnpinned and Open give run Do through Enter (in the
+// namespace, handing over the one the thread came from) and refuse Set.
+func TestHandles(t *testing.T) {
+	n := New(t)
+	opened, err := Open(n.Path())
+	check.Must(t, err)
+	defer opened.Close()
+	for name, h := range map[string]ns.NetNS{"New": n, "NewUnpinned": NewUnpinned(t), "Open": opened} {
+		want, err := netnsID(h.Path())
+		check.Must(t, err)
+		var got, from nsID
+		check.Must(t, h.Do(func(host ns.NetNS) error {
+			if got, err = netnsID("/proc/thread-self/ns/net"); err != nil {
+				return err
+			}
+			from, err = netnsID(host.Path())
+			return err
+		}))
+		if got != want {
+			t.Errorf("%s: Do ran in %v, want %v", name, got, want)
+		}
+		if from != home {
+			t.Errorf("%s: Do handed over %v as the namespace the thread came from, want %v", name, from, home)
+		}
+		if err := h.Set(); err == nil {
+			t.Errorf("%s: Set moved the calling thread", name)
+		}
 	}
 }
