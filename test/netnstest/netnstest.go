@@ -226,7 +226,7 @@ func enter(fd uintptr, name string, f func(back *os.File) error) error {
 // handle is a namespace this package made or opened (New, NewUnpinned, Open), for code
 // that takes an ns.NetNS: its Do is Enter, so what runs through it is refused in the
 // machine's own namespace like everything else; its Set, which would move the calling
-// thread with no way back, refuses.
+// thread with no way back, panics.
 type handle struct{ ns.NetNS }
 
 // Do runs f inside the namespace (Enter), handing it the namespace the thread came from,
@@ -242,9 +242,10 @@ func (h handle) Do(f func(ns.NetNS) error) error {
 	})
 }
 
-// Set refuses: a thread moved for good may be handed to any goroutine. Use Do.
+// Set panics: a thread moved for good may be handed to any goroutine, and an error is
+// easily dropped (a test that did so churned the machine's own namespace). Use Do.
 func (h handle) Set() error {
-	return errors.New("netnstest: Set would move the calling thread for good: use Do")
+	panic("netnstest: Set would move the calling thread for good: use Do")
 }
 
 // EnterPath is Enter for the network namespace at path: a bind mount (/run/netns/NAME) or

@@ -185,7 +185,7 @@ func TestRefuseParentNetns(t *testing.T) {
 }
 
 // TestHandles: the handles New, NewUnpinned and Open give run Do through Enter (in the
-// namespace, handing over the one the thread came from) and refuse Set.
+// namespace, handing over the one the thread came from) and panic in Set.
 func TestHandles(t *testing.T) {
 	n := New(t)
 	opened, err := Open(n.Path())
@@ -208,8 +208,14 @@ func TestHandles(t *testing.T) {
 		if from != home {
 			t.Errorf("%s: Do handed over %v as the namespace the thread came from, want %v", name, from, home)
 		}
-		if err := h.Set(); err == nil {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: Set did not panic", name)
+				}
+			}()
+			_ = h.Set()
 			t.Errorf("%s: Set moved the calling thread", name)
-		}
+		}()
 	}
 }
