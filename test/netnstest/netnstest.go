@@ -232,6 +232,7 @@ type handle struct{ ns.NetNS }
 // Do runs f inside the namespace (Enter), handing it the namespace the thread came from,
 // as ns.NetNS's Do does.
 func (h handle) Do(f func(ns.NetNS) error) error {
+	defer runtime.KeepAlive(h.NetNS) // its descriptor is used below
 	return enter(h.Fd(), h.Path(), func(back *os.File) error {
 		host, err := ns.GetNS(fmt.Sprintf("/proc/self/fd/%d", back.Fd()))
 		if err != nil {
