@@ -92,15 +92,10 @@ type Reader struct {
 // configTimeout bounds the wait for the kernel's answer to each configuration message.
 const configTimeout = 5 * time.Second
 
-// Open binds NFLOG group in the current network namespace. Only one socket per network
-// namespace can bind a group. Ending ctx ends the binding (Open returns at once).
+// Open binds NFLOG group in the calling thread's network namespace. Only one socket per
+// network namespace can bind a group. Ending ctx ends the binding (Open returns at once).
 func Open(ctx context.Context, group uint16) (*Reader, error) {
-	return OpenAt(ctx, netns.None(), group)
-}
-
-// OpenAt binds NFLOG group in network namespace ns (netns.None(): the current one).
-func OpenAt(ctx context.Context, ns netns.NsHandle, group uint16) (*Reader, error) {
-	sock, err := nl.GetNetlinkSocketAt(ns, netns.None(), unix.NETLINK_NETFILTER)
+	sock, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("opening a netfilter netlink socket: %w", err)
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // lines collects the JSON lines a logr logger writes.
@@ -393,11 +394,12 @@ func TestDenyLogsKernelIgnoresMessagesNotFromKernel(t *testing.T) {
 	if prefix == "" {
 		t.Fatalf("no deny log rule of web: %v", rs.DenyLogRules)
 	}
-	h, err := netns.GetFromPath(n.ns.Path())
-	check.Must(t, err)
-	defer h.Close()
-	sock, err := nl.GetNetlinkSocketAt(h, netns.None(), unix.NETLINK_NETFILTER)
-	check.Must(t, err)
+	var sock *nl.NetlinkSocket
+	check.Must(t, netnstest.EnterPath(n.ns.Path(), func() error {
+		var err error
+		sock, err = nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_NETFILTER)
+		return err
+	}))
 	defer sock.Close()
 	msg := forgedNFLOG(prefix, n.pods["other"].ip, n.pods["web"].ip, 4242, 7000)
 	for range 3 {
@@ -480,9 +482,6 @@ func startDenyLogger(t *testing.T, n *node, rate int, reg *prometheus.Registry, 
 // opens (its socket's netlink port ID is where the kernel sends the group's messages).
 func startDenyLoggerReader(t *testing.T, n *node, rate int, reg *prometheus.Registry, got *lines) (*policy.DenyLogger, <-chan *denylog.Reader) {
 	t.Helper()
-	h, err := netns.GetFromPath(n.ns.Path())
-	check.Must(t, err)
-	t.Cleanup(func() { h.Close() })
 	byIP := map[netip.Addr]types.NamespacedName{}
 	for _, p := range n.pods {
 		byIP[p.ip] = p.pod.Key()
@@ -494,7 +493,12 @@ func startDenyLoggerReader(t *testing.T, n *node, rate int, reg *prometheus.Regi
 	d := &policy.DenyLogger{
 		LinesPerSecond: rate, Log: funcrLogger(got),
 		Open: func(ctx context.Context, g uint16) (*denylog.Reader, error) {
-			r, err := denylog.OpenAt(ctx, h, g)
+			var r *denylog.Reader
+			err := netnstest.EnterPath(n.ns.Path(), func() error {
+				var err error
+				r, err = denylog.Open(ctx, g)
+				return err
+			})
 			if err == nil {
 				select {
 				case opened <- r:

@@ -15,7 +15,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/go-logr/logr"
 
 	"github.com/trellis-net/trellis/cni/ipam"
@@ -82,9 +81,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err := types.LoadArgs(args.Args, &k8s); err != nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "CNI_ARGS can't be parsed", err.Error())
 	}
-	podNS, err := ns.GetNS(args.Netns)
+	podNS, err := openPodNetns(args.Netns)
 	if err != nil {
-		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %q is not a network namespace", args.Netns), err.Error())
+		return err
 	}
 	defer podNS.Close()
 
@@ -253,9 +252,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 		}
 	}
 	store.Close()
-	podNS, err := ns.GetNS(args.Netns)
+	podNS, err := openPodNetns(args.Netns)
 	if err != nil {
-		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %q is not a network namespace", args.Netns), err.Error())
+		return err
 	}
 	defer podNS.Close()
 	if err := veth.Check(podNS, *want); err != nil {

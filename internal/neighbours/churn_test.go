@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,33 +60,37 @@ func TestListingUnderChurn(t *testing.T) {
 	var churned atomic.Int64
 	var wg sync.WaitGroup
 	wg.Add(1)
+	var churnErr error
 	go func() { // pods coming and going: links, routes and neighbours added and removed
 		defer wg.Done()
-		runtime.LockOSThread()
-		_ = node.Set()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
+		// In the node's namespace (Do refuses the machine's own); the calls' errors are
+		// ignored: a round that fails is churn all the same.
+		churnErr = node.Do(func(ns.NetNS) error {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return nil
+				default:
+				}
+				la := netlink.NewLinkAttrs()
+				la.Name = fmt.Sprintf("trlx%d", i%4)
+				_ = netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: fmt.Sprintf("px%d", i%4), PeerNamespace: netlink.NsFd(int(peer.Fd()))})
+				dst := &net.IPNet{IP: net.IPv4(10, 245, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}
+				r := &netlink.Route{LinkIndex: hostIndex, Dst: dst, Scope: netlink.SCOPE_LINK, Protocol: veth.RouteProtocol}
+				_ = netlink.RouteAdd(r)
+				n := &netlink.Neigh{LinkIndex: hostIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: dst.IP, HardwareAddr: net.HardwareAddr{2, 0, 0, 0, byte(i >> 8), byte(i)}}
+				_ = netlink.NeighAdd(n)
+				_ = netlink.RouteDel(r)
+				_ = netlink.NeighDel(n)
+				if l, err := netlink.LinkByName(la.Name); err == nil {
+					_ = netlink.LinkDel(l)
+				}
+				churned.Add(1)
 			}
-			la := netlink.NewLinkAttrs()
-			la.Name = fmt.Sprintf("trlx%d", i%4)
-			_ = netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: fmt.Sprintf("px%d", i%4), PeerNamespace: netlink.NsFd(int(peer.Fd()))})
-			dst := &net.IPNet{IP: net.IPv4(10, 245, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}
-			r := &netlink.Route{LinkIndex: hostIndex, Dst: dst, Scope: netlink.SCOPE_LINK, Protocol: veth.RouteProtocol}
-			_ = netlink.RouteAdd(r)
-			n := &netlink.Neigh{LinkIndex: hostIndex, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT, IP: dst.IP, HardwareAddr: net.HardwareAddr{2, 0, 0, 0, byte(i >> 8), byte(i)}}
-			_ = netlink.NeighAdd(n)
-			_ = netlink.RouteDel(r)
-			_ = netlink.NeighDel(n)
-			if l, err := netlink.LinkByName(la.Name); err == nil {
-				_ = netlink.LinkDel(l)
-			}
-			churned.Add(1)
-		}
+		})
 	}()
-	defer func() { close(stop); wg.Wait() }()
+	stopChurn := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer stopChurn()
 
 	deadline := time.Now().Add(3 * time.Second)
 	var plain, safe int
@@ -118,6 +121,8 @@ func TestListingUnderChurn(t *testing.T) {
 		}
 		return nil
 	}))
+	stopChurn()
+	check.Must(t, churnErr)
 	t.Logf("%d churn rounds; %d plain dumps interrupted; %d rounds of trellis's listings", churned.Load(), plain, safe)
 	if plain == 0 {
 		t.Fatal("the churn interrupted no plain dump: the test proves nothing on this machine")

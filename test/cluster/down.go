@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/cluster/topology"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // stateEntries are what Up creates in the state directory; Down removes only these (the
@@ -72,7 +72,7 @@ func down(ctx context.Context, opts Options, keepLogs bool) error {
 	slices.SortFunc(namespaces, func(a, b string) int {
 		return boolInt(strings.HasSuffix(a, "underlay")) - boolInt(strings.HasSuffix(b, "underlay"))
 	})
-	if err := topology.DeleteNetNS(ctx, namespaces); err != nil {
+	if err := netnstest.Delete(namespaces...); err != nil {
 		errs = append(errs, err)
 	}
 	for _, e := range stateEntries {

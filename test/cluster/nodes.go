@@ -18,6 +18,7 @@ import (
 	"github.com/trellis-net/trellis/test/cluster/pki"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/cluster/topology"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // AddNode joins one more node to the running cluster, on the underlay, the way a new
@@ -132,7 +133,7 @@ func (c *Cluster) RemoveNode(ctx context.Context, name string) error {
 	if err := procs.RemoveCgroupTrees(cgroups); err != nil {
 		errs = append(errs, err)
 	}
-	if err := topology.DeleteNetNS(ctx, []string{n.NetNS}); err != nil {
+	if err := netnstest.Delete(n.NetNS); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {

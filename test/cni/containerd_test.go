@@ -19,6 +19,7 @@ import (
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/netnstest"
 	rt "github.com/trellis-net/trellis/test/runtime"
 )
 
@@ -157,7 +158,7 @@ func startContainerdNode(t *testing.T, conf cnicontract.NetConf) containerdNode 
 	// What containerd hands the plugin, each call kept in calls/<n>-<command>.
 	recordCalls(t, filepath.Join(binDir, "trellis"), filepath.Join(binDir, "trellis.real"), calls)
 	node := rt.StartNode(t, rt.NodeOptions{Name: "trellis", CNIBinDir: binDir})
-	nodeNS, err := ns.GetNS(node.NetNS)
+	nodeNS, err := netnstest.Open(node.NetNS)
 	if err != nil {
 		t.Fatal(err)
 	}

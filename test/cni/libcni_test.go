@@ -16,11 +16,11 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/cni/plugin"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 func TestSpecVersions(t *testing.T) {
@@ -101,8 +101,7 @@ func TestDelAfterPodNamespaceIsGone(t *testing.T) {
 	p := n.newPod("gone")
 	n.mustAdd(p)
 	// The runtime tears the sandbox down before its last DEL: no netns, no prevResult.
-	p.ns.Close()
-	if err := testutils.UnmountNS(p.ns); err != nil {
+	if err := netnstest.Remove(p.ns); err != nil {
 		t.Fatal(err)
 	}
 	if err := n.del(p, false); err != nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	osexec "os/exec"
@@ -20,6 +21,7 @@ import (
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // fakeAgent answers the policy hook like the node agent, after delay.
@@ -191,5 +193,37 @@ func TestBadInput(t *testing.T) {
 				t.Errorf("got code %d %q, want code %d mentioning %q", e.Code, e.Msg, tt.code, tt.msg)
 			}
 		})
+	}
+}
+
+// TestRefusesItsOwnNamespace: a runtime that hands the plugin its own network namespace
+// (the node's) as CNI_NETNS gets an invalid-netns error before anything is allocated or
+// wired. The plugin runs inside a test namespace, so a plugin without the check would
+// wire that one, never the machine's.
+func TestRefusesItsOwnNamespace(t *testing.T) {
+	node := netnstest.New(t)
+	dir := t.TempDir()
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":"trellis","type":"trellis","podCIDR":"10.244.1.0/24","dataDir":%q,"logFile":%q}`,
+		filepath.Join(dir, "ipam"), filepath.Join(dir, "trellis.log"))
+	cmd := osexec.Command(filepath.Join(pluginDir, "trellis"))
+	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=abc", "CNI_NETNS=/proc/self/ns/net", "CNI_IFNAME=eth0", "CNI_PATH=" + pluginDir}
+	cmd.Stdin = strings.NewReader(conf)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	if err := netnstest.EnterPath(node.Path(), cmd.Run); err == nil {
+		t.Fatalf("ADD in the plugin's own namespace succeeded: %s", stdout.String())
+	}
+	var e struct {
+		Code uint   `json:"code"`
+		Msg  string `json:"msg"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &e); err != nil {
+		t.Fatalf("stdout is not a CNI error: %q", stdout.String())
+	}
+	if e.Code != 8 || !strings.Contains(e.Msg, "plugin's own network namespace") {
+		t.Errorf("got code %d %q, want code 8 (invalid netns) naming the plugin's own network namespace", e.Code, e.Msg)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(dir, "ipam")); len(entries) > 0 {
+		t.Errorf("the plugin allocated before refusing: %d entries in its IPAM store", len(entries))
 	}
 }

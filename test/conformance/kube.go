@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Kube is cyclonus's kube.IKubernetes for a local cluster: cyclonus's own client
@@ -321,7 +322,7 @@ func (k *Kube) podNetns(namespace, name string) (*podNetns, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pod %s: %w", key, err)
 	}
-	n, err := ns.GetNS(path)
+	n, err := netnstest.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s: opening %s: %w", key, path, err)
 	}

@@ -3,11 +3,14 @@ package netnstest
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/test/check"
@@ -79,24 +82,140 @@ func TestEnterRunsInTheNamespace(t *testing.T) {
 	}
 }
 
-// TestEnterLeavesNoThreadBehind: once Enter returns, no thread of the process is in the
-// test's namespace (each went back, or was discarded), so later goroutines can't act there.
+// TestEnterLeavesNoThreadBehind: once Enter or NewUnpinned returns, no thread of the
+// process is in the test's namespace (each went back, or was discarded), so later
+// goroutines can't act there, and /proc/self/ns/net (the main thread's) is the machine's.
 func TestEnterLeavesNoThreadBehind(t *testing.T) {
 	n := New(t)
-	inside, err := netnsID(n.Path())
-	if err != nil {
-		t.Fatal(err)
-	}
+	inside := map[nsID]bool{}
+	id, err := netnsID(n.Path())
+	check.Must(t, err)
+	inside[id] = true
 	for range 50 {
 		check.Must(t, EnterPath(n.Path(), func() error { return nil }))
+	}
+	for range 20 {
+		id, err := netnsID(NewUnpinned(t).Path())
+		check.Must(t, err)
+		inside[id] = true
 	}
 	tasks, err := filepath.Glob("/proc/self/task/*/ns/net")
 	if err != nil || len(tasks) == 0 {
 		t.Fatalf("listing this process's threads: %v", err)
 	}
 	for _, task := range tasks {
-		if id, err := netnsID(task); err == nil && id == inside {
-			t.Errorf("thread %s is still in the test's namespace", task)
+		if id, err := netnsID(task); err == nil && inside[id] {
+			t.Errorf("thread %s is still in a test's namespace", task)
 		}
+	}
+	if id, err := netnsID("/proc/self/ns/net"); err != nil || id != home {
+		t.Errorf("/proc/self/ns/net is %v (%v), want the machine's %v", id, err, home)
+	}
+}
+
+// TestOpen: Open hands out a test's namespace and refuses the machine's own.
+func TestOpen(t *testing.T) {
+	n := New(t)
+	h, err := Open(n.Path())
+	check.Must(t, err)
+	h.Close()
+	if h, err := Open("/proc/self/ns/net"); err == nil || !strings.Contains(err.Error(), "machine's own network namespace") {
+		if err == nil {
+			h.Close()
+		}
+		t.Errorf("Open(/proc/self/ns/net) = %v, want a refusal naming the machine's own network namespace", err)
+	}
+}
+
+// TestAddDelete: Add makes named namespaces with lo up, Delete removes them and skips those
+// that are gone.
+func TestAddDelete(t *testing.T) {
+	RequireRoot(t)
+	RequireCommands(t, "ip")
+	names := []string{fmt.Sprintf("trlnetnstest-%d-a", os.Getpid()), fmt.Sprintf("trlnetnstest-%d-b", os.Getpid())}
+	t.Cleanup(func() { _ = Delete(names...) })
+	check.Must(t, Add(t.Context(), names...))
+	for _, n := range names {
+		check.Must(t, EnterPath(namedPath(n), func() error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			if lo.Attrs().Flags&net.FlagUp == 0 {
+				return fmt.Errorf("lo is down in %s", n)
+			}
+			return nil
+		}))
+	}
+	check.Must(t, Delete(names[0]))
+	check.Must(t, Delete(names...))
+	for _, n := range names {
+		if _, err := os.Lstat(namedPath(n)); err == nil {
+			t.Errorf("%s is left after Delete", n)
+		}
+	}
+}
+
+// TestRefuseParentNetns: a helper started in its parent's namespace is refused, one started
+// inside a namespace of its own is not.
+func TestRefuseParentNetns(t *testing.T) {
+	if os.Getenv("NETNSTEST_HELPER") == "1" {
+		if err := RefuseParentNetns(); err != nil {
+			fmt.Print(err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
+	n := New(t)
+	helper := func() error {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRefuseParentNetns$")
+		cmd.Env = append(os.Environ(), "NETNSTEST_HELPER=1")
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	if err := helper(); err == nil || !strings.Contains(err.Error(), "parent's network namespace") {
+		t.Errorf("a helper in its parent's namespace: %v, want a refusal", err)
+	}
+	if err := EnterPath(n.Path(), helper); err != nil {
+		t.Errorf("a helper started inside a namespace of its own: %v", err)
+	}
+}
+
+// TestHandles: the handles New, NewUnpinned and Open give run Do through Enter (in the
+// namespace, handing over the one the thread came from) and panic in Set.
+func TestHandles(t *testing.T) {
+	n := New(t)
+	opened, err := Open(n.Path())
+	check.Must(t, err)
+	defer opened.Close()
+	for name, h := range map[string]ns.NetNS{"New": n, "NewUnpinned": NewUnpinned(t), "Open": opened} {
+		want, err := netnsID(h.Path())
+		check.Must(t, err)
+		var got, from nsID
+		check.Must(t, h.Do(func(host ns.NetNS) error {
+			if got, err = netnsID("/proc/thread-self/ns/net"); err != nil {
+				return err
+			}
+			from, err = netnsID(host.Path())
+			return err
+		}))
+		if got != want {
+			t.Errorf("%s: Do ran in %v, want %v", name, got, want)
+		}
+		if from != home {
+			t.Errorf("%s: Do handed over %v as the namespace the thread came from, want %v", name, from, home)
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: Set did not panic", name)
+				}
+			}()
+			_ = h.Set()
+			t.Errorf("%s: Set moved the calling thread", name)
+		}()
 	}
 }

@@ -89,7 +89,7 @@ type NodeOptions struct {
 type Node struct {
 	// Name is the node's network namespace (in /run/netns) and its hostname.
 	Name string
-	// NetNS is the path of the node's network namespace, for nsenter --net= or netns.GetFromPath.
+	// NetNS is the path of the node's network namespace, for nsenter --net= or netnstest.EnterPath.
 	NetNS string
 	// Dir holds the node's containerd config, root, state, socket and logs.
 	Dir string
@@ -121,7 +121,7 @@ type Pod struct {
 	// PID is the sandbox (pause) process, in the root PID namespace.
 	PID int
 	// NetNS is the pod's network namespace as a path usable from the root mount
-	// namespace (/proc/PID/ns/net), e.g. for nsenter --net= or netns.GetFromPath.
+	// namespace (/proc/PID/ns/net), e.g. for nsenter --net= or netnstest.EnterPath.
 	NetNS string
 
 	node         *Node
@@ -237,11 +237,8 @@ func (n *Node) start(archive string) error {
 			return fmt.Errorf("creating %s: %w", d, err)
 		}
 	}
-	if out, err := sbinCommand(context.Background(), "ip", "netns", "add", n.Name).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add %s: %w: %s", n.Name, err, strings.TrimSpace(string(out)))
-	}
-	if out, err := sbinCommand(context.Background(), "ip", "-n", n.Name, "link", "set", "lo", "up").CombinedOutput(); err != nil {
-		return fmt.Errorf("bringing lo up in %s: %w: %s", n.Name, err, strings.TrimSpace(string(out)))
+	if err := netnstest.Add(context.Background(), n.Name); err != nil {
+		return err
 	}
 	runc, err := procs.LookPath("runc")
 	if err != nil {

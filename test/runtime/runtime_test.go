@@ -14,6 +14,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // referenceConflist is ptp + host-local + portmap, the reference plugins, on a pod subnet
@@ -196,10 +197,8 @@ func TestSweepLeftovers(t *testing.T) {
 	name := namePrefix + strconv.Itoa(dead) + "-1-leftover"
 	live := namePrefix + strconv.Itoa(os.Getpid()) + "-999-live"
 	for _, n := range []string{name, live} {
-		if out, err := sbinCommand(context.Background(), "ip", "netns", "add", n).CombinedOutput(); err != nil {
-			t.Fatalf("ip netns add %s: %v: %s", n, err, out)
-		}
 		t.Cleanup(func() { _ = removeNodeResources(n, filepath.Join(os.TempDir(), n)) })
+		check.Must(t, netnstest.Add(context.Background(), n))
 		if err := os.MkdirAll(filepath.Join(os.TempDir(), n, "root"), 0o755); err != nil {
 			t.Fatal(err)
 		}

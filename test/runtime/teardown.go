@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // namePrefix starts the name of every node network namespace, node directory (under
@@ -77,10 +77,8 @@ func removeNodeResources(name, dir string) error {
 	if err := removeCgroups(name); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := os.Stat(nsPath); err == nil {
-		if out, err := sbinCommand(context.Background(), "ip", "netns", "delete", name).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("ip netns delete %s: %w: %s", name, err, strings.TrimSpace(string(out))))
-		}
+	if err := netnstest.Delete(name); err != nil {
+		errs = append(errs, err)
 	}
 	if dir != "" {
 		if err := os.RemoveAll(dir); err != nil {

@@ -472,16 +472,12 @@ func (h *Harness) AddRealNode(ctx context.Context) (*RealNode, error) {
 	if err := os.MkdirAll(rn.dir, 0o700); err != nil {
 		return nil, err
 	}
-	if out, err := exec.CommandContext(ctx, "ip", "netns", "add", rn.NS).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ip netns add %s: %w: %s", rn.NS, err, out)
+	if err := netnstest.Add(ctx, rn.NS); err != nil {
+		rn.Remove()
+		return nil, err
 	}
 	bits := netip.MustParsePrefix(underlay).Bits()
 	if err := rn.do(func() error {
-		for _, l := range []string{"lo"} {
-			if link, err := netlink.LinkByName(l); err == nil {
-				_ = netlink.LinkSetUp(link)
-			}
-		}
 		la := netlink.NewLinkAttrs()
 		la.Name = "eth0"
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0-p"}); err != nil {
@@ -541,7 +537,7 @@ func (rn *RealNode) Remove() {
 	for _, pid := range procs.InNetNS(procs.NetNSPath(rn.NS)) {
 		_ = unix.Kill(pid, unix.SIGKILL)
 	}
-	if err := benchrun.DeleteNetns([]string{rn.NS}); err != nil {
+	if err := netnstest.Delete(rn.NS); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 	}
 }

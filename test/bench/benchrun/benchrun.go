@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Preflight fails, saying what to install, unless the program runs as root and finds each
@@ -58,37 +59,6 @@ func Stale(base, name string) bool {
 	return !procs.Alive(pid)
 }
 
-// DeleteNetns deletes the named network namespaces (those missing are skipped) with one
-// `ip -force -batch` and checks that none is left. It must work after any failure, so it
-// takes no context.
-func DeleteNetns(names []string) error {
-	var script strings.Builder
-	for _, n := range names {
-		if _, err := os.Lstat(procs.NetNSPath(n)); err == nil {
-			fmt.Fprintf(&script, "netns del %s\n", n)
-		}
-	}
-	if script.Len() == 0 {
-		return nil
-	}
-	cmd := exec.Command("ip", "-force", "-batch", "-")
-	cmd.Stdin = strings.NewReader(script.String())
-	out, batchErr := cmd.CombinedOutput()
-	var left []string
-	for _, n := range names {
-		if _, err := os.Lstat(procs.NetNSPath(n)); err == nil {
-			left = append(left, n)
-		}
-	}
-	if len(left) > 0 && batchErr != nil {
-		return fmt.Errorf("%d network namespaces are left (first %s): %w: %s", len(left), left[0], batchErr, FirstLines(out, 5))
-	}
-	if len(left) > 0 {
-		return fmt.Errorf("%d network namespaces are left (first %s): %s", len(left), left[0], FirstLines(out, 5))
-	}
-	return nil
-}
-
 // Sweep removes what runs of base that no longer run left (killed with SIGKILL, machine
 // crash...): it kills the processes still inside their namespaces (an iperf3, a runner),
 // which would keep them alive, deletes the namespaces and removes their run directories
@@ -106,7 +76,7 @@ func Sweep(base string) (removed []string, err error) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	if err := DeleteNetns(stale); err != nil {
+	if err := netnstest.Delete(stale...); err != nil {
 		errs = append(errs, fmt.Errorf("deleting namespaces of killed runs: %w", err))
 	}
 	removed = append(removed, stale...)

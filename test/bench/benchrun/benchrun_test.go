@@ -2,7 +2,6 @@ package benchrun
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -67,14 +66,12 @@ func TestSweep(t *testing.T) {
 	dead := base + deadPid + "-node"
 	live := Prefix(base) + "node"
 	t.Cleanup(func() {
-		if err := DeleteNetns([]string{dead, live}); err != nil {
+		if err := netnstest.Delete(dead, live); err != nil {
 			t.Error(err)
 		}
 	})
-	for _, n := range []string{dead, live} {
-		if out, err := exec.Command("ip", "netns", "add", n).CombinedOutput(); err != nil {
-			t.Fatalf("ip netns add %s: %v: %s", n, err, out)
-		}
+	if err := netnstest.Add(t.Context(), dead, live); err != nil {
+		t.Fatal(err)
 	}
 	deadDir, err := os.MkdirTemp("", base+deadPid+"-run-")
 	if err != nil {

@@ -11,8 +11,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // checkLeaks proves that every ADD was undone by its DEL: no address is held in either
@@ -124,7 +125,7 @@ func nodeRoutes() ([]string, error) {
 
 func checkPodNetns(path string) error {
 	var extra []string
-	err := ns.WithNetNSPath(path, func(ns.NetNS) error {
+	err := netnstest.EnterPath(path, func() error {
 		var err error
 		extra, err = nonLoopback()
 		return err

@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // childGrace is how long the runner may take, after an interrupt, to DEL what it added.
@@ -57,7 +58,7 @@ func runOrchestrator(o options) (code int) {
 
 	// Cleanup runs whatever happened; signals stay caught meanwhile, so it completes.
 	defer func() {
-		if err := benchrun.DeleteNetns(names); err != nil {
+		if err := netnstest.Delete(names...); err != nil {
 			fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 			code = max(code, 1)
 		}
@@ -74,7 +75,7 @@ func runOrchestrator(o options) (code int) {
 	}()
 
 	start := time.Now()
-	if err := createNetns(sup.ctx, names, nodeNetns(prefix)); err != nil {
+	if err := netnstest.Add(sup.ctx, names...); err != nil {
 		fmt.Fprintf(os.Stderr, "bench-cni: %v\n", err)
 		return 1
 	}

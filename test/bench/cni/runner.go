@@ -24,6 +24,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // opTimeout bounds one ADD or DEL; the plugins take milliseconds.
@@ -60,8 +61,10 @@ type runner struct {
 
 // runRunner is the runner's main: it returns the exit code.
 func runRunner(o options) int {
-	if err := ensureNotRootNetns(); err != nil {
-		fmt.Fprintf(os.Stderr, "bench-cni runner: %v\n", err)
+	// The plugins would add veths and routes to the real host: the orchestrator starts the
+	// runner under ip netns exec, never in its own namespace.
+	if err := netnstest.RefuseParentNetns(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench-cni runner: refusing to run the plugins: %v\n", err)
 		return 2
 	}
 	r, err := newRunner(o)
@@ -116,30 +119,6 @@ func runRunner(o options) int {
 		}
 	}
 	return code
-}
-
-// ensureNotRootNetns refuses to run the plugins in the machine's network namespace: they
-// would add veths and routes to the real host. The orchestrator (our parent: ip execs the
-// runner in place) runs in the root namespace; PID 1's is compared too where it is readable
-// (a sandbox may deny it).
-func ensureNotRootNetns() error {
-	self, err := os.Stat("/proc/self/ns/net")
-	if err != nil {
-		return fmt.Errorf("reading this process's network namespace: %w", err)
-	}
-	for _, other := range []string{fmt.Sprintf("/proc/%d/ns/net", os.Getppid()), "/proc/1/ns/net"} {
-		st, err := os.Stat(other)
-		if err != nil {
-			if other == "/proc/1/ns/net" {
-				continue
-			}
-			return fmt.Errorf("reading the orchestrator's network namespace: %w", err)
-		}
-		if os.SameFile(self, st) {
-			return fmt.Errorf("refusing to run the plugins in the root network namespace (%s is the same): the runner must be started by the orchestrator under ip netns exec", other)
-		}
-	}
-	return nil
 }
 
 func newRunner(o options) (*runner, error) {

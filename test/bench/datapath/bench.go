@@ -14,6 +14,7 @@ import (
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 func logf(format string, args ...any) {
@@ -62,7 +63,7 @@ func run(o options) (code int) {
 		if ctx.Err() != nil && code != 1 && !o.hold {
 			code = 130
 		}
-		if err := benchrun.DeleteNetns(append(l.namespaces(), stragglers(l)...)); err != nil {
+		if err := netnstest.Delete(append(l.namespaces(), stragglers(l)...)...); err != nil {
 			logf("%v", err)
 			code = max(code, 1)
 		}

@@ -7,7 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/test/cluster/topology"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // The reference side's names: the host end of pod p's veth and the VXLAN device.
@@ -89,7 +89,7 @@ func refMAC(kind, k, i int) net.HardwareAddr {
 }
 
 func refPod(ctx context.Context, n *node, p *pod, host string, hostMAC net.HardwareAddr, mtu int) error {
-	if err := topology.AddNetNS(ctx, p.netns); err != nil {
+	if err := netnstest.Add(ctx, p.netns); err != nil {
 		return err
 	}
 	if err := ipBatch(ctx, n.netns, []string{

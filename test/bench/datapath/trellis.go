@@ -21,7 +21,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/cluster/topology"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // The agent's settings the benchmark programs, the ClusterNetwork defaults.
@@ -82,7 +82,7 @@ func setupTrellis(ctx context.Context, c *cluster, o options, runDir string) err
 			return err
 		}
 		for _, p := range n.pods {
-			if err := topology.AddNetNS(ctx, p.netns); err != nil {
+			if err := netnstest.Add(ctx, p.netns); err != nil {
 				return err
 			}
 			if err := addPod(ctx, cni, list, n, p); err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/trellis-net/trellis/test/cluster/topology"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // createUnderlay makes what every side shares: the local cluster's underlay
@@ -18,7 +19,7 @@ func createUnderlay(ctx context.Context, l *layout) error {
 	if err := topology.CreateUnderlay(ctx, l.underlay, true); err != nil {
 		return fmt.Errorf("creating the underlay: %w", err)
 	}
-	if err := topology.AddNetNS(ctx, l.router); err != nil {
+	if err := netnstest.Add(ctx, l.router); err != nil {
 		return err
 	}
 	if err := topology.Attach(ctx, l.underlay, l.router, "vrt0", "eth0", topology.RouterUnderlayIP, topology.UnderlaySubnet); err != nil {
@@ -46,7 +47,7 @@ func createUnderlay(ctx context.Context, l *layout) error {
 
 	a, b := l.floor[0], l.floor[1]
 	for _, p := range l.floor {
-		if err := topology.AddNetNS(ctx, p.netns); err != nil {
+		if err := netnstest.Add(ctx, p.netns); err != nil {
 			return err
 		}
 	}
@@ -67,7 +68,7 @@ func createUnderlay(ctx context.Context, l *layout) error {
 // to the other subnet via the router. It is the machine the agent (or the hand-built
 // reference) then programs; neither side's code touches the underlay.
 func createNode(ctx context.Context, l *layout, n *node) error {
-	if err := topology.AddNetNS(ctx, n.netns); err != nil {
+	if err := netnstest.Add(ctx, n.netns); err != nil {
 		return err
 	}
 	other, via := topology.RemoteSubnet, topology.RouterUnderlayIP

@@ -16,7 +16,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -47,23 +46,16 @@ func (n *node) setup(ctx context.Context) error {
 	for _, p := range realPods {
 		names = append(names, n.podNS(p))
 	}
-	for _, name := range names {
-		if out, err := exec.CommandContext(ctx, "ip", "netns", "add", name).CombinedOutput(); err != nil {
-			return fmt.Errorf("ip netns add %s: %w: %s", name, err, out)
-		}
-		n.pods = append(n.pods, name)
-		if err := inNetns(name, func() error {
-			return exec.Command("ip", "link", "set", "lo", "up").Run()
-		}); err != nil {
-			return err
-		}
+	n.pods = names
+	if err := netnstest.Add(ctx, names...); err != nil {
+		return err
 	}
 	if err := inNetns(n.name, func() error {
 		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 			return err
 		}
 		for i, p := range realPods {
-			podNS, err := ns.GetNS(procs.NetNSPath(n.podNS(p)))
+			podNS, err := netnstest.Open(procs.NetNSPath(n.podNS(p)))
 			if err != nil {
 				return err
 			}
@@ -136,7 +128,7 @@ func (n *node) cleanup() {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
 	}
-	if err := benchrun.DeleteNetns(n.pods); err != nil {
+	if err := netnstest.Delete(n.pods...); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-policy:", err)
 	}
 }

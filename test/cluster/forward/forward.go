@@ -1,8 +1,8 @@
 // Package forward gives the root network namespace access to a server inside another
 // network namespace without configuring anything in the root namespace: a listener on
-// loopback in the caller's namespace, and for each connection a socket created by an OS
-// thread that has joined the target namespace (a socket stays in the namespace it was
-// created in, whatever thread uses it later).
+// loopback in the caller's namespace, and for each connection a socket created inside the
+// target namespace (netnstest.EnterPath; a socket stays in the namespace it was created
+// in, whatever thread uses it later).
 package forward
 
 import (
@@ -13,56 +13,26 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"runtime"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
-// DialInNetNS dials addr from inside the network namespace at nsPath.
+// DialInNetNS dials addr from inside the network namespace at nsPath (never the
+// machine's own: netnstest.EnterPath refuses it).
 func DialInNetNS(ctx context.Context, nsPath, network, addr string) (net.Conn, error) {
-	type result struct {
-		conn net.Conn
-		err  error
-	}
-	ch := make(chan result, 1)
-	// A goroutine of its own: when the thread cannot be switched back it stays locked,
-	// and the runtime discards a thread whose goroutine exits locked.
-	go func() {
-		runtime.LockOSThread()
-		conn, restored, err := dialOnThisThread(ctx, nsPath, network, addr)
-		if restored {
-			runtime.UnlockOSThread()
-		}
-		ch <- result{conn, err}
-	}()
-	r := <-ch
-	return r.conn, r.err
-}
-
-func dialOnThisThread(ctx context.Context, nsPath, network, addr string) (conn net.Conn, restored bool, err error) {
-	orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+	var conn net.Conn
+	err := netnstest.EnterPath(nsPath, func() error {
+		var d net.Dialer
+		var err error
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
 	if err != nil {
-		return nil, true, fmt.Errorf("opening this thread's network namespace: %w", err)
+		return nil, fmt.Errorf("dialing %s in %s: %w", addr, nsPath, err)
 	}
-	defer orig.Close()
-	target, err := os.Open(nsPath)
-	if err != nil {
-		return nil, true, fmt.Errorf("opening network namespace %s: %w", nsPath, err)
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		return nil, true, fmt.Errorf("joining network namespace %s: %w", nsPath, err)
-	}
-	var d net.Dialer
-	conn, err = d.DialContext(ctx, network, addr)
-	restored = unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil
-	if err != nil {
-		return nil, restored, fmt.Errorf("dialing %s in %s: %w", addr, nsPath, err)
-	}
-	return conn, restored, nil
+	return conn, nil
 }
 
 // Serve relays every connection accepted on l to target, dialed inside the network

@@ -4,18 +4,23 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/trellis-net/trellis/test/netnstest"
 )
 
-// TestServe relays a connection through Serve to a server "in another namespace" (this
-// process's own, by path: joining a namespace needs root either way) and back.
+// TestServe relays a connection through Serve to a server on loopback in a test's
+// namespace and back.
 func TestServe(t *testing.T) {
-	netnstest.RequireRoot(t) // joining a network namespace needs root
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	n := netnstest.New(t)
+	var echo net.Listener
+	if err := netnstest.EnterPath(n.Path(), func() error {
+		var err error
+		echo, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	defer echo.Close()
@@ -38,7 +43,7 @@ func TestServe(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, front, "/proc/self/ns/net", echo.Addr().String(), t.Logf) }()
+	go func() { done <- Serve(ctx, front, n.Path(), echo.Addr().String(), t.Logf) }()
 
 	c, err := net.DialTimeout("tcp", front.Addr().String(), 5*time.Second)
 	if err != nil {
@@ -64,9 +69,19 @@ func TestServe(t *testing.T) {
 	}
 }
 
-func TestDialInMissingNamespace(t *testing.T) {
-	_, err := DialInNetNS(context.Background(), "/run/netns/does-not-exist-trlc", "tcp", "127.0.0.1:1")
-	if err == nil {
-		t.Fatal("dialing in a missing namespace succeeded")
+// TestDialRefused: a missing namespace and the machine's own are errors, never a dial.
+func TestDialRefused(t *testing.T) {
+	netnstest.RequireRoot(t)
+	for path, want := range map[string]string{
+		"/run/netns/does-not-exist-trlc": "no such file",
+		"/proc/self/ns/net":              "machine's own network namespace",
+	} {
+		c, err := DialInNetNS(context.Background(), path, "tcp", "127.0.0.1:1")
+		if err == nil {
+			c.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("dialing in %s: %v, want an error saying %q", path, err, want)
+		}
 	}
 }

@@ -15,11 +15,11 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
+	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 var (
@@ -307,7 +307,7 @@ func underlayNode(prefix string, i int) Host {
 // addHost creates h's namespace and attaches its eth0 to its subnet's bridge, with its
 // default route.
 func (l Layout) addHost(ctx context.Context, h Host) error {
-	if err := AddNetNS(ctx, h.NetNS); err != nil {
+	if err := netnstest.Add(ctx, h.NetNS); err != nil {
 		return err
 	}
 	if err := Attach(ctx, l.Underlay, h.NetNS, "v-"+h.Name, "eth0", h.IP, h.Subnet); err != nil {
@@ -340,7 +340,7 @@ func addAddr6(ctx context.Context, netns, ifname string, addr netip.Addr, subnet
 // and, with remote, br1 for RemoteSubnet. The local cluster and bench-datapath build
 // their networks on it.
 func CreateUnderlay(ctx context.Context, underlay string, remote bool) error {
-	if err := AddNetNS(ctx, underlay); err != nil {
+	if err := netnstest.Add(ctx, underlay); err != nil {
 		return err
 	}
 	bridges := []string{"br0"}
@@ -392,33 +392,8 @@ func Sysctl(ctx context.Context, netns, key, value string) error {
 	return nil
 }
 
-// AddNetNS adds the named network namespace with its loopback up.
-func AddNetNS(ctx context.Context, name string) error {
-	if _, err := procs.Run(ctx, "ip", "netns", "add", name); err != nil {
-		return err
-	}
-	return ip(ctx, name, "link", "set", "lo", "up")
-}
-
 // ip runs `ip -n netns args...`.
 func ip(ctx context.Context, netns string, args ...string) error {
 	_, err := procs.Run(ctx, "ip", append([]string{"-n", netns}, args...)...)
 	return err
-}
-
-// DeleteNetNS removes the named namespaces that exist (their processes must be gone).
-func DeleteNetNS(ctx context.Context, names []string) error {
-	var errs []string
-	for _, n := range names {
-		if _, err := os.Stat(procs.NetNSPath(n)); err != nil {
-			continue
-		}
-		if _, err := procs.Run(ctx, "ip", "netns", "delete", n); err != nil {
-			errs = append(errs, err.Error())
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("deleting network namespaces: %s", strings.Join(errs, "; "))
-	}
-	return nil
 }
