@@ -2,6 +2,7 @@ package ipamgc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -164,8 +165,11 @@ func TestFirstPassAtStart(t *testing.T) {
 		}
 	}()
 	check.Eventually(t, 10*time.Second, fmt.Sprintf("the leaked allocation %s collected by a pass at start (interval 1h)", ip), func() error {
-		if _, err := os.Stat(filepath.Join(dir, ip.String())); !os.IsNotExist(err) {
-			return fmt.Errorf("still there (%v)", err)
+		switch _, err := os.Stat(filepath.Join(dir, ip.String())); {
+		case err == nil:
+			return errors.New("still there")
+		case !os.IsNotExist(err):
+			return err
 		}
 		return nil
 	})

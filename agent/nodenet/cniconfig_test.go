@@ -75,8 +75,11 @@ func TestShadowingCNIConfig(t *testing.T) {
 			check.Must(t, os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644))
 			if tc.remove {
 				check.Eventually(t, 10*time.Second, "the agent removes 00-other.conflist", func() error {
-					if _, err := os.Stat(other); !os.IsNotExist(err) {
-						return fmt.Errorf("stat: %v", err)
+					switch _, err := os.Stat(other); {
+					case err == nil:
+						return errors.New("still there")
+					case !os.IsNotExist(err):
+						return err
 					}
 					return nil
 				})
