@@ -50,3 +50,19 @@ if ((${#missing[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
 fi
+
+# Several local clusters at once (make test runs about five, each node a kubelet and a
+# containerd): each takes inotify instances and watches, and the kernel's defaults (128
+# instances per user) run out, failing kubelets and containerd's CRI with "too many open
+# files". The limits kind asks for, in sysctl.d so a reboot keeps them. Not networking: the
+# root network namespace is untouched.
+inotify_conf=/etc/sysctl.d/60-trellis-inotify.conf
+if [[ ! -f "${inotify_conf}" ]] || (( $(sysctl -n fs.inotify.max_user_instances) < 1024 )); then
+  if [[ $(id -u) -ne 0 ]]; then
+    log "fs.inotify.max_user_instances is $(sysctl -n fs.inotify.max_user_instances): run as root to raise it for the local clusters"
+    exit 1
+  fi
+  printf 'fs.inotify.max_user_instances = 1024\nfs.inotify.max_user_watches = 1048576\n' >"${inotify_conf}"
+  sysctl -q -p "${inotify_conf}"
+  log "inotify limits raised for several local clusters at once (${inotify_conf})"
+fi

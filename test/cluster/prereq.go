@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/trellis-net/trellis/test/cluster/procs"
@@ -53,6 +54,9 @@ func findTools(ctx context.Context, opts Options) (tools, error) {
 		if _, err := procs.LookPath(c.cmd); err != nil {
 			return tools{}, fmt.Errorf("%s is missing (Debian package %s): run hack/install-deps.sh (or `make deps`)", c.cmd, c.pkg)
 		}
+	}
+	if err := checkInotify(inotifyInstances); err != nil {
+		return tools{}, err
 	}
 	if _, err := exec.LookPath("go"); err != nil {
 		return tools{}, fmt.Errorf("the go command is needed (it builds the images' binaries): put /usr/local/go/bin on PATH")
@@ -180,4 +184,27 @@ func checkCgroupV1(dir string) error {
 	return fmt.Errorf("this host has no cgroup v1 cpuset hierarchy at %s (pure cgroup v2?): the local cluster (make demo, make test's e2e) "+
 		"needs a cgroup v1 hybrid host, the machines it is tested on; on Debian 12 add systemd.unified_cgroup_hierarchy=0 "+
 		"to GRUB_CMDLINE_LINUX in /etc/default/grub, run update-grub and reboot. Nothing was installed or changed", dir)
+}
+
+// inotifyInstances is the kernel's per-user limit of inotify instances; minInotifyInstances
+// is what several clusters at once need (make test runs about five: every node's kubelet
+// and containerd take some), where the default 128 fails them with "too many open files".
+const (
+	inotifyInstances    = "/proc/sys/fs/inotify/max_user_instances"
+	minInotifyInstances = 1024
+)
+
+func checkInotify(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading the inotify limit: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if n < minInotifyInstances {
+		return fmt.Errorf("%s is %d: local clusters at once need %d or more (kubelets and containerd fail with \"too many open files\"): run hack/install-deps.sh (or `make deps`) as root, which raises it", path, n, minInotifyInstances)
+	}
+	return nil
 }
