@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -329,6 +330,39 @@ func TestOperator(t *testing.T) {
 		if got := agentConfig(t).Encapsulation; got != "Direct" {
 			t.Errorf("ConfigMap encapsulation %s, want Direct", got)
 		}
+	})
+
+	t.Run("a deny log edit leaves the pod template as it was: no agent rolls", func(t *testing.T) {
+		// The agents follow spec.networkPolicy.denyLogs on the ClusterNetwork while they run
+		// (agent/policy TestDenyLogSettingAppliesLive).
+		before := &appsv1.DaemonSet{}
+		mustGet(t, dsKey, before)
+		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) {
+			s.NetworkPolicy.DenyLogs = v1alpha1.DenyLogsSpec{Mode: v1alpha1.DenyLogsAll, LinesPerSecond: 7}
+		})
+		check.Eventually(t, 30*time.Second, "the operator applies the edit", func() error {
+			cur := getClusterNetwork(t)
+			if cur.Status.ObservedGeneration != cur.Generation {
+				return fmt.Errorf("observedGeneration %d, generation %d", cur.Status.ObservedGeneration, cur.Generation)
+			}
+			// Agents that predate following the ClusterNetwork read it at start.
+			if got := agentConfig(t).NetworkPolicy.DenyLogs; got != (agentconfig.DenyLogs{Mode: "All", LinesPerSecond: 7}) {
+				return fmt.Errorf("ConfigMap denyLogs %+v", got)
+			}
+			return nil
+		})
+		after := &appsv1.DaemonSet{}
+		mustGet(t, dsKey, after)
+		if after.Generation != before.Generation || !equality.Semantic.DeepEqual(after.Spec.Template, before.Spec.Template) {
+			t.Errorf("the DaemonSet's pod template changed (generation %d -> %d): every agent rolls", before.Generation, after.Generation)
+		}
+		updateSpec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.NetworkPolicy.DenyLogs = v1alpha1.DenyLogsSpec{} }) // the defaults again
+		check.Eventually(t, 30*time.Second, "the ConfigMap has the default deny log settings again", func() error {
+			if got := agentConfig(t).NetworkPolicy.DenyLogs; got != (agentconfig.DenyLogs{Mode: "Annotated", LinesPerSecond: 100}) {
+				return fmt.Errorf("ConfigMap denyLogs %+v", got)
+			}
+			return nil
+		})
 	})
 
 	t.Run("drift is corrected", func(t *testing.T) {

@@ -15,9 +15,10 @@ import (
 // agent reads it from.
 const FileName = "config.json"
 
-// Config is the agent configuration. Changing any field changes the config hash on the
-// agent pod template and so rolls the agent DaemonSet: a field belongs here only if the
-// agent acts on it (config_test.go holds every field to a test that shows its effect).
+// Config is the agent configuration. Changing any field but the deny log settings changes
+// the config hash on the agent pod template and so rolls the agent DaemonSet: a field
+// belongs here only if the agent acts on it (config_test.go holds every field to a test
+// that shows its effect).
 type Config struct {
 	PodCIDRs      []string `json:"podCIDRs"`
 	Encapsulation string   `json:"encapsulation"`
@@ -42,7 +43,9 @@ type NetworkPolicy struct {
 	// SetupTimeout bounds how long a new pod's setup waits for its policies, a Go
 	// duration ("10s").
 	SetupTimeout string `json:"setupTimeout,omitempty"`
-	// DenyLogs is spec.networkPolicy.denyLogs.
+	// DenyLogs is spec.networkPolicy.denyLogs: the agent starts with it, then follows the
+	// ClusterNetwork's (agent/policy ClusterDenyLog), so it is left out of the config hash
+	// and its edit rolls no agent. Agents that predate that read it at start only.
 	DenyLogs DenyLogs `json:"denyLogs"`
 }
 

@@ -156,7 +156,7 @@ func TestLimiterSharesPerNamespace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := NewLimiter(tc.perSecond, 30*time.Second)
-			l.SetShares(tc.shares)
+			l.SetBound(tc.perSecond, tc.shares)
 			shop, bank := 0, 0
 			// 2 s of a 10,000 attempts a second flood from shop; bank makes one attempt
 			// every 100 ms, up to its burst in all (bank's own rate is never exceeded).
@@ -181,6 +181,37 @@ func TestLimiterSharesPerNamespace(t *testing.T) {
 				t.Errorf("bank got %d lines, want %d", bank, burst)
 			}
 		})
+	}
+}
+
+// A new bound (the ClusterNetwork's linesPerSecond edited while the agent runs) applies to
+// the next packet: each namespace starts with a full bucket of its new share.
+func TestLimiterNewBound(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := NewLimiter(2, 30*time.Second)
+	admitted := func(n int) (ok int) {
+		for i := range n {
+			p := Packet{Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "udp", SrcPort: uint16(i), DstPort: 53}
+			if yes, _ := l.Admit("shop", p, now); yes {
+				ok++
+			}
+		}
+		l.seen = map[flow]time.Time{} // only the bound counts here, not the repeats
+		return ok
+	}
+	for _, step := range []struct {
+		perSecond, shares, want int
+	}{
+		{2, 1, 2},  // NewLimiter's bound: a burst of 2, then nothing this instant
+		{5, 1, 5},  // raised: a full bucket of 5 at once
+		{5, 1, 0},  // unchanged: the bucket stays empty
+		{10, 2, 5}, // raised and split: shop's share is 5
+		{1, 1, 1},  // lowered
+	} {
+		l.SetBound(step.perSecond, step.shares)
+		if got := admitted(20); got != step.want {
+			t.Errorf("bound %d/s in %d shares: %d of 20 packets admitted at once, want %d", step.perSecond, step.shares, got, step.want)
+		}
 	}
 }
 

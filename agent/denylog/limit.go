@@ -35,7 +35,7 @@ const MaxBuckets = 4096
 
 // Limiter decides which packets become lines: the first of each 5-tuple within Window,
 // and per namespace at most its share of perSecond lines a second. The bound is split
-// evenly between the shares (SetShares): each namespace has a token bucket of its own of
+// evenly between the shares (SetBound): each namespace has a token bucket of its own of
 // perSecond/shares a second, with a burst of one second's worth (at least 1), so a flood
 // in one namespace uses up its own bucket and never another namespace's.
 type Limiter struct {
@@ -54,7 +54,7 @@ type Limiter struct {
 }
 
 // NewLimiter makes a Limiter of perSecond lines a second (at least 1), all of it one
-// namespace's share until SetShares says otherwise.
+// namespace's share until SetBound says otherwise.
 func NewLimiter(perSecond int, window time.Duration) *Limiter {
 	return &Limiter{
 		window: window, perSecond: max(perSecond, 1), shares: 1,
@@ -70,14 +70,15 @@ func Share(perSecond, n int) (perSec float64, burst int) {
 	return float64(perSecond) / float64(n), max(1, perSecond/n)
 }
 
-// SetShares splits the bound between n namespaces (at least 1). A change of n starts
-// every namespace with a full bucket of its new share.
-func (l *Limiter) SetShares(n int) {
-	n = max(n, 1)
-	if n == l.shares {
+// SetBound makes the bound perSecond lines a second (at least 1), split between n
+// namespaces (at least 1). A change of either starts every namespace with a full bucket
+// of its new share.
+func (l *Limiter) SetBound(perSecond, n int) {
+	perSecond, n = max(perSecond, 1), max(n, 1)
+	if perSecond == l.perSecond && n == l.shares {
 		return
 	}
-	l.shares = n
+	l.perSecond, l.shares = perSecond, n
 	clear(l.buckets)
 }
 

@@ -7,7 +7,9 @@ import (
 	"strconv"
 	"strings"
 
+	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/denylog"
+	"github.com/trellis-net/trellis/api/v1alpha1"
 )
 
 // Deny logs: where a pod's namespace asks for them, each DROP rule of the pod's chains is
@@ -66,6 +68,20 @@ type DenyLog struct {
 	// shares is how many namespaces split LinesPerSecond (the compiler counts them when
 	// it writes the first deny log rule).
 	shares int
+}
+
+// DenyLogFrom is the deny log configuration of a ClusterNetwork's spec. An unset field
+// (the CRD of an operator that predates deny logs has none) reads as the agent
+// configuration reads it: Annotated, 100 lines a second.
+func DenyLogFrom(s v1alpha1.DenyLogsSpec) DenyLog {
+	d := DenyLog{Mode: string(s.Mode), LinesPerSecond: int(s.LinesPerSecond)}
+	if d.Mode == "" {
+		d.Mode = DenyLogAnnotated
+	}
+	if d.LinesPerSecond == 0 {
+		d.LinesPerSecond = agentconfig.DefaultDenyLogLines
+	}
+	return d
 }
 
 // On tells whether ns's pods' denied packets are logged.
@@ -138,9 +154,9 @@ type DenyLogRule struct {
 	Rule string
 	// ClusterPolicy is the ClusterNetworkPolicy of a Deny rule ("" for NetworkPolicy).
 	ClusterPolicy string
-	// Shares is how many namespaces split the node's bound (the agent's limiter splits
-	// its own bound the same way).
-	Shares int
+	// LinesPerSecond is the node's bound and Shares how many namespaces split it, as the
+	// kernel's rules have them (the agent's limiter splits its own bound the same way).
+	LinesPerSecond, Shares int
 }
 
 // logged is chains with deny logs when pod's namespace asks for them.
@@ -183,7 +199,7 @@ func (c *compiler) withDenyLogs(chains []Chain, pc PodChain) []Chain {
 					c.rs.DenyLogRules = map[string]DenyLogRule{}
 				}
 				rule := denyLogRule(pc, r)
-				rule.Shares = max(c.denyLog.shares, 1)
+				rule.LinesPerSecond, rule.Shares = c.denyLog.LinesPerSecond, max(c.denyLog.shares, 1)
 				c.rs.DenyLogRules[prefix] = rule
 			}
 			rules = append(rules, r)

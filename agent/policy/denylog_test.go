@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"net/netip"
 	"reflect"
 	"regexp"
@@ -355,5 +356,38 @@ func TestDenyLoggerSharesPerNamespace(t *testing.T) {
 	d.Summarize()
 	if len(got) != 1 || !strings.Contains(got[0], `"namespace"="shop"`) || !strings.Contains(got[0], `"suppressed"=95`) {
 		t.Errorf("summary %q, want one line: shop, 95 suppressed", got)
+	}
+}
+
+// The logger binds its NFLOG group only once the rules log (a node where deny logs stay
+// off keeps no socket and logs no bind error), whenever that is: the mode may go from Off
+// to All while the agent runs.
+func TestDenyLoggerBindsOnceRulesLog(t *testing.T) {
+	opened := make(chan struct{}, 1)
+	d := &DenyLogger{LinesPerSecond: 100, Log: funcr.New(func(_, _ string) {}, funcr.Options{}),
+		Open: func(ctx context.Context, _ uint16) (*denylog.Reader, error) {
+			select {
+			case opened <- struct{}{}:
+			default:
+			}
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { _ = d.Start(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	d.Synced(Status{Enforced: true}, &Ruleset{}) // deny logs off: no rule logs
+	select {
+	case <-opened:
+		t.Fatal("the logger bound its NFLOG group while no rule logs")
+	case <-time.After(200 * time.Millisecond):
+	}
+	d.Synced(Status{Enforced: true}, &Ruleset{DenyLogRules: map[string]DenyLogRule{"TRELLIS-I-ABC 1": {LinesPerSecond: 100, Shares: 1}}})
+	select {
+	case <-opened:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the logger did not bind its NFLOG group once the rules log")
 	}
 }

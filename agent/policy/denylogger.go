@@ -23,7 +23,9 @@ import (
 // denies, from the packets the deny log rules (withDenyLogs) send to the NFLOG group: the
 // rule's prefix says which pod, direction and rule; the addresses say who talked to whom.
 type DenyLogger struct {
-	Group          uint16
+	Group uint16
+	// LinesPerSecond is the bound until rules say theirs (DenyLogRule.LinesPerSecond: the
+	// ClusterNetwork's, which may change while the agent runs).
 	LinesPerSecond int
 	Log            logr.Logger
 	// PodByIP names the pod holding an address (ok false for none: a node, an address
@@ -43,6 +45,12 @@ type DenyLogger struct {
 	// names a rule of its family's chains.
 	rules, rules6 map[string]DenyLogRule
 	limiter       *denylog.Limiter
+	// perSecond is the limiter's bound.
+	perSecond int
+	// wanted is closed by the first rules with deny logs: until then there is nothing to
+	// read, and a node where deny logs stay off never binds the group.
+	wanted     chan struct{}
+	wantedOnce sync.Once
 	// rateSuppressed counts, per namespace, the lines the namespace's share suppressed
 	// since the last summary line (its keys are the limiter's: bounded).
 	rateSuppressed map[string]int
@@ -75,7 +83,9 @@ func (d *DenyLogger) init() {
 		if d.SummaryEvery == 0 {
 			d.SummaryEvery = 10 * time.Second
 		}
-		d.limiter = denylog.NewLimiter(d.LinesPerSecond, denylog.DefaultWindow)
+		d.perSecond = max(d.LinesPerSecond, 1)
+		d.limiter = denylog.NewLimiter(d.perSecond, denylog.DefaultWindow)
+		d.wanted = make(chan struct{})
 		d.rateSuppressed = map[string]int{}
 		d.logged = prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "trellis_policy_denied_connections_logged_total",
@@ -110,7 +120,7 @@ func (d *DenyLogger) Synced(st Status, rs *Ruleset) {
 }
 
 // SetRules takes the deny log rules of the Ruleset the kernel now holds, and with them
-// how many namespaces split the bound.
+// the bound and how many namespaces split it.
 func (d *DenyLogger) SetRules(rs *Ruleset) {
 	if rs == nil {
 		return
@@ -120,22 +130,41 @@ func (d *DenyLogger) SetRules(rs *Ruleset) {
 	if rs.IPv6 != nil {
 		rules6 = rs.IPv6.DenyLogRules
 	}
-	shares := 1
+	shares, perSecond := 1, 0
 	for _, rules := range []map[string]DenyLogRule{rs.DenyLogRules, rules6} {
 		for _, r := range rules {
-			shares = max(shares, r.Shares)
+			shares, perSecond = max(shares, r.Shares), max(perSecond, r.LinesPerSecond)
 		}
 	}
 	d.mu.Lock()
 	d.rules, d.rules6 = rs.DenyLogRules, rules6
-	d.limiter.SetShares(shares)
+	if perSecond > 0 { // without rules (deny logs off) the bound stays as it was
+		d.perSecond = perSecond
+	}
+	d.limiter.SetBound(d.perSecond, shares)
 	d.mu.Unlock()
+	if len(rs.DenyLogRules) > 0 || len(rules6) > 0 {
+		d.wantedOnce.Do(func() { close(d.wanted) })
+	}
 }
 
-// Start reads the NFLOG group until ctx ends. It never stops the agent: a group it can't
-// bind (another program holds it) is retried.
+// bound is the limiter's lines a second.
+func (d *DenyLogger) bound() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.perSecond
+}
+
+// Start reads the NFLOG group, from the first rules with deny logs (SetRules) until ctx
+// ends. It never stops the agent: a group it can't bind (another program holds it) is
+// retried.
 func (d *DenyLogger) Start(ctx context.Context) error {
 	d.init()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-d.wanted:
+	}
 	go d.summarize(ctx)
 	backoff := time.Second
 	for {
@@ -154,7 +183,7 @@ func (d *DenyLogger) Start(ctx context.Context) error {
 			continue
 		}
 		backoff = time.Second
-		d.Log.Info("deny logs: reading denied packets", "group", d.Group, "linesPerSecond", d.LinesPerSecond)
+		d.Log.Info("deny logs: reading denied packets", "group", d.Group, "linesPerSecond", d.bound())
 		stop := context.AfterFunc(ctx, r.Close)
 		d.read(ctx, r)
 		stop()
@@ -228,12 +257,12 @@ func (d *DenyLogger) summarize(ctx context.Context) {
 func (d *DenyLogger) Summarize() {
 	d.init()
 	d.mu.Lock()
-	counts := d.rateSuppressed
+	counts, perSecond := d.rateSuppressed, d.perSecond
 	d.rateSuppressed = map[string]int{}
 	d.mu.Unlock()
 	for ns, n := range counts {
 		d.Log.Info("deny log lines suppressed: the namespace's share of the node's lines per second is used up",
-			"namespace", ns, "suppressed", n, "linesPerSecond", d.LinesPerSecond)
+			"namespace", ns, "suppressed", n, "linesPerSecond", perSecond)
 	}
 }
 
@@ -307,11 +336,9 @@ func (d *DenyLogger) String() string { return fmt.Sprintf("deny logs (NFLOG grou
 // pods).
 const podIPIndex = "trellis.podIP"
 
-// setupDenyLogs adds the DenyLogger to the agent's manager unless deny logs are off.
+// setupDenyLogs adds the DenyLogger to the agent's manager, deny logs on or off: the
+// mode may change while the agent runs (the logger binds the group once rules log).
 func setupDenyLogs(mgr manager.Manager, o DenyLog, log logr.Logger) (*DenyLogger, error) {
-	if o.Mode == "" || o.Mode == DenyLogOff || o.LinesPerSecond <= 0 {
-		return nil, nil
-	}
 	err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podIPIndex, func(obj client.Object) []string {
 		p, ok := obj.(*corev1.Pod)
 		if !ok || p.Spec.HostNetwork {

@@ -104,8 +104,13 @@ type Engine struct {
 	DeleteDenied func(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error)
 	// OnSync, when set, is told each sync's outcome (status reporting, metrics).
 	OnSync func(Status, *Ruleset, time.Duration)
-	// DenyLog says whose denied packets are logged (off when zero).
+	// DenyLog says whose denied packets are logged (off when zero), until DenyLogSetting
+	// says otherwise.
 	DenyLog DenyLog
+	// DenyLogSetting, when set, reads the setting at each sync (ClusterDenyLog: the
+	// ClusterNetwork's, from the agent's cache), so that an edit applies at the next sync,
+	// without a restart; ok false (nothing to read) keeps the last setting read.
+	DenyLogSetting func(ctx context.Context) (d DenyLog, ok bool)
 	// DenyLogProbe, when set, tells whether the node takes deny log rules
 	// (KernelApplier.ProbeDenyLogs). Where it doesn't, deny logs stay off, asked again
 	// every denyLogRetry: logging must never change a verdict.
@@ -147,6 +152,8 @@ type Engine struct {
 	denyLogsOff     error
 	denyLogsChecked bool
 	denyLogsRetry   time.Time
+	// denyLogSetting is the deny log setting last read (DenyLog before any).
+	denyLogSetting DenyLog
 
 	// nets are the NodeNetworks as last converted; ignoredAddrs the pod addresses the
 	// last state() left out (Status.IgnoredPodAddrs).
@@ -188,6 +195,7 @@ func (e *Engine) init() {
 		if e.PositionCheckPeriod <= 0 {
 			e.PositionCheckPeriod = time.Second
 		}
+		e.denyLogSetting = e.DenyLog
 		e.cleaner = &conntrackCleaner{delete: e.DeleteDenied, log: e.Log, wake: make(chan struct{}, 1)}
 		for _, a := range loadAnnouncements(e.StateDir, e.Log) {
 			e.announced[a.Iface] = a
@@ -555,11 +563,13 @@ func (pc PodChain) problems(msg string) []Problem {
 	return out
 }
 
-// denyLog is the deny log configuration of this sync: e.DenyLog, unless the node refuses
-// deny log rules (asked once, and again every denyLogRetry while it refuses).
-func (e *Engine) denyLog() DenyLog {
-	if e.DenyLog.Mode == "" || e.DenyLog.Mode == DenyLogOff || e.DenyLog.LinesPerSecond <= 0 {
-		return e.DenyLog
+// denyLog is the deny log configuration of this sync: the setting (readDenyLogSetting),
+// unless the node refuses deny log rules (asked once, and again every denyLogRetry while
+// it refuses).
+func (e *Engine) denyLog(ctx context.Context) DenyLog {
+	want := e.readDenyLogSetting(ctx)
+	if want.Mode == "" || want.Mode == DenyLogOff || want.LinesPerSecond <= 0 {
+		return want
 	}
 	now := time.Now()
 	if e.DenyLogProbe != nil && (!e.denyLogsChecked || e.denyLogsOff != nil && !now.Before(e.denyLogsRetry)) {
@@ -574,7 +584,26 @@ func (e *Engine) denyLog() DenyLog {
 	if e.denyLogsOff != nil && now.Before(e.denyLogsRetry) {
 		return DenyLog{}
 	}
-	return e.DenyLog
+	return want
+}
+
+// readDenyLogSetting reads DenyLogSetting (keeping DenyLog's NFLOG group), and says in
+// the log when the setting changed.
+func (e *Engine) readDenyLogSetting(ctx context.Context) DenyLog {
+	if e.DenyLogSetting == nil {
+		return e.denyLogSetting
+	}
+	d, ok := e.DenyLogSetting(ctx)
+	if !ok {
+		return e.denyLogSetting
+	}
+	d.Group = e.DenyLog.Group
+	if d != e.denyLogSetting {
+		e.Log.Info("deny logs: the setting changed", "mode", d.Mode, "linesPerSecond", d.LinesPerSecond,
+			"previousMode", e.denyLogSetting.Mode, "previousLinesPerSecond", e.denyLogSetting.LinesPerSecond)
+		e.denyLogSetting = d
+	}
+	return d
 }
 
 func (e *Engine) turnDenyLogsOff(err error) {
@@ -668,7 +697,7 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	var ignored []DroppedPodAddr
 	st.Pods, ignored, e.ignoredAddrs = e.view.pods(pods, st.NodeNets, e.NodeNetworks != nil)
 	e.reportIgnored(ctx, ignored)
-	st.DenyLog = e.denyLog()
+	st.DenyLog = e.denyLog(ctx)
 	st.IPv6 = e.IPv6
 
 	e.mu.Lock()

@@ -40,7 +40,8 @@ type Options struct {
 	// StateDir keeps the plugin's announcements across agent restarts
 	// (cnicontract.DefaultEndpointsDir).
 	StateDir string
-	// DenyLog is spec.networkPolicy.denyLogs.
+	// DenyLog is spec.networkPolicy.denyLogs as the agent configuration had it at start;
+	// the engine follows the ClusterNetwork's from then on (ClusterDenyLog).
 	DenyLog DenyLog
 	// IPv6: the cluster has an IPv6 pod range (pods may have IPv6 addresses): policy is
 	// enforced for IPv6 too, with ip6tables and inet6 sets.
@@ -110,13 +111,11 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	e := &Engine{
 		Cluster: src,
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
-		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogProbe: applier.ProbeDenyLogs, IPv6: o.IPv6,
+		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogSetting: ClusterDenyLog(mgr.GetCache()), DenyLogProbe: applier.ProbeDenyLogs, IPv6: o.IPv6,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
 			m.Observe(st, rs, took)
-			if denyLogs != nil {
-				denyLogs.Synced(st, rs)
-			}
+			denyLogs.Synced(st, rs)
 			reporter.set(st)
 		},
 		// Every NodeNetwork is in the agent's cache already (nodenet.CacheOptions).
@@ -159,7 +158,48 @@ func watch(ctx context.Context, c cache.Cache, e *Engine) error {
 			return err
 		}
 	}
+	if e.DenyLogSetting != nil {
+		if err := watchDenyLogSetting(ctx, c, e.Trigger); err != nil {
+			return err
+		}
+	}
 	<-ctx.Done()
+	return nil
+}
+
+// ClusterDenyLog reads spec.networkPolicy.denyLogs of the ClusterNetwork in c (the agent's
+// cache, which follows the ClusterNetwork anyway: uninstall.Watch), for
+// Engine.DenyLogSetting; ok false while there is none.
+func ClusterDenyLog(c client.Reader) func(ctx context.Context) (DenyLog, bool) {
+	return func(ctx context.Context) (DenyLog, bool) {
+		cn := &v1alpha1.ClusterNetwork{}
+		if err := c.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, cn); err != nil {
+			return DenyLog{}, false
+		}
+		return DenyLogFrom(cn.Spec.NetworkPolicy.DenyLogs), true
+	}
+}
+
+// watchDenyLogSetting triggers a sync when the ClusterNetwork's spec.networkPolicy.denyLogs
+// changes (or the ClusterNetwork comes), not on its other edits or status writes.
+func watchDenyLogSetting(ctx context.Context, c cache.Cache, trigger func()) error {
+	inf, err := c.GetInformer(ctx, &v1alpha1.ClusterNetwork{})
+	if err != nil {
+		return fmt.Errorf("watching the ClusterNetwork: %w", err)
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { trigger() },
+		UpdateFunc: func(o, n any) {
+			oc, ok1 := o.(*v1alpha1.ClusterNetwork)
+			nc, ok2 := n.(*v1alpha1.ClusterNetwork)
+			if !ok1 || !ok2 || oc.Spec.NetworkPolicy.DenyLogs != nc.Spec.NetworkPolicy.DenyLogs {
+				trigger()
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("watching the ClusterNetwork: %w", err)
+	}
 	return nil
 }
 

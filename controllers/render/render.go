@@ -51,7 +51,7 @@ type Result struct {
 	Objects []*unstructured.Unstructured
 	// Config is the agent configuration in the ConfigMap.
 	Config agentconfig.Config
-	// ConfigHash identifies Config.
+	// ConfigHash identifies what of Config the agent reads only at start (configHash).
 	ConfigHash string
 	// Image is the agent image in use.
 	Image string
@@ -141,8 +141,10 @@ func Agent(spec *v1alpha1.ClusterNetworkSpec, defaultImage string) (*Result, err
 	if err != nil {
 		return nil, fmt.Errorf("encoding agent configuration: %w", err)
 	}
-	sum := sha256.Sum256(encoded)
-	hash := hex.EncodeToString(sum[:8])
+	hash, err := configHash(cfg)
+	if err != nil {
+		return nil, err
+	}
 
 	dsPatch, err := daemonSetPatch(spec, hash)
 	if err != nil {
@@ -195,6 +197,20 @@ func Agent(spec *v1alpha1.ClusterNetworkSpec, defaultImage string) (*Result, err
 		res.Objects = append(res.Objects, u)
 	}
 	return res, nil
+}
+
+// configHash identifies cfg but for its deny log settings: the agent follows those on the
+// ClusterNetwork while it runs (agent/policy ClusterDenyLog), so their edit must not
+// change the pod template and roll every agent. The ConfigMap still carries them, for an
+// agent that predates that and reads them at start only.
+func configHash(cfg agentconfig.Config) (string, error) {
+	cfg.NetworkPolicy.DenyLogs = agentconfig.DenyLogs{}
+	b, err := cfg.Encode()
+	if err != nil {
+		return "", fmt.Errorf("encoding agent configuration: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), nil
 }
 
 func daemonSetPatch(spec *v1alpha1.ClusterNetworkSpec, hash string) (map[string]any, error) {

@@ -103,23 +103,43 @@ func TestAgentObjectsAndOrder(t *testing.T) {
 	}
 }
 
+// The config hash on the pod template changes with what the agent reads only at start,
+// and with nothing else: operator-only settings and the deny log settings, which the agent
+// follows on the ClusterNetwork while it runs, leave the DaemonSet as it was (no rollout);
+// the ConfigMap still carries the deny log settings, for agents that read them at start.
 func TestConfigHash(t *testing.T) {
-	a, _ := Agent(spec(t), "img:1")
-	b, _ := Agent(spec(t), "img:1")
-	if a.ConfigHash != b.ConfigHash {
-		t.Fatal("the same spec rendered two hashes")
+	a, err := Agent(spec(t), "img:1")
+	if err != nil {
+		t.Fatal(err)
 	}
-	s := spec(t, func(s *v1alpha1.ClusterNetworkSpec) { s.Encapsulation = v1alpha1.EncapsulationDirect })
-	c, _ := Agent(s, "img:1")
-	if c.ConfigHash == a.ConfigHash {
-		t.Fatal("a changed encapsulation kept the hash")
-	}
-	s = spec(t, func(s *v1alpha1.ClusterNetworkSpec) {
-		s.Rollout.ProgressDeadlineSeconds = 100 // operator-only setting: must not restart agents
-	})
-	d, _ := Agent(s, "img:1")
-	if d.ConfigHash != a.ConfigHash {
-		t.Fatal("an operator-only setting changed the agent config hash")
+	for _, tc := range []struct {
+		name     string
+		mutate   func(*v1alpha1.ClusterNetworkSpec)
+		sameHash bool
+		inConfig string // what config.json must now say
+	}{
+		{"the same spec", func(*v1alpha1.ClusterNetworkSpec) {}, true, ""},
+		{"encapsulation", func(s *v1alpha1.ClusterNetworkSpec) { s.Encapsulation = v1alpha1.EncapsulationDirect }, false, `"encapsulation": "Direct"`},
+		{"an operator-only setting", func(s *v1alpha1.ClusterNetworkSpec) { s.Rollout.ProgressDeadlineSeconds = 100 }, true, ""},
+		{"deny logs mode", func(s *v1alpha1.ClusterNetworkSpec) { s.NetworkPolicy.DenyLogs.Mode = v1alpha1.DenyLogsAll }, true, `"mode": "All"`},
+		{"deny logs linesPerSecond", func(s *v1alpha1.ClusterNetworkSpec) { s.NetworkPolicy.DenyLogs.LinesPerSecond = 7 }, true, `"linesPerSecond": 7`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := Agent(spec(t, tc.mutate), "img:1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if same := b.ConfigHash == a.ConfigHash; same != tc.sameHash {
+				t.Errorf("hash %s, before %s: want the same %v", b.ConfigHash, a.ConfigHash, tc.sameHash)
+			}
+			if tc.sameHash && !reflect.DeepEqual(find(t, b, "DaemonSet", DaemonSetName), find(t, a, "DaemonSet", DaemonSetName)) {
+				t.Error("the DaemonSet changed: every agent would roll")
+			}
+			data, _, _ := unstructured.NestedString(find(t, b, "ConfigMap", ConfigMapName).Object, "data", "config.json")
+			if !strings.Contains(data, tc.inConfig) {
+				t.Errorf("config.json lacks %s:\n%s", tc.inConfig, data)
+			}
+		})
 	}
 }
 

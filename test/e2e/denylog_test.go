@@ -4,11 +4,18 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrlclient "sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
@@ -17,96 +24,132 @@ import (
 // testDenyLogs: with the namespace annotated, a denied connection makes a line in the
 // agent's log naming both pods and the policy; without the annotation, or with deny logs
 // off cluster-wide, it makes none; mode All logs in a namespace without the annotation.
+// A mode edit takes effect in the running agents (the DaemonSet keeps its generation: no
+// rollout), so each step waits for its effect on the node's rules, not for a rollout.
 func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods map[string]framework.Pod, tcpAddr string) {
-	const annotation = "network.trellis.dev/deny-logs"
 	client, friend := pods["client"], pods["friend"]
 	serverNode := c.Nodes[0]
+	kc, err := c.Client()
+	check.Must(t, err)
+	cl := controllerClient(t, c, "")
 	framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
 	defer framework.DeletePolicy(ctx, t, c, "deny-server")
 	// The helpers take the calling (sub)test's t: a helper that failed the parent from a
 	// subtest would end the run with "subtest may have called FailNow on a parent test".
 	annotate := func(t *testing.T, v string) {
 		t.Helper()
-		arg := annotation + "=" + v
-		if v == "" {
-			arg = annotation + "-"
+		value := any(nil) // removes the annotation
+		if v != "" {
+			value = v
 		}
-		if _, err := c.Kubectl(ctx, "annotate", "--overwrite", "namespace", framework.PolicyNamespace, arg); err != nil {
-			t.Fatalf("annotating namespace %s %s: %v", framework.PolicyNamespace, arg, err)
+		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{v1alpha1.DenyLogsAnnotation: value}}})
+		check.Must(t, err)
+		if _, err := kc.CoreV1().Namespaces().Patch(ctx, framework.PolicyNamespace, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			t.Fatalf("annotating namespace %s %s=%q: %v", framework.PolicyNamespace, v1alpha1.DenyLogsAnnotation, v, err)
 		}
 	}
-	// setMode changes the cluster-wide mode and waits until the agents rolled out with it:
-	// until then an agent pod may be initializing and its log unreadable.
-	setMode := func(t *testing.T, mode string) {
+	setMode := func(t *testing.T, mode v1alpha1.DenyLogsMode) {
 		t.Helper()
-		if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type=merge", "-p", `{"spec":{"networkPolicy":{"denyLogs":{"mode":"`+mode+`"}}}}`); err != nil {
+		cn := &v1alpha1.ClusterNetwork{}
+		check.Must(t, cl.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, cn))
+		orig := cn.DeepCopy()
+		cn.Spec.NetworkPolicy.DenyLogs.Mode = mode
+		if err := cl.Patch(ctx, cn, ctrlclient.MergeFrom(orig)); err != nil {
 			t.Fatalf("setting spec.networkPolicy.denyLogs.mode=%s: %v", mode, err)
 		}
-		waitRolledOut(ctx, t, c, 4*time.Minute)
 	}
-	defer func() {
-		annotate(t, "")
-		setMode(t, "Annotated")
-	}()
-	// waitLogRules waits until the server's node has (or hasn't) deny log rules.
-	waitLogRules := func(t *testing.T, want bool, timeout time.Duration) {
+	// waitLogRules waits until the server's node has (or hasn't) deny log rules: the
+	// agent there applied the annotation or mode.
+	waitLogRules := func(t *testing.T, want bool) {
 		t.Helper()
-		deadline := time.Now().Add(timeout)
-		for {
-			has := strings.Contains(readPolicyRules(t, serverNode), "NFLOG")
-			if has == want {
-				return
+		check.Eventually(t, 30*time.Second, fmt.Sprintf("deny log rules present=%v on %s", want, serverNode.Name), func() error {
+			rules := readPolicyRules(t, serverNode)
+			if has := strings.Contains(rules, "NFLOG"); has != want {
+				return fmt.Errorf("deny log rules present=%v:\n%s", has, rules)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: deny log rules present=%v after %v, want %v:\n%s", serverNode.Name, has, timeout, want, readPolicyRules(t, serverNode))
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
+			return nil
+		})
 	}
+	// agentsGeneration is the agents' DaemonSet's generation: a changed pod template
+	// (a rollout) changes it.
+	agentsGeneration := func(t *testing.T) int64 {
+		t.Helper()
+		ds, err := kc.AppsV1().DaemonSets("trellis-system").Get(ctx, "trellis-agent", metav1.GetOptions{})
+		check.Must(t, err)
+		return ds.Generation
+	}
+	generation := agentsGeneration(t)
+	t.Cleanup(func() {
+		annotate(t, "")
+		setMode(t, v1alpha1.DenyLogsAnnotated)
+		waitLogRules(t, false)
+	})
 	// lines are the deny log lines naming pod from as the source, in the log of the agent
 	// on the server's node (ingress drops are logged where the server is).
 	lines := func(t *testing.T, from string) []string {
 		t.Helper()
-		var out string
-		check.Eventually(t, time.Minute, "reading the log of the agent on "+serverNode.Name, func() error {
-			pod, err := c.Kubectl(ctx, "get", "pods", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent",
-				"--field-selector", "spec.nodeName="+serverNode.Name, "-o", "jsonpath={.items[*].metadata.name}")
+		var out []byte
+		check.EventuallyCtx(ctx, t, 500*time.Millisecond, "reading the log of the agent on "+serverNode.Name, func(ctx context.Context) error {
+			agents, err := kc.CoreV1().Pods("trellis-system").List(ctx, metav1.ListOptions{
+				LabelSelector: "app.kubernetes.io/name=trellis-agent", FieldSelector: "spec.nodeName=" + serverNode.Name})
 			if err != nil {
 				return err
 			}
-			if f := strings.Fields(pod); len(f) != 1 {
-				return fmt.Errorf("agent pods on %s: %q, want one", serverNode.Name, pod)
+			if len(agents.Items) != 1 {
+				return fmt.Errorf("%d agent pods on %s, want one", len(agents.Items), serverNode.Name)
 			}
-			out, err = c.Kubectl(ctx, "logs", "-n", "trellis-system", strings.TrimSpace(pod), "-c", "agent", "--tail=-1")
+			out, err = kc.CoreV1().Pods("trellis-system").GetLogs(agents.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
 			return err
 		})
 		var found []string
-		for _, l := range strings.Split(out, "\n") {
+		for _, l := range strings.Split(string(out), "\n") {
 			if strings.Contains(l, "connection denied") && strings.Contains(l, framework.PolicyNamespace+"/"+from) {
 				found = append(found, l)
 			}
 		}
 		return found
 	}
-	// deniedAttempt makes one denied connection attempt from pod and returns the lines it made.
-	deniedAttempt := func(t *testing.T, from string, ns framework.Pod) []string {
+	// deniedAttempt makes one denied connection attempt from pod and returns the lines it
+	// made: want of them once they are there; for want 0, those of the 2 s after it.
+	deniedAttempt := func(t *testing.T, from string, ns framework.Pod, want int) []string {
 		t.Helper()
 		before := len(lines(t, from))
 		if err := framework.DialEcho(ns.NetNS, tcpAddr); err == nil {
 			t.Fatalf("%s -> %s was allowed under deny-server", from, tcpAddr)
 		}
-		time.Sleep(2 * time.Second)
-		after := lines(t, from)
-		if len(after) < before {
-			t.Fatalf("the agent's log on %s lost lines during the attempt (%d -> %d): did the agent restart?", serverNode.Name, before, len(after))
+		var got []string
+		wait := func(ctx context.Context) error {
+			after := lines(t, from)
+			if len(after) < before {
+				return check.Stop(fmt.Errorf("the agent's log on %s lost lines during the attempt (%d -> %d): did the agent restart?", serverNode.Name, before, len(after)))
+			}
+			if got = after[before:]; len(got) < want {
+				return fmt.Errorf("%d lines of the attempt, want %d", len(got), want)
+			}
+			return nil
 		}
-		return after[before:]
+		if want == 0 {
+			time.Sleep(2 * time.Second) // what a line would take to show, were there one
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := check.Until(wctx, time.Second, "the deny log lines of "+from+"'s attempt", wait); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	// noRollout checks that the mode edits rolled no agent.
+	noRollout := func(t *testing.T) {
+		t.Helper()
+		if g := agentsGeneration(t); g != generation {
+			t.Errorf("the agents' DaemonSet went from generation %d to %d: a deny log mode edit rolled the agents", generation, g)
+		}
 	}
 
 	t.Run("AnnotationOn", func(t *testing.T) {
 		annotate(t, "true")
-		waitLogRules(t, true, 30*time.Second)
-		got := deniedAttempt(t, "client", client)
+		waitLogRules(t, true)
+		got := deniedAttempt(t, "client", client, 1)
 		if len(got) != 1 {
 			t.Fatalf("one denied attempt client -> server made %d lines, want 1: %q", len(got), got)
 		}
@@ -120,42 +163,26 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 	})
 	t.Run("AnnotationOff", func(t *testing.T) {
 		annotate(t, "")
-		waitLogRules(t, false, 30*time.Second)
-		if got := deniedAttempt(t, "friend", friend); len(got) != 0 {
+		waitLogRules(t, false)
+		if got := deniedAttempt(t, "friend", friend, 0); len(got) != 0 {
 			t.Errorf("a denied attempt in a namespace without the annotation made lines: %q", got)
 		}
 	})
 	t.Run("ClusterWideAll", func(t *testing.T) {
-		setMode(t, "All")
-		waitLogRules(t, true, 30*time.Second)
-		if got := deniedAttempt(t, "friend", friend); len(got) != 1 {
+		setMode(t, v1alpha1.DenyLogsAll)
+		waitLogRules(t, true)
+		if got := deniedAttempt(t, "friend", friend, 1); len(got) != 1 {
 			t.Errorf("mode All: a denied attempt made %d lines, want 1: %q", len(got), got)
 		}
+		noRollout(t)
 	})
 	t.Run("ClusterWideOff", func(t *testing.T) {
 		annotate(t, "true")
-		setMode(t, "Off")
-		waitLogRules(t, false, 30*time.Second)
-		if got := deniedAttempt(t, "client", client); len(got) != 0 {
+		setMode(t, v1alpha1.DenyLogsOff)
+		waitLogRules(t, false)
+		if got := deniedAttempt(t, "client", client, 0); len(got) != 0 {
 			t.Errorf("mode Off with the namespace annotated: a denied attempt made lines: %q", got)
 		}
+		noRollout(t)
 	})
-}
-
-// waitRolledOut waits until the operator has applied the ClusterNetwork's generation and
-// the agents' rollout is over.
-func waitRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		out, err := c.Kubectl(ctx, "get", "clusternetwork", "default", "-o",
-			`jsonpath={.metadata.generation} {.status.observedGeneration} {.status.conditions[?(@.type=="Progressing")].status}`)
-		if f := strings.Fields(out); err == nil && len(f) == 3 && f[0] == f[1] && f[2] == "False" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the ClusterNetwork's rollout is not over after %v: %q (%v)", timeout, out, err)
-		}
-		time.Sleep(2 * time.Second)
-	}
 }
