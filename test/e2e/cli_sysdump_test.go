@@ -74,7 +74,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 
 	// Cluster-wide.
 	var nns v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c).List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
+	if err := framework.TrellisClient(t, c, "").List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
 		t.Fatalf("NodeNetworks: %v (%d)", err, len(nns.Items))
 	}
 	for file, wants := range map[string][]string{
@@ -274,7 +274,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 	}{
 		{name: "no certificate published", reason: "NodeNetwork " + n.Name + " has no status.diagnostics.certificateSHA256"},
 		{name: "the previous agent's certificate published", setup: func() {
-			cl := framework.TrellisClient(t, c)
+			cl := framework.TrellisClient(t, c, "")
 			var nn v1alpha1.NodeNetwork
 			check.Must(t, cl.Get(ctx, types.NamespacedName{Name: n.Name}, &nn))
 			orig := nn.DeepCopy()
@@ -425,7 +425,7 @@ func (c recordingConn) Read(b []byte) (int, error) {
 func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) v1alpha1.NodeDiagnosticsStatus {
 	t.Helper()
 	var nn v1alpha1.NodeNetwork
-	if err := framework.TrellisClient(t, c).Get(ctx, types.NamespacedName{Name: node}, &nn); err != nil {
+	if err := framework.TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: node}, &nn); err != nil {
 		t.Fatalf("NodeNetwork %s: %v", node, err)
 	}
 	return nn.Status.Diagnostics
@@ -436,11 +436,11 @@ func agentLog(ctx context.Context, t *testing.T, c *cluster.Cluster, node string
 	t.Helper()
 	kc, err := c.Client()
 	check.Must(t, err)
-	pods, err := kc.CoreV1().Pods(framework.TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: framework.AgentSelector, FieldSelector: "spec.nodeName=" + node})
+	pods, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("the agent pod on %s: %d pods (%v)", node, len(pods.Items), err)
 	}
-	out, err := kc.CoreV1().Pods(framework.TrellisNamespace).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+	out, err := kc.CoreV1().Pods(trellisSystem).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
 	return string(out), err
 }
 

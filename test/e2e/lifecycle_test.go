@@ -21,6 +21,12 @@ import (
 	"github.com/trellis-net/trellis/test/framework"
 )
 
+// Where the operator runs the agents, and their pods' label.
+const (
+	trellisSystem     = "trellis-system"
+	agentPodsSelector = "app.kubernetes.io/name=trellis-agent"
+)
+
 // Day-2 changes that go wrong, under continuous pod-to-pod traffic around every node: an
 // agent image that can't be pulled (the rollout stalls on one node, the others keep the
 // previous agent, Degraded names the node and why, correcting the spec recovers) and
@@ -31,7 +37,7 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 	defer cancel()
 	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
 	framework.RestoreClusterNetwork(ctx, t, c)
-	spec := framework.GetClusterNetwork(ctx, t, c).Spec
+	spec := framework.CurrentClusterNetworkSpec(ctx, t, c)
 
 	// One server per node; each node's pod probes the next node's.
 	ns := framework.NewNamespace(ctx, t, c, "rollouts")
@@ -92,7 +98,7 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 		// One node is stuck on the new image; the others keep the previous agent, Ready.
 		kc, err := c.Client()
 		check.Must(t, err)
-		agents, err := kc.CoreV1().Pods(framework.TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: framework.AgentSelector})
+		agents, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector})
 		check.Must(t, err)
 		var stuck, previous int
 		var seen []string
