@@ -15,7 +15,6 @@ import (
 
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cli/explain"
-	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
 )
@@ -103,8 +102,7 @@ spec:
 	})
 
 	t.Run("Service", func(t *testing.T) {
-		kc, err := c.Client()
-		check.Must(t, err)
+		kc := framework.Clientset(t, c)
 		svc, err := kc.CoreV1().Services(explainNS).Get(ctx, "db", metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("the Service's cluster IP: %v", err)

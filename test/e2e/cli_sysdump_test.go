@@ -434,8 +434,7 @@ func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, no
 // agentLog is the log of the agent container on node.
 func agentLog(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) (string, error) {
 	t.Helper()
-	kc, err := c.Client()
-	check.Must(t, err)
+	kc := framework.Clientset(t, c)
 	pods, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("the agent pod on %s: %d pods (%v)", node, len(pods.Items), err)
@@ -478,8 +477,7 @@ func documentedSysdumpUser(ctx context.Context, t *testing.T, c *cluster.Cluster
 	manifest := "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sysdump-reader, namespace: " + ns + "}\n---\n" +
 		strings.ReplaceAll(block, alice, "{kind: ServiceAccount, name: sysdump-reader, namespace: "+ns+"}")
 	applyForTest(ctx, t, c, manifest)
-	kc, err := c.Client()
-	check.Must(t, err)
+	kc := framework.Clientset(t, c)
 	hour := int64(3600)
 	tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "sysdump-reader", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &hour}}, metav1.CreateOptions{})
 	if err != nil {

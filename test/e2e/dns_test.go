@@ -45,8 +45,7 @@ func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	kc, err := c.Client()
-	check.Must(t, err)
+	kc := framework.Clientset(t, c)
 
 	kubeDNS, err := kc.CoreV1().Services(cluster.DNSNamespace).Get(ctx, cluster.DNSService, metav1.GetOptions{})
 	if err != nil || kubeDNS.Spec.ClusterIP != cluster.ClusterDNS.String() {
@@ -234,8 +233,7 @@ spec:
 // its ClusterIP.
 func createDNSService(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, node cluster.Node) netip.Addr {
 	t.Helper()
-	kc, err := c.Client()
-	check.Must(t, err)
+	kc := framework.Clientset(t, c)
 	svc, err := kc.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
 		Spec: corev1.ServiceSpec{
@@ -267,10 +265,7 @@ func nsResolverAt(ns *os.File, network string, dns netip.Addr) *net.Resolver {
 // the kernel: not root, no effective capabilities, a read-only root file system.
 func checkCoreDNSUnprivileged(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
+	kc := framework.Clientset(t, c)
 	pods, err := kc.CoreV1().Pods(cluster.DNSNamespace).List(ctx, metav1.ListOptions{LabelSelector: cluster.DNSLabel})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("CoreDNS pods: %d (%v), want 1", len(pods.Items), err)

@@ -96,8 +96,7 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 			t.Errorf("Degraded does not name the node and the pull error: %s", cond.Message)
 		}
 		// One node is stuck on the new image; the others keep the previous agent, Ready.
-		kc, err := c.Client()
-		check.Must(t, err)
+		kc := framework.Clientset(t, c)
 		agents, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector})
 		check.Must(t, err)
 		var stuck, previous int

@@ -153,8 +153,7 @@ func testMonitoring(t *testing.T, c *cluster.Cluster) {
 // loop is fixed: the DaemonSet's new pod starts without the back-off.
 func healAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) {
 	t.Helper()
-	kc, err := c.Client()
-	check.Must(t, err)
+	kc := framework.Clientset(t, c)
 	if err := kc.CoreV1().Pods(trellisSystem).DeleteCollection(ctx, metav1.DeleteOptions{},
 		metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node}); err != nil {
 		t.Errorf("deleting the agent pod on %s: %v", node, err)

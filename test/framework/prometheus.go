@@ -59,8 +59,7 @@ func PrometheusImage(ctx context.Context, t testing.TB, c *cluster.Cluster) stri
 // manifest made when the test ends.
 func DeployPrometheus(ctx context.Context, t testing.TB, c *cluster.Cluster, ns, manifest string) *Prometheus {
 	t.Helper()
-	kc, err := c.Client()
-	check.Must(t, err)
+	kc := Clientset(t, c)
 	p := &Prometheus{Namespace: ns, kc: kc}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)

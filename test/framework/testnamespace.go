@@ -18,10 +18,7 @@ import (
 // nothing of another suite is in it.
 func NewNamespace(ctx context.Context, t testing.TB, c *cluster.Cluster, prefix string) string {
 	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
+	kc := Clientset(t, c)
 	ns, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating a namespace %s-*: %v", prefix, err)
