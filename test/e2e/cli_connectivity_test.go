@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -26,6 +27,7 @@ import (
 	"github.com/trellis-net/trellis/cli/connectivity"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
 // checkLine is a line of `connectivity test`'s text output that reports a check.
@@ -159,21 +161,19 @@ func testCLIConnectivityBrokenNode(ctx context.Context, t *testing.T, env *cliEn
 	}
 }
 `, table)
-	nft := func(stdin string, args ...string) (string, error) {
-		cmd := exec.Command("nsenter", append([]string{"--net=" + node.NetNSPath(), "--", "nft"}, args...)...)
-		cmd.Stdin = strings.NewReader(stdin)
-		out, err := cmd.CombinedOutput()
-		return string(out), err
+	file := filepath.Join(t.TempDir(), "break.nft")
+	if err := os.WriteFile(file, []byte(rules), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	if out, err := nft(rules, "-f", "-"); err != nil {
-		t.Fatalf("breaking node %s: nft: %v\n%s", broken, err, out)
+	if out, err := framework.NodeOutput(node, "nft", "-f", file); err != nil {
+		t.Fatalf("breaking node %s: %v\n%s", broken, err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := nft("", "list", "table", "inet", table); err == nil {
+		if out, err := framework.NodeOutput(node, "nft", "list", "table", "inet", table); err == nil {
 			t.Logf("the break's counter on %s:\n%s", broken, out)
 		}
-		if out, err := nft("", "delete", "table", "inet", table); err != nil {
-			t.Errorf("repairing node %s: nft: %v\n%s", broken, err, out)
+		if out, err := framework.NodeOutput(node, "nft", "delete", "table", "inet", table); err != nil {
+			t.Errorf("repairing node %s: %v\n%s", broken, err, out)
 		}
 	})
 

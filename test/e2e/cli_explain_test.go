@@ -11,13 +11,13 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cli/explain"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
 )
-
-const explainNS = "explain-e2e"
 
 // testCLIExplain asks `kubectl trellis explain` what a user asks — may web reach db under
 // a default deny with one allow rule, may another pod, through db's Service, at db's IP —
@@ -25,14 +25,10 @@ const explainNS = "explain-e2e"
 // connection between the same pods does what the answer says.
 func testCLIExplain(ctx context.Context, t *testing.T, env *cliEnv) {
 	c := env.c
+	// web on one node, db and other together on another: any two nodes do.
 	node1, node2 := c.Nodes[0].Name, c.Nodes[1].Name
-	defer func() {
-		if _, err := c.Kubectl(context.WithoutCancel(ctx), "delete", "namespace", explainNS, "--wait=false", "--ignore-not-found"); err != nil {
-			t.Errorf("deleting namespace %s: %v", explainNS, err)
-		}
-	}()
+	explainNS := framework.NewNamespace(ctx, t, c, "explain")
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", explainNS)
 	for _, p := range []struct{ name, node string }{{"web", node1}, {"db", node2}, {"other", node2}} {
 		fmt.Fprintf(&b, `---
 apiVersion: v1
@@ -85,11 +81,11 @@ spec:
 	t.Run("PodToPodAllowedAcrossNodes", func(t *testing.T) {
 		r := env.kubectlTrellis(ctx, t, "explain", "-n", explainNS, "web", "db:tcp-echo")
 		expectExplain(t, r, "ALLOWED",
-			"Ingress of pod explain-e2e/db (rules of node "+node2+")",
-			"NetworkPolicies isolating it: explain-e2e/db-from-web, explain-e2e/default-deny",
-			"NetworkPolicy explain-e2e/db-from-web spec.ingress[0].from[0].ports[0]",
-			"matched: pods of namespace explain-e2e matching {app=web}",
-			"Egress of pod explain-e2e/web (rules of node "+node1+")")
+			"Ingress of pod "+explainNS+"/db (rules of node "+node2+")",
+			"NetworkPolicies isolating it: "+explainNS+"/db-from-web, "+explainNS+"/default-deny",
+			"NetworkPolicy "+explainNS+"/db-from-web spec.ingress[0].from[0].ports[0]",
+			"matched: pods of namespace "+explainNS+" matching {app=web}",
+			"Egress of pod "+explainNS+"/web (rules of node "+node1+")")
 		if err := framework.DialEcho(web.NetNS, dbAddr); err != nil {
 			t.Errorf("explain says ALLOWED, but web -> db %s: %v", dbAddr, err)
 		}
@@ -98,7 +94,7 @@ spec:
 	t.Run("PodToPodDeniedSameNode", func(t *testing.T) {
 		r := env.kubectlTrellis(ctx, t, "explain", "pod/"+explainNS+"/other", explainNS+"/db:9100/tcp")
 		expectExplain(t, r, "DENIED", "no rule of the NetworkPolicies isolating the pod allows it",
-			"NetworkPolicies isolating it: explain-e2e/db-from-web, explain-e2e/default-deny",
+			"NetworkPolicies isolating it: "+explainNS+"/db-from-web, "+explainNS+"/default-deny",
 			"not allowed by policy")
 		if err := framework.DialEcho(other.NetNS, dbAddr); err == nil {
 			t.Errorf("explain says DENIED, but other -> db %s connected", dbAddr)
@@ -106,15 +102,16 @@ spec:
 	})
 
 	t.Run("Service", func(t *testing.T) {
-		out, err := c.Kubectl(ctx, "get", "service", "-n", explainNS, "db", "-o", "jsonpath={.spec.clusterIP}")
+		kc := framework.Clientset(t, c)
+		svc, err := kc.CoreV1().Services(explainNS).Get(ctx, "db", metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("the Service's cluster IP: %v", err)
 		}
-		vip := netip.AddrPortFrom(netip.MustParseAddr(strings.TrimSpace(out)), 5432).String()
+		vip := netip.AddrPortFrom(netip.MustParseAddr(svc.Spec.ClusterIP), 5432).String()
 		r := env.kubectlTrellis(ctx, t, "explain", "-n", explainNS, "web", "svc/db")
-		expectExplain(t, r, "ALLOWED", "Endpoint explain-e2e/db ("+db.IP.String(), "TCP/9100", "explain-e2e/db-from-web spec.ingress[0]")
+		expectExplain(t, r, "ALLOWED", "Endpoint "+explainNS+"/db ("+db.IP.String(), "TCP/9100", explainNS+"/db-from-web spec.ingress[0]")
 		r = env.kubectlTrellis(ctx, t, "explain", "-n", explainNS, "other", "svc/db:sql")
-		expectExplain(t, r, "DENIED", "Endpoint explain-e2e/db")
+		expectExplain(t, r, "DENIED", "Endpoint "+explainNS+"/db")
 		// Through kube-proxy, as the answer says.
 		framework.WaitAllowed(t, web.NetNS, vip, 10*time.Second)
 		if err := framework.DialEcho(other.NetNS, vip); err == nil {
@@ -152,7 +149,7 @@ spec:
 			t.Errorf("a destination without a port: exit %d, stderr %q; want an error asking which port", r.Code, r.Stderr)
 		}
 		r = env.kubectlTrellis(ctx, t, "explain", "-n", explainNS, "nosuchpod", "db:80")
-		if r.Code == 0 || !strings.Contains(r.Stderr, "pod explain-e2e/nosuchpod not found") {
+		if r.Code == 0 || !strings.Contains(r.Stderr, "pod "+explainNS+"/nosuchpod not found") {
 			t.Errorf("an unknown pod: exit %d, stderr %q", r.Code, r.Stderr)
 		}
 	})

@@ -5,11 +5,17 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/trellis-net/trellis/cli/status"
+	"github.com/trellis-net/trellis/test/check"
 )
 
 // testCLIStatus: on a healthy cluster `kubectl trellis status` exits 0 and shows every node
@@ -36,18 +42,10 @@ func testCLIStatus(ctx context.Context, t *testing.T, env *cliEnv) {
 		}
 	}
 
-	var rep struct {
-		Healthy bool `json:"healthy"`
-		Nodes   []struct {
-			Name         string `json:"name"`
-			CNIConfig    string `json:"cniConfig"`
-			PodsCapacity int    `json:"podsCapacity"`
-		} `json:"nodes"`
-		Problems []struct{ Object, Summary, NextStep string } `json:"problems"`
-	}
+	var rep status.Report
 	js := env.kubectlTrellis(ctx, t, "status", "-o", "json")
 	if err := json.Unmarshal([]byte(js.Stdout), &rep); err != nil {
-		t.Fatalf("status -o json is not JSON: %v", err)
+		t.Fatalf("status -o json is not a status.Report: %v", err)
 	}
 	if !rep.Healthy || len(rep.Nodes) != len(c.Nodes) || js.Code != 0 {
 		t.Errorf("status -o json: healthy %v, %d nodes (want %d), exit %d", rep.Healthy, len(rep.Nodes), len(c.Nodes), js.Code)
@@ -58,25 +56,26 @@ func testCLIStatus(ctx context.Context, t *testing.T, env *cliEnv) {
 		}
 	}
 
-	// Another CNI's installer drops a conflist that sorts first on one node.
+	// Another CNI's installer drops a conflist that sorts first on one node (any node).
 	node := c.Nodes[1]
 	other := filepath.Join(node.CNIConfDir, "00-other.conflist")
 	if err := os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	defer os.Remove(other)
-	var broken cliResult
-	deadline := time.Now().Add(time.Minute)
-	for {
-		broken = env.kubectlTrellis(ctx, t, "status")
-		if broken.Code != 0 || time.Now().After(deadline) {
-			break
+	t.Cleanup(func() {
+		if err := os.Remove(other); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("removing %s: %v", other, err)
 		}
-		time.Sleep(3 * time.Second)
-	}
-	if broken.Code != 1 {
-		t.Fatalf("status with %s shadowing trellis's conflist exited %d, want 1", other, broken.Code)
-	}
+	})
+	var broken cliResult
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, 3*time.Second, "status unhealthy with "+other+" shadowing trellis's conflist", func(ctx context.Context) error {
+		if broken = env.kubectlTrellis(ctx, t, "status"); broken.Code != 1 {
+			return fmt.Errorf("exit %d, want 1", broken.Code)
+		}
+		return nil
+	})
 	problems := broken.Stdout[strings.Index(broken.Stdout, "Problems"):]
 	for _, want := range []string{"node " + node.Name + " (NodeNetwork)", "00-other.conflist", "removeOtherCNIConfigs", "Unhealthy."} {
 		if !strings.Contains(problems, want) {
@@ -90,15 +89,14 @@ func testCLIStatus(ctx context.Context, t *testing.T, env *cliEnv) {
 	if err := os.Remove(other); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(time.Minute)
-	for {
-		if r := env.kubectlTrellis(ctx, t, "status"); r.Code == 0 {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("status still unhealthy a minute after %s was removed", other)
+	wctx, cancel = context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, 3*time.Second, "status healthy again once "+other+" is removed", func(ctx context.Context) error {
+		if r := env.kubectlTrellis(ctx, t, "status"); r.Code != 0 {
+			return fmt.Errorf("exit %d", r.Code)
 		}
-		time.Sleep(3 * time.Second)
-	}
+		return nil
+	})
 }
 
 // lineWith is the first line of s that starts with prefix.

@@ -22,8 +22,14 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/agent/diagnostics"
 	"github.com/trellis-net/trellis/agent/diagnostics/report"
@@ -67,20 +73,8 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 	}
 
 	// Cluster-wide.
-	var nns struct {
-		Items []struct {
-			Metadata struct{ Name string }
-			Spec     struct {
-				PodCIDR string `json:"podCIDR"`
-			}
-			Status struct {
-				NodeIP  string `json:"nodeIP"`
-				VTEPMAC string `json:"vtepMAC"`
-			}
-		}
-	}
-	js, err := c.Kubectl(ctx, "get", "nodenetworks", "-o", "json")
-	if err != nil || json.Unmarshal([]byte(js), &nns) != nil || len(nns.Items) != len(c.Nodes) {
+	var nns v1alpha1.NodeNetworkList
+	if err := framework.TrellisClient(t, c, "").List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
 		t.Fatalf("NodeNetworks: %v (%d)", err, len(nns.Items))
 	}
 	for file, wants := range map[string][]string{
@@ -102,8 +96,8 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 		}
 	}
 	for _, n := range nns.Items {
-		if !strings.Contains(files["cluster/nodenetworks.yaml"], "name: "+n.Metadata.Name) {
-			t.Errorf("cluster/nodenetworks.yaml doesn't hold %s", n.Metadata.Name)
+		if !strings.Contains(files["cluster/nodenetworks.yaml"], "name: "+n.Name) {
+			t.Errorf("cluster/nodenetworks.yaml doesn't hold %s", n.Name)
 		}
 	}
 	var agentLogs, operatorLogs int
@@ -121,7 +115,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 
 	// Per node, from its agent.
 	for _, n := range nns.Items {
-		node := "nodes/" + n.Metadata.Name + "/"
+		node := "nodes/" + n.Name + "/"
 		check := func(file string, wants ...string) {
 			t.Helper()
 			body, ok := files[node+file]
@@ -135,7 +129,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 				}
 			}
 		}
-		check("agent.txt", "node: "+n.Metadata.Name, "agent version: ")
+		check("agent.txt", "node: "+n.Name, "agent version: ")
 		check("cni/order.txt", "* 10-trellis.conflist  (in use: trellis's)")
 		check("cni/10-trellis.conflist", `"type": "trellis"`, `"cniVersion"`)
 		check("iptables/backend.txt", "backend: ")
@@ -145,7 +139,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 		check("links.txt", "trellis.vxlan")
 		check("metrics.txt", "trellis_agent_peers_programmed", "trellis_agent_sync_duration_seconds", "trellis_policy_enforced")
 		for _, peer := range nns.Items {
-			if peer.Metadata.Name == n.Metadata.Name {
+			if peer.Name == n.Name {
 				continue
 			}
 			// The route to the peer's block through the VXLAN device, and the FDB entry
@@ -159,39 +153,34 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 	// Every agent published its diagnostics endpoint (loopback port, certificate), and
 	// the dump says which certificate answered.
 	for _, n := range nns.Items {
-		d := diagnosticsStatus(ctx, t, c, n.Metadata.Name)
+		d := diagnosticsStatus(ctx, t, c, n.Name)
 		if d.Port != report.DefaultPort || len(d.CertificateSHA256) != 64 {
-			t.Errorf("NodeNetwork %s status.diagnostics %+v, want port %d and a SHA-256", n.Metadata.Name, d, report.DefaultPort)
+			t.Errorf("NodeNetwork %s status.diagnostics %+v, want port %d and a SHA-256", n.Name, d, report.DefaultPort)
 		}
-		if !strings.Contains(files["nodes/"+n.Metadata.Name+"/agent.txt"], "agent certificate sha256: "+d.CertificateSHA256) {
-			t.Errorf("nodes/%s/agent.txt doesn't name the published certificate %s", n.Metadata.Name, d.CertificateSHA256)
+		if !strings.Contains(files["nodes/"+n.Name+"/agent.txt"], "agent certificate sha256: "+d.CertificateSHA256) {
+			t.Errorf("nodes/%s/agent.txt doesn't name the published certificate %s", n.Name, d.CertificateSHA256)
 		}
 	}
+
+	// The other users are service accounts of a namespace of the suite's own.
+	users := framework.NewNamespace(ctx, t, c, "sysdump")
 
 	// A user with namespace read only (kubectl --as a service account bound to "view"
 	// in trellis-system): told what is missing, still given what it may read.
-	const viewer = "sysdump-viewer"
-	manifest := `apiVersion: v1
+	manifest := fmt.Sprintf(`apiVersion: v1
 kind: ServiceAccount
-metadata: {name: sysdump-viewer, namespace: default}
+metadata: {name: sysdump-viewer, namespace: %[1]s}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
-metadata: {name: sysdump-viewer, namespace: trellis-system}
+metadata: {name: %[1]s-sysdump-viewer, namespace: trellis-system}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}
-subjects: [{kind: ServiceAccount, name: sysdump-viewer, namespace: default}]
-`
-	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if _, err := c.KubectlInput(context.Background(), manifest, "delete", "--ignore-not-found", "-f", "-"); err != nil {
-			t.Errorf("removing the test's users: %v", err)
-		}
-	}()
+subjects: [{kind: ServiceAccount, name: sysdump-viewer, namespace: %[1]s}]
+`, users)
+	applyForTest(ctx, t, c, manifest)
 
 	out2 := filepath.Join(dir, "viewer.tar.gz")
-	r = env.kubectlTrellis(ctx, t, "sysdump", "--output-file", out2, "--as", "system:serviceaccount:default:"+viewer)
+	r = env.kubectlTrellis(ctx, t, "sysdump", "--output-file", out2, "--as", "system:serviceaccount:"+users+":sysdump-viewer")
 	if r.Code != 3 {
 		t.Errorf("sysdump as a namespace reader exited %d, want 3 (archive written, incomplete):\n%s", r.Code, r)
 	}
@@ -217,7 +206,7 @@ subjects: [{kind: ServiceAccount, name: sysdump-viewer, namespace: default}]
 	// Exactly the permissions docs/kubectl-trellis/sysdump.md documents, given to a
 	// service account, with a bearer token of it (a credential that would be worth
 	// keeping): everything collected.
-	kubeconfig, token := documentedSysdumpUser(ctx, t, c)
+	kubeconfig, token := documentedSysdumpUser(ctx, t, c, users)
 	out3 := filepath.Join(dir, "reader.tar.gz")
 	r = env.kubectlTrellisWith(ctx, t, kubeconfig, "sysdump", "--output-file", out3)
 	if r.Code != 0 || !strings.Contains(r.Stdout, allNodes) {
@@ -228,8 +217,8 @@ subjects: [{kind: ServiceAccount, name: sysdump-viewer, namespace: default}]
 		t.Errorf("sysdump with exactly the documented permissions: errors.txt %q, want nothing failed", got)
 	}
 	for _, n := range nns.Items {
-		if !strings.Contains(files["nodes/"+n.Metadata.Name+"/iptables/filter.txt"], ":TRELLIS-FORWARD") {
-			t.Errorf("the reader's archive has no iptables chains of %s", n.Metadata.Name)
+		if !strings.Contains(files["nodes/"+n.Name+"/iptables/filter.txt"], ":TRELLIS-FORWARD") {
+			t.Errorf("the reader's archive has no iptables chains of %s", n.Name)
 		}
 	}
 
@@ -249,9 +238,9 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 	n := c.Nodes[len(c.Nodes)-1]
 	before := diagnosticsStatus(ctx, t, c, n.Name)
 	imp := startImpostor(t, n)
-	defer func() {
+	t.Cleanup(func() {
 		// The agent retries its port every 10 s: once the impostor is gone it serves and
-		// publishes a new certificate, and the rest of the suite finds it healthy.
+		// publishes a new certificate, and the suites after this one find it healthy.
 		imp.close()
 		check.Eventually(t, 2*time.Minute, "the agent on "+n.Name+" serving its diagnostics again", func() error {
 			d := diagnosticsStatus(ctx, t, c, n.Name)
@@ -266,14 +255,14 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 			}
 			return nil
 		})
-	}()
+	})
 	check.Eventually(t, 2*time.Minute, "the restarted agent on "+n.Name+" clearing its published certificate (it can't bind its port)", func() error {
 		if d := diagnosticsStatus(ctx, t, c, n.Name); d.CertificateSHA256 != "" {
 			return fmt.Errorf("status.diagnostics %+v", d)
 		}
 		return nil
 	})
-	if logs, err := c.Kubectl(ctx, "logs", "-n", "trellis-system", agentPod(ctx, t, c, n.Name), "-c", "agent"); err != nil || !strings.Contains(logs, "diagnostics not served: can't listen on the node's loopback") {
+	if logs, err := agentLog(ctx, t, c, n.Name); err != nil || !strings.Contains(logs, "diagnostics not served: can't listen on the node's loopback") {
 		t.Errorf("the agent on %s doesn't log that it can't serve its diagnostics (%v)", n.Name, err)
 	}
 
@@ -285,10 +274,12 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 	}{
 		{name: "no certificate published", reason: "NodeNetwork " + n.Name + " has no status.diagnostics.certificateSHA256"},
 		{name: "the previous agent's certificate published", setup: func() {
-			patch := fmt.Sprintf(`{"status":{"diagnostics":{"port":%d,"certificateSHA256":%q}}}`, before.Port, before.CertificateSHA256)
-			if _, err := c.Kubectl(ctx, "patch", "nodenetwork", n.Name, "--subresource=status", "--type=merge", "-p", patch); err != nil {
-				t.Fatal(err)
-			}
+			cl := framework.TrellisClient(t, c, "")
+			var nn v1alpha1.NodeNetwork
+			check.Must(t, cl.Get(ctx, types.NamespacedName{Name: n.Name}, &nn))
+			orig := nn.DeepCopy()
+			nn.Status.Diagnostics = before
+			check.Must(t, cl.Status().Patch(ctx, &nn, client.MergeFrom(orig)))
 		}, reason: "the endpoint presented certificate sha256 " + imp.fingerprint + ", the agent published " + before.CertificateSHA256},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -360,20 +351,20 @@ func startImpostor(t *testing.T, n cluster.Node) *impostor {
 	imp := &impostor{fingerprint: fp}
 	var ln net.Listener
 	for attempt := 1; ln == nil; attempt++ {
-		killAgent(t, n)
-		err := netnstest.EnterPath(n.NetNSPath(), func() error {
-			deadline := time.Now().Add(15 * time.Second)
-			for {
-				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", report.DefaultPort))
-				if err == nil {
-					ln = l
-					return nil
-				}
-				if time.Now().After(deadline) {
-					return err
-				}
-				time.Sleep(2 * time.Millisecond)
+		for _, pid := range framework.AgentPids(t, n) {
+			if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+				t.Fatalf("kill -9 %d (trellis-agent on %s): %v", pid, n.Name, err)
 			}
+		}
+		err := netnstest.EnterPath(n.NetNSPath(), func() error {
+			// Every 2 ms: the kubelet restarts the agent in about a second.
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			return check.Until(ctx, 2*time.Millisecond, "listening on the diagnostics port", func(context.Context) error {
+				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", report.DefaultPort))
+				ln = l
+				return err
+			})
 		})
 		if err != nil && attempt == 3 {
 			t.Fatalf("taking %s's diagnostics port before the restarted agent: %v", n.Name, err)
@@ -433,33 +424,44 @@ func (c recordingConn) Read(b []byte) (int, error) {
 // diagnosticsStatus is node's NodeNetwork status.diagnostics.
 func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) v1alpha1.NodeDiagnosticsStatus {
 	t.Helper()
-	js, err := c.Kubectl(ctx, "get", "nodenetwork", node, "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var nn v1alpha1.NodeNetwork
-	if err := json.Unmarshal([]byte(js), &nn); err != nil {
+	if err := framework.TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: node}, &nn); err != nil {
 		t.Fatalf("NodeNetwork %s: %v", node, err)
 	}
 	return nn.Status.Diagnostics
 }
 
-// agentPod is the name of the agent pod on node.
-func agentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) string {
+// agentLog is the log of the agent container on node.
+func agentLog(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) (string, error) {
 	t.Helper()
-	name, err := c.Kubectl(ctx, "get", "pods", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent",
-		"--field-selector", "spec.nodeName="+node, "-o", "jsonpath={.items[0].metadata.name}")
-	if err != nil || name == "" {
-		t.Fatalf("the agent pod on %s: %q %v", node, name, err)
+	kc := framework.Clientset(t, c)
+	pods, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("the agent pod on %s: %d pods (%v)", node, len(pods.Items), err)
 	}
-	return strings.TrimSpace(name)
+	out, err := kc.CoreV1().Pods(trellisSystem).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+	return string(out), err
 }
 
-// documentedSysdumpUser gives the service account default/sysdump-reader exactly the
-// permissions docs/kubectl-trellis/sysdump.md documents (its YAML block after the
+// applyForTest applies manifest as a user would and deletes what it made when the test
+// ends.
+func applyForTest(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest string) {
+	t.Helper()
+	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("applying %s: %v", manifest, err)
+	}
+	t.Cleanup(func() {
+		if _, err := c.KubectlInput(context.WithoutCancel(ctx), manifest, "delete", "--ignore-not-found", "-f", "-"); err != nil {
+			t.Errorf("deleting %s: %v", manifest, err)
+		}
+	})
+}
+
+// documentedSysdumpUser gives the service account sysdump-reader of namespace ns exactly
+// the permissions docs/kubectl-trellis/sysdump.md documents (its YAML block after the
 // "sysdump-permissions" marker, bound to that account instead of alice), and returns a
 // kubeconfig holding only a bearer token of it, and the token.
-func documentedSysdumpUser(ctx context.Context, t *testing.T, c *cluster.Cluster) (kubeconfig, token string) {
+func documentedSysdumpUser(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) (kubeconfig, token string) {
 	t.Helper()
 	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "kubectl-trellis", "sysdump.md"))
 	if err != nil {
@@ -472,21 +474,16 @@ func documentedSysdumpUser(ctx context.Context, t *testing.T, c *cluster.Cluster
 	if !ok || !ok2 || !ok3 || strings.Count(block, alice) != 2 {
 		t.Fatalf("docs/kubectl-trellis/sysdump.md has no YAML block after <!-- sysdump-permissions --> binding %s twice", alice)
 	}
-	manifest := "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sysdump-reader, namespace: default}\n---\n" +
-		strings.ReplaceAll(block, alice, "{kind: ServiceAccount, name: sysdump-reader, namespace: default}")
-	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
-		t.Fatalf("applying the documented permissions: %v\n%s", err, manifest)
-	}
-	t.Cleanup(func() {
-		if _, err := c.KubectlInput(context.Background(), manifest, "delete", "--ignore-not-found", "-f", "-"); err != nil {
-			t.Errorf("removing the documented permissions: %v", err)
-		}
-	})
-	token, err = c.Kubectl(ctx, "create", "token", "sysdump-reader", "-n", "default", "--duration", "1h")
+	manifest := "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: sysdump-reader, namespace: " + ns + "}\n---\n" +
+		strings.ReplaceAll(block, alice, "{kind: ServiceAccount, name: sysdump-reader, namespace: "+ns+"}")
+	applyForTest(ctx, t, c, manifest)
+	kc := framework.Clientset(t, c)
+	hour := int64(3600)
+	tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "sysdump-reader", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &hour}}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("a token of %s/sysdump-reader: %v", ns, err)
 	}
-	token = strings.TrimSpace(token)
+	token = tr.Status.Token
 	cfg, err := clientcmd.LoadFromFile(c.Kubeconfig)
 	if err != nil {
 		t.Fatal(err)

@@ -18,14 +18,17 @@ import (
 	"github.com/trellis-net/trellis/test/framework"
 )
 
-// TestKubectlTrellis runs `kubectl trellis` as a user does — the binary, found by kubectl
-// on PATH as a plugin, with the cluster's admin kubeconfig — on one 3-node cluster with
-// cluster DNS: status, explain, sysdump, connectivity test, then the connectivity test
-// again with a node broken on purpose (last: it leaves that node broken).
+// testKubectlTrellis runs `kubectl trellis` as a user does — the binary, found by kubectl
+// on PATH as a plugin, with the cluster's admin kubeconfig — on a cluster of three nodes
+// or more with cluster DNS: status, explain, sysdump, connectivity test, then the
+// connectivity test again with a node broken on purpose (repaired when it ends). Each
+// part puts back what it breaks (a conflist, an impostor on a node's diagnostics port,
+// the node's pod network), so that the cluster is healthy for the next.
 func testKubectlTrellis(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	env := newCLIEnv(t, c)
+	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
 
 	t.Run("Status", func(t *testing.T) { testCLIStatus(ctx, t, env) })

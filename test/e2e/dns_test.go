@@ -15,78 +15,93 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Cluster DNS on the local cluster (Options.DNS): CoreDNS behind kube-dns answers pods
 // for Services and pods by name, and NetworkPolicy governs DNS like any other traffic.
 //
-// Two kinds of lookup, both from a client pod on the other node than the server:
+// Two kinds of lookup, both from client pods on another node than the server's:
 //   - in the pod, by its own resolver: `agnhost connect NAME:PORT` inside the container
 //     resolves with the resolv.conf the kubelet wrote (nameserver ClusterDNS, search path
 //     NS.svc.cluster.local ...) and tells a failed lookup ("DNS: ...") from a failed
 //     connection ("TIMEOUT"). The Service maps port 80 to the server's 8080, so
 //     connecting to NAME:80 succeeds only if NAME resolved to the ClusterIP. One client
 //     resolves over UDP, the other over TCP (resolv.conf option use-vc);
-//   - exact answers: the test's own resolver, its sockets opened in the client pod's
-//     network namespace, asks kube-dns over UDP and over TCP and checks the addresses.
-const dnsNS = "dns-e2e"
-
+//   - exact answers: the test's own resolver (framework.DNSClient), its sockets opened in
+//     the UDP client's network namespace, asks kube-dns over UDP and over TCP.
+//
+// A Service's name resolved over UDP by a pod's own resolver, from a pod on every node,
+// is the connectivity test's DNS check (KubectlTrellis/ConnectivityTest); cluster DNS
+// over IPv6 is TestIPv6OnlyCluster's.
 func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
+	kc := framework.Clientset(t, c)
 
-	out, err := c.Kubectl(ctx, "get", "service", "-n", cluster.DNSNamespace, cluster.DNSService, "-o", "jsonpath={.spec.clusterIP}")
-	if err != nil || strings.TrimSpace(out) != cluster.ClusterDNS.String() {
-		t.Fatalf("Service %s/%s: ClusterIP %q (%v), want %s", cluster.DNSNamespace, cluster.DNSService, out, err, cluster.ClusterDNS)
+	kubeDNS, err := kc.CoreV1().Services(cluster.DNSNamespace).Get(ctx, cluster.DNSService, metav1.GetOptions{})
+	if err != nil || kubeDNS.Spec.ClusterIP != cluster.ClusterDNS.String() {
+		t.Fatalf("Service %s/%s: ClusterIP %q (%v), want %s", cluster.DNSNamespace, cluster.DNSService, kubeDNS.Spec.ClusterIP, err, cluster.ClusterDNS)
 	}
 	checkCoreDNSUnprivileged(ctx, t, c)
 
-	pods := deployDNSPods(ctx, t, c)
-	server, udpClient := pods["server"], pods["client-udp"]
-	serviceIP := createDNSService(ctx, t, c)
-	svcName := "web." + dnsNS + ".svc." + cluster.ClusterDomain
-	podName := strings.ReplaceAll(server.IP.String(), ".", "-") + "." + dnsNS + ".pod." + cluster.ClusterDomain
-	clients := []string{"client-udp", "client-tcp"}
+	// The server on the first node, the clients on the second: any two nodes do.
+	serverNode, clientNode := c.Nodes[0], c.Nodes[1]
+	ns := framework.NewNamespace(ctx, t, c, "dns")
+	pods := deployDNSPods(ctx, t, c, ns, serverNode.Name, clientNode.Name)
+	server := pods["server"]
+	serviceIP := createDNSService(ctx, t, c, ns, clientNode)
+	svcName := "web." + ns + ".svc." + cluster.ClusterDomain
+	podName := strings.ReplaceAll(server.IP.String(), ".", "-") + "." + ns + ".pod." + cluster.ClusterDomain
+	dns := map[string]framework.DNSClient{}
+	for _, network := range []string{"udp", "tcp"} {
+		dns[network] = framework.DNSClient{NS: pods["client-udp"].NetNS, Network: network, Server: cluster.ClusterDNS}
+	}
+	connect := func(pod, target string) error { return framework.AgnhostConnect(ctx, c, ns, pod, target) }
 
 	t.Run("ResolvConf", func(t *testing.T) {
-		for _, client := range clients {
-			if got := agnhostOutput(ctx, t, c, client, "dns-server-list"); got != cluster.ClusterDNS.String() {
-				t.Errorf("%s's nameservers %q, want %s (the kubelets' clusterDNS)", client, got, cluster.ClusterDNS)
-			}
-			want := dnsNS + ".svc.cluster.local,svc.cluster.local,cluster.local"
-			if got := agnhostOutput(ctx, t, c, client, "dns-suffix"); got != want {
-				t.Errorf("%s's search path %q, want %q", client, got, want)
-			}
+		// Both clients' resolv.conf come from the same kubelet with the same settings
+		// (client-tcp's adds an option): one is read.
+		if got, err := framework.Agnhost(ctx, c, ns, "client-udp", "dns-server-list"); err != nil || got != cluster.ClusterDNS.String() {
+			t.Errorf("nameservers %q (%v), want %s (the kubelets' clusterDNS)", got, err, cluster.ClusterDNS)
+		}
+		want := ns + ".svc.cluster.local,svc.cluster.local,cluster.local"
+		if got, err := framework.Agnhost(ctx, c, ns, "client-udp", "dns-suffix"); err != nil || got != want {
+			t.Errorf("search path %q (%v), want %q", got, err, want)
 		}
 	})
 
 	t.Run("Answers", func(t *testing.T) {
-		for _, network := range []string{"udp", "tcp"} {
-			checkLookup(t, udpClient.NetNS, network, svcName, serviceIP)
-			checkLookup(t, udpClient.NetNS, network, podName, server.IP)
-			names, err := reverseIn(udpClient.NetNS, network, serviceIP)
+		for _, d := range dns {
+			d.CheckAnswer(t, svcName, serviceIP)
+			d.CheckAnswer(t, podName, server.IP)
+			names, err := d.Reverse(serviceIP)
 			if err != nil || len(names) != 1 || names[0] != svcName+"." {
-				t.Errorf("%s: PTR of %s = %v (%v), want %s.", network, serviceIP, names, err, svcName)
+				t.Errorf("%s: PTR of %s = %v (%v), want %s.", d.Network, serviceIP, names, err, svcName)
 			}
-			missing := "nothing." + dnsNS + ".svc." + cluster.ClusterDomain
+			missing := "nothing." + ns + ".svc." + cluster.ClusterDomain
 			var dnsErr *net.DNSError
-			if addrs, err := lookupIn(udpClient.NetNS, network, missing); !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
-				t.Errorf("%s: %s = %v (%v), want NXDOMAIN", network, missing, addrs, err)
+			if addrs, err := d.Lookup(missing); !errors.As(err, &dnsErr) || !dnsErr.IsNotFound {
+				t.Errorf("%s: %s = %v (%v), want NXDOMAIN", d.Network, missing, addrs, err)
 			}
 		}
 	})
 
 	t.Run("FromThePods", func(t *testing.T) {
-		for _, client := range clients {
-			for _, target := range []string{svcName + ":80", "web:80", podName + ":8080"} {
-				if err := connectFromPod(ctx, c, client, target); err != nil {
+		for client, targets := range map[string][]string{
+			"client-udp": {"web:80", podName + ":8080"},
+			"client-tcp": {svcName + ":80", "web:80", podName + ":8080"},
+		} {
+			for _, target := range targets {
+				if err := connect(client, target); err != nil {
 					t.Errorf("%s: agnhost connect %s: %v", client, target, err)
 				}
 			}
@@ -94,51 +109,53 @@ func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 	})
 
 	t.Run("NetworkPolicy", func(t *testing.T) {
-		framework.ApplyPolicyIn(ctx, t, c, dnsNS, "default-deny-egress", "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n")
-		defer framework.DeletePolicyIn(ctx, t, c, dnsNS, "default-deny-egress")
-		framework.ApplyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
-		defer framework.DeletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
-
-		// Denied egress to the Service proves the default-deny in force; the lookup
-		// before the connection must still work.
-		waitConnectFails(ctx, t, c, "client-udp", "web:80", "TIMEOUT", 30*time.Second)
-		for _, network := range []string{"udp", "tcp"} {
-			checkLookup(t, udpClient.NetNS, network, svcName, serviceIP)
-			checkLookup(t, udpClient.NetNS, network, podName, server.IP)
-		}
-		for _, client := range clients {
-			for _, target := range []string{svcName + ":80", "web:80"} {
-				if err := connectFromPod(ctx, c, client, target); err == nil || !strings.Contains(err.Error(), "TIMEOUT") {
-					t.Errorf("%s under default-deny egress + allow DNS: agnhost connect %s: %v, want TIMEOUT (resolved, connection denied)", client, target, err)
+		framework.ApplyPolicyIn(ctx, t, c, ns, "default-deny-egress", "spec:\n  podSelector: {}\n  policyTypes: [Egress]\n")
+		t.Cleanup(func() { framework.DeletePolicyIn(ctx, t, c, ns, "default-deny-egress") })
+		framework.ApplyPolicyIn(ctx, t, c, ns, "allow-dns", allowDNS)
+		t.Cleanup(func() { framework.DeletePolicyIn(ctx, t, c, ns, "allow-dns") })
+		// The verdict each client's `agnhost connect web:80` must give.
+		expectConnect := func(t *testing.T, verdict, why string) {
+			t.Helper()
+			for _, client := range []string{"client-udp", "client-tcp"} {
+				err := connect(client, "web:80")
+				if v := framework.AgnhostVerdict(err); !strings.Contains(v, verdict) {
+					t.Errorf("%s %s: agnhost connect web:80: %v, want %s", client, why, err, verdict)
+				} else {
+					t.Logf("%s %s: agnhost connect web:80: %s", client, why, v)
 				}
 			}
 		}
 
+		// Denied egress to the Service proves the default-deny in force; the lookup
+		// before the connection must still work.
+		check.EventuallyCtx(ctx, t, 500*time.Millisecond, "client-udp's connection to web:80 denied", func(context.Context) error {
+			if err := connect("client-udp", "web:80"); !strings.Contains(framework.AgnhostVerdict(err), "TIMEOUT") {
+				return fmt.Errorf("agnhost connect web:80: %v", err)
+			}
+			return nil
+		})
+		for _, d := range dns {
+			d.CheckAnswer(t, svcName, serviceIP)
+		}
+		expectConnect(t, "TIMEOUT", "under default-deny egress + allow DNS (resolved, connection denied)")
+
 		// The default-deny alone: DNS is denied too (fails closed).
-		framework.DeletePolicyIn(ctx, t, c, dnsNS, "allow-dns")
+		framework.DeletePolicyIn(ctx, t, c, ns, "allow-dns")
 		t0 := time.Now()
-		waitLookupFails(t, udpClient.NetNS, "udp", svcName, 15*time.Second)
+		dns["udp"].WaitNoAnswer(t, svcName, 15*time.Second)
 		t.Logf("without the DNS rule: the first failed lookup ended %v after the rule's deletion (its 3 s timeout included)", time.Since(t0).Round(10*time.Millisecond))
-		if addrs, err := lookupIn(udpClient.NetNS, "tcp", svcName); err == nil {
+		if addrs, err := dns["tcp"].Lookup(svcName); err == nil {
 			t.Errorf("tcp: %s resolved to %v under default-deny egress without the DNS rule", svcName, addrs)
 		} else {
 			t.Logf("tcp: %s: %v", svcName, err)
 		}
-		for _, client := range clients {
-			for _, target := range []string{svcName + ":80", "web:80"} {
-				if err := connectFromPod(ctx, c, client, target); err == nil || !strings.Contains(err.Error(), "DNS:") {
-					t.Errorf("%s under default-deny egress alone: agnhost connect %s: %v, want a DNS failure", client, target, err)
-				} else {
-					t.Logf("%s under default-deny egress alone: agnhost connect %s: %s", client, target, agnhostMessage(err))
-				}
-			}
-		}
+		expectConnect(t, "DNS:", "under default-deny egress alone")
 
 		// The DNS rule back: lookups work again.
-		framework.ApplyPolicyIn(ctx, t, c, dnsNS, "allow-dns", allowDNS)
-		waitLookup(t, udpClient.NetNS, "udp", svcName, serviceIP, 15*time.Second)
-		checkLookup(t, udpClient.NetNS, "tcp", svcName, serviceIP)
-		if err := connectFromPod(ctx, c, "client-tcp", "web:80"); err == nil || !strings.Contains(err.Error(), "TIMEOUT") {
+		framework.ApplyPolicyIn(ctx, t, c, ns, "allow-dns", allowDNS)
+		dns["udp"].WaitAnswer(t, svcName, serviceIP, 15*time.Second)
+		dns["tcp"].CheckAnswer(t, svcName, serviceIP)
+		if err := connect("client-tcp", "web:80"); !strings.Contains(framework.AgnhostVerdict(err), "TIMEOUT") {
 			t.Errorf("client-tcp with the DNS rule back: agnhost connect web:80: %v, want TIMEOUT", err)
 		}
 	})
@@ -160,15 +177,13 @@ var allowDNS = fmt.Sprintf(`spec:
     - {protocol: TCP, port: 53}
 `, cluster.DNSNamespace, strings.Replace(cluster.DNSLabel, "=", ": ", 1))
 
-// deployDNSPods: the server (agnhost netexec on 8080) on the first node, the two clients
-// on the second, their resolvers bounded (1 s, 2 attempts) so that a denied lookup fails
-// in seconds, client-tcp's over TCP.
-func deployDNSPods(ctx context.Context, t *testing.T, c *cluster.Cluster) map[string]framework.Pod {
+// deployDNSPods: in namespace ns, the server (agnhost netexec on 8080) on serverNode, the
+// two clients on clientNode, their resolvers bounded (1 s, 2 attempts) so that a denied
+// lookup fails in seconds, client-tcp's over TCP.
+func deployDNSPods(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, serverNode, clientNode string) map[string]framework.Pod {
 	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", dnsNS)
-	fmt.Fprintf(&b, `---
-apiVersion: v1
+	fmt.Fprintf(&b, `apiVersion: v1
 kind: Pod
 metadata:
   name: server
@@ -186,7 +201,7 @@ spec:
     readinessProbe:
       tcpSocket: {port: 8080}
       periodSeconds: 1
-`, dnsNS, c.Nodes[0].Name, images.AgnhostImage)
+`, ns, serverNode, images.AgnhostImage)
 	for _, client := range []struct{ name, extra string }{{"client-udp", ""}, {"client-tcp", "\n    - name: use-vc"}} {
 		fmt.Fprintf(&b, `---
 apiVersion: v1
@@ -206,207 +221,56 @@ spec:
   - name: agnhost
     image: %s
     args: ["pause"]
-`, client.name, dnsNS, c.Nodes[1].Name, client.extra, images.AgnhostImage)
+`, client.name, ns, clientNode, client.extra, images.AgnhostImage)
 	}
-	return framework.ApplyPods(ctx, t, c, b.String(), dnsNS, "dns", map[string]string{
-		"server": c.Nodes[0].Name, "client-udp": c.Nodes[1].Name, "client-tcp": c.Nodes[1].Name,
+	return framework.ApplyPods(ctx, t, c, b.String(), ns, "dns", map[string]string{
+		"server": serverNode, "client-udp": clientNode, "client-tcp": clientNode,
 	})
 }
 
-// createDNSService creates Service web (port 80 to the server's 8080) and returns its
-// ClusterIP.
-func createDNSService(ctx context.Context, t *testing.T, c *cluster.Cluster) netip.Addr {
+// createDNSService creates Service web in ns (port 80 to the server's 8080), waits until
+// it answers from node's namespace (the server Ready, kube-proxy programmed) and returns
+// its ClusterIP.
+func createDNSService(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, node cluster.Node) netip.Addr {
 	t.Helper()
-	svc := fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata:
-  name: web
-  namespace: %s
-spec:
-  selector: {app: web}
-  ports:
-  - {port: 80, targetPort: 8080}
-`, dnsNS)
-	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
+	kc := framework.Clientset(t, c)
+	svc, err := kc.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": "web"},
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatalf("creating Service web: %v", err)
 	}
-	out, err := c.Kubectl(ctx, "get", "service", "-n", dnsNS, "web", "-o", "jsonpath={.spec.clusterIP}")
+	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
 	if err != nil {
-		t.Fatalf("Service web: %v", err)
+		t.Fatalf("Service web's ClusterIP %q: %v", svc.Spec.ClusterIP, err)
 	}
-	ip, err := netip.ParseAddr(strings.TrimSpace(out))
-	if err != nil {
-		t.Fatalf("Service web's ClusterIP %q: %v", out, err)
-	}
-	// The server Ready and kube-proxy programmed: the ClusterIP answers from the node.
-	nodeNS := framework.OpenNetns(t, c.Nodes[1].NetNSPath())
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := framework.DialFrom(nodeNS, netip.AddrPortFrom(ip, 80).String())
-		if err == nil {
-			return ip
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Service web (%s:80) unreachable from %s after 30s: %v", ip, c.Nodes[1].Name, err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	nodeNS := framework.OpenNetns(t, node.NetNSPath())
+	check.Eventually(t, 30*time.Second, fmt.Sprintf("Service web (%s:80) answering from %s", ip, node.Name), func() error {
+		return framework.DialFrom(nodeNS, netip.AddrPortFrom(ip, 80).String())
+	})
+	return ip
 }
 
-// agnhostOutput runs `agnhost ARGS` in pod (namespace dnsNS) and returns its output.
-func agnhostOutput(ctx context.Context, t *testing.T, c *cluster.Cluster, pod string, args ...string) string {
-	t.Helper()
-	var out string
-	var err error
-	for range 2 { // a second attempt absorbs a failed exec stream
-		if out, err = c.Kubectl(ctx, append([]string{"exec", "-n", dnsNS, pod, "--", "/agnhost"}, args...)...); err == nil {
-			return strings.TrimSpace(out)
-		}
-	}
-	t.Errorf("%s: agnhost %s: %v", pod, strings.Join(args, " "), err)
-	return ""
-}
-
-// connectFromPod runs `agnhost connect target` in pod: nil when it connected, else the
-// error carrying agnhost's verdict (DNS: ..., TIMEOUT, REFUSED, OTHER: ...).
-func connectFromPod(ctx context.Context, c *cluster.Cluster, pod, target string) error {
-	var err error
-	for range 2 {
-		_, err = c.Kubectl(ctx, "exec", "-n", dnsNS, pod, "--", "/agnhost", "connect", target, "--timeout=3s")
-		if err == nil || agnhostVerdict(err) {
-			return err
-		}
-	}
-	return err
-}
-
-// agnhostMessage is agnhost's line in err (kubectl's error carries its stderr).
-func agnhostMessage(err error) string {
-	msg := err.Error()
-	for _, v := range []string{"DNS:", "TIMEOUT", "REFUSED", "OTHER:", "UNKNOWN:"} {
-		if i := strings.Index(msg, v); i >= 0 {
-			line, _, _ := strings.Cut(msg[i:], "\n")
-			return line
-		}
-	}
-	return msg
-}
-
-// agnhostVerdict: err is agnhost connect's own failure, not kubectl's (a failed stream).
-func agnhostVerdict(err error) bool {
-	for _, v := range []string{"DNS:", "TIMEOUT", "REFUSED", "OTHER:", "UNKNOWN:"} {
-		if strings.Contains(err.Error(), v) {
-			return true
-		}
-	}
-	return false
-}
-
-func waitConnectFails(ctx context.Context, t *testing.T, c *cluster.Cluster, pod, target, verdict string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := connectFromPod(ctx, c, pod, target)
-		if err != nil && strings.Contains(err.Error(), verdict) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: agnhost connect %s: %v after %v, want %s", pod, target, err, timeout, verdict)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
-// nsResolver asks cluster DNS over network (udp or tcp) with sockets opened in ns.
-func nsResolver(ns *os.File, network string) *net.Resolver {
-	return nsResolverAt(ns, network, cluster.ClusterDNS)
-}
-
-// nsResolverAt asks the DNS server at dns (port 53) over network with sockets opened in ns.
+// nsResolverAt asks the DNS server at dns (port 53) over network with sockets opened in
+// ns: framework.DNSClient's resolver, under the name ipv6only_test.go calls.
 func nsResolverAt(ns *os.File, network string, dns netip.Addr) *net.Resolver {
-	server := netip.AddrPortFrom(dns, 53).String()
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var conn net.Conn
-		err := netnstest.Enter(ns, func() error {
-			var d net.Dialer
-			var err error
-			conn, err = d.DialContext(ctx, network, server)
-			return err
-		})
-		return conn, err
-	}}
-}
-
-// lookupIn resolves the fully qualified name (A records) from ns, within 3 s.
-func lookupIn(ns *os.File, network, name string) ([]netip.Addr, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	return nsResolver(ns, network).LookupNetIP(ctx, "ip4", name+".")
-}
-
-func reverseIn(ns *os.File, network string, ip netip.Addr) ([]string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	return nsResolver(ns, network).LookupAddr(ctx, ip.String())
-}
-
-func checkLookup(t *testing.T, ns *os.File, network, name string, want netip.Addr) {
-	t.Helper()
-	t0 := time.Now()
-	addrs, err := lookupIn(ns, network, name)
-	if err != nil || len(addrs) != 1 || addrs[0] != want {
-		t.Errorf("%s: %s = %v (%v), want %s", network, name, addrs, err, want)
-		return
-	}
-	t.Logf("%s: %s -> %v (%v)", network, name, addrs, time.Since(t0).Round(100*time.Microsecond))
-}
-
-func waitLookup(t *testing.T, ns *os.File, network, name string, want netip.Addr, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		addrs, err := lookupIn(ns, network, name)
-		if err == nil && len(addrs) == 1 && addrs[0] == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s = %v (%v) after %v, want %s", network, name, addrs, err, timeout, want)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// waitLookupFails waits until lookups of name fail for want of an answer (not NXDOMAIN:
-// the server must not be reached at all).
-func waitLookupFails(t *testing.T, ns *os.File, network, name string, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		addrs, err := lookupIn(ns, network, name)
-		var dnsErr *net.DNSError
-		if err != nil && !(errors.As(err, &dnsErr) && dnsErr.IsNotFound) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s still answered after %v: %v (%v)", network, name, timeout, addrs, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	return framework.DNSClient{NS: ns, Network: network, Server: dns}.Resolver()
 }
 
 // checkCoreDNSUnprivileged reads the CoreDNS process's credentials and root mount from
 // the kernel: not root, no effective capabilities, a read-only root file system.
 func checkCoreDNSUnprivileged(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
+	kc := framework.Clientset(t, c)
 	pods, err := kc.CoreV1().Pods(cluster.DNSNamespace).List(ctx, metav1.ListOptions{LabelSelector: cluster.DNSLabel})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("CoreDNS pods: %d (%v), want 1", len(pods.Items), err)
 	}
-	pid := podProcess(t, string(pods.Items[0].UID), "/coredns")
+	pid := framework.PodProcess(t, string(pods.Items[0].UID), "/coredns")
 	status, err := os.ReadFile(filepath.Join("/proc", fmt.Sprint(pid), "status"))
 	if err != nil {
 		t.Fatalf("CoreDNS (pid %d): %v", pid, err)
@@ -443,33 +307,5 @@ func checkCoreDNSUnprivileged(ctx context.Context, t *testing.T, c *cluster.Clus
 	}
 	if !strings.HasPrefix(rootRO, "ro") {
 		t.Errorf("CoreDNS's root file system mounted %q, want read-only", rootRO)
-	}
-}
-
-// podProcess is the pid of the process of the pod with this UID (found by its cgroup, as
-// podNetns does) whose command line starts with cmd.
-func podProcess(t *testing.T, uid, cmd string) int {
-	t.Helper()
-	keys := []string{"pod" + uid, "pod" + strings.ReplaceAll(uid, "-", "_")}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
-		for _, p := range procs {
-			b, err := os.ReadFile(p)
-			if err != nil || !(strings.Contains(string(b), keys[0]) || strings.Contains(string(b), keys[1])) {
-				continue
-			}
-			cl, err := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
-			if err == nil && strings.HasPrefix(string(cl), cmd+"\x00") {
-				var pid int
-				if _, err := fmt.Sscanf(filepath.Base(filepath.Dir(p)), "%d", &pid); err == nil {
-					return pid
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no process %s of pod %s found by its cgroup", cmd, uid)
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
 }

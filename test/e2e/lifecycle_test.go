@@ -4,38 +4,53 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
 )
 
-// Day-2 changes that go wrong, under continuous pod-to-pod traffic across all nodes: an agent
-// image that can't be pulled (the rollout stalls on one node, the others keep the previous
-// agent, Degraded names the node and why, correcting the spec recovers) and changes the
-// running network can't take (refused whole, nothing rolled out).
+// Where the operator runs the agents, and their pods' label.
+const (
+	trellisSystem     = "trellis-system"
+	agentPodsSelector = "app.kubernetes.io/name=trellis-agent"
+)
+
+// Day-2 changes that go wrong, under continuous pod-to-pod traffic around every node: an
+// agent image that can't be pulled (the rollout stalls on one node, the others keep the
+// previous agent, Degraded names the node and why, correcting the spec recovers) and
+// changes the running network can't take (refused whole, nothing rolled out). The
+// ClusterNetwork's spec is put back as it was when the suite ends, also when it fails.
 func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	pods := framework.DeployPods(ctx, t, c, "life", []framework.PodSpec{
-		{Name: "life-a", Node: c.Nodes[0].Name}, {Name: "life-b", Node: c.Nodes[1].Name}, {Name: "life-c", Node: c.Nodes[2].Name},
-	})
-	defer framework.DeletePods(ctx, t, c, "life")
-	ring := [][2]string{{"life-a", "life-b"}, {"life-b", "life-c"}, {"life-c", "life-a"}}
+	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
+	framework.RestoreClusterNetwork(ctx, t, c)
+	spec := framework.CurrentClusterNetworkSpec(ctx, t, c)
+
+	// One server per node; each node's pod probes the next node's.
+	ns := framework.NewNamespace(ctx, t, c, "rollouts")
+	pods := lifecyclePods(ctx, t, c, ns)
 	var probers []*framework.Prober
-	for _, r := range ring {
-		p := framework.StartProber(t, pods[r[0]].NetNS, netip.AddrPortFrom(pods[r[1]].IP, framework.ServerPort).String())
+	var ring [][2]string
+	for i, n := range c.Nodes {
+		from, to := n.Name, c.Nodes[(i+1)%len(c.Nodes)].Name
+		p := framework.StartProber(t, pods[from].NetNS, netip.AddrPortFrom(pods[to].IP, framework.ServerPort).String())
 		defer p.Stop()
 		p.WaitFlowing(t, 30*time.Second)
 		probers = append(probers, p)
+		ring = append(ring, [2]string{from, to})
 	}
 	checkGaps := func(t *testing.T, since time.Time, what string) {
 		t.Helper()
@@ -47,156 +62,160 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 			}
 		}
 	}
-	patch := func(t *testing.T, body string) {
+	update := func(change func(*v1alpha1.ClusterNetworkSpec)) { framework.UpdateClusterNetwork(ctx, t, c, change) }
+	waitCondition := func(typ string, status metav1.ConditionStatus, timeout time.Duration) metav1.Condition {
 		t.Helper()
-		if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type=merge", "-p", body); err != nil {
-			t.Fatalf("patching the ClusterNetwork with %s: %v", body, err)
-		}
+		return framework.WaitClusterCondition(ctx, t, c, typ, status, timeout)
 	}
 
 	t.Run("StuckRollout", func(t *testing.T) {
 		since := time.Now()
 		const bad = "ghcr.io/trellis-net/trellis:v0.0.0-does-not-exist"
-		patch(t, `{"spec":{"rollout":{"progressDeadlineSeconds":30},"agent":{"image":"`+bad+`"}}}`)
-		var cond condition
-		for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
-			// rollout.maxUnavailable (1) holds throughout: never more than one agent down.
-			if down := agentsUnavailable(ctx, t, c); down > 1 {
-				t.Errorf("%d agents unavailable during the rollout, spec.rollout.maxUnavailable is 1", down)
+		update(func(s *v1alpha1.ClusterNetworkSpec) {
+			s.Rollout.ProgressDeadlineSeconds = 30
+			s.Agent.Image = bad
+		})
+		maxDown := int32(0)
+		var cond metav1.Condition
+		wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer wcancel()
+		check.EventuallyCtx(wctx, t, time.Second, "Degraded/ProgressDeadlineExceeded after an unpullable image", func(ctx context.Context) error {
+			maxDown = max(maxDown, framework.GetAgentDaemonSet(ctx, t, c).Status.NumberUnavailable)
+			cond = framework.ClusterCondition(ctx, t, c, v1alpha1.ConditionDegraded)
+			if cond.Status != metav1.ConditionTrue || cond.Reason != "ProgressDeadlineExceeded" {
+				return fmt.Errorf("%+v", cond)
 			}
-			cond = clusterCondition(ctx, t, c, "Degraded")
-			if cond.Status == "True" && cond.Reason == "ProgressDeadlineExceeded" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("not Degraded/ProgressDeadlineExceeded 3m after an unpullable image: %+v", cond)
-			}
+			return nil
+		})
+		// rollout.maxUnavailable (1) held throughout: never more than one agent down.
+		if maxDown > 1 {
+			t.Errorf("%d agents unavailable during the rollout, spec.rollout.maxUnavailable is 1", maxDown)
 		}
 		t.Logf("Degraded: %s", cond.Message)
 		if !strings.Contains(cond.Message, "node ") || !(strings.Contains(cond.Message, "ErrImagePull") || strings.Contains(cond.Message, "ImagePullBackOff")) {
 			t.Errorf("Degraded does not name the node and the pull error: %s", cond.Message)
 		}
 		// One node is stuck on the new image; the others keep the previous agent, Ready.
-		out, err := c.Kubectl(ctx, "get", "pods", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent",
-			"-o", `jsonpath={range .items[*]}{.spec.nodeName} {.spec.containers[0].image} {.status.containerStatuses[0].ready}{"\n"}{end}`)
-		if err != nil {
-			t.Fatal(err)
-		}
+		kc := framework.Clientset(t, c)
+		agents, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector})
+		check.Must(t, err)
 		var stuck, previous int
-		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-			f := strings.Fields(l)
+		var seen []string
+		for _, p := range agents.Items {
+			ready := len(p.Status.ContainerStatuses) > 0 && p.Status.ContainerStatuses[0].Ready
+			seen = append(seen, fmt.Sprintf("%s %s ready=%v", p.Spec.NodeName, p.Spec.Containers[0].Image, ready))
 			switch {
-			case len(f) == 3 && f[1] == bad:
+			case p.Spec.Containers[0].Image == bad:
 				stuck++
-			case len(f) == 3 && f[2] == "true":
+			case ready:
 				previous++
 			}
 		}
-		if stuck != 1 || previous != 2 {
-			t.Errorf("agents: %d on the bad image, %d Ready on the previous one; want 1 and 2:\n%s", stuck, previous, out)
+		if stuck != 1 || previous != len(c.Nodes)-1 {
+			t.Errorf("agents: %d on the bad image, %d Ready on the previous one; want 1 and %d: %v", stuck, previous, len(c.Nodes)-1, seen)
 		}
 		checkGaps(t, since, "stuck rollout")
 
 		// Correcting the spec recovers.
 		fixed := time.Now()
-		patch(t, `{"spec":{"agent":{"image":null}}}`)
-		waitClusterCondition(ctx, t, c, "Available", "True", 3*time.Minute)
-		waitClusterCondition(ctx, t, c, "Progressing", "False", 3*time.Minute)
-		waitClusterCondition(ctx, t, c, "Degraded", "False", time.Minute)
+		update(func(s *v1alpha1.ClusterNetworkSpec) { s.Agent.Image = spec.Agent.Image })
+		waitCondition(v1alpha1.ConditionAvailable, metav1.ConditionTrue, 3*time.Minute)
+		waitCondition(v1alpha1.ConditionProgressing, metav1.ConditionFalse, 3*time.Minute)
+		waitCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, time.Minute)
 		checkGaps(t, fixed, "recovery")
 	})
 
 	t.Run("RefusedChanges", func(t *testing.T) {
-		gen := daemonSetGeneration(ctx, t, c)
+		gen := framework.GetAgentDaemonSet(ctx, t, c).Generation
+		// unchanged checks for a few seconds that the refused change rolled nothing out.
+		unchanged := func(what string) {
+			t.Helper()
+			until := time.Now().Add(5 * time.Second)
+			if err := check.Until(ctx, time.Second, "the agent DaemonSet unchanged for "+what, func(ctx context.Context) error {
+				if got := framework.GetAgentDaemonSet(ctx, t, c).Generation; got != gen {
+					return check.Stop(fmt.Errorf("generation %d -> %d", gen, got))
+				}
+				if time.Now().Before(until) {
+					return errors.New("still watching")
+				}
+				return nil
+			}); err != nil {
+				t.Error(err)
+			}
+		}
 		since := time.Now()
 		// The VXLAN port: nodes on the old and the new one could not reach each other.
-		patch(t, `{"spec":{"vxlan":{"port":8472}}}`)
-		cond := waitClusterCondition(ctx, t, c, "Degraded", "True", time.Minute)
+		update(func(s *v1alpha1.ClusterNetworkSpec) { s.VXLAN.Port = 8472 })
+		cond := waitCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, time.Minute)
 		if cond.Reason != "DisruptiveChangeRefused" || !strings.Contains(cond.Message, "spec.vxlan.port 4789 -> 8472 refused") {
 			t.Errorf("Degraded %s: %s; want DisruptiveChangeRefused naming spec.vxlan.port", cond.Reason, cond.Message)
 		}
-		time.Sleep(5 * time.Second)
-		if got := daemonSetGeneration(ctx, t, c); got != gen {
-			t.Errorf("the agent DaemonSet changed (generation %d -> %d) for a refused change", gen, got)
-		}
-		patch(t, `{"spec":{"vxlan":{"port":4789}}}`)
-		waitClusterCondition(ctx, t, c, "Degraded", "False", time.Minute)
+		unchanged("a refused VXLAN port")
+		update(func(s *v1alpha1.ClusterNetworkSpec) { s.VXLAN.Port = spec.VXLAN.Port })
+		waitCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, time.Minute)
 
 		// A pod range holding the nodes' own addresses.
-		cidrs := framework.ClusterNetworkField(ctx, t, c, ".spec.podCIDRs")
-		var orig []string
-		if err := json.Unmarshal([]byte(cidrs), &orig); err != nil {
-			t.Fatalf("spec.podCIDRs %q: %v", cidrs, err)
-		}
 		underlay := netip.PrefixFrom(c.Nodes[0].IP, 16).Masked().String() // holds every node; blocks are /24
-		with, _ := json.Marshal(append(append([]string{}, orig...), underlay))
-		patch(t, `{"spec":{"podCIDRs":`+string(with)+`}}`)
-		cond = waitClusterCondition(ctx, t, c, "Degraded", "True", time.Minute)
+		update(func(s *v1alpha1.ClusterNetworkSpec) { s.PodCIDRs = append(slices.Clone(spec.PodCIDRs), underlay) })
+		cond = waitCondition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, time.Minute)
 		if cond.Reason != "PodCIDRConflict" || !strings.Contains(cond.Message, fmt.Sprintf("spec.podCIDRs entry %s overlaps node", underlay)) {
 			t.Errorf("Degraded %s: %s; want PodCIDRConflict naming %s and a node", cond.Reason, cond.Message, underlay)
 		}
-		if got := daemonSetGeneration(ctx, t, c); got != gen {
-			t.Errorf("the agent DaemonSet changed (generation %d -> %d) for a refused range", gen, got)
-		}
-		without, _ := json.Marshal(orig)
-		patch(t, `{"spec":{"podCIDRs":`+string(without)+`}}`)
-		waitClusterCondition(ctx, t, c, "Degraded", "False", time.Minute)
+		unchanged("a refused pod range")
+		update(func(s *v1alpha1.ClusterNetworkSpec) { s.PodCIDRs = spec.PodCIDRs })
+		waitCondition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, time.Minute)
 		checkGaps(t, since, "refused changes")
 	})
 }
 
+// lifecyclePods runs an agnhost netexec server (framework.ServerPort) on every node, in
+// namespace ns, each pod named after its node.
+func lifecyclePods(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) map[string]framework.Pod {
+	t.Helper()
+	var b strings.Builder
+	nodes := map[string]string{}
+	for _, n := range c.Nodes {
+		nodes[n.Name] = n.Name
+		fmt.Fprintf(&b, `---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+  labels: {batch: rollouts}
+spec:
+  nodeName: %[1]s
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: agnhost
+    image: %[3]s
+    args: ["netexec", "--http-port=%[4]d"]
+    readinessProbe:
+      tcpSocket: {port: %[4]d}
+      periodSeconds: 1
+`, n.Name, ns, images.AgnhostImage, framework.ServerPort)
+	}
+	return framework.ApplyPods(ctx, t, c, b.String(), ns, "rollouts", nodes)
+}
+
+// condition, clusterCondition, waitClusterCondition and agentsUnavailable are
+// framework.ClusterCondition, WaitClusterCondition and the agent DaemonSet's status in
+// the shape upgrade_test.go reads them.
 type condition struct{ Type, Status, Reason, Message string }
 
 func clusterCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string) condition {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "clusternetwork", "default", "-o", "jsonpath={.status.conditions}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conds []condition
-	if err := json.Unmarshal([]byte(out), &conds); err != nil {
-		t.Fatalf("status.conditions %q: %v", out, err)
-	}
-	for _, cd := range conds {
-		if cd.Type == typ {
-			return cd
-		}
-	}
-	return condition{Type: typ}
+	cd := framework.ClusterCondition(ctx, t, c, typ)
+	return condition{Type: cd.Type, Status: string(cd.Status), Reason: cd.Reason, Message: cd.Message}
 }
 
 func waitClusterCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ, status string, timeout time.Duration) condition {
 	t.Helper()
-	for deadline := time.Now().Add(timeout); ; time.Sleep(time.Second) {
-		cd := clusterCondition(ctx, t, c, typ)
-		if cd.Status == status {
-			return cd
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ClusterNetwork %s is not %s after %v: %+v", typ, status, timeout, cd)
-		}
-	}
+	cd := framework.WaitClusterCondition(ctx, t, c, typ, metav1.ConditionStatus(status), timeout)
+	return condition{Type: cd.Type, Status: string(cd.Status), Reason: cd.Reason, Message: cd.Message}
 }
 
 func agentsUnavailable(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
 	t.Helper()
-	return int(agentDaemonSet(ctx, t, c).Status.NumberUnavailable)
-}
-
-func daemonSetGeneration(ctx context.Context, t *testing.T, c *cluster.Cluster) int64 {
-	t.Helper()
-	return agentDaemonSet(ctx, t, c).Generation
-}
-
-func agentDaemonSet(ctx context.Context, t *testing.T, c *cluster.Cluster) *appsv1.DaemonSet {
-	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ds, err := kc.AppsV1().DaemonSets("trellis-system").Get(ctx, "trellis-agent", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ds
+	return int(framework.GetAgentDaemonSet(ctx, t, c).Status.NumberUnavailable)
 }

@@ -5,9 +5,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,28 +17,21 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/internal/metricsserving"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/testenv"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
-// The monitoring e2e's Prometheus: where it runs and how often it looks.
-const (
-	monNamespace = "monitoring"
-	// monInterval is the scrape and rule evaluation interval: short, so that the test sees
-	// in seconds what a real Prometheus sees in a minute or two.
-	monInterval = "2s"
-	// monProxy is Prometheus' HTTP API through the API server's service proxy: the test
-	// reaches it without any address of the cluster's network.
-	monProxy = "/api/v1/namespaces/" + monNamespace + "/services/prometheus:web/proxy"
-)
+// monInterval is the test's Prometheus' scrape and rule evaluation interval: short, so
+// that the test sees in seconds what a real Prometheus sees in a minute or two.
+const monInterval = 2 * time.Second
 
-// TestMonitoring proves config/prometheus on a real Prometheus (hack/build-prometheus.sh),
+// testMonitoring proves config/prometheus on a real Prometheus (hack/build-prometheus.sh),
 // run on the cluster as a user would run it without the Prometheus Operator: a Deployment
 // whose service account is bound to trellis-metrics-reader, scraping with the
 // kubernetes_sd_configs of docs/monitoring.md and the projected token for the
@@ -50,29 +43,32 @@ const (
 // it whenever the kubelet restarts it: a crash-looping agent, its pod not Ready) and
 // checks that TrellisAgentNotReady fires for one node and TrellisAgentDown names that
 // node and no other; then it heals the node (the pod deleted, as an admin would once the
-// cause is fixed) and checks both resolve.
+// cause is fixed) and checks both resolve. Its Prometheus is its own, new (no history of
+// what earlier suites did to the cluster), in a namespace of its own, removed at the end.
 func testMonitoring(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	start := time.Now()
+	// Healthy to begin with: not the tail of an earlier suite's rollout or broken agent.
+	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
 
 	rules := monRules(t)
-	deployPrometheus(ctx, t, c, monConfig(t), rules.file)
+	ns := framework.NewNamespace(ctx, t, c, "monitoring")
+	prom := framework.DeployPrometheus(ctx, t, c, ns, monManifestFor(ctx, t, c, ns, monConfig(t), rules.file))
 	t.Logf("Prometheus running after %v", time.Since(start).Round(time.Second))
 
 	// Discovery and scrape: every agent, one per node and labelled with it, and the operator.
-	nodes := make([]string, 0, len(c.Nodes))
-	for _, n := range c.Nodes {
-		nodes = append(nodes, n.Name)
-	}
+	nodes := clusterNodeNames(c)
 	slices.Sort(nodes)
-	monWait(ctx, t, c, 2*time.Minute, "every agent and the operator scraped up", func() error {
-		return monTargetsUp(ctx, c, nodes)
+	prom.Wait(ctx, t, 2*time.Minute, "every agent and the operator scraped up", func(ctx context.Context) error {
+		return monTargetsUp(ctx, prom, nodes)
 	})
 	t.Logf("targets up after %v", time.Since(start).Round(time.Second))
 	for _, metric := range []string{"trellis_agent_ipam_addresses_free", "trellis_agent_sync_duration_seconds_count", "trellis_policy_enforced"} {
+		samples, err := prom.Query(ctx, metric)
+		check.Must(t, err)
 		var got []string
-		for _, s := range monQuery(ctx, t, c, metric) {
+		for _, s := range samples {
 			got = append(got, s.Metric["node"])
 		}
 		slices.Sort(got)
@@ -82,58 +78,86 @@ func testMonitoring(t *testing.T, c *cluster.Cluster) {
 	}
 
 	// Every alert of the file is loaded and evaluates without error.
-	monWait(ctx, t, c, 30*time.Second, "every rule evaluated", func() error {
-		return monRulesHealthy(ctx, c, rules.alerts)
+	prom.Wait(ctx, t, 30*time.Second, "every rule evaluated", func(ctx context.Context) error {
+		return monRulesHealthy(ctx, prom, rules.alerts)
 	})
 
 	// Healthy: nothing fires, or is even pending, for longer than the longest `for:`.
-	quiet := rules.longestFor + 4*monIntervalDuration()
-	for deadline := time.Now().Add(quiet); time.Now().Before(deadline); time.Sleep(time.Second) {
-		for _, a := range monAlerts(ctx, t, c) {
+	quiet := rules.longestFor + 4*monInterval
+	quietUntil := time.Now().Add(quiet)
+	if err := check.Until(ctx, time.Second, fmt.Sprintf("no alert firing for %v on a healthy cluster", quiet), func(ctx context.Context) error {
+		alerts, err := prom.Alerts(ctx)
+		if err != nil {
+			return check.Stop(err)
+		}
+		for _, a := range alerts {
 			if a.State == "firing" {
-				t.Fatalf("alert %s firing on a healthy cluster: %v (value %s)", a.Labels["alertname"], a.Labels, a.Value)
+				return check.Stop(fmt.Errorf("alert %s firing: %v (value %s)", a.Labels["alertname"], a.Labels, a.Value))
 			}
 		}
-	}
-	if active := monAlerts(ctx, t, c); len(active) > 0 {
-		t.Fatalf("alerts active on a healthy cluster after %v: %v", quiet, active)
+		if time.Now().Before(quietUntil) {
+			return errors.New("still watching")
+		}
+		if len(alerts) > 0 {
+			return check.Stop(fmt.Errorf("alerts active after %v: %v", quiet, alerts))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("healthy: no alert for %v", quiet)
 
-	// Break: the agent of a node other than Prometheus' crash-loops.
-	broken := monNodeToBreak(ctx, t, c)
+	// Break: the agent of a node other than Prometheus' crash-loops. Healed when the
+	// test ends whatever happens (a new agent pod, as below), for the suites after it.
+	broken := monNodeToBreak(ctx, t, c, prom)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		healAgent(ctx, t, c, broken.Name)
+		framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
+	})
 	t.Logf("breaking the agent on %s: killed whenever it runs", broken.Name)
 	t0 := time.Now()
 	var killed int
-	monWait(ctx, t, c, 2*time.Minute, "TrellisAgentNotReady and TrellisAgentDown firing for "+broken.Name, func() error {
+	prom.Wait(ctx, t, 2*time.Minute, "TrellisAgentNotReady and TrellisAgentDown firing for "+broken.Name, func(ctx context.Context) error {
 		for _, pid := range framework.AgentPids(t, broken) {
 			if unix.Kill(pid, unix.SIGKILL) == nil {
 				killed++
 			}
 		}
-		return monBrokenAlerts(monAlerts(ctx, t, c), broken.Name)
+		alerts, err := prom.Alerts(ctx)
+		if err != nil {
+			return err
+		}
+		return monBrokenAlerts(alerts, broken.Name)
 	})
 	t.Logf("firing %v after the first kill (%d kills)", time.Since(t0).Round(time.Second), killed)
 
 	// Heal: a new pod (no crash-loop back-off to wait out); both alerts resolve.
-	if out, err := c.Kubectl(ctx, "-n", "trellis-system", "delete", "pod", "-l", "app.kubernetes.io/name=trellis-agent",
-		"--field-selector", "spec.nodeName="+broken.Name, "--wait=true", "--timeout=1m"); err != nil {
-		t.Fatalf("deleting the agent pod on %s: %v\n%s", broken.Name, err, out)
-	}
+	healAgent(ctx, t, c, broken.Name)
 	t1 := time.Now()
-	monWait(ctx, t, c, 2*time.Minute, "no alert active once "+broken.Name+"'s agent is back", func() error {
-		if active := monAlerts(ctx, t, c); len(active) > 0 {
-			return fmt.Errorf("still active: %v", active)
+	prom.Wait(ctx, t, 2*time.Minute, "no alert active once "+broken.Name+"'s agent is back", func(ctx context.Context) error {
+		alerts, err := prom.Alerts(ctx)
+		if err != nil {
+			return err
+		}
+		if len(alerts) > 0 {
+			return fmt.Errorf("still active: %v", alerts)
 		}
 		return nil
 	})
-	t.Logf("resolved %v after the pod was deleted; the test took %v after the cluster was up", time.Since(t1).Round(time.Second), time.Since(start).Round(time.Second))
+	t.Logf("resolved %v after the pod was deleted; the test took %v", time.Since(t1).Round(time.Second), time.Since(start).Round(time.Second))
 }
 
-// monIntervalDuration is monInterval as a duration.
-func monIntervalDuration() time.Duration {
-	d, _ := time.ParseDuration(monInterval)
-	return d
+// healAgent deletes the agent pod on node, as an admin would once the cause of its crash
+// loop is fixed: the DaemonSet's new pod starts without the back-off.
+func healAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) {
+	t.Helper()
+	kc := framework.Clientset(t, c)
+	if err := kc.CoreV1().Pods(trellisSystem).DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node}); err != nil {
+		t.Errorf("deleting the agent pod on %s: %v", node, err)
+	}
 }
 
 // monRuleSet is the rule file the test's Prometheus loads and what it holds.
@@ -247,7 +271,7 @@ func monConfig(t *testing.T) string {
 	if err := yaml.Unmarshal([]byte(block), &cfg); err != nil {
 		t.Fatalf("%s's scrape_configs: %v", monDoc, err)
 	}
-	cfg["global"] = map[string]any{"scrape_interval": monInterval, "scrape_timeout": monInterval, "evaluation_interval": monInterval}
+	cfg["global"] = map[string]any{"scrape_interval": monInterval.String(), "scrape_timeout": monInterval.String(), "evaluation_interval": monInterval.String()}
 	cfg["rule_files"] = []string{"/etc/prometheus/trellis.rules.yaml"}
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
@@ -258,17 +282,13 @@ func monConfig(t *testing.T) string {
 
 // monManifest runs Prometheus as a user would without the Prometheus Operator: its
 // service account bound to trellis-metrics-reader (to scrape) and allowed to discover
-// EndpointSlices, Services and pods in trellis-system, its configuration and rules in a ConfigMap, its storage an
-// emptyDir, its token for /metrics the projected volume of docs/monitoring.md,
-// unprivileged; a Service in front of its API. %[1]s: namespace; %[2]s: image;
-// %[3]s, %[4]s: prometheus.yml and the rule file, each a JSON string; %[5]s, %[6]s: the
-// token volume and its mount, each a JSON object.
+// EndpointSlices, Services and pods in trellis-system, its configuration and rules in a
+// ConfigMap, its storage an emptyDir, its token for /metrics the projected volume of
+// docs/monitoring.md, unprivileged; a Service in front of its API. %[1]s: namespace (the
+// objects outside it are named after it); %[2]s: image; %[3]s, %[4]s: prometheus.yml
+// and the rule file, each a JSON string; %[5]s, %[6]s: the token volume and its mount,
+// each a JSON object.
 const monManifest = `apiVersion: v1
-kind: Namespace
-metadata:
-  name: %[1]s
----
-apiVersion: v1
 kind: ServiceAccount
 metadata:
   name: prometheus
@@ -277,7 +297,7 @@ metadata:
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata:
-  name: e2e-prometheus-trellis-metrics-reader
+  name: %[1]s-prometheus-trellis-metrics-reader
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: ClusterRole
@@ -290,7 +310,7 @@ subjects:
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata:
-  name: prometheus-discovery
+  name: %[1]s-prometheus-discovery
   namespace: trellis-system
 rules:
 - apiGroups: [""]
@@ -303,12 +323,12 @@ rules:
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
 metadata:
-  name: prometheus-discovery
+  name: %[1]s-prometheus-discovery
   namespace: trellis-system
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: Role
-  name: prometheus-discovery
+  name: %[1]s-prometheus-discovery
 subjects:
 - kind: ServiceAccount
   name: prometheus
@@ -382,99 +402,26 @@ spec:
   - {name: web, port: 9090, targetPort: web}
 `
 
-// deployPrometheus imports the Prometheus image into every node (as the cluster's own
-// images are) and runs it with config and rules until it is Ready.
-func deployPrometheus(ctx context.Context, t *testing.T, c *cluster.Cluster, config, rules string) {
+// monManifestFor is monManifest for namespace ns with config and rules, its image
+// imported into the nodes.
+func monManifestFor(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, config, rules string) string {
 	t.Helper()
-	v, err := versions.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	binDir := v.PrometheusDir(cluster.CacheDir())
-	if _, err := os.Stat(filepath.Join(binDir, "prometheus")); err != nil {
-		t.Fatalf("the Prometheus server: %v (run hack/build-prometheus.sh, or make deps)", err)
-	}
-	archive, _, err := images.PrometheusArchive(filepath.Join(cluster.CacheDir(), "localcluster"), binDir, v.Prometheus)
-	if err != nil {
-		t.Fatalf("Prometheus' image: %v", err)
-	}
-	if err := c.ImportImages(ctx, archive); err != nil {
-		t.Fatal(err)
-	}
-	image, err := images.PrometheusImage(v.Prometheus)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Shared {
-		// A Prometheus of an earlier run would keep its old configuration and history.
-		if out, err := c.Kubectl(ctx, "delete", "namespace", monNamespace, "--ignore-not-found", "--wait=true", "--timeout=2m"); err != nil {
-			t.Fatalf("removing the earlier run's Prometheus: %v\n%s", err, out)
-		}
-	}
 	quote := func(s string) string { b, _ := json.Marshal(s); return string(b) }
 	volume, mount := monTokenVolume(t)
-	if out, err := c.KubectlInput(ctx, fmt.Sprintf(monManifest, monNamespace, image, quote(config), quote(rules), volume, mount), "apply", "-f", "-"); err != nil {
-		t.Fatalf("deploying Prometheus: %v\n%s", err, out)
-	}
-	if out, err := c.Kubectl(ctx, "-n", monNamespace, "rollout", "status", "deployment/prometheus", "--timeout=2m"); err != nil {
-		logs, _ := c.Kubectl(ctx, "-n", monNamespace, "logs", "deployment/prometheus", "--tail=30")
-		t.Fatalf("Prometheus not Ready: %v\n%s\n%s\n%s", err, out, logs, c.Diagnose(ctx))
-	}
-}
-
-// monGet decodes the data of Prometheus API path (through the API server's proxy).
-func monGet(ctx context.Context, c *cluster.Cluster, path string, data any) error {
-	out, err := c.Kubectl(ctx, "get", "--raw", monProxy+path)
-	if err != nil {
-		return err
-	}
-	var resp struct {
-		Status string          `json:"status"`
-		Error  string          `json:"error"`
-		Data   json.RawMessage `json:"data"`
-	}
-	if err := json.Unmarshal([]byte(out), &resp); err != nil {
-		return fmt.Errorf("GET %s: %w: %.300s", path, err, out)
-	}
-	if resp.Status != "success" {
-		return fmt.Errorf("GET %s: %s %s", path, resp.Status, resp.Error)
-	}
-	return json.Unmarshal(resp.Data, data)
-}
-
-// monWait calls check until it returns nil, failing the test with its last error after
-// timeout.
-func monWait(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration, what string, check func() error) {
-	t.Helper()
-	var err error
-	for deadline := time.Now().Add(timeout); ; time.Sleep(time.Second) {
-		if err = check(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			logs, _ := c.Kubectl(ctx, "-n", monNamespace, "logs", "deployment/prometheus", "--tail=30")
-			t.Fatalf("%s: not after %v: %v\nPrometheus' log:\n%s", what, timeout, err, logs)
-		}
-	}
+	return fmt.Sprintf(monManifest, ns, framework.PrometheusImage(ctx, t, c), quote(config), quote(rules), volume, mount)
 }
 
 // monTargetsUp checks the active targets: of job trellis-agent-metrics one up per node,
 // labelled with it; of trellis-operator-metrics one, up.
-func monTargetsUp(ctx context.Context, c *cluster.Cluster, nodes []string) error {
-	var data struct {
-		ActiveTargets []struct {
-			Labels    map[string]string `json:"labels"`
-			Health    string            `json:"health"`
-			LastError string            `json:"lastError"`
-		} `json:"activeTargets"`
-	}
-	if err := monGet(ctx, c, "/api/v1/targets?state=active", &data); err != nil {
+func monTargetsUp(ctx context.Context, prom *framework.Prometheus, nodes []string) error {
+	targets, err := prom.Targets(ctx)
+	if err != nil {
 		return err
 	}
 	var agents []string
 	operators := 0
 	var problems []string
-	for _, tg := range data.ActiveTargets {
+	for _, tg := range targets {
 		if tg.Health != "up" {
 			problems = append(problems, fmt.Sprintf("%s %s: %s %s", tg.Labels["job"], tg.Labels["instance"], tg.Health, tg.LastError))
 			continue
@@ -493,47 +440,18 @@ func monTargetsUp(ctx context.Context, c *cluster.Cluster, nodes []string) error
 	return nil
 }
 
-// monSample is one series of an instant query.
-type monSample struct {
-	Metric map[string]string `json:"metric"`
-	Value  []any             `json:"value"`
-}
-
-// monQuery runs an instant PromQL query.
-func monQuery(ctx context.Context, t *testing.T, c *cluster.Cluster, query string) []monSample {
-	t.Helper()
-	var data struct {
-		Result []monSample `json:"result"`
-	}
-	if err := monGet(ctx, c, "/api/v1/query?query="+url.QueryEscape(query), &data); err != nil {
-		t.Fatalf("query %s: %v", query, err)
-	}
-	return data.Result
-}
-
 // monRulesHealthy checks that Prometheus holds exactly the alerts of the rule file and has
 // evaluated each without error.
-func monRulesHealthy(ctx context.Context, c *cluster.Cluster, want []string) error {
-	var data struct {
-		Groups []struct {
-			Rules []struct {
-				Name           string `json:"name"`
-				Health         string `json:"health"`
-				LastError      string `json:"lastError"`
-				LastEvaluation string `json:"lastEvaluation"`
-			} `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := monGet(ctx, c, "/api/v1/rules?type=alert", &data); err != nil {
+func monRulesHealthy(ctx context.Context, prom *framework.Prometheus, want []string) error {
+	rules, err := prom.AlertRules(ctx)
+	if err != nil {
 		return err
 	}
 	var got, bad []string
-	for _, g := range data.Groups {
-		for _, r := range g.Rules {
-			got = append(got, r.Name)
-			if r.Health != "ok" {
-				bad = append(bad, fmt.Sprintf("%s: %s %s", r.Name, r.Health, r.LastError))
-			}
+	for _, r := range rules {
+		got = append(got, r.Name)
+		if r.Health != "ok" {
+			bad = append(bad, fmt.Sprintf("%s: %s %s", r.Name, r.Health, r.LastError))
 		}
 	}
 	slices.Sort(got)
@@ -547,42 +465,10 @@ func monRulesHealthy(ctx context.Context, c *cluster.Cluster, want []string) err
 	return nil
 }
 
-// monAlert is an active (pending or firing) alert.
-type monAlert struct {
-	Labels map[string]string `json:"labels"`
-	State  string            `json:"state"`
-	Value  string            `json:"value"`
-}
-
-// value is the alert's value (the API gives it as a string), NaN when it is none.
-func (a monAlert) value() float64 {
-	v, err := strconv.ParseFloat(a.Value, 64)
-	if err != nil {
-		return math.NaN()
-	}
-	return v
-}
-
-func (a monAlert) String() string {
-	return fmt.Sprintf("%s %s %v value %s", a.State, a.Labels["alertname"], a.Labels, a.Value)
-}
-
-// monAlerts are the active alerts.
-func monAlerts(ctx context.Context, t *testing.T, c *cluster.Cluster) []monAlert {
-	t.Helper()
-	var data struct {
-		Alerts []monAlert `json:"alerts"`
-	}
-	if err := monGet(ctx, c, "/api/v1/alerts", &data); err != nil {
-		t.Fatalf("reading the alerts: %v", err)
-	}
-	return data.Alerts
-}
-
 // monBrokenAlerts checks what one node's agent down and not Ready must fire: TrellisAgentDown
 // naming that node (and no other), TrellisAgentNotReady counting one node; and that nothing
 // else fires.
-func monBrokenAlerts(alerts []monAlert, node string) error {
+func monBrokenAlerts(alerts []framework.PromAlert, node string) error {
 	var down, notReady bool
 	var other []string
 	for _, a := range alerts {
@@ -592,7 +478,7 @@ func monBrokenAlerts(alerts []monAlert, node string) error {
 		switch name := a.Labels["alertname"]; {
 		case name == "TrellisAgentDown" && a.Labels["node"] == node:
 			down = true
-		case name == "TrellisAgentNotReady" && a.value() == 1:
+		case name == "TrellisAgentNotReady" && alertValue(a) == 1:
 			notReady = true
 		default:
 			other = append(other, a.String())
@@ -607,19 +493,25 @@ func monBrokenAlerts(alerts []monAlert, node string) error {
 	return nil
 }
 
+// alertValue is the alert's value (the API gives it as a string), NaN when it is none.
+func alertValue(a framework.PromAlert) float64 {
+	v, err := strconv.ParseFloat(a.Value, 64)
+	if err != nil {
+		return math.NaN()
+	}
+	return v
+}
+
 // monNodeToBreak is a node that does not run Prometheus, so that breaking its agent leaves
 // Prometheus' own pod alone.
-func monNodeToBreak(ctx context.Context, t *testing.T, c *cluster.Cluster) cluster.Node {
+func monNodeToBreak(ctx context.Context, t *testing.T, c *cluster.Cluster, prom *framework.Prometheus) cluster.Node {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "-n", monNamespace, "get", "pods", "-l", "app=prometheus", "-o", "jsonpath={.items[*].spec.nodeName}")
-	if err != nil {
-		t.Fatal(err)
-	}
+	promNode := prom.Node(ctx, t)
 	for _, n := range c.Nodes {
-		if !strings.Contains(" "+out+" ", " "+n.Name+" ") {
+		if n.Name != promNode {
 			return n
 		}
 	}
-	t.Fatalf("Prometheus runs on every node (%s): no node to break", out)
+	t.Fatalf("Prometheus runs on the only node %s: no node to break", promNode)
 	return cluster.Node{}
 }

@@ -1,0 +1,170 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/cluster"
+)
+
+// Where the operator runs the agents.
+const (
+	agentsNamespace = "trellis-system"
+	agentsDaemonSet = "trellis-agent"
+)
+
+// CurrentClusterNetworkSpec is the default ClusterNetwork's spec as it is now.
+func CurrentClusterNetworkSpec(ctx context.Context, t testing.TB, c *cluster.Cluster) v1alpha1.ClusterNetworkSpec {
+	t.Helper()
+	var cn v1alpha1.ClusterNetwork
+	if err := TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
+		t.Fatalf("ClusterNetwork %s: %v", v1alpha1.ClusterNetworkName, err)
+	}
+	return cn.Spec
+}
+
+// UpdateClusterNetwork changes the default ClusterNetwork's spec with change, retried on
+// a conflict with the operator's writes.
+func UpdateClusterNetwork(ctx context.Context, t testing.TB, c *cluster.Cluster, change func(*v1alpha1.ClusterNetworkSpec)) {
+	t.Helper()
+	if err := updateClusterNetwork(ctx, TrellisClient(t, c, ""), change); err != nil {
+		t.Fatalf("updating the ClusterNetwork: %v", err)
+	}
+}
+
+func updateClusterNetwork(ctx context.Context, cl client.Client, change func(*v1alpha1.ClusterNetworkSpec)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cn v1alpha1.ClusterNetwork
+		if err := cl.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
+			return err
+		}
+		change(&cn.Spec)
+		return cl.Update(ctx, &cn)
+	})
+}
+
+// RestoreClusterNetwork puts the ClusterNetwork's spec back as it is now when the test
+// ends, and waits until Trellis has settled on it again (WaitTrellisSettled): a suite
+// that changes the spec leaves a shared cluster as it found it, also when it fails.
+func RestoreClusterNetwork(ctx context.Context, t testing.TB, c *cluster.Cluster) {
+	t.Helper()
+	saved := CurrentClusterNetworkSpec(ctx, t, c)
+	cl, kc := TrellisClient(t, c, ""), Clientset(t, c)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		var changed bool
+		if err := updateClusterNetwork(ctx, cl, func(s *v1alpha1.ClusterNetworkSpec) {
+			changed = !equality.Semantic.DeepEqual(*s, saved)
+			*s = saved
+		}); err != nil {
+			t.Errorf("restoring the ClusterNetwork's spec: %v", err)
+			return
+		}
+		if changed {
+			t.Log("the ClusterNetwork's spec put back as the test found it")
+		}
+		if err := trellisSettled(ctx, cl, kc, len(c.Nodes)); err != nil {
+			t.Errorf("after restoring the ClusterNetwork: %v", err)
+		}
+	})
+}
+
+// ClusterCondition is the default ClusterNetwork's condition typ (only its Type set when
+// it has none).
+func ClusterCondition(ctx context.Context, t testing.TB, c *cluster.Cluster, typ string) metav1.Condition {
+	t.Helper()
+	var cn v1alpha1.ClusterNetwork
+	if err := TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
+		t.Fatalf("ClusterNetwork %s: %v", v1alpha1.ClusterNetworkName, err)
+	}
+	if cd := apimeta.FindStatusCondition(cn.Status.Conditions, typ); cd != nil {
+		return *cd
+	}
+	return metav1.Condition{Type: typ}
+}
+
+// WaitClusterCondition waits until the ClusterNetwork's condition typ has status, and
+// returns it.
+func WaitClusterCondition(ctx context.Context, t testing.TB, c *cluster.Cluster, typ string, status metav1.ConditionStatus, timeout time.Duration) metav1.Condition {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var cd metav1.Condition
+	check.EventuallyCtx(ctx, t, time.Second, fmt.Sprintf("ClusterNetwork %s %s", typ, status), func(ctx context.Context) error {
+		cd = ClusterCondition(ctx, t, c, typ)
+		if cd.Status != status {
+			return fmt.Errorf("%+v", cd)
+		}
+		return nil
+	})
+	return cd
+}
+
+// GetAgentDaemonSet is the agent DaemonSet.
+func GetAgentDaemonSet(ctx context.Context, t testing.TB, c *cluster.Cluster) *appsv1.DaemonSet {
+	t.Helper()
+	ds, err := Clientset(t, c).AppsV1().DaemonSets(agentsNamespace).Get(ctx, agentsDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds
+}
+
+// WaitTrellisSettled waits until Trellis is at rest on the ClusterNetwork as it is:
+// Available, not Progressing, not Degraded, every node's agent of the current DaemonSet
+// generation available. A suite on a shared cluster calls it first, so that it does not
+// meet the tail of what an earlier suite did.
+func WaitTrellisSettled(ctx context.Context, t testing.TB, c *cluster.Cluster, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.Must(t, trellisSettled(ctx, TrellisClient(t, c, ""), Clientset(t, c), len(c.Nodes)))
+}
+
+func trellisSettled(ctx context.Context, cl client.Client, kc kubernetes.Interface, nodes int) error {
+	return check.Until(ctx, time.Second, "Trellis settled (Available, not Progressing or Degraded, every agent updated and available)", func(ctx context.Context) error {
+		var cn v1alpha1.ClusterNetwork
+		if err := cl.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
+			return err
+		}
+		var bad []string
+		for typ, want := range map[string]metav1.ConditionStatus{
+			v1alpha1.ConditionAvailable: metav1.ConditionTrue, v1alpha1.ConditionProgressing: metav1.ConditionFalse, v1alpha1.ConditionDegraded: metav1.ConditionFalse,
+		} {
+			if cd := apimeta.FindStatusCondition(cn.Status.Conditions, typ); cd == nil || cd.Status != want {
+				bad = append(bad, fmt.Sprintf("%s not %s: %+v", typ, want, cd))
+			}
+		}
+		if cn.Status.ObservedGeneration != cn.Generation {
+			bad = append(bad, fmt.Sprintf("generation %d observed %d", cn.Generation, cn.Status.ObservedGeneration))
+		}
+		ds, err := kc.AppsV1().DaemonSets(agentsNamespace).Get(ctx, agentsDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st := ds.Status
+		if st.ObservedGeneration != ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled ||
+			st.NumberAvailable != st.DesiredNumberScheduled || st.DesiredNumberScheduled != int32(nodes) {
+			bad = append(bad, fmt.Sprintf("agents: %d of %d updated, %d available, for %d nodes", st.UpdatedNumberScheduled, st.DesiredNumberScheduled, st.NumberAvailable, nodes))
+		}
+		if len(bad) > 0 {
+			return fmt.Errorf("%s", strings.Join(bad, "; "))
+		}
+		return nil
+	})
+}
