@@ -360,7 +360,7 @@ func startImpostor(t *testing.T, n cluster.Node) *impostor {
 	imp := &impostor{fingerprint: fp}
 	var ln net.Listener
 	for attempt := 1; ln == nil; attempt++ {
-		killAgent(t, n)
+		framework.KillAgent(t, n)
 		err := netnstest.EnterPath(n.NetNSPath(), func() error {
 			deadline := time.Now().Add(15 * time.Second)
 			for {
