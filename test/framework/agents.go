@@ -123,3 +123,25 @@ func agentContainer(p *corev1.Pod) (restarts int32, ready bool) {
 	}
 	return 0, false
 }
+
+// WaitAgentsRolledOut waits until the agent DaemonSet has rolled out (what `kubectl
+// rollout status` waits for): its current generation observed, and every scheduled pod
+// updated and available.
+func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
+	t.Helper()
+	kc := Clientset(t, c)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
+		ds, err := kc.AppsV1().DaemonSets(AgentNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st := ds.Status
+		if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
+			return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
+				ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
+		}
+		return nil
+	})
+}
