@@ -126,16 +126,18 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	t.Logf("while kube-proxy's jump led FORWARD (at most %v), %d connection(s) got through", back.Sub(inserted).Round(time.Millisecond), during)
 }
 
-// restoreKubeJumps leaves node n's filter table as the test found it: kube-proxy's jumps
-// (removed) back, as its restart puts them (a restart again if the test ended before
-// that), and trellis's policy jumps first (the agent's repair).
+// restoreKubeJumps leaves node n's filter table as the test found it: the jumps it removed
+// back, as kube-proxy's restart puts them (a restart again if the test ended before that;
+// a jump another component made, such as the kubelet's, put back by the test), and
+// trellis's policy jumps first (the agent's repair).
 func restoreKubeJumps(t *testing.T, c *cluster.Cluster, n cluster.Node, removed []framework.Rule) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	var missing []framework.Rule
 	back := func(context.Context) error {
-		missing, err := framework.MissingRules(n, removed)
-		if err == nil && len(missing) > 0 {
+		var err error
+		if missing, err = framework.MissingRules(n, removed); err == nil && len(missing) > 0 {
 			err = fmt.Errorf("missing %v", missing)
 		}
 		return err
@@ -148,9 +150,14 @@ func restoreKubeJumps(t *testing.T, c *cluster.Cluster, n cluster.Node, removed 
 			t.Errorf("restoring kube-proxy's jumps: %v", err)
 			return
 		}
-		if err := check.Until(ctx, time.Second, n.Name+": kube-proxy's jumps back after a restart", back); err != nil {
-			t.Error(err)
-			return
+		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer rcancel()
+		if err := check.Until(rctx, time.Second, n.Name+": kube-proxy's jumps back after a restart", back); err != nil {
+			t.Logf("%v: putting them back", err)
+			if err := framework.AppendRules(n, missing); err != nil {
+				t.Error(err)
+				return
+			}
 		}
 	}
 	if err := check.Until(ctx, 100*time.Millisecond, n.Name+": trellis's policy jumps first", func(context.Context) error {

@@ -91,3 +91,13 @@ func MissingRules(n cluster.Node, want []Rule) ([]Rule, error) {
 	}
 	return slices.DeleteFunc(slices.Clone(want), func(r Rule) bool { return slices.Contains(rules[r.Chain], r.Spec) }), nil
 }
+
+// AppendRules appends rules to their chains in node n's filter table.
+func AppendRules(n cluster.Node, rules []Rule) error {
+	for _, r := range rules {
+		if _, err := NodeOutput(n, "iptables", append([]string{"-t", "filter", "-A", r.Chain}, netfilter.SplitRule(r.Spec)...)...); err != nil {
+			return fmt.Errorf("%s: appending %q to %s: %w", n.Name, r.Spec, r.Chain, err)
+		}
+	}
+	return nil
+}
