@@ -90,7 +90,7 @@ func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 		snapshotAt := time.Now()
 		since := time.Now()
 		for _, n := range c.Nodes[:2] {
-			killAgent(t, n)
+			framework.KillAgent(t, n)
 		}
 		// Wait until the kubelet restarted both agents and they are Ready again.
 		deadline := time.Now().Add(2 * time.Minute)

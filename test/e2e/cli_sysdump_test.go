@@ -351,11 +351,7 @@ func startImpostor(t *testing.T, n cluster.Node) *impostor {
 	imp := &impostor{fingerprint: fp}
 	var ln net.Listener
 	for attempt := 1; ln == nil; attempt++ {
-		for _, pid := range framework.AgentPids(t, n) {
-			if err := unix.Kill(pid, unix.SIGKILL); err != nil {
-				t.Fatalf("kill -9 %d (trellis-agent on %s): %v", pid, n.Name, err)
-			}
-		}
+		framework.KillAgent(t, n)
 		err := netnstest.EnterPath(n.NetNSPath(), func() error {
 			// Every 2 ms: the kubelet restarts the agent in about a second.
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)

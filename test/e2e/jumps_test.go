@@ -4,15 +4,18 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 )
@@ -21,8 +24,11 @@ import (
 // policy engine checks their position every second and repairs it at once.
 const jumpsBackWithin = 3 * time.Second
 
-// TestPolicyJumpsStayFirst: kube-proxy restarted with its jumps gone inserts them at the top
-// of FORWARD, INPUT and OUTPUT, before trellis's policy jumps. Within the engine's
+// kubeJumpChains are the built-in chains kube-proxy jumps from in the filter table.
+var kubeJumpChains = []string{"FORWARD", "INPUT", "OUTPUT"}
+
+// testPolicyJumpsStayFirst: kube-proxy restarted with its jumps gone inserts them at the
+// top of FORWARD, INPUT and OUTPUT, before trellis's policy jumps. Within the engine's
 // position check trellis's jumps are first again (kube-proxy's kept), and a NodePort flow
 // to a pod under default-deny ingress stays blocked but for that moment: kube-proxy's
 // KUBE-FORWARD accepts the NodePort traffic it marks for masquerading before any rule
@@ -31,64 +37,81 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	serverNode := c.Nodes[0]
-	pods := framework.DeployPolicyPods(ctx, t, c, "jumps", []framework.PolicyPod{
+	ns := framework.Namespace(ctx, t, c, "jumps")
+	// The server's node is the one whose kube-proxy restarts; the client is on another.
+	serverNode, clientNode := c.Nodes[0], c.Nodes[1]
+	pods := framework.DeployPolicyPodsIn(ctx, t, c, ns, "jumps", []framework.PolicyPod{
 		{Name: "server", Node: serverNode.Name, Labels: "role: server"},
-		{Name: "client", Node: c.Nodes[1].Name, Labels: "role: client"},
+		{Name: "client", Node: clientNode.Name, Labels: "role: client"},
 	})
 	server, client := pods["server"], pods["client"]
 	framework.TCPEcho(t, server.NetNS, 9100)
-	addr := netip.AddrPortFrom(serverNode.IP, createNodePort(ctx, t, c, "server", 9100)).String()
+	addr := netip.AddrPortFrom(serverNode.IP, framework.CreateNodePort(ctx, t, c, ns, "server", 9100)).String()
 	framework.WaitAllowed(t, client.NetNS, addr, 30*time.Second)
-	framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
-	defer framework.DeletePolicy(ctx, t, c, "deny-server")
+	framework.ApplyPolicyIn(ctx, t, c, ns, "deny-server", framework.DenyIngress("role: server"))
 	framework.WaitDenied(t, client.NetNS, addr, 10*time.Second)
 	policyChains := []string{"FORWARD", "INPUT"}
-	waitFirst(t, serverNode, policyChains, netfilter.ChainPrefix, 0) // before the test
+	// Before the test: trellis's jumps first (within the engine's repair of whatever an
+	// earlier suite did on the node).
+	check.Eventually(t, 30*time.Second, serverNode.Name+": trellis's policy jumps first", func() error {
+		rules, err := framework.FilterRules(serverNode)
+		if err != nil {
+			return err
+		}
+		return framework.FirstGoTo(rules, policyChains, netfilter.ChainPrefix)
+	})
 
 	probe := framework.StartProber(t, client.NetNS, addr)
 	defer probe.Stop()
 	t0 := time.Now()
-	removed := removeKubeJumps(t, serverNode)
-	if err := c.RestartKubeProxy(serverNode.Name); err != nil {
-		t.Fatal(err)
+	removed, err := framework.DeleteJumps(serverNode, kubeJumpChains, "KUBE-")
+	t.Cleanup(func() { restoreKubeJumps(t, c, serverNode, removed) })
+	check.Must(t, err)
+	if len(removed) == 0 {
+		t.Fatalf("%s: no kube-proxy jumps in %v: is kube-proxy running in iptables mode?", serverNode.Name, kubeJumpChains)
 	}
+	check.Must(t, c.RestartKubeProxy(serverNode.Name))
 	// From the last reading without kube-proxy's jump in FORWARD (it then went in at the
 	// top) to the first reading with trellis's first again and kube-proxy's kept.
-	var inserted, back time.Time
-	deadline := time.Now().Add(time.Minute)
-	for back.IsZero() {
+	inserted, back := t0, time.Time{}
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	check.EventuallyCtx(wctx, t, 100*time.Millisecond, serverNode.Name+": kube-proxy's jump back in FORWARD and trellis's first again in FORWARD and INPUT", func(context.Context) error {
 		read := time.Now()
-		rules := filterRules(t, serverNode)
-		kube := slices.ContainsFunc(rules["FORWARD"], func(r string) bool { return goesTo(r, "KUBE-") })
-		if !kube {
+		rules, err := framework.FilterRules(serverNode)
+		if err != nil {
+			return err
+		}
+		if !framework.HasJump(rules, "FORWARD", "KUBE-") {
 			inserted = read
-		} else if first := append(rules["FORWARD"], ""); goesTo(first[0], netfilter.ChainPrefix) && goesTo(append(rules["INPUT"], "")[0], netfilter.ChainPrefix) {
-			back = time.Now()
+			return errors.New("no kube-proxy jump in FORWARD")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: a minute after kube-proxy's restart: kube-proxy's jump in FORWARD %v, trellis's first in FORWARD and INPUT: no\n%s",
-				serverNode.Name, kube, strings.Join(rules["FORWARD"], "\n"))
+		if err := framework.FirstGoTo(rules, policyChains, netfilter.ChainPrefix); err != nil {
+			return fmt.Errorf("%w\n%s", err, strings.Join(rules["FORWARD"], "\n"))
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		back = time.Now()
+		return nil
+	})
 	t.Logf("removed kube-proxy's %d jumps and restarted it: its jump in FORWARD after %v, trellis's first again %v later",
-		removed, inserted.Sub(t0).Round(time.Millisecond), back.Sub(inserted).Round(time.Millisecond))
+		len(removed), inserted.Sub(t0).Round(time.Millisecond), back.Sub(inserted).Round(time.Millisecond))
 	if back.Sub(inserted) > jumpsBackWithin {
 		t.Errorf("trellis's policy jumps were first again %v after kube-proxy's went in, want within %v", back.Sub(inserted).Round(time.Millisecond), jumpsBackWithin)
 	}
+	rules, err := framework.FilterRules(serverNode)
+	check.Must(t, err)
 	for _, chain := range policyChains {
-		if rules := filterRules(t, serverNode)[chain]; !slices.ContainsFunc(rules, func(r string) bool { return goesTo(r, "KUBE-") }) {
-			t.Errorf("%s: kube-proxy's jumps are gone from %s:\n%s", serverNode.Name, chain, strings.Join(rules, "\n"))
+		if !framework.HasJump(rules, chain, "KUBE-") {
+			t.Errorf("%s: kube-proxy's jumps are gone from %s:\n%s", serverNode.Name, chain, strings.Join(rules[chain], "\n"))
 		}
 	}
-	// The agent saw it: the repair was its position check's, not a coincidence.
-	if logs, err := c.Kubectl(ctx, "logs", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent", "--tail=-1", "--prefix"); err != nil {
-		t.Errorf("reading the agents' logs: %v", err)
+	// The node's agent saw it (since t0: an earlier suite may have made it say so before):
+	// the repair was its position check's, not a coincidence.
+	if logs, err := agentLogsSince(ctx, t, c, serverNode, t0); err != nil {
+		t.Errorf("reading the agent's log on %s: %v", serverNode.Name, err)
 	} else if !strings.Contains(logs, "a rule was put in front of the policy jumps") {
-		t.Errorf("no agent logged that it moved its jumps back first")
+		t.Errorf("the agent on %s did not log that it moved its jumps back first", serverNode.Name)
 	}
-	time.Sleep(5 * time.Second) // and a little after
+	time.Sleep(5 * time.Second) // probing on a little after: a window, not a wait
 
 	_, fails, total := probe.GapSince(t0)
 	t.Logf("%d connection attempts to %s (NodePort of the pod under default-deny ingress), %d failed", total, addr, fails)
@@ -103,108 +126,60 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	t.Logf("while kube-proxy's jump led FORWARD (at most %v), %d connection(s) got through", back.Sub(inserted).Round(time.Millisecond), during)
 }
 
-// createNodePort creates a NodePort Service named name for the pods labelled role=name in
-// the policy tests' namespace, port to port, and returns its node port.
-func createNodePort(ctx context.Context, t *testing.T, c *cluster.Cluster, name string, port int) uint16 {
+// restoreKubeJumps leaves node n's filter table as the test found it: the jumps it removed
+// back, as kube-proxy's restart puts them (a restart again if the test ended before that;
+// a jump another component made, such as the kubelet's, put back by the test), and
+// trellis's policy jumps first (the agent's repair).
+func restoreKubeJumps(t *testing.T, c *cluster.Cluster, n cluster.Node, removed []framework.Rule) {
 	t.Helper()
-	svc := fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: %[1]s, namespace: %[2]s}
-spec:
-  type: NodePort
-  selector: {role: %[1]s}
-  ports:
-  - {port: %[3]d, targetPort: %[3]d, protocol: TCP}
-`, name, framework.PolicyNamespace, port)
-	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
-		t.Fatalf("creating Service %s: %v", name, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var missing []framework.Rule
+	back := func(context.Context) error {
+		var err error
+		if missing, err = framework.MissingRules(n, removed); err == nil && len(missing) > 0 {
+			err = fmt.Errorf("missing %v", missing)
+		}
+		return err
 	}
-	out, err := c.Kubectl(ctx, "get", "service", "-n", framework.PolicyNamespace, name, "-o", "jsonpath={.spec.ports[0].nodePort}")
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if err := check.Until(wctx, time.Second, n.Name+": kube-proxy's jumps back", back); err != nil {
+		t.Logf("%v: restarting kube-proxy", err)
+		if err := c.RestartKubeProxy(n.Name); err != nil {
+			t.Errorf("restoring kube-proxy's jumps: %v", err)
+			return
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer rcancel()
+		if err := check.Until(rctx, time.Second, n.Name+": kube-proxy's jumps back after a restart", back); err != nil {
+			t.Logf("%v: putting them back", err)
+			if err := framework.AppendRules(n, missing); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}
+	if err := check.Until(ctx, 100*time.Millisecond, n.Name+": trellis's policy jumps first", func(context.Context) error {
+		rules, err := framework.FilterRules(n)
+		if err != nil {
+			return err
+		}
+		return framework.FirstGoTo(rules, []string{"FORWARD", "INPUT"}, netfilter.ChainPrefix)
+	}); err != nil {
+		t.Error(err)
+	}
+}
+
+// agentLogsSince is the log of the agent on node n since t0 (to the second, the API's
+// precision: it may start a little before).
+func agentLogsSince(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node, t0 time.Time) (string, error) {
+	t.Helper()
+	p, err := framework.AgentPod(ctx, t, c, n)
 	if err != nil {
-		t.Fatalf("Service %s: %v", name, err)
+		return "", err
 	}
-	p, err := strconv.ParseUint(strings.TrimSpace(out), 10, 16)
-	if err != nil || p == 0 {
-		t.Fatalf("Service %s's node port %q: %v", name, out, err)
-	}
-	return uint16(p)
-}
-
-// filterRules is the rules of node n's filter table by chain, as iptables-save prints
-// them without "-A CHAIN ".
-func filterRules(t *testing.T, n cluster.Node) map[string][]string {
-	t.Helper()
-	out, err := framework.NodeOutput(n, "iptables-save", "-t", "filter")
-	if err != nil {
-		t.Fatalf("%s: %v", n.Name, err)
-	}
-	rules := map[string][]string{}
-	for _, l := range strings.Split(out, "\n") {
-		if r, ok := strings.CutPrefix(l, "-A "); ok {
-			chain, rule, _ := strings.Cut(r, " ")
-			rules[chain] = append(rules[chain], rule)
-		}
-	}
-	return rules
-}
-
-// goesTo reports whether rule jumps to a chain whose name starts with prefix.
-func goesTo(rule, prefix string) bool {
-	args := netfilter.SplitRule(rule)
-	for i := 0; i+1 < len(args); i++ {
-		if (args[i] == "-j" || args[i] == "-g") && strings.HasPrefix(args[i+1], prefix) {
-			return true
-		}
-	}
-	return false
-}
-
-// removeKubeJumps deletes the rules of FORWARD, INPUT and OUTPUT going to KUBE- chains on
-// node n and returns how many there were.
-func removeKubeJumps(t *testing.T, n cluster.Node) int {
-	t.Helper()
-	removed := 0
-	for _, chain := range []string{"FORWARD", "INPUT", "OUTPUT"} {
-		for _, r := range filterRules(t, n)[chain] {
-			if !goesTo(r, "KUBE-") {
-				continue
-			}
-			if _, err := framework.NodeOutput(n, "iptables", append([]string{"-t", "filter", "-D", chain}, netfilter.SplitRule(r)...)...); err != nil {
-				t.Fatalf("%s: deleting %q from %s: %v", n.Name, r, chain, err)
-			}
-			removed++
-		}
-	}
-	if removed == 0 {
-		t.Fatalf("%s: no kube-proxy jumps in FORWARD, INPUT or OUTPUT: is kube-proxy running in iptables mode?", n.Name)
-	}
-	return removed
-}
-
-// waitFirst waits until the first rule of each of chains on node n goes to a chain whose
-// name starts with prefix, and returns when the last reading that found otherwise started
-// (t0 when none did) and when the one that found it so ended. A zero timeout: it must be
-// so now.
-func waitFirst(t *testing.T, n cluster.Node, chains []string, prefix string, timeout time.Duration) (lastBehind, first time.Time) {
-	t.Helper()
-	t0 := time.Now()
-	lastBehind = t0
-	for {
-		read := time.Now()
-		rules := filterRules(t, n)
-		var behind []string
-		for _, chain := range chains {
-			if r := append(rules[chain], ""); !goesTo(r[0], prefix) {
-				behind = append(behind, fmt.Sprintf("%s starts with %q", chain, r[0]))
-			}
-		}
-		if len(behind) == 0 {
-			return lastBehind, time.Now()
-		}
-		lastBehind = read
-		if time.Since(t0) >= timeout {
-			t.Fatalf("%s: after %v the first rules do not go to %s chains: %s", n.Name, timeout, prefix, strings.Join(behind, "; "))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	since := metav1.NewTime(t0.Add(-time.Second))
+	b, err := framework.Clientset(t, c).CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: framework.AgentContainer, SinceTime: &since}).DoRaw(ctx)
+	return string(b), err
 }

@@ -50,7 +50,7 @@ func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 			t.Errorf("node %s -> its pod %s under default-deny ingress: %v (the node's own traffic must pass)", serverNode.Name, tcpAddr, err)
 		}
 		// The denied attempts show in the agent's metrics, per pod and direction.
-		metrics := scrapeAgent(ctx, t, c, nodeNS)
+		metrics := framework.ScrapeAgent(ctx, t, c, nodeNS)
 		if !strings.Contains(metrics, "trellis_policy_enforced 1") {
 			t.Errorf("trellis_policy_enforced is not 1 on %s", serverNode.Name)
 		}

@@ -4,28 +4,25 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/trellis-net/trellis/agent/cniinstall"
+	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/ipam"
-	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
 )
 
-// TestStaticPod (issue 17): a static pod on the pod network. The kubelet runs it with its
+// testStaticPod (issue 17): a static pod on the pod network. The kubelet runs it with its
 // own UID for it (the manifest's config hash), which is what the runtime passes as
 // K8S_POD_UID; its mirror pod in the API has another UID and names the hash in the
 // kubernetes.io/config.mirror annotation. With NetworkPolicy on, the agent's CNI hook must
@@ -34,40 +31,32 @@ import (
 func testStaticPod(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	if len(c.Nodes) != 2 {
-		t.Fatalf("%d nodes, want 2", len(c.Nodes))
-	}
-	if c.Nodes[0].StaticPodDir == "" {
-		t.Fatalf("node %s has no static pod directory (a cluster brought up before test/cluster had one: make cluster-down)", c.Nodes[0].Name)
-	}
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	client := framework.DeployPolicyPods(ctx, t, c, "static-clients", []framework.PolicyPod{{Name: "client", Node: c.Nodes[1].Name, Labels: "role: client"}})["client"]
+	ns := framework.Namespace(ctx, t, c, "static")
+	// The static pods run on one node, their client on another.
+	staticNode, clientNode := c.Nodes[0], c.Nodes[1]
+	client := framework.DeployPolicyPodsIn(ctx, t, c, ns, "static-clients", []framework.PolicyPod{{Name: "client", Node: clientNode.Name, Labels: "role: client"}})["client"]
 
 	t.Run("PolicyEnabled", func(t *testing.T) {
-		s := startStaticPod(ctx, t, c, c.Nodes[0], "static-on", client)
+		s := startStaticPod(ctx, t, c, ns, staticNode, "static-on", client)
 		// Reached while no policy selects it; a default-deny closes it, an allow opens it:
 		// the agent knows the pod and its rules apply to it.
-		framework.ApplyPolicy(ctx, t, c, "deny-static", framework.DenyIngress("role: static"))
-		defer framework.DeletePolicy(ctx, t, c, "deny-static")
+		framework.ApplyPolicyIn(ctx, t, c, ns, "deny-static", framework.DenyIngress("role: static"))
+		defer framework.DeletePolicyIn(ctx, t, c, ns, "deny-static")
 		framework.WaitDenied(t, client.NetNS, s.addr, 10*time.Second)
-		framework.ApplyPolicy(ctx, t, c, "allow-client", framework.IngressFrom("role: static", "role: client"))
-		defer framework.DeletePolicy(ctx, t, c, "allow-client")
+		framework.ApplyPolicyIn(ctx, t, c, ns, "allow-client", framework.IngressFrom("role: static", "role: client"))
+		defer framework.DeletePolicyIn(ctx, t, c, ns, "allow-client")
 		framework.WaitAllowed(t, client.NetNS, s.addr, 10*time.Second)
 		s.survivesIPAMGC(ctx, t)
 		s.remove(ctx, t)
 	})
 
 	t.Run("PolicyDisabled", func(t *testing.T) {
-		framework.SetPolicyEnabled(ctx, t, c, false)
-		if c.Shared {
-			// A reused cluster is left as it was found.
-			defer func() {
-				framework.SetPolicyEnabled(ctx, t, c, true)
-				framework.WaitPolicyEnforced(ctx, t, c, true, 3*time.Minute)
-			}()
-		}
+		off := false
+		framework.ChangeClusterNetwork(ctx, t, c, func(spec *v1alpha1.ClusterNetworkSpec) { spec.NetworkPolicy.Enabled = &off },
+			func(ctx context.Context, t *testing.T) { framework.WaitPolicyEnforced(ctx, t, c, true, 3*time.Minute) })
 		framework.WaitPolicyEnforced(ctx, t, c, false, 3*time.Minute)
-		s := startStaticPod(ctx, t, c, c.Nodes[0], "static-off", client)
+		s := startStaticPod(ctx, t, c, ns, staticNode, "static-off", client)
 		s.survivesIPAMGC(ctx, t)
 		s.remove(ctx, t)
 	})
@@ -75,13 +64,12 @@ func testStaticPod(t *testing.T, c *cluster.Cluster) {
 
 // staticPod is a running static pod of the test.
 type staticPod struct {
-	c        *cluster.Cluster
-	node     cluster.Node
-	manifest string
-	// mirror is the mirror pod's name, hash the kubelet's UID of the static pod.
-	mirror, hash string
-	ip           netip.Addr
-	netns        *os.File
+	*framework.StaticPod
+	c *cluster.Cluster
+	// hash is the kubelet's UID of the static pod.
+	hash  string
+	ip    netip.Addr
+	netns *os.File
 	// addr is a TCP echo server the test serves in the pod's namespace.
 	addr   string
 	client framework.Pod
@@ -91,7 +79,7 @@ type staticPod struct {
 // labelled role=static) into node's static pod directory, waits for its mirror pod to
 // be Running and Ready, checks its IP is from the node's block, serves a TCP echo in it
 // and checks client reaches that.
-func startStaticPod(ctx context.Context, t *testing.T, c *cluster.Cluster, node cluster.Node, name string, client framework.Pod) *staticPod {
+func startStaticPod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, node cluster.Node, name string, client framework.Pod) *staticPod {
 	t.Helper()
 	// The name is also a label: each manifest differs, so its config hash (the kubelet's
 	// UID for it) does too, and the kubelet never mistakes it for an earlier static pod.
@@ -113,73 +101,28 @@ spec:
     readinessProbe:
       tcpSocket: {port: 8080}
       periodSeconds: 1
-`, name, framework.PolicyNamespace, name, images.AgnhostImage)
-	s := &staticPod{c: c, node: node, manifest: filepath.Join(node.StaticPodDir, name+".yaml"),
-		mirror: name + "-" + node.Name, client: client}
-	// Written atomically (the kubelet skips the dot-file it is written to first).
-	if err := cniinstall.WriteAtomic(s.manifest, []byte(manifest), 0o644); err != nil {
-		t.Fatalf("writing the static pod manifest: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := os.Remove(s.manifest); err != nil && !os.IsNotExist(err) {
-			t.Errorf("removing %s: %v", s.manifest, err)
-		}
-	})
-	p := s.waitMirrorReady(ctx, t, 2*time.Minute)
+`, name, ns, name, images.AgnhostImage)
+	s := &staticPod{StaticPod: framework.WriteStaticPod(t, node, ns, name, manifest), c: c, client: client}
+	p := s.WaitMirrorReady(ctx, t, c, 2*time.Minute)
 	s.hash = p.Annotations[corev1.MirrorPodAnnotationKey]
 	if s.hash == "" || s.hash == string(p.UID) {
-		t.Fatalf("mirror pod %s: annotation %s=%q, UID %s: want the static pod's config hash, not the mirror's UID", s.mirror, corev1.MirrorPodAnnotationKey, s.hash, p.UID)
+		t.Fatalf("mirror pod %s: annotation %s=%q, UID %s: want the static pod's config hash, not the mirror's UID", s.Mirror(), corev1.MirrorPodAnnotationKey, s.hash, p.UID)
 	}
 	ip, err := netip.ParseAddr(p.Status.PodIP)
 	if err != nil {
-		t.Fatalf("mirror pod %s's IP %q: %v", s.mirror, p.Status.PodIP, err)
+		t.Fatalf("mirror pod %s's IP %q: %v", s.Mirror(), p.Status.PodIP, err)
 	}
-	if block := nodeBlock(ctx, t, c, node.Name); !block.Contains(ip) {
-		t.Fatalf("static pod %s has IP %s, not from %s's block %s", s.mirror, ip, node.Name, block)
+	if block := framework.PodBlock(ctx, t, c, node.Name); !block.Contains(ip) {
+		t.Fatalf("static pod %s has IP %s, not from %s's block %s", s.Mirror(), ip, node.Name, block)
 	}
 	s.ip = ip
-	t.Logf("static pod %s: UID (config hash) %s, mirror pod UID %s, IP %s", s.mirror, s.hash, p.UID, ip)
+	t.Logf("static pod %s: UID (config hash) %s, mirror pod UID %s, IP %s", s.Mirror(), s.hash, p.UID, ip)
 	// Its processes run in cgroups named by the kubelet's UID, the hash.
 	s.netns = framework.PodNetns(t, s.hash)
 	framework.TCPEcho(t, s.netns, 9100)
 	s.addr = netip.AddrPortFrom(ip, 9100).String()
 	framework.WaitAllowed(t, client.NetNS, s.addr, 10*time.Second)
 	return s
-}
-
-// waitMirrorReady waits for the mirror pod to be Running and Ready with an IP.
-func (s *staticPod) waitMirrorReady(ctx context.Context, t *testing.T, timeout time.Duration) *corev1.Pod {
-	t.Helper()
-	kc, err := s.c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		p, err := kc.CoreV1().Pods(framework.PolicyNamespace).Get(ctx, s.mirror, metav1.GetOptions{})
-		if err == nil && p.Status.Phase == corev1.PodRunning && podReady(p) && p.Status.PodIP != "" {
-			return p
-		}
-		if time.Now().After(deadline) {
-			state := fmt.Sprint(err)
-			if err == nil {
-				state = fmt.Sprintf("phase %s, ready %t, IP %q", p.Status.Phase, podReady(p), p.Status.PodIP)
-			}
-			events, _ := s.c.Kubectl(ctx, "get", "events", "-n", framework.PolicyNamespace, "--field-selector", "involvedObject.name="+s.mirror)
-			t.Fatalf("mirror pod %s of the static pod in %s not Running and Ready with an IP after %v: %s\nits events:\n%s\n%s",
-				s.mirror, s.manifest, timeout, state, events, s.c.Diagnose(ctx))
-		}
-		time.Sleep(time.Second)
-	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // survivesIPAMGC checks the collector keeps the static pod's address (whose pod UID no pod
@@ -190,7 +133,7 @@ func podReady(p *corev1.Pod) bool {
 // node's agent rather than wait up to --ipam-gc-interval (2 minutes) for a periodic one.
 func (s *staticPod) survivesIPAMGC(ctx context.Context, t *testing.T) {
 	t.Helper()
-	dir := nodeIPAMDir(s.node)
+	dir := framework.NodeIPAMDir(s.Node)
 	a, ok := s.allocation(t)
 	if !ok {
 		t.Fatalf("no allocation with pod UID %s (the static pod's) in %s", s.hash, dir)
@@ -198,78 +141,77 @@ func (s *staticPod) survivesIPAMGC(ctx context.Context, t *testing.T) {
 	if a.IP != s.ip {
 		t.Fatalf("the static pod's allocation holds %s, but its IP is %s", a.IP, s.ip)
 	}
-	store, err := ipam.Open(dir)
-	if err != nil {
-		t.Fatalf("opening %s's IPAM store: %v", s.node.Name, err)
-	}
-	leak, err := store.Allocate(nodeBlock(ctx, t, s.c, s.node.Name), "e2e-static-leak-"+s.mirror, "eth0", "uid-of-a-pod-that-never-was")
-	store.Close()
-	if err != nil {
-		t.Fatalf("planting a leaked allocation: %v", err)
-	}
+	leakID := "e2e-static-leak-" + s.Namespace + "-" + s.Mirror()
+	leak := s.plantLeak(ctx, t, leakID)
 	old := time.Now().Add(-time.Hour)
 	for _, ip := range []netip.Addr{a.IP, leak} {
 		if err := os.Chtimes(filepath.Join(dir, ip.String()), old, old); err != nil {
 			t.Fatalf("backdating the allocation of %s: %v", ip, err)
 		}
 	}
-	restartAgent(ctx, t, s.c, s.node)
-	deadline := time.Now().Add(time.Minute)
-	for s.allocated(t, leak) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the planted leak %s was not released within a minute of the agent's restart: the agent's IPAM collector made no pass", leak)
+	framework.RestartAgent(ctx, t, s.c, s.Node)
+	check.Eventually(t, time.Minute, "the planted leak "+leak.String()+" released by the agent's IPAM collector after its restart", func() error {
+		if s.allocated(t, leak) {
+			return errors.New("still allocated")
 		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	})
 	if a, ok := s.allocation(t); !ok || a.IP != s.ip {
 		t.Fatalf("after an IPAM collection the static pod's address %s is no longer allocated to it (%v, %t): the collector took it for a leak", s.ip, a, ok)
 	}
 	if err := framework.DialEcho(s.client.NetNS, s.addr); err != nil {
 		t.Fatalf("client -> static pod %s after an IPAM collection: %v", s.addr, err)
 	}
-	p := s.waitMirrorReady(ctx, t, 10*time.Second)
+	p := s.WaitMirrorReady(ctx, t, s.c, 10*time.Second)
 	if p.Status.PodIP != s.ip.String() {
-		t.Fatalf("mirror pod %s's IP is %s after an IPAM collection, was %s", s.mirror, p.Status.PodIP, s.ip)
+		t.Fatalf("mirror pod %s's IP is %s after an IPAM collection, was %s", s.Mirror(), p.Status.PodIP, s.ip)
 	}
+}
+
+// plantLeak allocates an address of the node's block to a container that never was and
+// returns it; should the test end before the collector released it, it is released then.
+func (s *staticPod) plantLeak(ctx context.Context, t *testing.T, id string) netip.Addr {
+	t.Helper()
+	dir := framework.NodeIPAMDir(s.Node)
+	store, err := ipam.Open(dir)
+	if err != nil {
+		t.Fatalf("opening %s's IPAM store: %v", s.Node.Name, err)
+	}
+	defer store.Close()
+	leak, err := store.Allocate(framework.PodBlock(ctx, t, s.c, s.Node.Name), id, "eth0", "uid-of-a-pod-that-never-was")
+	if err != nil {
+		t.Fatalf("planting a leaked allocation: %v", err)
+	}
+	t.Cleanup(func() {
+		store, err := ipam.Open(dir)
+		if err != nil {
+			t.Errorf("opening %s's IPAM store: %v", s.Node.Name, err)
+			return
+		}
+		defer store.Close()
+		if _, err := store.Release(id, "eth0"); err != nil {
+			t.Errorf("releasing the planted leak %s: %v", leak, err)
+		}
+	})
+	return leak
 }
 
 // remove deletes the manifest and checks the mirror pod goes and the address is freed.
 func (s *staticPod) remove(ctx context.Context, t *testing.T) {
 	t.Helper()
-	if err := os.Remove(s.manifest); err != nil {
-		t.Fatalf("removing %s: %v", s.manifest, err)
-	}
-	kc, err := s.c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
-		_, err := kc.CoreV1().Pods(framework.PolicyNamespace).Get(ctx, s.mirror, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			break
+	s.Remove(ctx, t, s.c, 90*time.Second)
+	check.Eventually(t, time.Minute, fmt.Sprintf("the static pod's address %s released once its mirror pod went", s.ip), func() error {
+		if _, ok := s.allocation(t); ok {
+			return errors.New("still allocated")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("mirror pod %s still there (%v) 90s after its manifest was removed", s.mirror, err)
-		}
-		time.Sleep(time.Second)
-	}
-	deadline = time.Now().Add(60 * time.Second)
-	for {
-		if _, ok := s.allocation(t); !ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the static pod's address %s still allocated 60s after its mirror pod went", s.ip)
-		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	})
 }
 
 // allocation is the node's IPAM allocation of the static pod (by the kubelet's UID).
 func (s *staticPod) allocation(t *testing.T) (ipam.Allocation, bool) {
 	t.Helper()
-	for _, a := range nodeAllocations(t, s.node) {
+	for _, a := range framework.NodeAllocations(t, s.Node) {
 		if a.PodUID == s.hash {
 			return a, true
 		}
@@ -279,61 +221,10 @@ func (s *staticPod) allocation(t *testing.T) (ipam.Allocation, bool) {
 
 func (s *staticPod) allocated(t *testing.T, ip netip.Addr) bool {
 	t.Helper()
-	for _, a := range nodeAllocations(t, s.node) {
+	for _, a := range framework.NodeAllocations(t, s.Node) {
 		if a.IP == ip {
 			return true
 		}
 	}
 	return false
-}
-
-// nodeIPAMDir is node n's trellis IPAM store, as the machine sees it (the node sees its
-// CNIStateDir at /var/lib/cni).
-func nodeIPAMDir(n cluster.Node) string {
-	inNode := cnicontract.StoreDir(cnicontract.DefaultDataDir, cnicontract.NetworkName)
-	return filepath.Join(n.CNIStateDir, strings.TrimPrefix(inNode, "/var/lib/cni/"))
-}
-
-// nodeAllocations lists node n's IPAM allocations (under the store's lock).
-func nodeAllocations(t *testing.T, n cluster.Node) []ipam.Allocation {
-	t.Helper()
-	store, err := ipam.Open(nodeIPAMDir(n))
-	if err != nil {
-		t.Fatalf("opening %s's IPAM store: %v", n.Name, err)
-	}
-	defer store.Close()
-	all, err := store.List()
-	if err != nil {
-		t.Fatalf("listing %s's IPAM store: %v", n.Name, err)
-	}
-	return all
-}
-
-// restartAgent kills node n's trellis-agent (SIGKILL) and waits until the kubelet has
-// restarted it and it is Ready again.
-func restartAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) {
-	t.Helper()
-	killAgent(t, n)
-	deadline := time.Now().Add(2 * time.Minute)
-	for !framework.AgentsRestartedAndReady(ctx, t, c, []cluster.Node{n}) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent on %s is not back and Ready 2m after kill -9", n.Name)
-		}
-		time.Sleep(time.Second)
-	}
-}
-
-// killAgent sends SIGKILL to the trellis-agent processes in node n's network namespace.
-func killAgent(t *testing.T, n cluster.Node) {
-	t.Helper()
-	pids := framework.AgentPids(t, n)
-	if len(pids) == 0 {
-		t.Fatalf("no trellis-agent process in %s's network namespace", n.Name)
-	}
-	for _, pid := range pids {
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatalf("kill -9 %d (trellis-agent on %s): %v", pid, n.Name, err)
-		}
-		t.Logf("killed trellis-agent pid %d on %s", pid, n.Name)
-	}
 }

@@ -4,32 +4,46 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/framework"
 )
 
-// TestUninstall deletes the ClusterNetwork as README.md tells users to and checks that
+// testUninstall deletes the ClusterNetwork as README.md tells users to and checks that
 // every node is left without trellis: no trellis.vxlan, no trellis (protocol 202) routes,
 // no TRELLIS-* chains, no trellis plugin or conflist; the agents confirmed and the
 // ClusterNetwork is gone (the operator released its finalizer). Other components' state
-// (kube-proxy's chains, the node's underlay) stays.
+// (kube-proxy's chains, the node's underlay) stays. It runs last on its cluster.
 func testUninstall(t *testing.T, c *cluster.Cluster) {
 	if c.Shared {
 		t.Logf("%s=1: this test removes Trellis from cluster %q; it stays up without it", cluster.ReuseEnv, c.Name)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	cl := framework.TrellisClient(t, c, "")
 
 	// Installed: every node has what the uninstall must remove (else the test proves nothing).
-	uninstWaitNodes(ctx, t, c, "Trellis programmed", func(n cluster.Node) error {
-		st := uninstNodeState(t, n)
+	waitEveryNode(ctx, t, c, "Trellis programmed", func(n cluster.Node) error {
+		st, err := uninstNodeState(n)
+		if err != nil {
+			return err
+		}
 		if missing := st.trellisMissing(); len(missing) > 0 {
 			return fmt.Errorf("lacks %s", strings.Join(missing, ", "))
 		}
@@ -40,31 +54,41 @@ func testUninstall(t *testing.T, c *cluster.Cluster) {
 	// the node as it is: same device (same ifindex), conflist untouched.
 	n1 := c.Nodes[0]
 	before, conflistBefore := uninstVXLANIndex(t, n1), uninstStat(t, filepath.Join(n1.CNIConfDir, "10-trellis.conflist"))
-	if out, err := c.Kubectl(ctx, "-n", "trellis-system", "delete", "pod", "-l", "app.kubernetes.io/name=trellis-agent",
-		"--field-selector", "spec.nodeName="+n1.Name, "--wait=true", "--timeout=2m"); err != nil {
-		t.Fatalf("deleting the agent pod on %s: %v\n%s", n1.Name, err, out)
-	}
+	deleteAgentPod(ctx, t, c, n1)
 	if after := uninstVXLANIndex(t, n1); after != before {
 		t.Errorf("%s: trellis.vxlan was re-created by a normal agent stop (ifindex %s -> %s)", n1.Name, before, after)
 	}
 	if after := uninstStat(t, filepath.Join(n1.CNIConfDir, "10-trellis.conflist")); !os.SameFile(conflistBefore, after) || !conflistBefore.ModTime().Equal(after.ModTime()) {
 		t.Errorf("%s: the conflist was replaced by a normal agent stop", n1.Name)
 	}
-	if out, err := c.Kubectl(ctx, "-n", "trellis-system", "rollout", "status", "daemonset/trellis-agent", "--timeout=2m"); err != nil {
-		t.Fatalf("agent DaemonSet after the restart: %v\n%s", err, out)
-	}
+	framework.WaitAgentsRolledOut(ctx, t, c, 2*time.Minute)
 
 	start := time.Now()
-	if out, err := c.Kubectl(ctx, "delete", "clusternetwork", "default", "--wait=true", "--timeout=5m"); err != nil {
-		t.Fatalf("kubectl delete clusternetwork default: %v\n%s\n%s", err, out, c.Diagnose(ctx))
+	cn := &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: framework.ClusterNetworkName}}
+	check.Must(t, cl.Delete(ctx, cn))
+	dctx, dcancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer dcancel()
+	if err := check.Until(dctx, time.Second, "ClusterNetwork "+cn.Name+" gone (its finalizer released)", func(ctx context.Context) error {
+		err := cl.Get(ctx, client.ObjectKeyFromObject(cn), &v1alpha1.ClusterNetwork{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err == nil {
+			return errors.New("still there")
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
 	}
 	t.Logf("ClusterNetwork deleted (finalizer released) after %v", time.Since(start).Round(100*time.Millisecond))
-	if out, err := c.Kubectl(ctx, "get", "clusternetworks", "-o", "name"); err != nil || strings.TrimSpace(out) != "" {
-		t.Errorf("ClusterNetworks left: %q (%v)", out, err)
+	cns := &v1alpha1.ClusterNetworkList{}
+	if err := cl.List(ctx, cns); err != nil || len(cns.Items) > 0 {
+		t.Errorf("ClusterNetworks left: %d (%v)", len(cns.Items), err)
 	}
 
 	for _, n := range c.Nodes {
-		st := uninstNodeState(t, n)
+		st, err := uninstNodeState(n)
+		check.Must(t, err)
 		if left := st.trellisLeft(); len(left) > 0 {
 			t.Errorf("%s: left after uninstall: %s", n.Name, strings.Join(left, "; "))
 		}
@@ -73,24 +97,69 @@ func testUninstall(t *testing.T, c *cluster.Cluster) {
 		}
 	}
 	// Every agent confirmed, and the operator said so.
-	out, err := c.Kubectl(ctx, "get", "nodenetworks", "-o",
-		`jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].reason}{"\n"}{end}`)
-	if err != nil {
-		t.Fatalf("reading NodeNetworks: %v", err)
-	}
-	for _, line := range strings.Fields(out) {
-		if !strings.HasSuffix(line, "=Uninstalled") {
-			t.Errorf("NodeNetwork %s: Ready reason is not Uninstalled (the agent did not confirm)", line)
+	nns := &v1alpha1.NodeNetworkList{}
+	check.Must(t, cl.List(ctx, nns))
+	for _, nn := range nns.Items {
+		if r := meta.FindStatusCondition(nn.Status.Conditions, "Ready"); r == nil || r.Reason != "Uninstalled" {
+			t.Errorf("NodeNetwork %s: Ready condition %+v, want reason Uninstalled (the agent did not confirm)", nn.Name, r)
 		}
 	}
-	events, err := c.Kubectl(ctx, "get", "events", "-A", "--field-selector", "involvedObject.kind=ClusterNetwork",
-		"-o", `jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}`)
-	if err != nil {
-		t.Fatalf("reading events: %v", err)
+	// The operator's events since the deletion (earlier suites' events are not this one's).
+	kc := framework.Clientset(t, c)
+	want := fmt.Sprintf("Uninstalled: trellis removed from %d node(s)", len(c.Nodes))
+	check.Eventually(t, 30*time.Second, "ClusterNetwork events: "+want+" and no UninstallIncomplete", func() error {
+		evs, err := kc.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=ClusterNetwork"})
+		if err != nil {
+			return err
+		}
+		var since []string
+		for _, e := range evs.Items {
+			if eventTime(e).Before(start.Add(-time.Second)) {
+				continue
+			}
+			since = append(since, e.Reason+": "+e.Message)
+		}
+		if slices.ContainsFunc(since, func(e string) bool { return strings.HasPrefix(e, "UninstallIncomplete") }) {
+			return check.Stop(fmt.Errorf("events: %q", since))
+		}
+		if !slices.Contains(since, want) {
+			return fmt.Errorf("events: %q", since)
+		}
+		return nil
+	})
+}
+
+// eventTime is when event e last happened, whichever API recorded it.
+func eventTime(e corev1.Event) time.Time {
+	t := e.LastTimestamp.Time
+	if e.EventTime.After(t) {
+		t = e.EventTime.Time
 	}
-	if !strings.Contains(events, "Uninstalled: trellis removed from 2 node(s)") || strings.Contains(events, "UninstallIncomplete") {
-		t.Errorf("ClusterNetwork events, want Uninstalled for 2 nodes and no UninstallIncomplete:\n%s", events)
+	if e.Series != nil && e.Series.LastObservedTime.After(t) {
+		t = e.Series.LastObservedTime.Time
 	}
+	return t
+}
+
+// deleteAgentPod deletes the agent's pod on n, as a rollout does, and waits until it is gone.
+func deleteAgentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) {
+	t.Helper()
+	p, err := framework.AgentPod(ctx, t, c, n)
+	check.Must(t, err)
+	pods := framework.Clientset(t, c).CoreV1().Pods(p.Namespace)
+	check.Must(t, pods.Delete(ctx, p.Name, metav1.DeleteOptions{}))
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, "agent pod "+p.Name+" on "+n.Name+" gone", func(ctx context.Context) error {
+		got, err := pods.Get(ctx, p.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err != nil:
+			return err
+		}
+		return fmt.Errorf("still there (deleted at %v)", got.DeletionTimestamp)
+	})
 }
 
 // uninstState is what of trellis (and of others) a node namespace holds.
@@ -133,25 +202,29 @@ func (s uninstState) trellisLeft() []string {
 	return l
 }
 
-// uninstNodeState reads a node's namespace and directories (reading only: ip -n and
+// uninstNodeState reads a node's namespace and directories (reading only: ip and
 // iptables-save inside the node's namespace).
-func uninstNodeState(t *testing.T, n cluster.Node) uninstState {
-	t.Helper()
-	run := func(args ...string) string {
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
-	}
+func uninstNodeState(n cluster.Node) (uninstState, error) {
 	var st uninstState
-	st.vxlan = strings.Contains(run("ip", "-n", n.NetNS, "-o", "link", "show"), "trellis.vxlan")
-	for _, r := range strings.Split(strings.TrimSpace(run("ip", "-n", n.NetNS, "route", "show", "table", "all", "proto", "202")), "\n") {
+	links, err := framework.NodeOutput(n, "ip", "-o", "link", "show")
+	if err != nil {
+		return st, err
+	}
+	st.vxlan = strings.Contains(links, "trellis.vxlan")
+	routes, err := framework.NodeOutput(n, "ip", "route", "show", "table", "all", "proto", "202")
+	if err != nil {
+		return st, err
+	}
+	for _, r := range strings.Split(strings.TrimSpace(routes), "\n") {
 		if r != "" {
 			st.routes = append(st.routes, r)
 		}
 	}
-	for _, line := range strings.Split(run("nsenter", "--net="+n.NetNSPath(), "--", "iptables-save"), "\n") {
+	rules, err := framework.NodeOutput(n, "iptables-save")
+	if err != nil {
+		return st, err
+	}
+	for _, line := range strings.Split(rules, "\n") {
 		switch {
 		case strings.HasPrefix(line, ":TRELLIS-") || strings.Contains(line, "-j TRELLIS-"):
 			st.chains = append(st.chains, line)
@@ -163,43 +236,39 @@ func uninstNodeState(t *testing.T, n cluster.Node) uninstState {
 	st.conflist = exists(filepath.Join(n.CNIConfDir, "10-trellis.conflist"))
 	st.plugin = exists(filepath.Join(n.CNIBinDir, "trellis"))
 	st.readyFile = exists(filepath.Join(n.RunTrellisDir, "cni-ready"))
-	return st
+	return st, nil
 }
 
-func uninstWaitNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, what string, cond func(cluster.Node) error) {
+// waitEveryNode waits up to 2 minutes until cond holds on every node.
+func waitEveryNode(ctx context.Context, t *testing.T, c *cluster.Cluster, what string, cond func(cluster.Node) error) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		var errs []string
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := check.Until(wctx, 2*time.Second, what+" on every node", func(context.Context) error {
+		var errs []error
 		for _, n := range c.Nodes {
 			if err := cond(n); err != nil {
-				errs = append(errs, n.Name+": "+err.Error())
+				errs = append(errs, fmt.Errorf("%s: %w", n.Name, err))
 			}
 		}
-		if len(errs) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 2m: %s\n%s", what, strings.Join(errs, "; "), c.Diagnose(ctx))
-		}
-		time.Sleep(2 * time.Second)
+		return errors.Join(errs...)
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
 	}
 }
 
 func uninstVXLANIndex(t *testing.T, n cluster.Node) string {
 	t.Helper()
-	out, err := exec.Command("ip", "-n", n.NetNS, "-o", "link", "show", "trellis.vxlan").CombinedOutput()
+	out, err := framework.NodeOutput(n, "ip", "-o", "link", "show", "trellis.vxlan")
 	if err != nil {
-		t.Fatalf("%s: ip link show trellis.vxlan: %v: %s", n.Name, err, out)
+		t.Fatalf("%s: %v", n.Name, err)
 	}
-	return strings.SplitN(string(out), ":", 2)[0]
+	return strings.SplitN(out, ":", 2)[0]
 }
 
 func uninstStat(t *testing.T, path string) os.FileInfo {
 	t.Helper()
 	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	check.Must(t, err)
 	return fi
 }

@@ -274,8 +274,14 @@ type PolicyPod struct {
 // network namespaces, as DeployPods does for the datapath tests.
 func DeployPolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []PolicyPod) map[string]Pod {
 	t.Helper()
+	return DeployPolicyPodsIn(ctx, t, c, PolicyNamespace, batch, specs)
+}
+
+// DeployPolicyPodsIn is DeployPolicyPods in namespace ns (made if missing).
+func DeployPolicyPodsIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, batch string, specs []PolicyPod) map[string]Pod {
+	t.Helper()
 	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", PolicyNamespace)
+	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", ns)
 	for _, ps := range specs {
 		grace, preStop := 1, ""
 		if ps.Draining {
@@ -302,13 +308,13 @@ spec:
     readinessProbe:
       tcpSocket: {port: 8080}
       periodSeconds: 1
-%s`, ps.Name, PolicyNamespace, batch, ps.Labels, ps.Node, grace, images.AgnhostImage, preStop)
+%s`, ps.Name, ns, batch, ps.Labels, ps.Node, grace, images.AgnhostImage, preStop)
 	}
 	nodes := map[string]string{}
 	for _, ps := range specs {
 		nodes[ps.Name] = ps.Node
 	}
-	return ApplyPods(ctx, t, c, b.String(), PolicyNamespace, batch, nodes)
+	return ApplyPods(ctx, t, c, b.String(), ns, batch, nodes)
 }
 
 // DeletePolicyPods deletes the pods of batch in PolicyNamespace and waits for them to go.

@@ -1,0 +1,147 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/cluster"
+)
+
+// AgentNamespace and AgentSelector find the agent's pods, AgentContainer the container
+// of the trellis-agent process.
+const (
+	AgentNamespace = "trellis-system"
+	AgentSelector  = "app.kubernetes.io/name=trellis-agent"
+	AgentContainer = "agent"
+)
+
+// TheAgentPid is the one trellis-agent process on n. A container being replaced (the
+// kubelet restarting it) briefly leaves two: it waits up to 30 s for one.
+func TheAgentPid(t *testing.T, n cluster.Node) int {
+	t.Helper()
+	var pid int
+	check.Eventually(t, 30*time.Second, "one trellis-agent process on "+n.Name, func() error {
+		pids := AgentPids(t, n)
+		if len(pids) != 1 {
+			return fmt.Errorf("%d of them: %v", len(pids), pids)
+		}
+		pid = pids[0]
+		return nil
+	})
+	return pid
+}
+
+// AgentToken is the service account token of the agent running on n, as the agent itself
+// reads it (through the process's root: the pod's own mount of it).
+func AgentToken(t *testing.T, n cluster.Node) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/var/run/secrets/kubernetes.io/serviceaccount/token", TheAgentPid(t, n)))
+	if err != nil {
+		t.Fatalf("the agent's token on %s: %v", n.Name, err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// KillAgent sends SIGKILL to the trellis-agent processes in node n's network namespace.
+func KillAgent(t *testing.T, n cluster.Node) {
+	t.Helper()
+	pids := AgentPids(t, n)
+	if len(pids) == 0 {
+		t.Fatalf("no trellis-agent process in %s's network namespace", n.Name)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill -9 %d (trellis-agent on %s): %v", pid, n.Name, err)
+		}
+		t.Logf("killed trellis-agent pid %d on %s", pid, n.Name)
+	}
+}
+
+// RestartAgent kills node n's trellis-agent (SIGKILL) and waits until the kubelet has
+// restarted it and it is Ready again. It counts restarts from before the kill, so an
+// agent restarted earlier on a shared cluster does not pass for one restarted now.
+func RestartAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) {
+	t.Helper()
+	before := agentRestarts(ctx, t, c, n)
+	KillAgent(t, n)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, "the agent on "+n.Name+" back and Ready after kill -9", func(ctx context.Context) error {
+		p, err := AgentPod(ctx, t, c, n)
+		if err != nil {
+			return err
+		}
+		restarts, ready := agentContainer(p)
+		if restarts <= before || !ready {
+			return fmt.Errorf("%d restarts (%d before the kill), ready %t", restarts, before, ready)
+		}
+		return nil
+	})
+}
+
+// AgentPod is the agent's pod on node n.
+func AgentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) (*corev1.Pod, error) {
+	t.Helper()
+	pods, err := Clientset(t, c).CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector, FieldSelector: "spec.nodeName=" + n.Name})
+	if err != nil {
+		return nil, err
+	}
+	pods.Items = slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return p.DeletionTimestamp != nil })
+	if len(pods.Items) != 1 {
+		return nil, fmt.Errorf("%d agent pods on %s", len(pods.Items), n.Name)
+	}
+	return &pods.Items[0], nil
+}
+
+// agentRestarts is the restart count of the agent container on n.
+func agentRestarts(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) int32 {
+	t.Helper()
+	p, err := AgentPod(ctx, t, c, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarts, _ := agentContainer(p)
+	return restarts
+}
+
+// agentContainer is the agent container's restart count and readiness in pod p.
+func agentContainer(p *corev1.Pod) (restarts int32, ready bool) {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == AgentContainer {
+			return cs.RestartCount, cs.Ready
+		}
+	}
+	return 0, false
+}
+
+// WaitAgentsRolledOut waits until the agent DaemonSet has rolled out (what `kubectl
+// rollout status` waits for): its current generation observed, and every scheduled pod
+// updated and available.
+func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
+	t.Helper()
+	kc := Clientset(t, c)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
+		ds, err := kc.AppsV1().DaemonSets(AgentNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		st := ds.Status
+		if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
+			return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
+				ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
+		}
+		return nil
+	})
+}
