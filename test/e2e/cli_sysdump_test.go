@@ -22,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
