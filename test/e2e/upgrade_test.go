@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -261,16 +262,19 @@ func checkTraffic(ctx context.Context, t *testing.T, c *cluster.Cluster, what st
 // upgrade added objects N does not have (the ClusterNetworkPolicy CRD, the metrics
 // Service) that the rollback left.
 func uninstallKustomize(ctx context.Context, c *cluster.Cluster, manifests string) error {
-	if out, err := c.Kubectl(ctx, "delete", "clusternetwork", "default", "--ignore-not-found", "--wait=true", "--timeout=5m"); err != nil {
-		return fmt.Errorf("kubectl delete clusternetwork default: %w\n%s", err, out)
+	// Each step is taken even when one before failed: after a failure halfway (the
+	// cleanup's case) some of it may not exist.
+	var errs []error
+	if out, err := c.Kubectl(ctx, "delete", "clusternetworks", "default", "--ignore-not-found", "--wait=true", "--timeout=5m"); err != nil {
+		errs = append(errs, fmt.Errorf("kubectl delete clusternetwork default: %w\n%s", err, out))
 	}
 	if out, err := c.KubectlInput(ctx, manifests, "delete", "--ignore-not-found", "--wait=true", "-f", "-"); err != nil {
-		return fmt.Errorf("deleting the operator with the manifests of N: %w\n%s", err, out)
+		errs = append(errs, fmt.Errorf("deleting the operator with the manifests of N: %w\n%s", err, out))
 	}
 	if out, err := c.Kubectl(ctx, "delete", "--ignore-not-found", "--wait=true", "-k", filepath.Join(c.ModuleRoot, "config", "default")); err != nil {
-		return fmt.Errorf("kubectl delete -k config/default: %w\n%s", err, out)
+		errs = append(errs, fmt.Errorf("kubectl delete -k config/default: %w\n%s", err, out))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // nodeNetworks are the NodeNetworks by node; every node must have one.
