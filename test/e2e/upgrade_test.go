@@ -115,7 +115,6 @@ func testKustomizeUpgrade(t *testing.T, c *cluster.Cluster) {
 // upgradeAndRollBack upgrades release N, installed, to this tree and rolls it back, under
 // traffic between pods on every node (batch "upg", left running).
 func upgradeAndRollBack(ctx context.Context, t *testing.T, c *cluster.Cluster, rel framework.Release, manifests string, step func(string, ...any)) {
-	t.Helper()
 	pods := framework.DeployPods(ctx, t, c, "upg", []framework.PodSpec{
 		{Name: "upg-a", Node: c.Nodes[0].Name}, {Name: "upg-b", Node: c.Nodes[1].Name}, {Name: "upg-c", Node: c.Nodes[2].Name},
 	})

@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 
@@ -85,6 +86,7 @@ func dynamicClient(t *testing.T, c *cluster.Cluster) dynamic.Interface {
 		t.Fatal(err)
 	}
 	cfg.Timeout = 10 * time.Second
+	cfg.WarningHandler = rest.NoWarnings{} // ClusterLeftovers lists deprecated kinds too
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
