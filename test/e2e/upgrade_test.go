@@ -232,7 +232,19 @@ func upgradeAndRollBack(ctx context.Context, t *testing.T, c *cluster.Cluster, r
 func checkTraffic(ctx context.Context, t *testing.T, c *cluster.Cluster, what string, t0 time.Time, ring [][2]string,
 	pods map[string]framework.Pod, probers []*framework.Prober, streams []*framework.Stream) {
 	t.Helper()
-	time.Sleep(2 * time.Second) // a few more probes after the last agent is Ready
+	// The gaps count up to now: let the traffic go on for a while after the last agent
+	// is Ready (a gap still open then ends the wait with the pair that has it).
+	end := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, 100*time.Millisecond, "traffic on every pair after the "+what, func(context.Context) error {
+		for i, p := range probers {
+			if n, m := p.SuccessesSince(end), streams[i].EchoesSince(end); n < 10 || m < 10 {
+				return fmt.Errorf("%s -> %s: %d new connections, %d echoes since", ring[i][0], ring[i][1], n, m)
+			}
+		}
+		return nil
+	})
 	for i, p := range probers {
 		from, to := ring[i][0], ring[i][1]
 		gap, fails, total := p.GapSince(t0)
