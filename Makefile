@@ -234,9 +234,9 @@ e2e: deps ## End-to-end tests on a fresh local cluster (TRELLIS_E2E_CNI=trellis|
 	$(RUN_E2E)
 
 .PHONY: e2e-olm
-e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a local cluster "olm", then upgrade it to this tree under traffic (TestOLM).
+e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a local cluster "upgrade", then upgrade it to this tree under traffic (TestUpgradeCluster/OLMUpgrade alone).
 	hack/build-agnhost.sh >/dev/null
-	go test -tags e2e -count=1 -timeout 30m -v -run '^TestOLM$$' ./test/e2e/
+	go test -tags e2e -count=1 -timeout 30m -v -run '^TestUpgradeCluster$$/^OLMUpgrade$$' ./test/e2e/
 
 ##@ NetworkPolicy conformance
 

@@ -1,0 +1,174 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/cluster"
+)
+
+// What a Trellis rollout (install, upgrade, rollback) looks like from the API: the
+// operator's image, the agents' pods by image, the agent DaemonSet's unavailable count and
+// the ClusterNetwork's conditions.
+
+const agentSelector = "app.kubernetes.io/name=trellis-agent"
+
+// OperatorImage is the image of the operator Deployment's container.
+func OperatorImage(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
+	t.Helper()
+	d, err := Clientset(t, c).AppsV1().Deployments(TrellisNamespace).Get(ctx, "trellis-operator", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the operator Deployment: %v", err)
+	}
+	return d.Spec.Template.Spec.Containers[0].Image
+}
+
+// AgentsUnavailable is the agent DaemonSet's status.numberUnavailable.
+func AgentsUnavailable(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
+	t.Helper()
+	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the agent DaemonSet: %v", err)
+	}
+	return int(ds.Status.NumberUnavailable)
+}
+
+// ReadyAgentsByImage counts the Ready agent pods running image old and image cur.
+func ReadyAgentsByImage(ctx context.Context, t *testing.T, c *cluster.Cluster, old, cur string) (nOld, nCur int) {
+	t.Helper()
+	pods, err := agentPods(ctx, t, c)
+	if err != nil {
+		t.Fatalf("the agent pods: %v", err)
+	}
+	for _, p := range pods {
+		switch {
+		case !podReady(&p):
+		case p.Spec.Containers[0].Image == old:
+			nOld++
+		case p.Spec.Containers[0].Image == cur:
+			nCur++
+		}
+	}
+	return nOld, nCur
+}
+
+// WaitAgents waits until every node runs one Ready agent pod of image, and no agent pod
+// of another image or on its way out is left.
+func WaitAgents(ctx context.Context, t *testing.T, c *cluster.Cluster, image string, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := check.Until(ctx, time.Second, "an agent of "+image+" Ready on every node", func(ctx context.Context) error {
+		pods, err := agentPods(ctx, t, c)
+		if err != nil {
+			return err
+		}
+		var bad, nodes []string
+		for _, p := range pods {
+			if img := p.Spec.Containers[0].Image; img != image || !podReady(&p) || p.DeletionTimestamp != nil {
+				bad = append(bad, fmt.Sprintf("%s on %s: %s ready=%t deleting=%t", p.Name, p.Spec.NodeName, img, podReady(&p), p.DeletionTimestamp != nil))
+				continue
+			}
+			nodes = append(nodes, p.Spec.NodeName)
+		}
+		slices.Sort(nodes)
+		if nodes = slices.Compact(nodes); len(bad) > 0 || len(nodes) != len(c.Nodes) {
+			return fmt.Errorf("%d of %d nodes ok; %s", len(nodes), len(c.Nodes), strings.Join(bad, "; "))
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
+	}
+}
+
+func agentPods(ctx context.Context, t *testing.T, c *cluster.Cluster) ([]corev1.Pod, error) {
+	t.Helper()
+	pods, err := Clientset(t, c).CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return len(p.Spec.Containers) == 0 }), nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, cd := range p.Status.Conditions {
+		if cd.Type == corev1.PodReady {
+			return cd.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// ClusterNetworkCondition is condition typ of the ClusterNetwork "default" (Status
+// Unknown when it has none yet).
+func ClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string) metav1.Condition {
+	t.Helper()
+	cn := &v1alpha1.ClusterNetwork{}
+	if err := TrellisClient(t, c, "").Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
+		t.Fatalf("ClusterNetwork default: %v", err)
+	}
+	if cd := meta.FindStatusCondition(cn.Status.Conditions, typ); cd != nil {
+		return *cd
+	}
+	return metav1.Condition{Type: typ, Status: metav1.ConditionUnknown}
+}
+
+// WaitClusterNetworkCondition waits until the ClusterNetwork's condition typ has status.
+func WaitClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string, status metav1.ConditionStatus, timeout time.Duration) {
+	t.Helper()
+	cl := TrellisClient(t, c, "")
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.EventuallyCtx(ctx, t, time.Second, fmt.Sprintf("ClusterNetwork %s %s", typ, status), func(ctx context.Context) error {
+		cn := &v1alpha1.ClusterNetwork{}
+		if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
+			return err
+		}
+		if cd := meta.FindStatusCondition(cn.Status.Conditions, typ); cd == nil || cd.Status != status {
+			return fmt.Errorf("%+v", cd)
+		}
+		return nil
+	})
+}
+
+// WaitCRDEstablished waits until the CustomResourceDefinition name is Established (its
+// kind can be created).
+func WaitCRDEstablished(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := apiextensionsclient.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	check.EventuallyCtx(ctx, t, 500*time.Millisecond, "CRD "+name+" Established", func(ctx context.Context) error {
+		crd, err := ac.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cd := range crd.Status.Conditions {
+			if cd.Type == apiextensionsv1.Established && cd.Status == apiextensionsv1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("conditions %+v", crd.Status.Conditions)
+	})
+}
