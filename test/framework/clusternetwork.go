@@ -1,0 +1,168 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/testenv"
+)
+
+// The ClusterNetwork is state every suite on a cluster shares: a suite that changes it
+// puts it back when it ends.
+
+// TrellisClient is a controller-runtime client of c with Trellis's API types (the
+// operator's and agent's scheme), as the cluster's admin.
+func TrellisClient(t *testing.T, c *cluster.Cluster) client.Client {
+	t.Helper()
+	ctrllog.SetLogger(logr.Discard()) // the client's own log is of no use to a test
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Timeout = 10 * time.Second
+	cl, err := testenv.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// clusterNetwork is the ClusterNetwork "default".
+func clusterNetwork(ctx context.Context, t *testing.T, cl client.Client) *v1alpha1.ClusterNetwork {
+	t.Helper()
+	cn := &v1alpha1.ClusterNetwork{}
+	if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
+		t.Fatalf("ClusterNetwork default: %v", err)
+	}
+	return cn
+}
+
+// SetEncapsulation switches the ClusterNetwork to mode and, when the test ends, back to
+// the mode it had, waiting until the agents run that mode again (on every node, Ready) so
+// the next suite finds the cluster as this one did.
+func SetEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mode v1alpha1.Encapsulation) {
+	t.Helper()
+	cl := TrellisClient(t, c)
+	cn := clusterNetwork(ctx, t, cl)
+	prev := cn.Spec.Encapsulation
+	if prev == mode {
+		return
+	}
+	patchEncapsulation(ctx, t, cl, cn, mode)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		patchEncapsulation(ctx, t, cl, clusterNetwork(ctx, t, cl), prev)
+		if err := check.Until(ctx, time.Second, "every NodeNetwork Ready in "+string(prev)+" again", func(ctx context.Context) error {
+			var nns v1alpha1.NodeNetworkList
+			if err := cl.List(ctx, &nns); err != nil {
+				return err
+			}
+			if len(nns.Items) != len(c.Nodes) {
+				return fmt.Errorf("%d NodeNetworks for %d nodes", len(nns.Items), len(c.Nodes))
+			}
+			for _, nn := range nns.Items {
+				ready := false
+				for _, cond := range nn.Status.Conditions {
+					ready = ready || cond.Type == "Ready" && cond.Status == "True"
+				}
+				if nn.Status.Encapsulation != prev || !ready {
+					return fmt.Errorf("%s: %s, Ready %v", nn.Name, nn.Status.Encapsulation, ready)
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Errorf("putting the encapsulation back to %s: %v", prev, err)
+		}
+		if err := agentRolledOut(ctx, c); err != nil {
+			t.Errorf("putting the encapsulation back to %s: %v", prev, err)
+		}
+	})
+}
+
+func patchEncapsulation(ctx context.Context, t *testing.T, cl client.Client, cn *v1alpha1.ClusterNetwork, mode v1alpha1.Encapsulation) {
+	t.Helper()
+	orig := cn.DeepCopy()
+	cn.Spec.Encapsulation = mode
+	if err := cl.Patch(ctx, cn, client.MergeFrom(orig)); err != nil {
+		t.Fatalf("switching the ClusterNetwork to %s: %v", mode, err)
+	}
+}
+
+// AppendPodCIDR appends cidr to the ClusterNetwork's spec.podCIDRs (as docs/install.md
+// makes an IPv4 cluster dual-stack) and waits until the operator puts it in effect
+// (status.podCIDRs). A range in effect can't be removed: the change is for good.
+func AppendPodCIDR(ctx context.Context, t *testing.T, c *cluster.Cluster, cidr string) {
+	t.Helper()
+	cl := TrellisClient(t, c)
+	cn := clusterNetwork(ctx, t, cl)
+	orig := cn.DeepCopy()
+	cn.Spec.PodCIDRs = append(cn.Spec.PodCIDRs, cidr)
+	if err := cl.Patch(ctx, cn, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		t.Fatalf("appending %s to spec.podCIDRs: %v", cidr, err)
+	}
+	check.EventuallyCtx(ctx, t, time.Second, "status.podCIDRs to hold "+cidr, func(ctx context.Context) error {
+		cn := &v1alpha1.ClusterNetwork{}
+		if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
+			return err
+		}
+		if !slices.Contains(cn.Status.PodCIDRs, cidr) {
+			return fmt.Errorf("status.podCIDRs %v", cn.Status.PodCIDRs)
+		}
+		return nil
+	})
+}
+
+// WaitAgentRollout waits up to timeout until the agent DaemonSet's rollout is complete
+// (as `kubectl rollout status` says it): its current spec observed, and every scheduled
+// pod updated and available.
+func WaitAgentRollout(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := agentRolledOut(ctx, c); err != nil {
+		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
+	}
+}
+
+func agentRolledOut(ctx context.Context, c *cluster.Cluster) error {
+	kc, err := c.Client()
+	if err != nil {
+		return err
+	}
+	return check.Until(ctx, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
+		ds, err := kc.AppsV1().DaemonSets("trellis-system").Get(ctx, "trellis-agent", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		return daemonSetRolledOut(ds)
+	})
+}
+
+// daemonSetRolledOut is nil when ds's rollout is complete, as kubectl's rollout status
+// judges a DaemonSet's.
+func daemonSetRolledOut(ds *appsv1.DaemonSet) error {
+	s := ds.Status
+	switch {
+	case ds.Generation > s.ObservedGeneration:
+		return fmt.Errorf("generation %d not yet observed (%d)", ds.Generation, s.ObservedGeneration)
+	case s.UpdatedNumberScheduled < s.DesiredNumberScheduled:
+		return fmt.Errorf("%d of %d pods updated", s.UpdatedNumberScheduled, s.DesiredNumberScheduled)
+	case s.NumberAvailable < s.DesiredNumberScheduled:
+		return fmt.Errorf("%d of %d updated pods available", s.NumberAvailable, s.DesiredNumberScheduled)
+	}
+	return nil
+}
