@@ -50,22 +50,20 @@ func clusterNetwork(ctx context.Context, t *testing.T, cl client.Client) *v1alph
 	return cn
 }
 
-// SetEncapsulation switches the ClusterNetwork to mode and, when the test ends, back to
-// the mode it had, waiting until the agents run that mode again (on every node, Ready) so
-// the next suite finds the cluster as this one did.
-func SetEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mode v1alpha1.Encapsulation) {
+// KeepEncapsulation records the ClusterNetwork's encapsulation and, when the test ends,
+// puts it back and waits until the agents run it again (every node Ready in it), so
+// that the next suite finds the cluster as this one did. Call it before
+// SwitchEncapsulation.
+func KeepEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 	t.Helper()
 	cl := TrellisClient(t, c)
-	cn := clusterNetwork(ctx, t, cl)
-	prev := cn.Spec.Encapsulation
-	if prev == mode {
-		return
-	}
-	patchEncapsulation(ctx, t, cl, cn, mode)
+	prev := clusterNetwork(ctx, t, cl).Spec.Encapsulation
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		patchEncapsulation(ctx, t, cl, clusterNetwork(ctx, t, cl), prev)
+		if cn := clusterNetwork(ctx, t, cl); cn.Spec.Encapsulation != prev {
+			patchEncapsulation(ctx, t, cl, cn, prev)
+		}
 		if err := check.Until(ctx, time.Second, "every NodeNetwork Ready in "+string(prev)+" again", func(ctx context.Context) error {
 			var nns v1alpha1.NodeNetworkList
 			if err := cl.List(ctx, &nns); err != nil {
@@ -77,7 +75,7 @@ func SetEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mod
 			for _, nn := range nns.Items {
 				ready := false
 				for _, cond := range nn.Status.Conditions {
-					ready = ready || cond.Type == "Ready" && cond.Status == "True"
+					ready = ready || cond.Type == "Ready" && cond.Status == metav1.ConditionTrue
 				}
 				if nn.Status.Encapsulation != prev || !ready {
 					return fmt.Errorf("%s: %s, Ready %v", nn.Name, nn.Status.Encapsulation, ready)
@@ -91,6 +89,14 @@ func SetEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mod
 			t.Errorf("putting the encapsulation back to %s: %v", prev, err)
 		}
 	})
+}
+
+// SwitchEncapsulation sets the ClusterNetwork's spec.encapsulation to mode (the agents
+// follow: wait for them with WaitNodeNetworks and WaitAgentRollout).
+func SwitchEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mode v1alpha1.Encapsulation) {
+	t.Helper()
+	cl := TrellisClient(t, c)
+	patchEncapsulation(ctx, t, cl, clusterNetwork(ctx, t, cl), mode)
 }
 
 func patchEncapsulation(ctx context.Context, t *testing.T, cl client.Client, cn *v1alpha1.ClusterNetwork, mode v1alpha1.Encapsulation) {
