@@ -288,6 +288,11 @@ func ingressTo(pod string, from ...networkingv1.NetworkPolicyPeer) networkingv1.
 	return spec
 }
 
+// podPeer is a NetworkPolicy peer: the pod named pod in the policy's namespace.
+func podPeer(pod string) networkingv1.NetworkPolicyPeer {
+	return networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"name": pod}}}
+}
+
 // createPolicy creates NetworkPolicy ns/name (it goes with its namespace).
 func createPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string, spec networkingv1.NetworkPolicySpec) {
 	t.Helper()
