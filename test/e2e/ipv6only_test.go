@@ -185,44 +185,11 @@ func testIPv6OnlyEncapsulationModes(t *testing.T, c *cluster.Cluster) {
 	underlayMTU := framework.LinkMTU(t, node1, "eth0")
 	for _, mode := range []string{"Hybrid", "Direct"} {
 		framework.SwitchEncapsulation(ctx, t, c, v1alpha1.Encapsulation(mode))
+		// Every node in the mode, then the agents' rollout the change started, then the
+		// new agents in the mode again.
+		waitModeState(ctx, t, c, mode)
 		framework.WaitAgentRollout(ctx, t, c, 2*time.Minute)
-		wctx, wcancel := context.WithTimeout(ctx, time.Minute)
-		if mode == "Hybrid" {
-			// node1 and node2 share the IPv6 underlay; the remote node is behind the router.
-			want := map[string]string{
-				node1.Name:  "IPv6: 1 peer(s) direct, 1 via VXLAN (IPv6-only, VXLAN over IPv6)",
-				node2.Name:  "IPv6: 1 peer(s) direct, 1 via VXLAN (IPv6-only, VXLAN over IPv6)",
-				remote.Name: "IPv6: 0 peer(s) direct, 2 via VXLAN (IPv6-only, VXLAN over IPv6)",
-			}
-			check.EventuallyCtx(wctx, t, time.Second, "the NodeNetworks' Ready messages in Hybrid", func(context.Context) error {
-				got := map[string]string{}
-				for _, nn := range framework.NodeNetworks(ctx, t, c) {
-					if r := nn.Ready(); nn.Status.Encapsulation == mode && r != nil && r.Status == "True" {
-						got[nn.Metadata.Name] = r.Message
-					}
-				}
-				if fmt.Sprint(got) != fmt.Sprint(want) {
-					return fmt.Errorf("got %q, want %q", got, want)
-				}
-				return nil
-			})
-		} else {
-			// The remote node is not on-link: every node reports the others it can't
-			// reach (Ready False, PeersUnreachable), as for IPv4.
-			check.EventuallyCtx(wctx, t, time.Second, "the NodeNetworks in Direct", func(context.Context) error {
-				var bad []string
-				for _, nn := range framework.NodeNetworks(ctx, t, c) {
-					if r := nn.Ready(); nn.Status.Encapsulation != mode || r == nil || r.Reason != "PeersUnreachable" {
-						bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Metadata.Name, nn.Status.Encapsulation, r))
-					}
-				}
-				if len(bad) > 0 {
-					return fmt.Errorf("%s", strings.Join(bad, "; "))
-				}
-				return nil
-			})
-		}
-		wcancel()
+		waitModeState(ctx, t, c, mode)
 		checkDatapath(t, p.datapathPods, mode, 6)
 		if mode == "Direct" {
 			// no encapsulation: the full underlay MTU
@@ -236,6 +203,42 @@ func testIPv6OnlyEncapsulationModes(t *testing.T, c *cluster.Cluster) {
 	if t.Failed() {
 		t.Errorf("IPv6-only pod traffic:\n%s", c.Diagnose(ctx))
 	}
+}
+
+// waitModeState waits up to a minute until the NodeNetworks report mode as it should be
+// on the IPv6-only cluster. In Hybrid node1 and node2 share the IPv6 underlay and the
+// remote node is behind the router: each counts its peers direct and tunnelled. In
+// Direct the remote node is not on-link: every node reports the others it can't reach
+// (Ready False, PeersUnreachable), as for IPv4.
+func waitModeState(ctx context.Context, t *testing.T, c *cluster.Cluster, mode string) {
+	t.Helper()
+	remote := c.Nodes[2]
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	check.EventuallyCtx(ctx, t, time.Second, "the NodeNetworks in "+mode, func(context.Context) error {
+		var bad []string
+		for _, nn := range framework.NodeNetworks(ctx, t, c) {
+			r := nn.Ready()
+			var ok bool
+			switch mode {
+			case "Hybrid":
+				want := "IPv6: 1 peer(s) direct, 1 via VXLAN (IPv6-only, VXLAN over IPv6)"
+				if nn.Metadata.Name == remote.Name {
+					want = "IPv6: 0 peer(s) direct, 2 via VXLAN (IPv6-only, VXLAN over IPv6)"
+				}
+				ok = r != nil && r.Status == "True" && r.Message == want
+			case "Direct":
+				ok = r != nil && r.Reason == "PeersUnreachable"
+			}
+			if nn.Status.Encapsulation != mode || !ok {
+				bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Metadata.Name, nn.Status.Encapsulation, r))
+			}
+		}
+		if len(bad) > 0 {
+			return fmt.Errorf("%s", strings.Join(bad, "; "))
+		}
+		return nil
+	})
 }
 
 // testIPv6OnlyKubectlTrellis: kubectl trellis as a user runs it on an IPv6-only cluster:

@@ -64,29 +64,34 @@ func KeepEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 		if cn := clusterNetwork(ctx, t, cl); cn.Spec.Encapsulation != prev {
 			patchEncapsulation(ctx, t, cl, cn, prev)
 		}
-		if err := check.Until(ctx, time.Second, "every NodeNetwork Ready in "+string(prev)+" again", func(ctx context.Context) error {
-			var nns v1alpha1.NodeNetworkList
-			if err := cl.List(ctx, &nns); err != nil {
-				return err
-			}
-			if len(nns.Items) != len(c.Nodes) {
-				return fmt.Errorf("%d NodeNetworks for %d nodes", len(nns.Items), len(c.Nodes))
-			}
-			for _, nn := range nns.Items {
-				ready := false
-				for _, cond := range nn.Status.Conditions {
-					ready = ready || cond.Type == "Ready" && cond.Status == metav1.ConditionTrue
+		// The agents report the mode they run: wait for it on every node (Ready), for the
+		// rollout the change started, and for it again from the new agents.
+		nodesIn := func() error {
+			return check.Until(ctx, time.Second, "every NodeNetwork Ready in "+string(prev)+" again", func(ctx context.Context) error {
+				var nns v1alpha1.NodeNetworkList
+				if err := cl.List(ctx, &nns); err != nil {
+					return err
 				}
-				if nn.Status.Encapsulation != prev || !ready {
-					return fmt.Errorf("%s: %s, Ready %v", nn.Name, nn.Status.Encapsulation, ready)
+				if len(nns.Items) != len(c.Nodes) {
+					return fmt.Errorf("%d NodeNetworks for %d nodes", len(nns.Items), len(c.Nodes))
 				}
-			}
-			return nil
-		}); err != nil {
-			t.Errorf("putting the encapsulation back to %s: %v", prev, err)
+				for _, nn := range nns.Items {
+					ready := false
+					for _, cond := range nn.Status.Conditions {
+						ready = ready || cond.Type == "Ready" && cond.Status == metav1.ConditionTrue
+					}
+					if nn.Status.Encapsulation != prev || !ready {
+						return fmt.Errorf("%s: %s, Ready %v", nn.Name, nn.Status.Encapsulation, ready)
+					}
+				}
+				return nil
+			})
 		}
-		if err := agentRolledOut(ctx, c); err != nil {
-			t.Errorf("putting the encapsulation back to %s: %v", prev, err)
+		for _, wait := range []func() error{nodesIn, func() error { return agentRolledOut(ctx, c) }, nodesIn} {
+			if err := wait(); err != nil {
+				t.Errorf("putting the encapsulation back to %s: %v", prev, err)
+				return
+			}
 		}
 	})
 }
