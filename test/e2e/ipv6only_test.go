@@ -297,7 +297,6 @@ func checkSysdumpIPv6(ctx context.Context, t *testing.T, env *cliEnv) {
 		has("iptables/backend.txt", "ip6tables tables with trellis chains: ")
 		has("ip6tables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD")
 		has("ip6tables/nat.txt", ":TRELLIS-POSTROUTING", "MASQUERADE")
-		has("links.txt", "trellis.vxlan", "inet6 ")
 		for _, peer := range nns.Items {
 			if peer.Name == n.Name {
 				continue
