@@ -60,8 +60,8 @@ func TestDualStackCluster(t *testing.T) {
 func testAppendIPv6Range(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	ns := framework.CreateNamespace(ctx, t, c, "dual-before")
-	before := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, "dual-before")
+	before := framework.DeployPodsIn(ctx, t, c, ns, "before", []framework.PodSpec{
 		{Name: "before-a", Node: c.Nodes[0].Name}, {Name: "before-b", Node: c.Nodes[1].Name}})
 	if a := before["before-a"]; a.IPv6.IsValid() {
 		t.Fatalf("pod before-a got IPv6 address %s before the cluster had an IPv6 pod range", a.IPv6)
@@ -71,7 +71,7 @@ func testAppendIPv6Range(t *testing.T, c *cluster.Cluster) {
 	p.WaitFlowing(t, 30*time.Second)
 	since := time.Now()
 	framework.AppendPodCIDR(ctx, t, c, cluster.PodCIDR6.String())
-	framework.WaitAgentRollout(ctx, t, c, 3*time.Minute)
+	framework.WaitAgentsRolledOut(ctx, t, c, 3*time.Minute)
 	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer wcancel()
 	check.EventuallyCtx(wctx, t, time.Second, "every NodeNetwork with an IPv6 block, reached", func(context.Context) error {
@@ -158,14 +158,14 @@ type dualStackPods struct {
 func deployDualStackPods(ctx context.Context, t *testing.T, c *cluster.Cluster, prefix string) dualStackPods {
 	t.Helper()
 	node1, node2, remote := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	ns := framework.CreateNamespace(ctx, t, c, prefix)
-	pods := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, prefix)
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "pods", []framework.PodSpec{
 		{Name: "client", Node: node1.Name},
 		{Name: "neighbour", Node: node1.Name},
 		{Name: "server", Node: node2.Name, HostPort: hostPort},
 		{Name: "far", Node: remote.Name},
 	})
-	ips := framework.CreateServiceIn(ctx, t, c, ns, "server", ptr.To(corev1.IPFamilyPolicyRequireDualStack))
+	ips := framework.CreateServiceIPsIn(ctx, t, c, ns, "server", ptr.To(corev1.IPFamilyPolicyRequireDualStack))
 	if len(ips) != 2 || !cluster.ServiceCIDR.Contains(ips[0]) || !cluster.ServiceCIDR6.Contains(ips[1]) {
 		t.Fatalf("Service server's clusterIPs %v, want one in %v and one in %v", ips, cluster.ServiceCIDR, cluster.ServiceCIDR6)
 	}
@@ -241,8 +241,8 @@ func testDualStackDatapath(t *testing.T, c *cluster.Cluster) {
 func testDualStackNATOutgoing(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ns := framework.CreateNamespace(ctx, t, c, "dual-nat")
-	pods := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, "dual-nat")
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "pods", []framework.PodSpec{
 		{Name: "client", Node: c.Nodes[0].Name}, {Name: "server", Node: c.Nodes[1].Name}})
 	checkNATOutgoing6(t, c, pods["client"], pods["server"], c.Nodes[0])
 }
@@ -253,8 +253,8 @@ func testDualStackNATOutgoing(t *testing.T, c *cluster.Cluster) {
 func testDualStackNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ns := framework.CreateNamespace(ctx, t, c, "dual-policy")
-	pods := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, "dual-policy")
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "pods", []framework.PodSpec{
 		{Name: "client", Node: c.Nodes[0].Name}, {Name: "server", Node: c.Nodes[1].Name}})
 	client, server := pods["client"], pods["server"]
 	const port = 9400
@@ -311,7 +311,7 @@ func testDualStackEncapsulationSwitch(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	node1, node2, remote := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	framework.KeepEncapsulation(ctx, t, c)
+	framework.KeepClusterNetworkSpec(ctx, t, c)
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
 	p := deployDualStackPods(ctx, t, c, "dual-switch")
 	underlayMTU := framework.LinkMTU(t, node1, "eth0")
@@ -363,7 +363,7 @@ func testDualStackEncapsulationSwitch(t *testing.T, c *cluster.Cluster) {
 		since := time.Now()
 		framework.SwitchEncapsulation(ctx, t, c, v1alpha1.Encapsulation(mode))
 		waitMode(mode, 2*time.Minute)
-		framework.WaitAgentRollout(ctx, t, c, 2*time.Minute)
+		framework.WaitAgentsRolledOut(ctx, t, c, 2*time.Minute)
 		waitMode(mode, time.Minute)
 		if mode == "Hybrid" {
 			// node1 and node2 share the underlay of both families; the remote node is
@@ -429,7 +429,7 @@ func testDualStackEncapsulationSwitch(t *testing.T, c *cluster.Cluster) {
 		case "Direct":
 			checkDualStackMode(ctx, t, c, p, mode, underlayMTU, node2) // no encapsulation: the full underlay MTU
 			// Pods with Direct's larger MTU, kept through the switches back to VXLAN.
-			directEra = framework.DeployPodsIn(ctx, t, c, p.ns, []framework.PodSpec{
+			directEra = framework.DeployPodsIn(ctx, t, c, p.ns, "direct-era", []framework.PodSpec{
 				{Name: "direct-era-a", Node: node1.Name}, {Name: "direct-era-b", Node: node2.Name}})
 		case "Hybrid":
 			// Pods get the VXLAN MTU in Hybrid: a full packet crosses the router encapsulated.

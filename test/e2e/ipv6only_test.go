@@ -72,7 +72,7 @@ func testIPv6OnlyKubernetes(t *testing.T, c *cluster.Cluster) {
 		t.Errorf("Service kubernetes ClusterIPs %v, want one of %s", svc.Spec.ClusterIPs, cluster.ServiceCIDR6)
 	}
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "IPv6: ", 2*time.Minute)
-	cl := framework.TrellisClient(t, c)
+	cl := framework.TrellisClient(t, c, "")
 	for _, n := range c.Nodes {
 		nn := &v1alpha1.NodeNetwork{}
 		if err := cl.Get(ctx, client.ObjectKey{Name: n.Name}, nn); err != nil {
@@ -108,14 +108,14 @@ type ipv6OnlyPods struct {
 func deployIPv6OnlyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, prefix string) ipv6OnlyPods {
 	t.Helper()
 	node1, node2, remote := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	ns := framework.CreateNamespace(ctx, t, c, prefix)
-	pods := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, prefix)
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "pods", []framework.PodSpec{
 		{Name: "client", Node: node1.Name},
 		{Name: "neighbour", Node: node1.Name},
 		{Name: "server", Node: node2.Name, HostPort: hostPort},
 		{Name: "far", Node: remote.Name},
 	})
-	svc := framework.CreateServiceIn(ctx, t, c, ns, "server", nil)
+	svc := framework.CreateServiceIPsIn(ctx, t, c, ns, "server", nil)
 	if len(svc) != 1 || !cluster.ServiceCIDR6.Contains(svc[0]) {
 		t.Fatalf("Service server's ClusterIPs %v, want one IPv6 address of %s", svc, cluster.ServiceCIDR6)
 	}
@@ -148,7 +148,7 @@ func testIPv6OnlyDatapath(t *testing.T, c *cluster.Cluster) {
 		// The agent counts the IPv6 block's use (kubectl get nodenetworks: PODS): this
 		// suite's two pods on node1 at least; a /64's capacity is more than the status's
 		// int32 holds.
-		cl := framework.TrellisClient(t, c)
+		cl := framework.TrellisClient(t, c, "")
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		check.EventuallyCtx(wctx, t, time.Second, node1.Name+"'s status.ipam", func(ctx context.Context) error {
@@ -179,7 +179,7 @@ func testIPv6OnlyEncapsulationModes(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	node1, node2, remote := c.Nodes[0], c.Nodes[1], c.Nodes[2]
-	framework.KeepEncapsulation(ctx, t, c)
+	framework.KeepClusterNetworkSpec(ctx, t, c)
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "IPv6: ", 2*time.Minute)
 	p := deployIPv6OnlyPods(ctx, t, c, "v6-modes")
 	underlayMTU := framework.LinkMTU(t, node1, "eth0")
@@ -188,7 +188,7 @@ func testIPv6OnlyEncapsulationModes(t *testing.T, c *cluster.Cluster) {
 		// Every node in the mode, then the agents' rollout the change started, then the
 		// new agents in the mode again.
 		waitModeState(ctx, t, c, mode)
-		framework.WaitAgentRollout(ctx, t, c, 2*time.Minute)
+		framework.WaitAgentsRolledOut(ctx, t, c, 2*time.Minute)
 		waitModeState(ctx, t, c, mode)
 		checkDatapath(t, p.datapathPods, mode, 6)
 		if mode == "Direct" {
@@ -276,7 +276,7 @@ func checkSysdumpIPv6(ctx context.Context, t *testing.T, env *cliEnv) {
 		t.Errorf("errors.txt: %q, want nothing failed", got)
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c).List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
+	if err := framework.TrellisClient(t, c, "").List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
 		t.Fatalf("NodeNetworks: %v (%d)", err, len(nns.Items))
 	}
 	for _, n := range nns.Items {
@@ -326,10 +326,10 @@ func testIPv6OnlyClusterDNS(t *testing.T, c *cluster.Cluster) {
 	// node behind the router is unreachable).
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "IPv6: ", 2*time.Minute)
 	node1 := c.Nodes[0]
-	ns := framework.CreateNamespace(ctx, t, c, "v6-dns")
-	pods := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, "v6-dns")
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "pods", []framework.PodSpec{
 		{Name: "client", Node: node1.Name}, {Name: "server", Node: c.Nodes[1].Name}})
-	svc := framework.CreateServiceIn(ctx, t, c, ns, "server", nil)[0]
+	svc := framework.CreateServiceIn(ctx, t, c, ns, "server")
 	fqdn := "server." + ns + ".svc." + cluster.ClusterDomain
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 	defer wcancel()
@@ -367,8 +367,8 @@ func testIPv6OnlyClusterDNS(t *testing.T, c *cluster.Cluster) {
 func testIPv6OnlyNATOutgoing(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ns := framework.CreateNamespace(ctx, t, c, "v6-nat")
-	pods := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, "v6-nat")
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "pods", []framework.PodSpec{
 		{Name: "client", Node: c.Nodes[0].Name}, {Name: "server", Node: c.Nodes[1].Name}})
 	checkNATOutgoing6(t, c, pods["client"], pods["server"], c.Nodes[0])
 }
@@ -378,8 +378,8 @@ func testIPv6OnlyNATOutgoing(t *testing.T, c *cluster.Cluster) {
 func testIPv6OnlyNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	ns := framework.CreateNamespace(ctx, t, c, "v6-policy")
-	pods := framework.DeployPodsIn(ctx, t, c, ns, []framework.PodSpec{
+	ns := framework.UniqueNamespace(ctx, t, c, "v6-policy")
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "pods", []framework.PodSpec{
 		{Name: "client", Node: c.Nodes[0].Name},
 		{Name: "neighbour", Node: c.Nodes[0].Name},
 		{Name: "server", Node: c.Nodes[1].Name},

@@ -7,38 +7,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // The ClusterNetwork is state every suite on a cluster shares: a suite that changes it
 // puts it back when it ends.
-
-// TrellisClient is a controller-runtime client of c with Trellis's API types (the
-// operator's and agent's scheme), as the cluster's admin.
-func TrellisClient(t *testing.T, c *cluster.Cluster) client.Client {
-	t.Helper()
-	ctrllog.SetLogger(logr.Discard()) // the client's own log is of no use to a test
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Timeout = 10 * time.Second
-	cl, err := testenv.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cl
-}
 
 // clusterNetwork is the ClusterNetwork "default".
 func clusterNetwork(ctx context.Context, t *testing.T, cl client.Client) *v1alpha1.ClusterNetwork {
@@ -50,19 +30,27 @@ func clusterNetwork(ctx context.Context, t *testing.T, cl client.Client) *v1alph
 	return cn
 }
 
-// KeepEncapsulation records the ClusterNetwork's encapsulation and, when the test ends,
-// puts it back and waits until the agents run it again (every node Ready in it), so
-// that the next suite finds the cluster as this one did. Call it before
-// SwitchEncapsulation.
-func KeepEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+// KeepClusterNetworkSpec records the ClusterNetwork's spec and, when the test ends, puts
+// it back if the test changed it, and waits until the agents run it again (every node
+// Ready in its encapsulation, the agents rolled out), so that the next suite finds the
+// cluster as this one did.
+func KeepClusterNetworkSpec(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 	t.Helper()
-	cl := TrellisClient(t, c)
-	prev := clusterNetwork(ctx, t, cl).Spec.Encapsulation
+	cl := TrellisClient(t, c, "")
+	saved := clusterNetwork(ctx, t, cl).Spec
+	prev := saved.Encapsulation
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		if cn := clusterNetwork(ctx, t, cl); cn.Spec.Encapsulation != prev {
-			patchEncapsulation(ctx, t, cl, cn, prev)
+		cn := clusterNetwork(ctx, t, cl)
+		if equality.Semantic.DeepEqual(cn.Spec, saved) {
+			return
+		}
+		orig := cn.DeepCopy()
+		cn.Spec = saved
+		if err := cl.Patch(ctx, cn, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			t.Errorf("putting the ClusterNetwork's spec back: %v", err)
+			return
 		}
 		// The agents report the mode they run: wait for it on every node (Ready), for the
 		// rollout the change started, and for it again from the new agents.
@@ -97,10 +85,11 @@ func KeepEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 }
 
 // SwitchEncapsulation sets the ClusterNetwork's spec.encapsulation to mode (the agents
-// follow: wait for them with WaitNodeNetworks and WaitAgentRollout).
+// follow: wait for them with WaitNodeNetworks and WaitAgentsRolledOut; call
+// KeepClusterNetworkSpec first, to put the mode back).
 func SwitchEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mode v1alpha1.Encapsulation) {
 	t.Helper()
-	cl := TrellisClient(t, c)
+	cl := TrellisClient(t, c, "")
 	patchEncapsulation(ctx, t, cl, clusterNetwork(ctx, t, cl), mode)
 }
 
@@ -118,7 +107,7 @@ func patchEncapsulation(ctx context.Context, t *testing.T, cl client.Client, cn 
 // (status.podCIDRs). A range in effect can't be removed: the change is for good.
 func AppendPodCIDR(ctx context.Context, t *testing.T, c *cluster.Cluster, cidr string) {
 	t.Helper()
-	cl := TrellisClient(t, c)
+	cl := TrellisClient(t, c, "")
 	cn := clusterNetwork(ctx, t, cl)
 	orig := cn.DeepCopy()
 	cn.Spec.PodCIDRs = append(cn.Spec.PodCIDRs, cidr)
@@ -137,10 +126,10 @@ func AppendPodCIDR(ctx context.Context, t *testing.T, c *cluster.Cluster, cidr s
 	})
 }
 
-// WaitAgentRollout waits up to timeout until the agent DaemonSet's rollout is complete
+// WaitAgentsRolledOut waits up to timeout until the agent DaemonSet's rollout is complete
 // (as `kubectl rollout status` says it): its current spec observed, and every scheduled
 // pod updated and available.
-func WaitAgentRollout(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
+func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/trellis-net/trellis/test/check"
@@ -23,24 +22,14 @@ import (
 // Suites on a shared cluster each work in namespaces of their own, so that one suite's
 // pods, Services and policies never meet another's, whatever order they run in.
 
-// Clientset is a client-go clientset of c, failing the test when there is none.
-func Clientset(t *testing.T, c *cluster.Cluster) kubernetes.Interface {
-	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client of cluster %s: %v", c.Name, err)
-	}
-	return kc
-}
-
-// CreateNamespace makes a namespace named prefix and a random suffix, and removes it when
-// the test ends: its pods first, waited for (so that a hostPort or an address they held is
-// free for the next suite), then the namespace itself, not waited for (the namespace
-// controller takes its time and nothing waits on the name).
-func CreateNamespace(ctx context.Context, t *testing.T, c *cluster.Cluster, prefix string) string {
+// UniqueNamespace makes a namespace named base and a random suffix for t alone, and
+// removes it when t ends: its pods first, waited for (so that a hostPort or an address
+// they held is free for the next suite), then the namespace itself, not waited for (the
+// namespace controller takes its time, and nothing uses the name again).
+func UniqueNamespace(ctx context.Context, t *testing.T, c *cluster.Cluster, base string) string {
 	t.Helper()
 	kc := Clientset(t, c)
-	ns, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}, metav1.CreateOptions{})
+	ns, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: base + "-"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating a namespace for the test: %v", err)
 	}
@@ -71,15 +60,16 @@ func CreateNamespace(ctx context.Context, t *testing.T, c *cluster.Cluster, pref
 	return name
 }
 
-// DeployPodsIn is DeployPods in namespace ns (CreateNamespace's), through the typed
-// client: the pods of specs (labelled name: <pod>), Ready, each checked to hold its
-// addresses in the network namespace opened for it.
-func DeployPodsIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, specs []PodSpec) map[string]Pod {
+// DeployPodsIn is DeployPods in namespace ns (UniqueNamespace's), through the typed
+// client: the pods of batch, labelled batch=<batch> and name=<name> (CreateServiceIn
+// selects by name), Ready, each checked to hold its addresses in the network namespace
+// opened for it.
+func DeployPodsIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, batch string, specs []PodSpec) map[string]Pod {
 	t.Helper()
 	kc := Clientset(t, c)
 	for _, ps := range specs {
 		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: ps.Name, Namespace: ns, Labels: map[string]string{"app": "e2e", "name": ps.Name}},
+			ObjectMeta: metav1.ObjectMeta{Name: ps.Name, Namespace: ns, Labels: map[string]string{"batch": batch, "name": ps.Name}},
 			Spec: corev1.PodSpec{
 				NodeName:                      ps.Node,
 				TerminationGracePeriodSeconds: ptr.To[int64](1),
@@ -178,10 +168,16 @@ func podIsReady(p *corev1.Pod) bool {
 	return false
 }
 
-// CreateServiceIn creates, in namespace ns, a ClusterIP Service named like the pod it
-// selects, port 80 to the pod's ServerPort, with ipFamilyPolicy (nil: the API server's
-// default, SingleStack), and returns its ClusterIPs, the primary first.
-func CreateServiceIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, policy *corev1.IPFamilyPolicy) []netip.Addr {
+// CreateServiceIn creates a ClusterIP Service in ns named like the pod it selects (by
+// its name label), port 80 to the pod's ServerPort, and returns its ClusterIP.
+func CreateServiceIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string) netip.Addr {
+	t.Helper()
+	return CreateServiceIPsIn(ctx, t, c, ns, pod, nil)[0]
+}
+
+// CreateServiceIPsIn is CreateServiceIn with spec.ipFamilyPolicy (nil: the API server's
+// default, SingleStack), returning every ClusterIP (spec.clusterIPs), the primary first.
+func CreateServiceIPsIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, policy *corev1.IPFamilyPolicy) []netip.Addr {
 	t.Helper()
 	svc, err := Clientset(t, c).CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns},
