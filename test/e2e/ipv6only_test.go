@@ -331,7 +331,7 @@ func testIPv6OnlyClusterDNS(t *testing.T, c *cluster.Cluster) {
 		{Name: "client", Node: node1.Name}, {Name: "server", Node: c.Nodes[1].Name}})
 	svc := framework.CreateServiceIn(ctx, t, c, ns, "server")
 	fqdn := "server." + ns + ".svc." + cluster.ClusterDomain
-	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer wcancel()
 	check.EventuallyCtx(wctx, t, time.Second, fqdn+" from "+node1.Name, func(ctx context.Context) error {
 		addrs, err := c.LookupFromNode(ctx, node1, fqdn)
@@ -350,17 +350,21 @@ func testIPv6OnlyClusterDNS(t *testing.T, c *cluster.Cluster) {
 		}
 	}
 	// agnhost netexec in the client pod dials "server" (no domain) on the Service's
-	// port: it resolves the name as any program in the pod does.
+	// port: it resolves the name as any program in the pod does. (Until kube-proxy has
+	// programmed the new Service, the name resolves and the connection is refused.)
 	q := url.Values{"host": {"server"}, "port": {"80"}, "request": {"hostname"}, "protocol": {"http"}, "tries": {"1"}}
 	dial := "http://" + netip.AddrPortFrom(client.IP, framework.ServerPort).String() + "/dial?" + q.Encode()
-	body, err := framework.HTTPGetFrom(ctx, client.NetNS, dial)
-	var answer struct{ Responses, Errors []string }
-	if err == nil {
-		err = json.Unmarshal([]byte(body), &answer)
-	}
-	if err != nil || len(answer.Responses) != 1 || answer.Responses[0] != "server" {
-		t.Errorf("the client pod reaching Service server by its short name: %q %v, want the server's hostname", body, err)
-	}
+	check.EventuallyCtx(wctx, t, time.Second, "the client pod reaching Service server by its short name", func(ctx context.Context) error {
+		body, err := framework.HTTPGetFrom(ctx, client.NetNS, dial)
+		var answer struct{ Responses, Errors []string }
+		if err == nil {
+			err = json.Unmarshal([]byte(body), &answer)
+		}
+		if err == nil && (len(answer.Responses) != 1 || answer.Responses[0] != "server") {
+			err = fmt.Errorf("answer %q, want the server's hostname", body)
+		}
+		return err
+	})
 }
 
 // testIPv6OnlyNATOutgoing: natOutgoing over IPv6 (checkNATOutgoing6).
