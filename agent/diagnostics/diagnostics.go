@@ -195,22 +195,38 @@ func readBounded(root *os.Root, name string) ([]byte, error) {
 }
 
 // iptables: the backend trellis writes to, and per table trellis's chains and the jumps
-// into them. Every table is listed in one iptables-save run without -t (with -t, the legacy
-// variant would load a table that isn't there).
+// into them, IPv4's (iptables/) and IPv6's (ip6tables/: the kernel keeps them apart, and
+// an IPv6 or dual-stack node's IPv6 rules are there). Every table is listed in one
+// iptables-save run without -t (with -t, the legacy variant would load a table that
+// isn't there).
 func (c *Collector) iptables(ctx context.Context, add func(string, string, error)) {
 	b, err := netfilter.DetectBackend()
 	if err != nil {
 		add("iptables/backend.txt", "", err)
 		return
 	}
-	save, err := run(ctx, b.Save)
 	var summary strings.Builder
 	fmt.Fprintf(&summary, "backend: %s (%s)\n", b.Mode, b.Save)
+	save, err := run(ctx, b.Save)
 	tables, byTable := FilterIPTablesSave(save)
 	fmt.Fprintf(&summary, "tables with trellis chains: %s\n", strings.Join(tables, ", "))
+	v6 := b.IPv6()
+	var tables6 []string
+	var byTable6 map[string]string
+	if _, lerr := exec.LookPath(v6.Save); lerr == nil {
+		save6, err6 := run(ctx, v6.Save)
+		err = errors.Join(err, err6)
+		tables6, byTable6 = FilterIPTablesSave(save6)
+		fmt.Fprintf(&summary, "ip6tables tables with trellis chains: %s\n", strings.Join(tables6, ", "))
+	} else {
+		fmt.Fprintf(&summary, "ip6tables: no %s on the node\n", v6.Save)
+	}
 	add("iptables/backend.txt", summary.String(), err)
 	for _, t := range tables {
 		add("iptables/"+t+".txt", byTable[t], nil)
+	}
+	for _, t := range tables6 {
+		add("ip6tables/"+t+".txt", byTable6[t], nil)
 	}
 }
 
@@ -280,7 +296,8 @@ func linkNames() map[int]string {
 	return names
 }
 
-// routes: the main table's routes trellis made, like `ip route show proto 201/202`.
+// routes: the main table's routes trellis made, of both families, like `ip route show
+// proto 201/202` and `ip -6 route show proto 201/202`.
 func routes() (string, error) {
 	names := linkNames()
 	var b strings.Builder
@@ -288,10 +305,14 @@ func routes() (string, error) {
 		proto netlink.RouteProtocol
 		what  string
 	}{{datapath.RouteProtocol, "routes to peer nodes' pod blocks (agent)"}, {cniPluginRouteProtocol, "routes to this node's pods (CNI plugin)"}} {
-		rs, err := netlinksafe.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Protocol: p.proto, Table: unix.RT_TABLE_MAIN},
-			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
-		if err != nil {
-			return b.String(), fmt.Errorf("listing routes of protocol %d: %w", p.proto, err)
+		var rs []netlink.Route
+		for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			fr, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Protocol: p.proto, Table: unix.RT_TABLE_MAIN},
+				netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return b.String(), fmt.Errorf("listing routes of protocol %d: %w", p.proto, err)
+			}
+			rs = append(rs, fr...)
 		}
 		fmt.Fprintf(&b, "# proto %d: %s, %d\n", p.proto, p.what, len(rs))
 		sort.Slice(rs, func(i, j int) bool { return rs[i].Dst.String() < rs[j].Dst.String() })
@@ -353,13 +374,15 @@ func vxlan() (string, error) {
 	for _, n := range fdb {
 		fmt.Fprintf(&b, "%s dst %s %s\n", n.HardwareAddr, n.IP, neighState(n.State))
 	}
-	b.WriteString("# neighbours (ip neigh show dev " + a.Name + ")\n")
-	nb, err := netlink.NeighList(a.Index, netlink.FAMILY_V4)
-	if err != nil {
-		return b.String(), fmt.Errorf("listing the neighbours of %s: %w", a.Name, err)
-	}
-	for _, n := range nb {
-		fmt.Fprintf(&b, "%s lladdr %s %s\n", n.IP, n.HardwareAddr, neighState(n.State))
+	b.WriteString("# neighbours (ip neigh show dev " + a.Name + "; ip -6 neigh show dev " + a.Name + ")\n")
+	for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		nb, err := netlink.NeighList(a.Index, family)
+		if err != nil {
+			return b.String(), fmt.Errorf("listing the neighbours of %s: %w", a.Name, err)
+		}
+		for _, n := range nb {
+			fmt.Fprintf(&b, "%s lladdr %s %s\n", n.IP, n.HardwareAddr, neighState(n.State))
+		}
 	}
 	return b.String(), nil
 }
@@ -391,13 +414,17 @@ func links() (string, error) {
 			continue
 		}
 		fmt.Fprintf(&b, "%d: %s <%s> mtu %d state %s type %s mac %s\n", a.Index, a.Name, a.Flags, a.MTU, a.OperState, l.Type(), a.HardwareAddr)
-		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_V4)
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			fmt.Fprintf(&b, "    (addresses: %v)\n", err)
 			continue
 		}
 		for _, ad := range addrs {
-			fmt.Fprintf(&b, "    inet %s\n", ad.IPNet)
+			inet := "inet"
+			if ad.IP.To4() == nil {
+				inet = "inet6"
+			}
+			fmt.Fprintf(&b, "    %s %s\n", inet, ad.IPNet)
 		}
 	}
 	return b.String(), nil

@@ -1,0 +1,168 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/test/cluster"
+)
+
+// The ClusterNetwork is state every suite on a cluster shares: a suite that changes it
+// puts it back when it ends.
+
+// clusterNetwork is the ClusterNetwork "default".
+func clusterNetwork(ctx context.Context, t *testing.T, cl client.Client) *v1alpha1.ClusterNetwork {
+	t.Helper()
+	cn := &v1alpha1.ClusterNetwork{}
+	if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
+		t.Fatalf("ClusterNetwork default: %v", err)
+	}
+	return cn
+}
+
+// KeepClusterNetworkSpec records the ClusterNetwork's spec and, when the test ends, puts
+// it back if the test changed it, and waits until the agents run it again (every node
+// Ready in its encapsulation, the agents rolled out), so that the next suite finds the
+// cluster as this one did.
+func KeepClusterNetworkSpec(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	cl := TrellisClient(t, c, "")
+	saved := clusterNetwork(ctx, t, cl).Spec
+	prev := saved.Encapsulation
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cn := clusterNetwork(ctx, t, cl)
+		if equality.Semantic.DeepEqual(cn.Spec, saved) {
+			return
+		}
+		orig := cn.DeepCopy()
+		cn.Spec = saved
+		if err := cl.Patch(ctx, cn, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			t.Errorf("putting the ClusterNetwork's spec back: %v", err)
+			return
+		}
+		// The agents report the mode they run: wait for it on every node (Ready), for the
+		// rollout the change started, and for it again from the new agents.
+		nodesIn := func() error {
+			return check.Until(ctx, time.Second, "every NodeNetwork Ready in "+string(prev)+" again", func(ctx context.Context) error {
+				var nns v1alpha1.NodeNetworkList
+				if err := cl.List(ctx, &nns); err != nil {
+					return err
+				}
+				if len(nns.Items) != len(c.Nodes) {
+					return fmt.Errorf("%d NodeNetworks for %d nodes", len(nns.Items), len(c.Nodes))
+				}
+				for _, nn := range nns.Items {
+					ready := false
+					for _, cond := range nn.Status.Conditions {
+						ready = ready || cond.Type == "Ready" && cond.Status == metav1.ConditionTrue
+					}
+					if nn.Status.Encapsulation != prev || !ready {
+						return fmt.Errorf("%s: %s, Ready %v", nn.Name, nn.Status.Encapsulation, ready)
+					}
+				}
+				return nil
+			})
+		}
+		for _, wait := range []func() error{nodesIn, func() error { return agentRolledOut(ctx, c) }, nodesIn} {
+			if err := wait(); err != nil {
+				t.Errorf("putting the encapsulation back to %s: %v", prev, err)
+				return
+			}
+		}
+	})
+}
+
+// SwitchEncapsulation sets the ClusterNetwork's spec.encapsulation to mode (the agents
+// follow: wait for them with WaitNodeNetworks and WaitAgentsRolledOut; call
+// KeepClusterNetworkSpec first, to put the mode back).
+func SwitchEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mode v1alpha1.Encapsulation) {
+	t.Helper()
+	cl := TrellisClient(t, c, "")
+	patchEncapsulation(ctx, t, cl, clusterNetwork(ctx, t, cl), mode)
+}
+
+func patchEncapsulation(ctx context.Context, t *testing.T, cl client.Client, cn *v1alpha1.ClusterNetwork, mode v1alpha1.Encapsulation) {
+	t.Helper()
+	orig := cn.DeepCopy()
+	cn.Spec.Encapsulation = mode
+	if err := cl.Patch(ctx, cn, client.MergeFrom(orig)); err != nil {
+		t.Fatalf("switching the ClusterNetwork to %s: %v", mode, err)
+	}
+}
+
+// AppendPodCIDR appends cidr to the ClusterNetwork's spec.podCIDRs (as docs/install.md
+// makes an IPv4 cluster dual-stack) and waits until the operator puts it in effect
+// (status.podCIDRs). A range in effect can't be removed: the change is for good.
+func AppendPodCIDR(ctx context.Context, t *testing.T, c *cluster.Cluster, cidr string) {
+	t.Helper()
+	cl := TrellisClient(t, c, "")
+	cn := clusterNetwork(ctx, t, cl)
+	orig := cn.DeepCopy()
+	cn.Spec.PodCIDRs = append(cn.Spec.PodCIDRs, cidr)
+	if err := cl.Patch(ctx, cn, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		t.Fatalf("appending %s to spec.podCIDRs: %v", cidr, err)
+	}
+	check.EventuallyCtx(ctx, t, time.Second, "status.podCIDRs to hold "+cidr, func(ctx context.Context) error {
+		cn := &v1alpha1.ClusterNetwork{}
+		if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
+			return err
+		}
+		if !slices.Contains(cn.Status.PodCIDRs, cidr) {
+			return fmt.Errorf("status.podCIDRs %v", cn.Status.PodCIDRs)
+		}
+		return nil
+	})
+}
+
+// WaitAgentsRolledOut waits up to timeout until the agent DaemonSet's rollout is complete
+// (as `kubectl rollout status` says it): its current spec observed, and every scheduled
+// pod updated and available.
+func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := agentRolledOut(ctx, c); err != nil {
+		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
+	}
+}
+
+func agentRolledOut(ctx context.Context, c *cluster.Cluster) error {
+	kc, err := c.Client()
+	if err != nil {
+		return err
+	}
+	return check.Until(ctx, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
+		ds, err := kc.AppsV1().DaemonSets("trellis-system").Get(ctx, "trellis-agent", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		return daemonSetRolledOut(ds)
+	})
+}
+
+// daemonSetRolledOut is nil when ds's rollout is complete, as kubectl's rollout status
+// judges a DaemonSet's.
+func daemonSetRolledOut(ds *appsv1.DaemonSet) error {
+	s := ds.Status
+	switch {
+	case ds.Generation > s.ObservedGeneration:
+		return fmt.Errorf("generation %d not yet observed (%d)", ds.Generation, s.ObservedGeneration)
+	case s.UpdatedNumberScheduled < s.DesiredNumberScheduled:
+		return fmt.Errorf("%d of %d pods updated", s.UpdatedNumberScheduled, s.DesiredNumberScheduled)
+	case s.NumberAvailable < s.DesiredNumberScheduled:
+		return fmt.Errorf("%d of %d updated pods available", s.NumberAvailable, s.DesiredNumberScheduled)
+	}
+	return nil
+}
