@@ -126,18 +126,6 @@ func AppendPodCIDR(ctx context.Context, t *testing.T, c *cluster.Cluster, cidr s
 	})
 }
 
-// WaitAgentsRolledOut waits up to timeout until the agent DaemonSet's rollout is complete
-// (as `kubectl rollout status` says it): its current spec observed, and every scheduled
-// pod updated and available.
-func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := agentRolledOut(ctx, c); err != nil {
-		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
-	}
-}
-
 func agentRolledOut(ctx context.Context, c *cluster.Cluster) error {
 	kc, err := c.Client()
 	if err != nil {
