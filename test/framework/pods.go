@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/test/cluster"
@@ -114,42 +115,7 @@ func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, 
 		if err != nil {
 			t.Fatalf("pod %s: %v", name, err)
 		}
-		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if err != nil {
-			t.Fatalf("pod %s's IP %q: %v", name, p.Status.PodIP, err)
-		}
-		if p.Spec.NodeName != node {
-			t.Fatalf("pod %s on %s, want %s", name, p.Spec.NodeName, node)
-		}
-		var ip6 netip.Addr
-		for _, pip := range p.Status.PodIPs {
-			if a, err := netip.ParseAddr(pip.IP); err == nil && a.Is6() {
-				ip6 = a
-			}
-		}
-		ns := PodNetns(t, string(p.UID))
-		// Make sure it is the pod's namespace: the pod IPs must be on its interfaces.
-		if err := netnstest.Enter(ns, func() error {
-			addrs, err := net.InterfaceAddrs()
-			if err != nil {
-				return err
-			}
-			for _, want := range []netip.Addr{ip, ip6} {
-				found := !want.IsValid()
-				for _, a := range addrs {
-					if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() == want {
-						found = true
-					}
-				}
-				if !found {
-					return fmt.Errorf("pod IP %s not among %v", want, addrs)
-				}
-			}
-			return nil
-		}); err != nil {
-			t.Fatalf("pod %s's network namespace: %v", name, err)
-		}
-		pods[name] = Pod{Node: node, IP: ip, IPv6: ip6, NetNS: ns}
+		pods[name] = openPod(t, p, node)
 	}
 	return pods
 }
@@ -317,4 +283,46 @@ func DeletePolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, bat
 	if _, err := c.Kubectl(ctx, "delete", "pod", "-n", PolicyNamespace, "-l", "batch="+batch, "--wait=true", "--timeout=60s"); err != nil {
 		t.Errorf("deleting the pods of %s: %v", batch, err)
 	}
+}
+
+// openPod checks that pod p runs on node and opens its network namespace (the one holding
+// its IPs).
+func openPod(t *testing.T, p *corev1.Pod, node string) Pod {
+	t.Helper()
+	ip, err := netip.ParseAddr(p.Status.PodIP)
+	if err != nil {
+		t.Fatalf("pod %s's IP %q: %v", p.Name, p.Status.PodIP, err)
+	}
+	if p.Spec.NodeName != node {
+		t.Fatalf("pod %s on %s, want %s", p.Name, p.Spec.NodeName, node)
+	}
+	var ip6 netip.Addr
+	for _, pip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(pip.IP); err == nil && a.Is6() {
+			ip6 = a
+		}
+	}
+	ns := PodNetns(t, string(p.UID))
+	// Make sure it is the pod's namespace: the pod IPs must be on its interfaces.
+	if err := netnstest.Enter(ns, func() error {
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return err
+		}
+		for _, want := range []netip.Addr{ip, ip6} {
+			found := !want.IsValid()
+			for _, a := range addrs {
+				if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() == want {
+					found = true
+				}
+			}
+			if !found {
+				return fmt.Errorf("pod IP %s not among %v", want, addrs)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("pod %s's network namespace: %v", p.Name, err)
+	}
+	return Pod{Node: node, IP: ip, IPv6: ip6, NetNS: ns}
 }

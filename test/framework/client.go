@@ -1,0 +1,40 @@
+package framework
+
+import (
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/test/cluster"
+	"github.com/trellis-net/trellis/test/testenv"
+)
+
+// Client is a controller-runtime client of the cluster with the scheme the operator and
+// the agent use (the built-in types, the Trellis API, ClusterNetworkPolicy), for the
+// objects c.Client()'s clientset has no typed calls for.
+func Client(t *testing.T, c *cluster.Cluster) client.Client {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		t.Fatalf("loading %s: %v", c.Kubeconfig, err)
+	}
+	cfg.Timeout = 10 * time.Second
+	kc, err := testenv.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
+// Clientset is c.Client(), failing t when it can't be made.
+func Clientset(t *testing.T, c *cluster.Cluster) kubernetes.Interface {
+	t.Helper()
+	kc, err := c.Client()
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	return kc
+}
