@@ -134,7 +134,7 @@ spec:
 	if err != nil {
 		t.Fatalf("mirror pod %s's IP %q: %v", s.mirror, p.Status.PodIP, err)
 	}
-	if block := nodeBlock(ctx, t, c, node.Name); !block.Contains(ip) {
+	if block := framework.NodeBlock(ctx, t, c, node.Name); !block.Contains(ip) {
 		t.Fatalf("static pod %s has IP %s, not from %s's block %s", s.mirror, ip, node.Name, block)
 	}
 	s.ip = ip
@@ -202,7 +202,7 @@ func (s *staticPod) survivesIPAMGC(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatalf("opening %s's IPAM store: %v", s.node.Name, err)
 	}
-	leak, err := store.Allocate(nodeBlock(ctx, t, s.c, s.node.Name), "e2e-static-leak-"+s.mirror, "eth0", "uid-of-a-pod-that-never-was")
+	leak, err := store.Allocate(framework.NodeBlock(ctx, t, s.c, s.node.Name), "e2e-static-leak-"+s.mirror, "eth0", "uid-of-a-pod-that-never-was")
 	store.Close()
 	if err != nil {
 		t.Fatalf("planting a leaked allocation: %v", err)

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,9 @@ import (
 // objects c.Client()'s clientset has no typed calls for.
 func Client(t *testing.T, c *cluster.Cluster) client.Client {
 	t.Helper()
+	if kc, ok := clients.Load(c); ok {
+		return kc.(client.Client)
+	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	if err != nil {
 		t.Fatalf("loading %s: %v", c.Kubeconfig, err)
@@ -26,8 +30,13 @@ func Client(t *testing.T, c *cluster.Cluster) client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return kc
+	got, _ := clients.LoadOrStore(c, kc)
+	return got.(client.Client)
 }
+
+// clients are the clients Client made, by cluster: one REST mapper per cluster, not one per
+// call in a wait.
+var clients sync.Map
 
 // Clientset is c.Client(), failing t when it can't be made.
 func Clientset(t *testing.T, c *cluster.Cluster) kubernetes.Interface {
