@@ -5,17 +5,18 @@ import (
 	"testing"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // Client is a controller-runtime client of the cluster with the scheme the operator and
-// the agent use (the built-in types, the Trellis API, ClusterNetworkPolicy), for the
-// objects c.Client()'s clientset has no typed calls for.
+// the agent use (the built-in types, the Trellis API, ClusterNetworkPolicy) and CRDs, for
+// the objects c.Client()'s clientset has no typed calls for.
 func Client(t *testing.T, c *cluster.Cluster) client.Client {
 	t.Helper()
 	if kc, ok := clients.Load(c); ok {
@@ -26,9 +27,16 @@ func Client(t *testing.T, c *cluster.Cluster) client.Client {
 		t.Fatalf("loading %s: %v", c.Kubeconfig, err)
 	}
 	cfg.Timeout = 10 * time.Second
-	kc, err := testenv.NewClient(cfg)
+	s, err := scheme.New()
+	if err == nil {
+		err = apiextensionsv1.AddToScheme(s)
+	}
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the scheme: %v", err)
+	}
+	kc, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatalf("a client of %s: %v", c.Name, err)
 	}
 	got, _ := clients.LoadOrStore(c, kc)
 	return got.(client.Client)
