@@ -5,10 +5,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/test/cluster"
@@ -27,6 +29,7 @@ func Client(t *testing.T, c *cluster.Cluster) client.Client {
 		t.Fatalf("loading %s: %v", c.Kubeconfig, err)
 	}
 	cfg.Timeout = 10 * time.Second
+	ctrllog.SetLogger(logr.Discard()) // the client's own log is of no use in a test
 	s, err := scheme.New()
 	if err == nil {
 		err = apiextensionsv1.AddToScheme(s)
