@@ -285,22 +285,30 @@ func setCNP(ctx context.Context, t *testing.T, c *cluster.Cluster, name, tier st
 	}
 	p.Name = name
 	kc := framework.Client(t, c)
-	var old policyv1beta1.ClusterNetworkPolicy
-	err := kc.Get(ctx, client.ObjectKey{Name: name}, &old)
-	switch {
-	case apierrors.IsNotFound(err):
-		err = kc.Create(ctx, &p)
+	created := false
+	// The operator writes the policy's status meanwhile: a conflict is retried.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var old policyv1beta1.ClusterNetworkPolicy
+		err := kc.Get(ctx, client.ObjectKey{Name: name}, &old)
+		switch {
+		case apierrors.IsNotFound(err):
+			created = true
+			return kc.Create(ctx, &p)
+		case err != nil:
+			return err
+		}
+		p.ResourceVersion = old.ResourceVersion
+		return kc.Update(ctx, &p)
+	})
+	if err != nil {
+		t.Fatalf("setting ClusterNetworkPolicy %s: %v\n%s", name, err, spec)
+	}
+	if created {
 		t.Cleanup(func() {
 			if err := kc.Delete(context.Background(), &p); err != nil && !apierrors.IsNotFound(err) {
 				t.Errorf("deleting ClusterNetworkPolicy %s: %v", name, err)
 			}
 		})
-	case err == nil:
-		p.ResourceVersion = old.ResourceVersion
-		err = kc.Update(ctx, &p)
-	}
-	if err != nil {
-		t.Fatalf("setting ClusterNetworkPolicy %s: %v\n%s", name, err, spec)
 	}
 }
 

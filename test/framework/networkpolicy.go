@@ -7,6 +7,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/test/cluster"
@@ -22,20 +23,29 @@ func SetPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, 
 	}
 	np.ObjectMeta = metav1.ObjectMeta{Name: name, Namespace: ns}
 	api := Clientset(t, c).NetworkingV1().NetworkPolicies(ns)
-	old, err := api.Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		_, err = api.Create(ctx, &np, metav1.CreateOptions{})
+	created := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		old, err := api.Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			created = true
+			_, err = api.Create(ctx, &np, metav1.CreateOptions{})
+			return err
+		case err != nil:
+			return err
+		}
+		np.ResourceVersion = old.ResourceVersion
+		_, err = api.Update(ctx, &np, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("setting NetworkPolicy %s/%s: %v", ns, name, err)
+	}
+	if created {
 		t.Cleanup(func() {
 			if err := api.Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				t.Errorf("deleting NetworkPolicy %s/%s: %v", ns, name, err)
 			}
 		})
-	case err == nil:
-		np.ResourceVersion = old.ResourceVersion
-		_, err = api.Update(ctx, &np, metav1.UpdateOptions{})
-	}
-	if err != nil {
-		t.Fatalf("setting NetworkPolicy %s/%s: %v", ns, name, err)
 	}
 }
