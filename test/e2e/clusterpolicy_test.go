@@ -254,11 +254,11 @@ func setCRD(ctx context.Context, kc client.Client, spec apiextensionsv1.CustomRe
 			return err
 		}
 		for _, cond := range crd.Status.Conditions {
-			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue && crd.Status.ObservedGeneration == crd.Generation {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
 				return nil
 			}
 		}
-		return fmt.Errorf("generation %d: %v", crd.Generation, crd.Status.Conditions)
+		return fmt.Errorf("conditions %v", crd.Status.Conditions)
 	})
 }
 
