@@ -229,7 +229,7 @@ demo: ## Bring up the local cluster with Trellis and show nodes, pod blocks, the
 	$(LOCALCLUSTER) demo
 
 .PHONY: e2e
-e2e: deps ## End-to-end tests on a fresh local cluster (TRELLIS_E2E_CNI=trellis|reference, TRELLIS_CLUSTER_REUSE=1 to reuse one).
+e2e: deps ## End-to-end tests on a fresh local cluster (TRELLIS_CLUSTER_REUSE=1 to reuse one).
 	hack/build-agnhost.sh >/dev/null
 	$(RUN_E2E)
 

@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 )
@@ -19,35 +23,63 @@ import (
 // host is sent from inside a network namespace entered with setns on a locked OS thread
 // (netnstest.Enter); nothing is configured in, or sent from, the root network namespace.
 
-// TestAgentDatapath runs the node agent's datapath tests on one IPv4 3-node cluster (all
-// nodes on one subnet, Trellis in VXLAN, the sample's mode): connectivity and MTU,
+// testAgentDatapath runs the node agent's datapath tests on the IPv4 cluster (all nodes
+// on one subnet, Trellis in VXLAN, the sample's mode): every node Ready, `make demo`'s
+// connectivity between every pair of nodes and through a Service, connectivity and MTU,
 // natOutgoing, a node added and removed, and the agent killed under traffic. Each subtest
 // leaves the cluster as it found it. The other modes, the live switch between them and a
 // node behind a router are TestDualStackCluster's, for both families.
 func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	if len(c.Nodes) != 3 {
-		t.Fatalf("%d nodes, want 3", len(c.Nodes))
+	if len(c.Nodes) < 3 {
+		t.Fatalf("%d nodes, want 3 or more", len(c.Nodes))
 	}
-	if mode := framework.ClusterEncapsulation(ctx, t, c); mode != "VXLAN" {
-		t.Fatalf("ClusterNetwork encapsulation %q at start, want VXLAN (the sample's)", mode)
+	// The pods' nodes, chosen: client and neighbour share node1, server is on node2, and
+	// node3 checks the hostPort from outside.
+	node1, node2, node3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	framework.WaitNodesReady(ctx, t, c, 2*time.Minute)
+	if mode := framework.GetClusterNetwork(ctx, t, c).Spec.Encapsulation; mode != v1alpha1.EncapsulationVXLAN {
+		t.Fatalf("ClusterNetwork encapsulation %q, want VXLAN (the sample's; a suite that changes it puts it back)", mode)
 	}
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
-	pods := framework.DeployPods(ctx, t, c, "main", []framework.PodSpec{
-		{Name: "client", Node: c.Nodes[0].Name},
-		{Name: "neighbour", Node: c.Nodes[0].Name},
-		{Name: "server", Node: c.Nodes[1].Name, HostPort: hostPort},
+
+	t.Run("Demo", func(t *testing.T) {
+		// What `make demo` shows right after bring-up: the ClusterNetwork Available, and
+		// an agnhost pod on every node reaching the one on every other node and the probe
+		// Service (kube-proxy). Its probe namespace goes when the subtest ends.
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := framework.DeleteNamespace(ctx, framework.Clientset(t, c), cluster.ProbeNamespace); err != nil {
+				t.Errorf("the demo's probes: %v", err)
+			}
+		})
+		var demo strings.Builder
+		if err := c.Demo(ctx, &demo); err != nil {
+			t.Errorf("demo: %v", err)
+		}
+		t.Logf("make demo:\n%s", demo.String())
+		if !regexp.MustCompile(`(?m)^default\s.*\sTrue\s+\S+$`).MatchString(demo.String()) {
+			t.Errorf("the demo's ClusterNetwork line is not Available:\n%s", demo.String())
+		}
+	})
+
+	ns := framework.UniqueNamespace(ctx, t, c, "datapath")
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "main", []framework.PodSpec{
+		{Name: "client", Node: node1.Name},
+		{Name: "neighbour", Node: node1.Name},
+		{Name: "server", Node: node2.Name, HostPort: hostPort},
 	})
 	client, server := pods["client"], pods["server"]
 	t.Logf("client %s on %s, server %s on %s", client.IP, client.Node, server.IP, server.Node)
 	serverAddr := netip.AddrPortFrom(server.IP, framework.ServerPort).String()
 	dp := datapathPods{client: client, neighbour: pods["neighbour"], server: server,
-		serverNode: c.Nodes[1], from: c.Nodes[2], svcIP: framework.CreateService(ctx, t, c, "server")}
-	underlayMTU := framework.LinkMTU(t, c.Nodes[0], "eth0")
+		serverNode: node2, from: node3, svcIP: framework.CreateServiceIn(ctx, t, c, ns, "server")}
+	underlayMTU := framework.LinkMTU(t, node1, "eth0")
 
 	checkDatapath(t, dp, "VXLAN", 4)
-	t.Run("VXLAN/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, "VXLAN", underlayMTU-50, c.Nodes[0], c.Nodes[1]) })
+	t.Run("VXLAN/MTU", func(t *testing.T) { checkModeMTU(ctx, t, c, "VXLAN", underlayMTU-50, node1, node2) })
 
 	t.Run("NATOutgoing", func(t *testing.T) {
 		// A pod reaching the external host is seen with its node's IP; a pod reaching
@@ -58,10 +90,10 @@ func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 		if err := framework.DialFrom(client.NetNS, netip.AddrPortFrom(ext.IP, 9000).String()); err != nil {
 			t.Fatalf("client pod -> external host %s:9000: %v", ext.IP, err)
 		}
-		if got, want := framework.WaitPeer(t, extPeer), c.Nodes[0].IP; got != want {
+		if got, want := framework.WaitPeer(t, extPeer), node1.IP; got != want {
 			t.Errorf("the external host saw the client pod as %s, want its node's IP %s (natOutgoing)", got, want)
 		} else {
-			t.Logf("external host saw the pod as %s (node1's IP)", got)
+			t.Logf("external host saw the pod as %s (%s's IP)", got, node1.Name)
 		}
 
 		podPeer := framework.AcceptOnce(t, server.NetNS, 9001)
@@ -83,27 +115,18 @@ func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 		p := framework.StartProber(t, client.NetNS, serverAddr)
 		defer p.Stop()
 		p.WaitFlowing(t, 30*time.Second)
+		killed := []cluster.Node{node1, node2}
 		state := map[string]kernelState{}
-		for _, n := range c.Nodes[:2] {
+		for _, n := range killed {
 			state[n.Name] = readKernelState(t, n)
 		}
+		restarts := framework.AgentRestarts(ctx, t, c)
 		snapshotAt := time.Now()
 		since := time.Now()
-		for _, n := range c.Nodes[:2] {
+		for _, n := range killed {
 			framework.KillAgent(t, n)
 		}
-		// Wait until the kubelet restarted both agents and they are Ready again.
-		deadline := time.Now().Add(2 * time.Minute)
-		for {
-			if framework.AgentsRestartedAndReady(ctx, t, c, c.Nodes[:2]) {
-				break
-			}
-			if time.Now().After(deadline) {
-				out, _ := c.Kubectl(ctx, "get", "pods", "-n", "trellis-system", "-o", "wide")
-				t.Fatalf("the killed agents are not back and Ready after 2m:\n%s", out)
-			}
-			time.Sleep(time.Second)
-		}
+		framework.WaitAgentsRestarted(ctx, t, c, killed, restarts, 2*time.Minute)
 		time.Sleep(5 * time.Second) // the restarted agents' first syncs
 		p.WaitFlowing(t, 10*time.Second)
 		gap, fails, total := p.GapSince(since)
@@ -114,7 +137,7 @@ func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 		}
 		// The restarted agents changed nothing: same device, same routes, and the
 		// iptables rules were not rewritten (their counters kept counting).
-		for _, n := range c.Nodes[:2] {
+		for _, n := range killed {
 			after := readKernelState(t, n)
 			for _, diff := range state[n.Name].changedIn(after) {
 				t.Errorf("%s: the restarted agent re-created what had not changed: %s", n.Name, diff)
@@ -137,39 +160,38 @@ func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 }
 
 // checkModeMTU checks, in mode, that the ClusterNetwork and every NodeNetwork report the
-// pod MTU want and that pods made now (on nodes a and b) get it and pass full-MTU
-// packets with DF set between each other.
+// pod MTU want and that pods made now (on nodes a and b, in a namespace of their own)
+// get it and pass full-MTU packets with DF set between each other.
 func checkModeMTU(ctx context.Context, t *testing.T, c *cluster.Cluster, mode string, want int, a, b cluster.Node) {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got := clusterMTU(ctx, t, c)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, mode+": the pod MTU "+strconv.Itoa(want)+" in the ClusterNetwork's and every NodeNetwork's status", func(ctx context.Context) error {
 		var bad []string
-		for _, nn := range framework.NodeNetworks(ctx, t, c) {
-			if nn.Status.MTU != want {
-				bad = append(bad, fmt.Sprintf("%s: %d", nn.Metadata.Name, nn.Status.MTU))
+		if got := framework.GetClusterNetwork(ctx, t, c).Status.MTU; int(got) != want {
+			bad = append(bad, fmt.Sprintf("ClusterNetwork: %d", got))
+		}
+		for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+			if int(nn.Status.MTU) != want {
+				bad = append(bad, fmt.Sprintf("%s: %d", nn.Name, nn.Status.MTU))
 			}
 		}
-		if got == want && len(bad) == 0 {
-			t.Logf("%s: ClusterNetwork status.mtu and every NodeNetwork's: %d", mode, got)
-			break
+		if len(bad) > 0 {
+			return fmt.Errorf("%s", strings.Join(bad, ", "))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: ClusterNetwork status.mtu %d, NodeNetworks %v; want %d", mode, got, bad, want)
-		}
-		time.Sleep(time.Second)
-	}
-	batch := "mtu-" + strings.ToLower(mode)
-	pods := framework.DeployPods(ctx, t, c, batch, []framework.PodSpec{{Name: batch + "-a", Node: a.Name}, {Name: batch + "-b", Node: b.Name}})
-	defer framework.DeletePods(ctx, t, c, batch)
+		return nil
+	})
+	t.Logf("%s: ClusterNetwork status.mtu and every NodeNetwork's: %d", mode, want)
+	ns := framework.UniqueNamespace(ctx, t, c, "mtu-"+strings.ToLower(mode))
+	pods := framework.DeployPodsIn(ctx, t, c, ns, "mtu", []framework.PodSpec{{Name: "a", Node: a.Name}, {Name: "b", Node: b.Name}})
 	var families []int // the pods' families: the same MTU for each
-	if pods[batch+"-a"].IP.Is4() {
+	if pods["a"].IP.Is4() {
 		families = append(families, 4)
 	}
-	if pods[batch+"-a"].IPv6.IsValid() {
+	if pods["a"].IPv6.IsValid() {
 		families = append(families, 6)
 	}
 	for _, f := range families {
-		checkMTU(t, pods[batch+"-a"], pods[batch+"-b"], want, f)
-		checkMTU(t, pods[batch+"-b"], pods[batch+"-a"], want, f)
+		checkMTU(t, pods["a"], pods["b"], want, f)
+		checkMTU(t, pods["b"], pods["a"], want, f)
 	}
 }

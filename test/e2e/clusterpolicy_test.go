@@ -4,14 +4,26 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/testenv"
@@ -22,7 +34,7 @@ import (
 // an edit reaching established connections, and the status the operator gathers from the
 // agents. The upstream conformance suite (make conformance-cnp) covers the API's rules
 // one by one; these cover how the tiers meet NetworkPolicy.
-func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, serverNode cluster.Node, server, client, friend framework.Pod, tcpAddr string) {
+func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string, serverNode cluster.Node, server, client, friend framework.Pod, tcpAddr string) {
 	allowClient := framework.IngressFrom("role: server", "role: client")
 	// Each subtest starts from client and friend both reaching the server.
 	start := func(t *testing.T) {
@@ -33,14 +45,12 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 
 	t.Run("AdminDenyBeatsNetworkPolicyAllow", func(t *testing.T) {
 		start(t)
-		framework.ApplyPolicy(ctx, t, c, "allow-client", allowClient)
-		defer framework.DeletePolicy(ctx, t, c, "allow-client")
+		framework.SetPolicy(ctx, t, c, ns, "allow-client", allowClient)
 		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second) // the NetworkPolicy is in force
 		if err := framework.DialEcho(client.NetNS, tcpAddr); err != nil {
 			t.Fatalf("client -> server under the NetworkPolicy allowing it: %v", err)
 		}
-		applyCNP(ctx, t, c, "admin-deny-client", "Admin", 10, serverSubject, ingressRules(rule("Deny", "role: client")))
-		defer deleteCNP(ctx, t, c, "admin-deny-client")
+		setCNP(ctx, t, c, "admin-deny-client", "Admin", 10, serverSubject(ns), ingressRules(rule(ns, "Deny", "role: client")))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		waitProgrammed(ctx, t, c, "admin-deny-client")
 	})
@@ -48,28 +58,24 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 	t.Run("PassDefersToNetworkPolicy", func(t *testing.T) {
 		start(t)
 		// Admin: Pass the client, Deny everyone else from the namespace.
-		applyCNP(ctx, t, c, "admin-pass", "Admin", 10, serverSubject, ingressRules(rule("Pass", "role: client"), rule("Deny", "")))
-		defer deleteCNP(ctx, t, c, "admin-pass")
+		setCNP(ctx, t, c, "admin-pass", "Admin", 10, serverSubject(ns), ingressRules(rule(ns, "Pass", "role: client"), rule(ns, "Deny", "")))
 		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
 		if err := framework.DialEcho(client.NetNS, tcpAddr); err != nil {
 			t.Fatalf("client -> server passed with no NetworkPolicy (default allow): %v", err)
 		}
 		// A NetworkPolicy isolating the server that doesn't admit the client now decides.
-		framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
-		defer framework.DeletePolicy(ctx, t, c, "deny-server")
+		framework.SetPolicy(ctx, t, c, ns, "deny-server", framework.DenyIngress("role: server"))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
-		framework.ApplyPolicy(ctx, t, c, "deny-server", allowClient)
+		framework.SetPolicy(ctx, t, c, ns, "deny-server", allowClient)
 		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
 	})
 
 	t.Run("BaselineDenyOverriddenByNetworkPolicyAllow", func(t *testing.T) {
 		start(t)
-		applyCNP(ctx, t, c, "baseline-deny", "Baseline", 10, serverSubject, ingressRules(rule("Deny", "")))
-		defer deleteCNP(ctx, t, c, "baseline-deny")
+		setCNP(ctx, t, c, "baseline-deny", "Baseline", 10, serverSubject(ns), ingressRules(rule(ns, "Deny", "")))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
-		framework.ApplyPolicy(ctx, t, c, "allow-client", allowClient)
-		defer framework.DeletePolicy(ctx, t, c, "allow-client")
+		framework.SetPolicy(ctx, t, c, ns, "allow-client", allowClient)
 		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
 		if err := framework.DialEcho(friend.NetNS, tcpAddr); err == nil {
 			t.Error("friend -> server allowed: the NetworkPolicy isolating the server doesn't admit it")
@@ -78,25 +84,22 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 
 	t.Run("Priorities", func(t *testing.T) {
 		start(t)
-		applyCNP(ctx, t, c, "deny-all", "Admin", 20, serverSubject, ingressRules(rule("Deny", "")))
-		defer deleteCNP(ctx, t, c, "deny-all")
-		applyCNP(ctx, t, c, "accept-client", "Admin", 10, serverSubject, ingressRules(rule("Accept", "role: client")))
-		defer deleteCNP(ctx, t, c, "accept-client")
+		setCNP(ctx, t, c, "deny-all", "Admin", 20, serverSubject(ns), ingressRules(rule(ns, "Deny", "")))
+		setCNP(ctx, t, c, "accept-client", "Admin", 10, serverSubject(ns), ingressRules(rule(ns, "Accept", "role: client")))
 		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
 		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
 		// The Accept moves behind the Deny.
-		applyCNP(ctx, t, c, "accept-client", "Admin", 30, serverSubject, ingressRules(rule("Accept", "role: client")))
+		setCNP(ctx, t, c, "accept-client", "Admin", 30, serverSubject(ns), ingressRules(rule(ns, "Accept", "role: client")))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 	})
 
 	t.Run("EditReachesEstablishedConnections", func(t *testing.T) {
 		start(t)
-		applyCNP(ctx, t, c, "edit-me", "Admin", 10, serverSubject, ingressRules(rule("Accept", "role: client")))
-		defer deleteCNP(ctx, t, c, "edit-me")
+		setCNP(ctx, t, c, "edit-me", "Admin", 10, serverSubject(ns), ingressRules(rule(ns, "Accept", "role: client")))
 		s := framework.StartStream(t, client.NetNS, tcpAddr)
 		defer s.Stop()
 		s.WaitFlowing(t)
-		applyCNP(ctx, t, c, "edit-me", "Admin", 10, serverSubject, ingressRules(rule("Deny", "role: client")))
+		setCNP(ctx, t, c, "edit-me", "Admin", 10, serverSubject(ns), ingressRules(rule(ns, "Deny", "role: client")))
 		enforced := framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		time.Sleep(time.Second)
 		if last := s.LastEcho(); last.After(enforced.Add(time.Second)) {
@@ -110,7 +113,7 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 
 	t.Run("EgressDenyToNetworksAndOwnNode", func(t *testing.T) {
 		start(t)
-		node := netip.MustParseAddr(nodeInternalIP(ctx, t, c, serverNode.Name))
+		node := framework.NodeInternalIP(ctx, t, c, serverNode.Name)
 		nodeNS := framework.OpenNetns(t, serverNode.NetNSPath())
 		framework.TCPEcho(t, nodeNS, 9300) // a host-network server on the server pod's node
 		nodeAddr := netip.AddrPortFrom(node, 9300).String()
@@ -118,8 +121,7 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 		// nodes peers are of the experimental channel; the local cluster installs the
 		// standard one (config/default): the node by its address.
 		egress := fmt.Sprintf("  egress:\n  - action: Deny\n    to:\n    - networks: [%s/32]\n  - action: Deny\n    to:\n    - networks: [%s/32]\n", server.IP, node)
-		applyCNP(ctx, t, c, "egress-deny", "Admin", 10, "  subject:\n    pods:\n      namespaceSelector: {}\n      podSelector: {matchLabels: {role: friend}}\n", egress)
-		defer deleteCNP(ctx, t, c, "egress-deny")
+		setCNP(ctx, t, c, "egress-deny", "Admin", 10, "  subject:\n    pods:\n      namespaceSelector: {}\n      podSelector: {matchLabels: {role: friend}}\n", egress)
 		framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second)
 		framework.WaitDenied(t, friend.NetNS, nodeAddr, 10*time.Second) // friend runs on that node: its own node too
 		if err := framework.DialEcho(client.NetNS, nodeAddr); err != nil {
@@ -150,18 +152,16 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 				}
 			}
 		}
-		internal := netip.AddrPortFrom(netip.MustParseAddr(nodeInternalIP(ctx, t, c, remote.Name)), port).String()
+		internal := netip.AddrPortFrom(framework.NodeInternalIP(ctx, t, c, remote.Name), port).String()
 		// The positive control: without the policy every address answers.
 		for _, addr := range append(targets, internal) {
 			framework.WaitAllowed(t, friend.NetNS, addr, 10*time.Second)
 		}
 		// Node peers are of the experimental channel of the CRD (the standard one prunes
-		// them): installed for this subtest, the standard one put back after.
-		applyCRDChannel(ctx, t, c, "experimental")
-		defer applyCRDChannel(ctx, t, c, "standard")
+		// them): installed for this subtest, the one installed before put back after.
+		useCRDChannel(ctx, t, c, "experimental")
 		egress := "  egress:\n  - action: Deny\n    to:\n    - nodes: {}\n"
-		applyCNP(ctx, t, c, "deny-nodes", "Admin", 10, "  subject:\n    pods:\n      namespaceSelector: {}\n      podSelector: {matchLabels: {role: friend}}\n", egress)
-		defer deleteCNP(ctx, t, c, "deny-nodes")
+		setCNP(ctx, t, c, "deny-nodes", "Admin", 10, "  subject:\n    pods:\n      namespaceSelector: {}\n      podSelector: {matchLabels: {role: friend}}\n", egress)
 		framework.WaitDenied(t, friend.NetNS, internal, 10*time.Second)
 		for _, addr := range targets {
 			if err := framework.DialEcho(friend.NetNS, addr); err == nil {
@@ -182,142 +182,175 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 // IPs its agent reports, where they differ from the InternalIP.
 func nodeNetworkAddrs(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) []netip.Addr {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "nodenetwork", node, "-o", "json")
-	if err != nil {
+	var nn v1alpha1.NodeNetwork
+	if err := framework.Client(t, c).Get(ctx, client.ObjectKey{Name: node}, &nn); err != nil {
 		t.Fatalf("NodeNetwork %s: %v", node, err)
 	}
-	var nn struct {
-		Spec   struct{ PodCIDRs []string }
-		Status struct{ NodeIP, NodeIPv6 string }
-	}
-	if err := json.Unmarshal([]byte(out), &nn); err != nil {
-		t.Fatalf("NodeNetwork %s: %v", node, err)
-	}
-	internal := nodeInternalIP(ctx, t, c, node)
+	internal := framework.NodeInternalIP(ctx, t, c, node)
 	var addrs []netip.Addr
 	for _, b := range nn.Spec.PodCIDRs {
 		if p, err := netip.ParsePrefix(b); err == nil && p.Addr().Is4() {
 			addrs = append(addrs, p.Masked().Addr().Next())
 		}
 	}
-	if a, err := netip.ParseAddr(nn.Status.NodeIP); err == nil && nn.Status.NodeIP != internal {
+	if a, err := netip.ParseAddr(nn.Status.NodeIP); err == nil && a != internal {
 		addrs = append(addrs, a)
 	}
 	if len(addrs) == 0 {
-		t.Fatalf("NodeNetwork %s holds no IPv4 block: %s", node, out)
+		t.Fatalf("NodeNetwork %s holds no IPv4 block: %+v", node, nn.Spec)
 	}
 	return addrs
 }
 
-// applyCRDChannel installs the ClusterNetworkPolicy CRD of channel (standard or
-// experimental) from config/crd/network-policy-api.
-func applyCRDChannel(ctx context.Context, t *testing.T, c *cluster.Cluster, channel string) {
+const cnpCRD = "clusternetworkpolicies.policy.networking.k8s.io"
+
+// useCRDChannel installs the ClusterNetworkPolicy CRD of channel (standard or
+// experimental) from config/crd/network-policy-api, and puts the one installed now back
+// when t ends.
+func useCRDChannel(ctx context.Context, t *testing.T, c *cluster.Cluster, channel string) {
 	t.Helper()
-	path := filepath.Join(testenv.RepoRoot(), "config/crd/network-policy-api", channel, "policy.networking.k8s.io_clusternetworkpolicies.yaml")
-	if _, err := c.Kubectl(ctx, "apply", "--server-side", "--force-conflicts", "-f", path); err != nil {
-		t.Fatalf("applying the %s ClusterNetworkPolicy CRD: %v", channel, err)
+	kc := framework.Client(t, c)
+	var was apiextensionsv1.CustomResourceDefinition
+	if err := kc.Get(ctx, client.ObjectKey{Name: cnpCRD}, &was); err != nil {
+		t.Fatalf("the ClusterNetworkPolicy CRD: %v", err)
 	}
-	if _, err := c.Kubectl(ctx, "wait", "--for=condition=Established", "--timeout=60s", "crd/clusternetworkpolicies.policy.networking.k8s.io"); err != nil {
-		t.Fatalf("the %s ClusterNetworkPolicy CRD: %v", channel, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := setCRD(ctx, kc, was.Spec); err != nil {
+			t.Errorf("putting the ClusterNetworkPolicy CRD back: %v", err)
+		}
+	})
+	path := filepath.Join(testenv.RepoRoot(), "config/crd/network-policy-api", channel, "policy.networking.k8s.io_"+strings.Split(cnpCRD, ".")[0]+".yaml")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crd apiextensionsv1.CustomResourceDefinition
+	if err := yaml.Unmarshal(b, &crd); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if err := setCRD(ctx, kc, crd.Spec); err != nil {
+		t.Fatalf("installing the %s ClusterNetworkPolicy CRD: %v", channel, err)
 	}
 }
 
-const serverSubject = "  subject:\n    pods:\n      namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: " + framework.PolicyNamespace + "}}\n      podSelector: {matchLabels: {role: server}}\n"
+// setCRD gives the ClusterNetworkPolicy CRD spec and waits until it is Established.
+func setCRD(ctx context.Context, kc client.Client, spec apiextensionsv1.CustomResourceDefinitionSpec) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := kc.Get(ctx, client.ObjectKey{Name: cnpCRD}, &crd); err != nil {
+			return err
+		}
+		crd.Spec = spec
+		return kc.Update(ctx, &crd)
+	})
+	if err != nil {
+		return err
+	}
+	return check.Until(ctx, 500*time.Millisecond, "the ClusterNetworkPolicy CRD Established", func(ctx context.Context) error {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := kc.Get(ctx, client.ObjectKey{Name: cnpCRD}, &crd); err != nil {
+			return err
+		}
+		for _, cond := range crd.Status.Conditions {
+			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("conditions %v", crd.Status.Conditions)
+	})
+}
 
-// rule is an ingress rule from the pods of the policy namespace matching labels ("" every pod).
-func rule(action, labels string) string {
-	return fmt.Sprintf("  - action: %s\n    from:\n    - pods:\n        namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}\n        podSelector: {matchLabels: {%s}}\n", action, framework.PolicyNamespace, labels)
+// serverSubject selects the server pods of namespace ns.
+func serverSubject(ns string) string {
+	return "  subject:\n    pods:\n      namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: " + ns + "}}\n      podSelector: {matchLabels: {role: server}}\n"
+}
+
+// rule is an ingress rule from the pods of namespace ns matching labels ("" every pod).
+func rule(ns, action, labels string) string {
+	return fmt.Sprintf("  - action: %s\n    from:\n    - pods:\n        namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: %s}}\n        podSelector: {matchLabels: {%s}}\n", action, ns, labels)
 }
 
 func ingressRules(rules ...string) string { return "  ingress:\n" + strings.Join(rules, "") }
 
-// applyCNP applies ClusterNetworkPolicy name (subject and rules as YAML under spec).
-func applyCNP(ctx context.Context, t *testing.T, c *cluster.Cluster, name, tier string, priority int, subject, rules string) {
+// setCNP creates or replaces ClusterNetworkPolicy name (subject and rules as YAML under
+// spec) and deletes it when t ends.
+func setCNP(ctx context.Context, t *testing.T, c *cluster.Cluster, name, tier string, priority int, subject, rules string) {
 	t.Helper()
-	manifest := fmt.Sprintf("apiVersion: policy.networking.k8s.io/v1beta1\nkind: ClusterNetworkPolicy\nmetadata:\n  name: %s\nspec:\n  tier: %s\n  priority: %d\n%s%s", name, tier, priority, subject, rules)
-	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
-		t.Fatalf("applying ClusterNetworkPolicy %s: %v\n%s", name, err, manifest)
+	spec := fmt.Sprintf("tier: %s\npriority: %d\n%s%s", tier, priority, unindent(subject), unindent(rules))
+	var p policyv1beta1.ClusterNetworkPolicy
+	if err := yaml.UnmarshalStrict([]byte(spec), &p.Spec); err != nil {
+		t.Fatalf("ClusterNetworkPolicy %s: %v\n%s", name, err, spec)
+	}
+	p.Name = name
+	kc := framework.Client(t, c)
+	created := false
+	// The operator writes the policy's status meanwhile: a conflict is retried.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var old policyv1beta1.ClusterNetworkPolicy
+		err := kc.Get(ctx, client.ObjectKey{Name: name}, &old)
+		switch {
+		case apierrors.IsNotFound(err):
+			created = true
+			return kc.Create(ctx, &p)
+		case err != nil:
+			return err
+		}
+		p.ResourceVersion = old.ResourceVersion
+		return kc.Update(ctx, &p)
+	})
+	if err != nil {
+		t.Fatalf("setting ClusterNetworkPolicy %s: %v\n%s", name, err, spec)
+	}
+	if created {
+		t.Cleanup(func() {
+			if err := kc.Delete(context.Background(), &p); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("deleting ClusterNetworkPolicy %s: %v", name, err)
+			}
+		})
 	}
 }
 
-func deleteCNP(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) {
-	t.Helper()
-	if _, err := c.Kubectl(ctx, "delete", "clusternetworkpolicy", name, "--ignore-not-found"); err != nil {
-		t.Errorf("deleting ClusterNetworkPolicy %s: %v", name, err)
+// unindent takes the two spaces a spec fragment has under spec: off each line.
+func unindent(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, "  ")
 	}
+	return strings.Join(lines, "\n")
 }
 
 // waitProgrammed waits for what a user checks: the policy's Programmed condition True at
 // its generation, and every node's NodeNetwork listing that generation.
 func waitProgrammed(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	var last string
-	for time.Now().Before(deadline) {
-		out, err := c.Kubectl(ctx, "get", "clusternetworkpolicy", name, "-o", "json")
-		if err == nil {
-			var p struct {
-				Metadata struct{ Generation int64 }
-				Status   struct {
-					Conditions []struct {
-						Type, Status, Reason, Message string
-						ObservedGeneration            int64
-					}
-				}
-			}
-			if err := json.Unmarshal([]byte(out), &p); err == nil {
-				for _, cond := range p.Status.Conditions {
-					if cond.Type == "Programmed" {
-						last = fmt.Sprintf("%s %s %s (generation %d of %d)", cond.Status, cond.Reason, cond.Message, cond.ObservedGeneration, p.Metadata.Generation)
-						if cond.Status == "True" && cond.ObservedGeneration == p.Metadata.Generation && nodesHold(ctx, c, name, p.Metadata.Generation) {
-							return
-						}
-					}
-				}
+	kc := framework.Client(t, c)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err := check.Until(wctx, 500*time.Millisecond, "ClusterNetworkPolicy "+name+" Programmed on every node", func(ctx context.Context) error {
+		var p policyv1beta1.ClusterNetworkPolicy
+		if err := kc.Get(ctx, client.ObjectKey{Name: name}, &p); err != nil {
+			return err
+		}
+		cond := meta.FindStatusCondition(p.Status.Conditions, "Programmed")
+		if cond == nil || cond.Status != metav1.ConditionTrue || cond.ObservedGeneration != p.Generation {
+			return fmt.Errorf("Programmed %+v at generation %d", cond, p.Generation)
+		}
+		var nns v1alpha1.NodeNetworkList
+		if err := kc.List(ctx, &nns); err != nil {
+			return err
+		}
+		for _, nn := range nns.Items {
+			if !slices.ContainsFunc(nn.Status.NetworkPolicy.ClusterNetworkPolicies, func(h v1alpha1.ClusterPolicyProgress) bool {
+				return h.Name == name && h.Generation == p.Generation
+			}) {
+				return fmt.Errorf("NodeNetwork %s holds %+v, not generation %d", nn.Name, nn.Status.NetworkPolicy.ClusterNetworkPolicies, p.Generation)
 			}
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	t.Errorf("ClusterNetworkPolicy %s not Programmed on every node within 30s; last: %s", name, last)
-}
-
-func nodesHold(ctx context.Context, c *cluster.Cluster, name string, generation int64) bool {
-	out, err := c.Kubectl(ctx, "get", "nodenetworks", "-o", "json")
+		return nil
+	})
 	if err != nil {
-		return false
+		t.Error(err)
 	}
-	var l struct {
-		Items []struct {
-			Status struct {
-				NetworkPolicy struct {
-					ClusterNetworkPolicies []struct {
-						Name       string
-						Generation int64
-					}
-				}
-			}
-		}
-	}
-	if json.Unmarshal([]byte(out), &l) != nil || len(l.Items) == 0 {
-		return false
-	}
-	for _, nn := range l.Items {
-		held := false
-		for _, p := range nn.Status.NetworkPolicy.ClusterNetworkPolicies {
-			held = held || p.Name == name && p.Generation == generation
-		}
-		if !held {
-			return false
-		}
-	}
-	return true
-}
-
-func nodeInternalIP(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) string {
-	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "node", node, "-o", `jsonpath={.status.addresses[?(@.type=="InternalIP")].address}`)
-	if err != nil || strings.TrimSpace(out) == "" {
-		t.Fatalf("node %s InternalIP: %q %v", node, out, err)
-	}
-	return strings.Fields(out)[0]
 }

@@ -5,8 +5,12 @@ package e2e
 import (
 	"math/rand/v2"
 	"os"
+	"os/exec"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/trellis-net/trellis/test/cluster"
 )
@@ -35,12 +39,59 @@ type suite struct {
 }
 
 // sharedCluster brings up the cluster of a top-level test (opts.Name prefixed with
-// TRELLIS_E2E_PREFIX) and marks the test parallel with the other clusters' tests.
+// TRELLIS_E2E_PREFIX), marks the test parallel with the other clusters' tests and, once
+// the cluster is removed, checks that nothing of it is left and that the root network
+// namespace is as it was before Up (unless the cluster is kept, TRELLIS_CLUSTER_REUSE=1).
 func sharedCluster(t *testing.T, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
 	t.Parallel()
 	opts.Name = os.Getenv(PrefixEnv) + opts.Name
-	return cluster.ForTest(t, opts)
+	rootBefore := rootNamespaceState(t)
+	var c *cluster.Cluster
+	// Registered before ForTest's cleanup (the cluster's Down), so it runs after it.
+	t.Cleanup(func() {
+		if c != nil && c.Shared {
+			t.Logf("the cluster is kept (%s=1): teardown not checked", cluster.ReuseEnv)
+			return
+		}
+		if left := cluster.Leftovers(opts); len(left) > 0 {
+			t.Errorf("left after teardown:\n  %s", strings.Join(left, "\n  "))
+		}
+		if after := rootNamespaceState(t); after != rootBefore {
+			t.Errorf("the root network namespace changed:\nbefore:\n%s\nafter:\n%s", rootBefore, after)
+		}
+	})
+	start := time.Now()
+	c = cluster.ForTest(t, opts)
+	t.Logf("%v ready after %v", c, time.Since(start).Round(100*time.Millisecond))
+	return c
+}
+
+var lifetimes = regexp.MustCompile(`\s*(valid|preferred)_lft \S+`)
+
+// rootNamespaceState is the root network namespace's addresses, routes, rules and
+// iptables rules, which a cluster must never touch.
+func rootNamespaceState(t *testing.T) string {
+	t.Helper()
+	var b strings.Builder
+	for _, args := range [][]string{
+		{"ip", "-o", "addr", "show"},
+		{"ip", "route", "show", "table", "all"},
+		{"ip", "rule", "show"},
+		{"iptables-save"},
+	} {
+		out, err := exec.Command(args[0], args[1:]...).Output()
+		if err != nil {
+			t.Fatalf("%s: %v (install iproute2 and iptables: hack/install-deps.sh)", strings.Join(args, " "), err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			// iptables-save's comment lines carry a timestamp, addresses their lifetimes.
+			if !strings.HasPrefix(line, "#") {
+				b.WriteString(lifetimes.ReplaceAllString(line, "") + "\n")
+			}
+		}
+	}
+	return b.String()
 }
 
 // runSuites runs the suites on c one after another, in order or shuffled (ShuffleEnv).

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 	"github.com/trellis-net/trellis/test/netnstest"
@@ -93,14 +93,11 @@ func checkDatapath(t *testing.T, p datapathPods, mode string, family int) {
 // retryDial connects from ns to addr until it works or timeout passes (a connection
 // right after a pod started may race its readiness or a route).
 func retryDial(ns *os.File, addr string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := framework.DialFrom(ns, addr)
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return check.Until(ctx, 500*time.Millisecond, "connecting to "+addr, func(context.Context) error {
+		return framework.DialFrom(ns, addr)
+	})
 }
 
 // checkMTU checks that a pod's interface has mtu and that a datagram filling it, sent
@@ -257,8 +254,7 @@ func peerStateOn(t *testing.T, n cluster.Node, block netip.Prefix, peerIP netip.
 // VXLAN route with neighbour and FDB entries for the block of the node at peerIP.
 func waitPeerState(t *testing.T, on []cluster.Node, block netip.Prefix, peerIP netip.Addr, want bool, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	check.Eventually(t, timeout, fmt.Sprintf("for %s (node %s), present=%v", block, peerIP, want), func() error {
 		var bad []string
 		for _, n := range on {
 			st := peerStateOn(t, n, block, peerIP)
@@ -268,25 +264,11 @@ func waitPeerState(t *testing.T, on []cluster.Node, block netip.Prefix, peerIP n
 				bad = append(bad, fmt.Sprintf("%s: %+v", n.Name, st))
 			}
 		}
-		if len(bad) == 0 {
-			return
+		if len(bad) > 0 {
+			return fmt.Errorf("%s", strings.Join(bad, "; "))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v, for %s (node %s), want present=%v: %s", timeout, block, peerIP, want, strings.Join(bad, "; "))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// clusterMTU is the ClusterNetwork's status.mtu.
-func clusterMTU(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
-	t.Helper()
-	out := framework.ClusterNetworkField(ctx, t, c, ".status.mtu")
-	mtu, err := strconv.Atoi(out)
-	if err != nil {
-		t.Fatalf("ClusterNetwork status.mtu %q: %v", out, err)
-	}
-	return mtu
+		return nil
+	})
 }
 
 // kernelState is what the agent programmed on a node, to tell whether a restarted agent
@@ -317,12 +299,12 @@ func readKernelState(t *testing.T, n cluster.Node) kernelState {
 		t.Fatalf("reading %s's routes: %v", n.Name, err)
 	}
 	slices.Sort(st.Routes)
-	out, err := exec.Command("nsenter", "--net="+n.NetNSPath(), "--", "iptables-save", "-c").Output()
+	out, err := framework.NodeOutput(n, "iptables-save", "-c")
 	if err != nil {
 		t.Fatalf("iptables-save in %s: %v", n.Name, err)
 	}
 	table := ""
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "*") {
 			table = line[1:]
 		}

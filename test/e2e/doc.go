@@ -4,7 +4,6 @@
 // so `go test ./...` leaves them out).
 //
 // Environment:
-//   - TRELLIS_E2E_CNI: trellis (default) or reference (the ptp + host-local stand-in);
 //   - TRELLIS_CLUSTER_REUSE=1: reuse a running cluster of the same shape, and leave the
 //     one the test brings up running (test/cluster.ForTest).
 package e2e

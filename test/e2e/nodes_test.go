@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,10 +13,12 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 )
@@ -26,10 +29,7 @@ import (
 // new node's block (route, neighbour and FDB entry in VXLAN) and the new node routes
 // theirs; once the node is gone, so are its routes everywhere and its NodeNetwork.
 func testNodeJoinsAndLeaves(ctx context.Context, t *testing.T, c *cluster.Cluster, dp datapathPods) {
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
+	kc := framework.Clientset(t, c)
 	before := slices.Clone(c.Nodes)
 	n, err := c.AddNode(ctx, testLog{t})
 	if err != nil {
@@ -51,31 +51,32 @@ func testNodeJoinsAndLeaves(ctx context.Context, t *testing.T, c *cluster.Cluste
 	// Node first, conflist second: Ready seen means the conflist was there before.
 	t0 := time.Now()
 	var confAt time.Time
-	deadline := t0.Add(3 * time.Minute)
-	for {
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	if err := check.Until(wctx, 100*time.Millisecond, n.Name+" Ready after joining", func(ctx context.Context) error {
 		node, err := kc.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-		ready := err == nil && isNodeReady(node)
 		_, statErr := os.Stat(conflist)
 		if statErr == nil && confAt.IsZero() {
 			confAt = time.Now()
 		}
-		if ready {
-			if statErr != nil {
-				t.Fatalf("%s is Ready but its conflist %s does not exist (%v)", n.Name, conflist, statErr)
-			}
-			break
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not Ready 3m after joining (conflist written: %v)\n%s", n.Name, !confAt.IsZero(), c.Diagnose(ctx))
+		if why := framework.NodeReady(node); why != "" {
+			return fmt.Errorf("not Ready (%s); conflist written: %v", why, !confAt.IsZero())
 		}
-		time.Sleep(100 * time.Millisecond)
+		if statErr != nil {
+			return check.Stop(fmt.Errorf("%s is Ready but its conflist %s does not exist (%w)", n.Name, conflist, statErr))
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
 	}
 	t.Logf("%s joined: conflist after %v, Ready after %v", n.Name, confAt.Sub(t0).Round(100*time.Millisecond), time.Since(t0).Round(100*time.Millisecond))
 
 	// A pod made the moment the node is Ready is networked.
-	pods := framework.DeployPods(ctx, t, c, "joined", []framework.PodSpec{{Name: "joined", Node: n.Name}})
-	joined := pods["joined"]
-	defer framework.DeletePods(ctx, t, c, "joined")
+	ns := framework.UniqueNamespace(ctx, t, c, "joined")
+	joined := framework.DeployPodsIn(ctx, t, c, ns, "joined", []framework.PodSpec{{Name: "joined", Node: n.Name}})["joined"]
 	for _, cn := range []struct {
 		what string
 		from *os.File
@@ -88,11 +89,13 @@ func testNodeJoinsAndLeaves(ctx context.Context, t *testing.T, c *cluster.Cluste
 			t.Errorf("%s (%s): %v", cn.what, cn.to, err)
 		}
 	}
+	// Gone before its node: a pod on a node that left would hold its namespace.
+	framework.DeletePodIn(ctx, t, c, ns, "joined")
 
-	block := nodeBlock(ctx, t, c, n.Name)
+	block := framework.NodeBlock(ctx, t, c, n.Name)
 	waitPeerState(t, before, block, n.IP, true, 30*time.Second)
 	for _, peer := range before {
-		waitPeerState(t, []cluster.Node{n}, nodeBlock(ctx, t, c, peer.Name), peer.IP, true, 30*time.Second)
+		waitPeerState(t, []cluster.Node{n}, framework.NodeBlock(ctx, t, c, peer.Name), peer.IP, true, 30*time.Second)
 	}
 	t.Logf("%d nodes route %s's block %s through VXLAN, and it routes theirs", len(before), n.Name, block)
 
@@ -103,43 +106,18 @@ func testNodeJoinsAndLeaves(ctx context.Context, t *testing.T, c *cluster.Cluste
 	removed = true
 	waitPeerState(t, c.Nodes, block, n.IP, false, time.Minute)
 	t.Logf("%s left: its routes, neighbour and FDB entries gone from every node %v after its Node was deleted", n.Name, time.Since(t0).Round(100*time.Millisecond))
-	for {
-		_, err := kc.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			if out, err := c.Kubectl(ctx, "get", "nodenetwork", n.Name, "--ignore-not-found", "-o", "name"); err == nil && strings.TrimSpace(out) == "" {
-				break
-			}
+	gctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	check.EventuallyCtx(gctx, t, 500*time.Millisecond, n.Name+"'s Node and NodeNetwork gone after it left", func(ctx context.Context) error {
+		if _, err := kc.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("Node still there (%v)", err)
 		}
-		if time.Since(t0) > time.Minute {
-			t.Fatalf("%s's Node or NodeNetwork still there a minute after it left", n.Name)
+		var nn v1alpha1.NodeNetwork
+		if err := framework.Client(t, c).Get(ctx, client.ObjectKey{Name: n.Name}, &nn); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("NodeNetwork still there (%v)", err)
 		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
-func isNodeReady(n *corev1.Node) bool {
-	for _, c := range n.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// nodeBlock is the pod block the operator gave node (its NodeNetwork's spec.podCIDR).
-func nodeBlock(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) netip.Prefix {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		out, err := c.Kubectl(ctx, "get", "nodenetwork", node, "-o", "jsonpath={.spec.podCIDR}")
-		if p, perr := netip.ParsePrefix(strings.TrimSpace(out)); err == nil && perr == nil {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no pod block for %s after a minute: %q %v", node, out, err)
-		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	})
 }
 
 // testLog turns progress lines into test log lines.

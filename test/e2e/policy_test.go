@@ -8,12 +8,19 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
@@ -29,22 +36,33 @@ import (
 func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	if len(c.Nodes) < 2 {
+		t.Fatalf("%d nodes, want 2 or more", len(c.Nodes))
+	}
+	// The pods' nodes, chosen: server and friend on serverNode (testDenyLogs reads the
+	// agent's log on c.Nodes[0]), client on clientNode.
+	serverNode, clientNode := c.Nodes[0], c.Nodes[1]
+	// DisableAndEnable and the deny log modes change the ClusterNetwork: put back at the end.
+	framework.KeepClusterNetworkSpec(ctx, t, c)
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	pods := framework.DeployPolicyPods(ctx, t, c, "main", []framework.PolicyPod{
-		{Name: "server", Node: c.Nodes[0].Name, Labels: "role: server"},
-		{Name: "client", Node: c.Nodes[1].Name, Labels: "role: client"},
-		{Name: "friend", Node: c.Nodes[0].Name, Labels: "role: friend"},
+	// The suite's namespace, removed at the end. Named framework.PolicyNamespace rather
+	// than uniquely because testDenyLogs names it so; CreateNamespace fails if an earlier
+	// suite left one.
+	ns := framework.CreateNamespace(ctx, t, c, framework.PolicyNamespace)
+	pods := framework.DeployPolicyPodsIn(ctx, t, c, ns, "main", []framework.PolicyPod{
+		{Name: "server", Node: serverNode.Name, Labels: "role: server"},
+		{Name: "client", Node: clientNode.Name, Labels: "role: client"},
+		{Name: "friend", Node: serverNode.Name, Labels: "role: friend"},
 	})
 	server, client, friend := pods["server"], pods["client"], pods["friend"]
-	serverNode := c.Nodes[0]
 	nodeNS := framework.OpenNetns(t, serverNode.NetNSPath())
 	framework.TCPEcho(t, server.NetNS, 9100)
 	framework.UDPEcho(t, server.NetNS, 9200)
 	tcpAddr := netip.AddrPortFrom(server.IP, 9100).String()
+	kc := framework.Clientset(t, c)
 
 	t.Run("NodeToPodUnderDefaultDenyIngress", func(t *testing.T) {
-		framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
-		defer framework.DeletePolicy(ctx, t, c, "deny-server")
+		framework.SetPolicy(ctx, t, c, ns, "deny-server", framework.DenyIngress("role: server"))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		if err := framework.DialEcho(nodeNS, tcpAddr); err != nil {
 			t.Errorf("node %s -> its pod %s under default-deny ingress: %v (the node's own traffic must pass)", serverNode.Name, tcpAddr, err)
@@ -54,14 +72,18 @@ func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 		if !strings.Contains(metrics, "trellis_policy_enforced 1") {
 			t.Errorf("trellis_policy_enforced is not 1 on %s", serverNode.Name)
 		}
-		if n := framework.MetricValue(metrics, `trellis_policy_denied_packets_total{direction="ingress",namespace="`+framework.PolicyNamespace+`",pod="server"}`); n < 1 {
+		if n := framework.MetricValue(metrics, `trellis_policy_denied_packets_total{direction="ingress",namespace="`+ns+`",pod="server"}`); n < 1 {
 			t.Errorf("trellis_policy_denied_packets_total for server ingress = %v after denied connections, want > 0", n)
 		}
-		// kubelet's readiness probe (TCP 8080) keeps passing: the pod stays Ready.
-		time.Sleep(3 * time.Second)
-		if out, err := c.Kubectl(ctx, "get", "pod", "-n", framework.PolicyNamespace, "server", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`); err != nil || strings.TrimSpace(out) != "True" {
-			t.Errorf("server Ready=%q (%v) under default-deny ingress: kubelet probes must pass", out, err)
-		}
+		// kubelet's readiness probe (TCP 8080, every second) keeps passing: the pod stays
+		// Ready.
+		check.Consistently(ctx, t, 3*time.Second, time.Second, "server Ready under default-deny ingress (kubelet probes must pass)", func(ctx context.Context) error {
+			p, err := kc.CoreV1().Pods(ns).Get(ctx, "server", metav1.GetOptions{})
+			if err == nil && !framework.PodReady(p) {
+				err = fmt.Errorf("not Ready: %v", p.Status.Conditions)
+			}
+			return err
+		})
 	})
 
 	t.Run("EstablishedConnectionDeniedWithin1s", func(t *testing.T) {
@@ -69,8 +91,7 @@ func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 		s := framework.StartStream(t, client.NetNS, tcpAddr)
 		defer s.Stop()
 		s.WaitFlowing(t)
-		framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
-		defer framework.DeletePolicy(ctx, t, c, "deny-server")
+		framework.SetPolicy(ctx, t, c, ns, "deny-server", framework.DenyIngress("role: server"))
 		enforced := framework.WaitDenied(t, friend.NetNS, tcpAddr, 10*time.Second) // the rules are in place
 		time.Sleep(1 * time.Second)
 		if last := s.LastEcho(); last.After(enforced.Add(time.Second)) {
@@ -82,8 +103,7 @@ func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 	})
 
 	t.Run("NamedPortUDP", func(t *testing.T) {
-		framework.ApplyPolicy(ctx, t, c, "udp-only", framework.IngressPorts("role: server", "{port: udp-echo, protocol: UDP}"))
-		defer framework.DeletePolicy(ctx, t, c, "udp-only")
+		framework.SetPolicy(ctx, t, c, ns, "udp-only", framework.IngressPorts("role: server", "{port: udp-echo, protocol: UDP}"))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		if err := framework.UDPRoundTrip(client.NetNS, netip.AddrPortFrom(server.IP, 9200).String()); err != nil {
 			t.Errorf("UDP to the named port udp-echo: %v", err)
@@ -95,13 +115,10 @@ func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 
 	t.Run("PodRecreatedOnSameIPWithOtherLabels", func(t *testing.T) {
 		// The server admits only pods labelled role=friend.
-		framework.ApplyPolicy(ctx, t, c, "friends", framework.IngressFrom("role: server", "role: friend"))
-		defer framework.DeletePolicy(ctx, t, c, "friends")
-		first := framework.DeployPolicyPods(ctx, t, c, "same-ip", []framework.PolicyPod{{Name: "twin", Node: serverNode.Name, Labels: "role: friend"}})["twin"]
+		framework.SetPolicy(ctx, t, c, ns, "friends", framework.IngressFrom("role: server", "role: friend"))
+		first := framework.DeployPolicyPodsIn(ctx, t, c, ns, "same-ip", []framework.PolicyPod{{Name: "twin", Node: serverNode.Name, Labels: "role: friend"}})["twin"]
 		framework.WaitAllowed(t, first.NetNS, tcpAddr, 10*time.Second)
-		if _, err := c.Kubectl(ctx, "delete", "pod", "-n", framework.PolicyNamespace, "twin", "--wait=true", "--timeout=60s"); err != nil {
-			t.Fatalf("deleting twin: %v", err)
-		}
+		framework.DeletePodIn(ctx, t, c, ns, "twin")
 		// The node's IPAM hands out addresses round robin; point it just before the old
 		// address so the next pod gets it again.
 		prev := first.IP.Prev()
@@ -109,95 +126,86 @@ func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 		if err := os.WriteFile(hint, []byte(prev.String()), 0o600); err != nil {
 			t.Fatalf("setting the IPAM hint: %v", err)
 		}
-		second := framework.DeployPolicyPods(ctx, t, c, "same-ip", []framework.PolicyPod{{Name: "twin", Node: serverNode.Name, Labels: "role: stranger"}})["twin"]
+		second := framework.DeployPolicyPodsIn(ctx, t, c, ns, "same-ip", []framework.PolicyPod{{Name: "twin", Node: serverNode.Name, Labels: "role: stranger"}})["twin"]
+		defer framework.DeletePodsIn(ctx, t, c, ns, "same-ip")
 		if second.IP != first.IP {
 			t.Fatalf("the re-created pod got %s, not %s: can't test address reuse", second.IP, first.IP)
 		}
 		if err := framework.DialEcho(second.NetNS, tcpAddr); err == nil {
 			t.Errorf("a pod re-created on %s with role=stranger reached the server: the old pod's friend membership is stale", second.IP)
 		}
-		framework.DeletePolicyPods(ctx, t, c, "same-ip")
 	})
 
 	t.Run("TerminatingPodStaysUnderItsPolicies", func(t *testing.T) {
 		// A pod in its termination grace period still runs: its ingress policy holds, and
 		// a terminating client keeps the access it drains its connections with.
-		framework.ApplyPolicy(ctx, t, c, "drain", framework.IngressFrom("role: drain-server", "role: drain-client"))
-		defer framework.DeletePolicy(ctx, t, c, "drain")
-		ds := framework.DeployPolicyPods(ctx, t, c, "drain", []framework.PolicyPod{
+		framework.SetPolicy(ctx, t, c, ns, "drain", framework.IngressFrom("role: drain-server", "role: drain-client"))
+		ds := framework.DeployPolicyPodsIn(ctx, t, c, ns, "drain", []framework.PolicyPod{
 			{Name: "drain-server", Node: serverNode.Name, Labels: "role: drain-server", Draining: true},
-			{Name: "drain-client", Node: c.Nodes[1].Name, Labels: "role: drain-client", Draining: true},
+			{Name: "drain-client", Node: clientNode.Name, Labels: "role: drain-client", Draining: true},
 		})
 		dsrv, dcli := ds["drain-server"], ds["drain-client"]
 		framework.TCPEcho(t, dsrv.NetNS, 9100)
 		addr := netip.AddrPortFrom(dsrv.IP, 9100).String()
 		framework.WaitAllowed(t, dcli.NetNS, addr, 10*time.Second)
 		framework.WaitDenied(t, client.NetNS, addr, 10*time.Second)
-		if _, err := c.Kubectl(ctx, "delete", "pod", "-n", framework.PolicyNamespace, "-l", "batch=drain", "--wait=false"); err != nil {
+		if err := kc.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "batch=drain"}); err != nil {
 			t.Fatalf("deleting the drain pods: %v", err)
 		}
-		defer framework.DeletePolicyPods(ctx, t, c, "drain")
+		defer framework.DeletePodsIn(ctx, t, c, ns, "drain")
 		for _, name := range []string{"drain-server", "drain-client"} {
-			if out, err := c.Kubectl(ctx, "get", "pod", "-n", framework.PolicyNamespace, name, "-o", "jsonpath={.metadata.deletionTimestamp}"); err != nil || strings.TrimSpace(out) == "" {
+			if p, err := kc.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp == nil {
 				t.Fatalf("%s has no deletionTimestamp after delete (%v)", name, err)
 			}
 		}
 		// Well inside the 30 s grace period, for 10 s: the stranger stays out, the client in.
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
+		check.Consistently(ctx, t, 10*time.Second, 500*time.Millisecond, "the terminating pods under their policy", func(context.Context) error {
 			if err := framework.DialEcho(client.NetNS, addr); err == nil {
-				t.Fatalf("a pod the policy doesn't admit reached %s while it was terminating", addr)
+				return fmt.Errorf("a pod the policy doesn't admit reached %s while it was terminating", addr)
 			}
 			if err := framework.DialEcho(dcli.NetNS, addr); err != nil {
-				t.Fatalf("the terminating client lost its access to the terminating server: %v", err)
+				return fmt.Errorf("the terminating client lost its access to the terminating server: %w", err)
 			}
-			time.Sleep(500 * time.Millisecond)
-		}
+			return nil
+		})
 	})
 
 	t.Run("DefaultDenyEgressFromFirstPacket", func(t *testing.T) {
-		framework.ApplyPolicy(ctx, t, c, "deny-early", "spec:\n  podSelector: {matchLabels: {role: early}}\n  policyTypes: [Egress]\n")
-		defer framework.DeletePolicy(ctx, t, c, "deny-early")
+		framework.SetPolicy(ctx, t, c, ns, "deny-early", "spec:\n  podSelector: {matchLabels: {role: early}}\n  policyTypes: [Egress]\n")
 		seen := framework.CountPeers(t, server.NetNS, 9300)
 		// The pod's very first process connects to the server; it must never get through.
-		manifest := fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: early, namespace: %s, labels: {role: early, batch: early}}
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 1
-  initContainers:
-  - name: first-packet
-    image: %s
-    args: ["connect", "%s", "--timeout=1s"]
-  containers:
-  - name: main
-    image: %s
-    args: ["pause"]
-`, framework.PolicyNamespace, c.Nodes[1].Name, images.AgnhostImage, netip.AddrPortFrom(server.IP, 9300), images.AgnhostImage)
-		if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
+		early := framework.NetexecPod(ns, "early", clientNode.Name, map[string]string{"role": "early", "batch": "early"})
+		early.Spec.InitContainers = []corev1.Container{{
+			Name:  "first-packet",
+			Image: images.AgnhostImage,
+			Args:  []string{"connect", netip.AddrPortFrom(server.IP, 9300).String(), "--timeout=1s"},
+		}}
+		early.Spec.Containers[0].Args = []string{"pause"}
+		early.Spec.Containers[0].Ports, early.Spec.Containers[0].ReadinessProbe = nil, nil
+		if _, err := kc.CoreV1().Pods(ns).Create(ctx, early, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("creating pod early: %v", err)
 		}
-		defer framework.DeletePolicyPods(ctx, t, c, "early")
+		defer framework.DeletePodsIn(ctx, t, c, ns, "early")
 		// Let the init container try (and be restarted) a few times.
-		deadline := time.Now().Add(60 * time.Second)
-		restarts := 0
-		for time.Now().Before(deadline) && restarts < 2 {
-			out, _ := c.Kubectl(ctx, "get", "pod", "-n", framework.PolicyNamespace, "early", "-o", "jsonpath={.status.initContainerStatuses[0].restartCount}")
-			restarts, _ = strconv.Atoi(strings.TrimSpace(out))
-			time.Sleep(time.Second)
-		}
-		if restarts < 2 {
-			t.Fatalf("the first-packet container was restarted %d times in 60s; can't tell whether it was blocked", restarts)
-		}
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		check.EventuallyCtx(wctx, t, time.Second, "the first-packet container restarted twice (else whether it was blocked can't be told)", func(ctx context.Context) error {
+			p, err := kc.CoreV1().Pods(ns).Get(ctx, "early", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if st := p.Status.InitContainerStatuses; len(st) == 0 || st[0].RestartCount < 2 {
+				return fmt.Errorf("init container statuses %+v", st)
+			}
+			return nil
+		})
 		if n := seen(); n > 0 {
 			t.Errorf("the server accepted %d connection(s) from a pod under default-deny egress", n)
 		}
 	})
 
 	t.Run("AgentKilledUnderDefaultDeny", func(t *testing.T) {
-		framework.ApplyPolicy(ctx, t, c, "friends-only", framework.IngressFrom("role: server", "role: friend"))
-		defer framework.DeletePolicy(ctx, t, c, "friends-only")
+		framework.SetPolicy(ctx, t, c, ns, "friends-only", framework.IngressFrom("role: server", "role: friend"))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 		denied := framework.StartProber(t, client.NetNS, tcpAddr)
 		allowed := framework.StartProber(t, friend.NetNS, tcpAddr)
@@ -205,17 +213,10 @@ spec:
 		defer allowed.Stop()
 		allowed.WaitFlowing(t, 10*time.Second)
 		before := readPolicyRules(t, serverNode)
+		restarts := framework.AgentRestarts(ctx, t, c)
 		t0 := time.Now()
-		for _, pid := range framework.AgentPids(t, serverNode) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-		deadline := time.Now().Add(90 * time.Second)
-		for !framework.AgentsRestartedAndReady(ctx, t, c, []cluster.Node{serverNode}) {
-			if time.Now().After(deadline) {
-				t.Fatal("the agent did not come back Ready within 90s")
-			}
-			time.Sleep(500 * time.Millisecond)
-		}
+		framework.KillAgent(t, serverNode)
+		framework.WaitAgentsRestarted(ctx, t, c, []cluster.Node{serverNode}, restarts, 90*time.Second)
 		time.Sleep(2 * time.Second)
 		if n := denied.SuccessesSince(t0); n > 0 {
 			t.Errorf("%d connection(s) the policy denies got through while the agent restarted", n)
@@ -233,17 +234,15 @@ spec:
 	t.Run("BadInputIsReportedNotFatal", func(t *testing.T) {
 		// No SCTP sockets on this kernel: an SCTP rule still loads and opens neither TCP
 		// nor UDP; the agent stays up.
-		framework.ApplyPolicy(ctx, t, c, "sctp", framework.IngressPorts("role: server", "{protocol: SCTP, port: 9100}"))
-		defer framework.DeletePolicy(ctx, t, c, "sctp")
+		framework.SetPolicy(ctx, t, c, ns, "sctp", framework.IngressPorts("role: server", "{protocol: SCTP, port: 9100}"))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
-		checkAgentsStable(ctx, t, c)
+		framework.CheckAgentsReady(ctx, t, c)
 	})
 
 	t.Run("DisableAndEnable", func(t *testing.T) {
-		framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
-		defer framework.DeletePolicy(ctx, t, c, "deny-server")
+		framework.SetPolicy(ctx, t, c, ns, "deny-server", framework.DenyIngress("role: server"))
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
-		framework.SetPolicyEnabled(ctx, t, c, false)
+		setPolicyEnabled(ctx, t, c, false)
 		framework.WaitPolicyEnforced(ctx, t, c, false, 3*time.Minute)
 		for _, n := range c.Nodes {
 			if left := trellisPolicyState(t, n); left != "" {
@@ -251,7 +250,7 @@ spec:
 			}
 		}
 		framework.WaitAllowed(t, client.NetNS, tcpAddr, 10*time.Second)
-		framework.SetPolicyEnabled(ctx, t, c, true)
+		setPolicyEnabled(ctx, t, c, true)
 		framework.WaitPolicyEnforced(ctx, t, c, true, 3*time.Minute)
 		framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
 	})
@@ -259,16 +258,21 @@ spec:
 	t.Run("AnotherCNIConfigShadowsTrellis", func(t *testing.T) {
 		// Another CNI's installer drops a configuration that sorts first: the runtime would
 		// wire new pods with it. The agent says so on its NodeNetwork and with an event.
-		node := c.Nodes[0]
+		node := serverNode
 		other := filepath.Join(node.CNIConfDir, "00-other.conflist")
 		if err := os.WriteFile(other, []byte(`{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"bridge"}]}`), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		defer os.Remove(other)
+		t.Cleanup(func() { os.Remove(other) })
 		waitCNIConfigInEffect(ctx, t, c, node.Name, "ConflistShadowed", "00-other.conflist")
-		out, err := c.Kubectl(ctx, "get", "events", "-A", "--field-selector", "reason=ConflistShadowed,involvedObject.name="+node.Name, "-o", "jsonpath={.items[*].message}")
-		if err != nil || !strings.Contains(out, "00-other.conflist") || !strings.Contains(out, "removeOtherCNIConfigs") {
-			t.Errorf("no ConflistShadowed event on NodeNetwork %s naming the file and removeOtherCNIConfigs: %q %v", node.Name, out, err)
+		events, err := kc.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=ConflistShadowed,involvedObject.name=" + node.Name})
+		if err != nil {
+			t.Fatalf("events: %v", err)
+		}
+		if !slices.ContainsFunc(events.Items, func(e corev1.Event) bool {
+			return strings.Contains(e.Message, "00-other.conflist") && strings.Contains(e.Message, "removeOtherCNIConfigs")
+		}) {
+			t.Errorf("no ConflistShadowed event on NodeNetwork %s naming the file and removeOtherCNIConfigs: %+v", node.Name, events.Items)
 		}
 		if err := os.Remove(other); err != nil {
 			t.Fatal(err)
@@ -277,13 +281,29 @@ spec:
 	})
 
 	t.Run("ClusterNetworkPolicy", func(t *testing.T) {
-		testClusterNetworkPolicy(ctx, t, c, serverNode, server, client, friend, tcpAddr)
+		testClusterNetworkPolicy(ctx, t, c, ns, serverNode, server, client, friend, tcpAddr)
 	})
 
 	// Last: the agents' calls through everything above, against their ClusterRole.
 	t.Run("DenyLogs", func(t *testing.T) { testDenyLogs(ctx, t, c, pods, tcpAddr) })
 
 	t.Run("AgentRoleIsWhatItCalls", func(t *testing.T) { checkAgentRole(t, c) })
+}
+
+// setPolicyEnabled sets the ClusterNetwork's spec.networkPolicy.enabled.
+func setPolicyEnabled(ctx context.Context, t *testing.T, c *cluster.Cluster, on bool) {
+	t.Helper()
+	kc := framework.Client(t, c)
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cn v1alpha1.ClusterNetwork
+		if err := kc.Get(ctx, client.ObjectKey{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
+			return err
+		}
+		cn.Spec.NetworkPolicy.Enabled = &on
+		return kc.Update(ctx, &cn)
+	}); err != nil {
+		t.Fatalf("setting spec.networkPolicy.enabled=%t: %v", on, err)
+	}
 }
 
 // readPolicyRules is the node's policy chains (iptables-save of the filter table's
@@ -324,33 +344,18 @@ func trellisPolicyState(t *testing.T, n cluster.Node) string {
 // node's CNIConfigInEffect condition to have reason, with a message containing mention.
 func waitCNIConfigInEffect(ctx context.Context, t *testing.T, c *cluster.Cluster, node, reason, mention string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		out, err := c.Kubectl(ctx, "get", "nodenetwork", node, "-o",
-			`jsonpath={.status.conditions[?(@.type=="CNIConfigInEffect")].reason}|{.status.conditions[?(@.type=="CNIConfigInEffect")].message}`)
-		got, msg, _ := strings.Cut(out, "|")
-		if err == nil && got == reason && strings.Contains(msg, mention) {
-			return
+	kc := framework.Client(t, c)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, fmt.Sprintf("NodeNetwork %s: CNIConfigInEffect %s mentioning %q", node, reason, mention), func(ctx context.Context) error {
+		var nn v1alpha1.NodeNetwork
+		if err := kc.Get(ctx, client.ObjectKey{Name: node}, &nn); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("NodeNetwork %s: CNIConfigInEffect %q after 30s, want reason %s mentioning %q (%v)", node, out, reason, mention, err)
+		cond := meta.FindStatusCondition(nn.Status.Conditions, "CNIConfigInEffect")
+		if cond == nil || cond.Reason != reason || !strings.Contains(cond.Message, mention) {
+			return fmt.Errorf("CNIConfigInEffect %+v", cond)
 		}
-		time.Sleep(time.Second)
-	}
-}
-
-// checkAgentsStable fails when an agent restarted or is not Ready.
-func checkAgentsStable(ctx context.Context, t *testing.T, c *cluster.Cluster) {
-	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "pods", "-n", "trellis-system", "-l", "app.kubernetes.io/name=trellis-agent",
-		"-o", `jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}{"\n"}{end}`)
-	if err != nil {
-		t.Fatalf("agent pods: %v", err)
-	}
-	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		f := strings.Fields(l)
-		if len(f) != 3 || f[1] != "true" {
-			t.Errorf("agent not Ready: %q", l)
-		}
-	}
+		return nil
+	})
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,60 +27,6 @@ func clusterNetwork(ctx context.Context, t *testing.T, cl client.Client) *v1alph
 		t.Fatalf("ClusterNetwork default: %v", err)
 	}
 	return cn
-}
-
-// KeepClusterNetworkSpec records the ClusterNetwork's spec and, when the test ends, puts
-// it back if the test changed it, and waits until the agents run it again (every node
-// Ready in its encapsulation, the agents rolled out), so that the next suite finds the
-// cluster as this one did.
-func KeepClusterNetworkSpec(ctx context.Context, t *testing.T, c *cluster.Cluster) {
-	t.Helper()
-	cl := TrellisClient(t, c, "")
-	saved := clusterNetwork(ctx, t, cl).Spec
-	prev := saved.Encapsulation
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		cn := clusterNetwork(ctx, t, cl)
-		if equality.Semantic.DeepEqual(cn.Spec, saved) {
-			return
-		}
-		orig := cn.DeepCopy()
-		cn.Spec = saved
-		if err := cl.Patch(ctx, cn, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
-			t.Errorf("putting the ClusterNetwork's spec back: %v", err)
-			return
-		}
-		// The agents report the mode they run: wait for it on every node (Ready), for the
-		// rollout the change started, and for it again from the new agents.
-		nodesIn := func() error {
-			return check.Until(ctx, time.Second, "every NodeNetwork Ready in "+string(prev)+" again", func(ctx context.Context) error {
-				var nns v1alpha1.NodeNetworkList
-				if err := cl.List(ctx, &nns); err != nil {
-					return err
-				}
-				if len(nns.Items) != len(c.Nodes) {
-					return fmt.Errorf("%d NodeNetworks for %d nodes", len(nns.Items), len(c.Nodes))
-				}
-				for _, nn := range nns.Items {
-					ready := false
-					for _, cond := range nn.Status.Conditions {
-						ready = ready || cond.Type == "Ready" && cond.Status == metav1.ConditionTrue
-					}
-					if nn.Status.Encapsulation != prev || !ready {
-						return fmt.Errorf("%s: %s, Ready %v", nn.Name, nn.Status.Encapsulation, ready)
-					}
-				}
-				return nil
-			})
-		}
-		for _, wait := range []func() error{nodesIn, func() error { return agentRolledOut(ctx, c) }, nodesIn} {
-			if err := wait(); err != nil {
-				t.Errorf("putting the encapsulation back to %s: %v", prev, err)
-				return
-			}
-		}
-	})
 }
 
 // SwitchEncapsulation sets the ClusterNetwork's spec.encapsulation to mode (the agents

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/test/cluster"
@@ -114,42 +115,7 @@ func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, 
 		if err != nil {
 			t.Fatalf("pod %s: %v", name, err)
 		}
-		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if err != nil {
-			t.Fatalf("pod %s's IP %q: %v", name, p.Status.PodIP, err)
-		}
-		if p.Spec.NodeName != node {
-			t.Fatalf("pod %s on %s, want %s", name, p.Spec.NodeName, node)
-		}
-		var ip6 netip.Addr
-		for _, pip := range p.Status.PodIPs {
-			if a, err := netip.ParseAddr(pip.IP); err == nil && a.Is6() {
-				ip6 = a
-			}
-		}
-		ns := PodNetns(t, string(p.UID))
-		// Make sure it is the pod's namespace: the pod IPs must be on its interfaces.
-		if err := netnstest.Enter(ns, func() error {
-			addrs, err := net.InterfaceAddrs()
-			if err != nil {
-				return err
-			}
-			for _, want := range []netip.Addr{ip, ip6} {
-				found := !want.IsValid()
-				for _, a := range addrs {
-					if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() == want {
-						found = true
-					}
-				}
-				if !found {
-					return fmt.Errorf("pod IP %s not among %v", want, addrs)
-				}
-			}
-			return nil
-		}); err != nil {
-			t.Fatalf("pod %s's network namespace: %v", name, err)
-		}
-		pods[name] = Pod{Node: node, IP: ip, IPv6: ip6, NetNS: ns}
+		pods[name] = openPod(t, p, node)
 	}
 	return pods
 }
@@ -269,58 +235,44 @@ type PolicyPod struct {
 	Draining bool
 }
 
-// DeployPolicyPods creates the policy tests' pods of batch in PolicyNamespace (labelled
-// with it and with each spec's Labels), waits until they are Ready and opens their
-// network namespaces, as DeployPods does for the datapath tests.
-func DeployPolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []PolicyPod) map[string]Pod {
+// openPod checks that pod p runs on node and opens its network namespace (the one holding
+// its IPs).
+func openPod(t *testing.T, p *corev1.Pod, node string) Pod {
 	t.Helper()
-	return DeployPolicyPodsIn(ctx, t, c, PolicyNamespace, batch, specs)
-}
-
-// DeployPolicyPodsIn is DeployPolicyPods in namespace ns (made if missing).
-func DeployPolicyPodsIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, batch string, specs []PolicyPod) map[string]Pod {
-	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", ns)
-	for _, ps := range specs {
-		grace, preStop := 1, ""
-		if ps.Draining {
-			grace, preStop = 30, "    lifecycle:\n      preStop:\n        exec: {command: [\"/agnhost\", \"pause\"]}\n"
+	ip, err := netip.ParseAddr(p.Status.PodIP)
+	if err != nil {
+		t.Fatalf("pod %s's IP %q: %v", p.Name, p.Status.PodIP, err)
+	}
+	if p.Spec.NodeName != node {
+		t.Fatalf("pod %s on %s, want %s", p.Name, p.Spec.NodeName, node)
+	}
+	var ip6 netip.Addr
+	for _, pip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(pip.IP); err == nil && a.Is6() {
+			ip6 = a
 		}
-		fmt.Fprintf(&b, `---
-apiVersion: v1
-kind: Pod
-metadata:
-  name: %s
-  namespace: %s
-  labels: {batch: %s, %s}
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: %d
-  containers:
-  - name: agnhost
-    image: %s
-    args: ["netexec", "--http-port=8080"]
-    ports:
-    - {name: http, containerPort: 8080}
-    - {name: tcp-echo, containerPort: 9100}
-    - {name: udp-echo, containerPort: 9200, protocol: UDP}
-    readinessProbe:
-      tcpSocket: {port: 8080}
-      periodSeconds: 1
-%s`, ps.Name, ns, batch, ps.Labels, ps.Node, grace, images.AgnhostImage, preStop)
 	}
-	nodes := map[string]string{}
-	for _, ps := range specs {
-		nodes[ps.Name] = ps.Node
+	ns := PodNetns(t, string(p.UID))
+	// Make sure it is the pod's namespace: the pod IPs must be on its interfaces.
+	if err := netnstest.Enter(ns, func() error {
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return err
+		}
+		for _, want := range []netip.Addr{ip, ip6} {
+			found := !want.IsValid()
+			for _, a := range addrs {
+				if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr() == want {
+					found = true
+				}
+			}
+			if !found {
+				return fmt.Errorf("pod IP %s not among %v", want, addrs)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("pod %s's network namespace: %v", p.Name, err)
 	}
-	return ApplyPods(ctx, t, c, b.String(), ns, batch, nodes)
-}
-
-// DeletePolicyPods deletes the pods of batch in PolicyNamespace and waits for them to go.
-func DeletePolicyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string) {
-	t.Helper()
-	if _, err := c.Kubectl(ctx, "delete", "pod", "-n", PolicyNamespace, "-l", "batch="+batch, "--wait=true", "--timeout=60s"); err != nil {
-		t.Errorf("deleting the pods of %s: %v", batch, err)
-	}
+	return Pod{Node: node, IP: ip, IPv6: ip6, NetNS: ns}
 }

@@ -2,18 +2,14 @@ package framework
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"testing"
-	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/versions"
@@ -101,35 +97,4 @@ func RequireNoTrellis(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 	default:
 		t.Fatalf("the test installs Trellis into a cluster without it, but %q has namespace %s (left by an earlier suite?)", c.Name, TrellisNamespace)
 	}
-}
-
-// WaitNodesReady waits until every node of c is Ready.
-func WaitNodesReady(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
-	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	check.EventuallyCtx(ctx, t, time.Second, "every node Ready", func(ctx context.Context) error {
-		nodes, err := kc.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		var notReady []string
-		for _, n := range nodes.Items {
-			ready := false
-			for _, cd := range n.Status.Conditions {
-				ready = ready || cd.Type == corev1.NodeReady && cd.Status == corev1.ConditionTrue
-			}
-			if !ready {
-				notReady = append(notReady, n.Name)
-			}
-		}
-		if len(notReady) > 0 || len(nodes.Items) != len(c.Nodes) {
-			return fmt.Errorf("%d nodes, not Ready: %v", len(nodes.Items), notReady)
-		}
-		return nil
-	})
 }

@@ -110,13 +110,3 @@ func (s *StaticPod) events(ctx context.Context, t *testing.T, c *cluster.Cluster
 	}
 	return b.String()
 }
-
-// PodReady reports whether pod p's Ready condition is true.
-func PodReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
