@@ -27,7 +27,7 @@ E2E_JSON ?= $(TRELLIS_CACHE)/e2e-results/last.json
 # that took 20 s or more, slowest first (what CI's time goes to).
 RUN_E2E = gts=$$(hack/build-gotestsum.sh) || exit 1; mkdir -p $(dir $(E2E_JSON)); \
 	"$$gts/gotestsum" --format pkgname-and-test-fails --format-icons text --jsonfile $(E2E_JSON) -- \
-		-tags e2e -count=1 -parallel=$(E2E_PARALLEL) -timeout=$(E2E_TIMEOUT) ./test/e2e/...; rc=$$?; \
+		-tags e2e -count=1 -parallel=$(E2E_PARALLEL) -timeout=$(E2E_TIMEOUT) ./e2e/...; rc=$$?; \
 	echo "e2e tests and subtests of 20 s or more:"; "$$gts/gotestsum" tool slowest --jsonfile $(E2E_JSON) --threshold 20s; \
 	exit $$rc
 # The fuzz runs of make test, as counts of inputs (about 10 s each on 2 CPUs), not durations:
@@ -77,16 +77,16 @@ generate: ## Generate DeepCopy methods.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 
 .PHONY: fmt
-fmt: ## go fmt.
-	go fmt ./...
+fmt: ## go fmt (both modules).
+	go fmt ./... && go -C test fmt ./...
 
 .PHONY: vet
-vet: ## go vet.
-	go vet ./...
+vet: ## go vet (both modules, and the e2e and conformance build tags).
+	go vet ./... && go -C test vet ./... && go -C test vet -tags e2e ./e2e/ && go -C test vet -tags conformance ./conformance/
 
 .PHONY: lint
 lint: ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(TRELLIS_CACHE) by hack/build-golangci-lint.sh).
-	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./...
+	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./... && (cd test && "$$bin/golangci-lint" run --config ../.golangci.yml ./...)
 
 .PHONY: deps
 deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus, the upstream e2e.test + ginkgo and gotestsum into $(TRELLIS_CACHE)).
@@ -111,7 +111,7 @@ test: ## Run every test, in timed stages (hack/test-stages.sh; budgets in docs/d
 # The stages of make test (each also runs alone; none runs deps first).
 .PHONY: test-go
 test-go: ## Stage of make test: go test ./... (unit, real kube-apiserver/etcd, real namespaces, containerd); needs make deps.
-	go test $(GO_TEST_FLAGS) ./...
+	go test $(GO_TEST_FLAGS) ./... && go -C test test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-fuzz
 test-fuzz: ## Stage of make test: short fuzz runs of the conflist parser and of ipBlock application.
@@ -133,7 +133,7 @@ conformance-cnp-ci: ## Stage of make test: the ClusterNetworkPolicy conformance 
 
 .PHONY: test-unit
 test-unit: ## Unit tests only, for the edit-test loop: go test -short ./... (no root, no cluster, no API server needed; root is fine too).
-	go test -short ./...
+	go test -short ./... && go -C test test -short ./...
 	@echo "test-unit: tests needing root/network namespaces, kube-apiserver/etcd, containerd or built binaries were skipped (go test -short -v shows which); make test runs them."
 
 .PHONY: verify
@@ -211,9 +211,9 @@ undeploy: ## Remove the operator.
 ##@ Local cluster
 
 # A local multi-node cluster: every node a network namespace with containerd, kubelet and
-# kube-proxy, a real control plane (test/cluster, hack/localcluster). Run as root.
+# kube-proxy, a real control plane (test/cluster, test/cmd/localcluster). Run as root.
 CLUSTER_FLAGS ?=
-LOCALCLUSTER := go run ./hack/localcluster
+LOCALCLUSTER := go -C test run ./cmd/localcluster
 
 .PHONY: cluster-up
 cluster-up: ## Bring up the local cluster (3 nodes, Trellis installed from config/). Options: CLUSTER_FLAGS="--cni reference --nodes 2 --remote-node --ip-family dual".
@@ -236,7 +236,7 @@ e2e: deps ## End-to-end tests on a fresh local cluster (TRELLIS_CLUSTER_REUSE=1 
 .PHONY: e2e-olm
 e2e-olm: deps ## Install Trellis N (hack/previous-release) with a real OLM on a local cluster "upgrade", then upgrade it to this tree under traffic (TestUpgradeCluster/OLMUpgrade alone).
 	hack/build-agnhost.sh >/dev/null
-	go test -tags e2e -count=1 -timeout 30m -v -run '^TestUpgradeCluster$$/^OLMUpgrade$$' ./test/e2e/
+	go -C test test -tags e2e -count=1 -timeout 30m -v -run '^TestUpgradeCluster$$/^OLMUpgrade$$' ./e2e/
 
 ##@ NetworkPolicy conformance
 
@@ -253,7 +253,7 @@ CONFORMANCE_CLUSTER ?= conf
 CONFORMANCE_MODE ?= subset
 CONFORMANCE_ENV = TRELLIS_CONFORMANCE_JUNIT=$(CURDIR)/$(CONFORMANCE_OUT)/junit.xml TRELLIS_CONFORMANCE_FAMILY=$(CONFORMANCE_FAMILY) \
 	TRELLIS_CONFORMANCE_STACK=$(CONFORMANCE_STACK) TRELLIS_CONFORMANCE_CLUSTER=$(CONFORMANCE_CLUSTER)
-CONFORMANCE_RUN = -tags conformance -count=1 -v -run '^TestNetworkPolicyConformance$$' ./test/conformance/
+CONFORMANCE_RUN = -tags conformance -count=1 -v -run '^TestNetworkPolicyConformance$$' ./conformance/
 
 .PHONY: conformance
 conformance: deps ## Every case cyclonus generates (230; ~82,000 probes per family) over IPv4 and over IPv6 on a fresh dual-stack local cluster (CONFORMANCE_FAMILY=dual|ipv4|ipv6, TRELLIS_CONFORMANCE_CNI=trellis|reference, TRELLIS_CLUSTER_REUSE=1).
@@ -296,7 +296,7 @@ bench-cni: ## CNI ADD/DEL latency, trellis vs ptp + host-local (root; own netns)
 	tmp="$${TMPDIR:-/tmp}/trlbench-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o "$$tmp/trellis" ./cmd/cni && \
-	go run ./test/bench/cni -reference-dir "$$tools" -trellis "$$tmp/trellis" $(BENCH_CNI_FLAGS)
+	go -C test run ./bench/cni -reference-dir "$$tools" -trellis "$$tmp/trellis" $(BENCH_CNI_FLAGS)
 
 # bench-datapath flags: -duration 3s -repeat 5 (per path and side), -sides (comma-separated, default all:
 # trellis,reference,flannel,no-nat,no-antispoof,no-rpfilter,no-dispatch,notrack,no-netfilter,bare,native-nft,notrack-vxlan; trellis always among them),
@@ -310,7 +310,7 @@ bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin 
 	tmp="$${TMPDIR:-/tmp}/trlb-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o "$$tmp/trellis" ./cmd/cni && \
-	go build -o "$$tmp/bench-datapath" ./test/bench/datapath && \
+	go -C test build -o "$$tmp/bench-datapath" ./bench/datapath && \
 	"$$tmp/bench-datapath" -trellis "$$tmp/trellis" $(BENCH_DATAPATH_FLAGS)
 
 BENCH_POLICY_FLAGS ?=
@@ -320,7 +320,7 @@ bench-policy: ## NetworkPolicy at 1,000 and 10,000 pods (1,000 NetworkPolicies, 
 	@hack/install-deps.sh && hack/build-k8s.sh >/dev/null && \
 	tmp="$${TMPDIR:-/tmp}/trlbp-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
-	go build -o "$$tmp/bench-policy" ./test/bench/policy && \
+	go -C test build -o "$$tmp/bench-policy" ./bench/policy && \
 	"$$tmp/bench-policy" $(BENCH_POLICY_FLAGS)
 
 NODES ?= 500,2000,5000
@@ -331,5 +331,5 @@ bench-scale: ## Operator and agent at NODES kwok nodes (default 500,2000,5000) o
 	@hack/install-deps.sh && hack/build-k8s.sh >/dev/null && hack/build-kwok.sh >/dev/null && \
 	tmp="$${TMPDIR:-/tmp}/trlbs-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \
-	go build -o "$$tmp/bench-scale" ./test/bench/scale && \
+	go -C test build -o "$$tmp/bench-scale" ./bench/scale && \
 	"$$tmp/bench-scale" -nodes "$(NODES)" $(BENCH_SCALE_FLAGS)

@@ -24,8 +24,8 @@ import (
 
 	v1alpha1 "github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // TestBlocksUniqueUnderLaggingCache: 1,000 nodes join and leave in bursts while the

@@ -14,7 +14,7 @@ import (
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // The API server takes the ClusterNetworkPolicy samples of config/samples as they are.

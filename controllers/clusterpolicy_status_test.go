@@ -27,14 +27,14 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // A ClusterNetworkPolicy's Programmed and FullyEnforced conditions follow what the agents
 // report in their NodeNetworks, as `kubectl get clusternetworkpolicy -o yaml` shows them.
 func TestClusterPolicyStatus(t *testing.T) {
-	if !served(t, cfg) { // test/testenv installs it; install it where it does not yet
+	if !served(t, cfg) { // internal/test/testenv installs it; install it where it does not yet
 		installClusterPolicyCRD(t)
 		if !served(t, cfg) {
 			t.Fatal("the ClusterNetworkPolicy CRD is installed but discovery does not show it")

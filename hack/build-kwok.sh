@@ -14,7 +14,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# test/versions derives the same path from the same version (Set.KwokDir).
+# internal/test/versions derives the same path from the same version (Set.KwokDir).
 BIN_DIR="${CACHE_ROOT}/tools/kwok-${KWOK_VERSION}"
 WORK_DIR="${CACHE_ROOT}/build/kwok-${KWOK_VERSION}"
 

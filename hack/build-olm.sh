@@ -23,7 +23,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 OLM_MODULE=github.com/operator-framework/operator-lifecycle-manager
 OPM_MODULE=github.com/operator-framework/operator-registry
 
-# test/bundle derives the opm path from the same version (test/versions).
+# test/bundle derives the opm path from the same version (internal/test/versions).
 OLM_BIN_DIR="${CACHE_ROOT}/tools/olm-${OLM_VERSION}"
 OPM_BIN_DIR="${CACHE_ROOT}/tools/opm-${OPM_VERSION}"
 

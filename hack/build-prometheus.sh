@@ -17,7 +17,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# test/versions derives the same path from the same version (Set.PrometheusDir).
+# internal/test/versions derives the same path from the same version (Set.PrometheusDir).
 BIN_DIR="${CACHE_ROOT}/tools/prometheus-${PROMETHEUS_VERSION}"
 WORK_DIR="${CACHE_ROOT}/build/prometheus-${PROMETHEUS_VERSION}"
 

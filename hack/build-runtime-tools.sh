@@ -14,7 +14,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# test/runtime and test/cluster derive the same path from the same versions (test/versions).
+# test/runtime and test/cluster derive the same path from the same versions (internal/test/versions).
 BIN_DIR="${CACHE_ROOT}/tools/cri-tools-${CRI_TOOLS_VERSION}_cni-plugins-${CNI_PLUGINS_VERSION}"
 CRI_WORK_DIR="${CACHE_ROOT}/build/cri-tools-${CRI_TOOLS_VERSION}"
 CNI_WORK_DIR="${CACHE_ROOT}/build/cni-plugins-${CNI_PLUGINS_VERSION}"

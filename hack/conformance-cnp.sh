@@ -6,13 +6,13 @@
 # the suite's conformance_profile_test.go does (test/cnp): the ClusterNetworkPolicy profile
 # plus the experimental features ClusterNetworkPolicyNamedPorts and
 # ClusterNetworkPolicyEgressNodePeers, writes the suite's ConformanceReport (YAML) and prints
-# "N passed, M failed, K skipped, E exempt (no kernel SCTP)" (hack/cnpsum). Root, like the
+# "N passed, M failed, K skipped, E exempt (no kernel SCTP)" (test/cmd/cnpsum). Root, like the
 # local cluster.
 #
 # This kernel has no SCTP. The suite's base runs without its SCTP servers
 # (test/cnp/base-no-sctp.patch, applied to a copy), its four SCTP-only tests are skipped
 # (SkipTests), and a failure of another test counts as exempt only when all its failures are
-# SCTP pokes the kernel refused (hack/cnpsum says how that is checked). README.md, "ClusterNetworkPolicy
+# SCTP pokes the kernel refused (test/cmd/cnpsum says how that is checked). README.md, "ClusterNetworkPolicy
 # conformance".
 #
 # Environment: CNP_CLUSTER (cluster name, default cnp), CNP_KEEP=1 (leave the cluster up),
@@ -24,7 +24,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 if [[ "${CNP_LIST:-0}" == 1 ]]; then
-  exec go run ./hack/cnpsum -list
+  exec go -C test run ./cmd/cnpsum -list
 fi
 
 start=${SECONDS}
@@ -46,17 +46,17 @@ patch -p1 --fuzz=0 --no-backup-if-mismatch -s -d test/cnp --input "${PWD}/test/c
 log "base: ${src}/conformance/base with test/cnp/base-no-sctp.patch (no SCTP servers)"
 
 # Built before the cluster: a compile error fails in seconds, not after the cluster.
-go test -tags cnp -c -o "${artifacts}/cnp.test" ./test/cnp
-go build -o "${artifacts}/cnpsum" ./hack/cnpsum
+go -C test test -tags cnp -c -o "${artifacts}/cnp.test" ./cnp
+go -C test build -o "${artifacts}/cnpsum" ./cmd/cnpsum
 hack/build-agnhost.sh >/dev/null
 hack/build-coredns.sh >/dev/null
 
 setup_start=${SECONDS}
-go run ./hack/localcluster up --name "${name}" --nodes 3 --cni trellis --dns
+go -C test run ./cmd/localcluster up --name "${name}" --nodes 3 --cni trellis --dns
 if [[ "${CNP_KEEP:-0}" != 1 ]]; then
-  trap 'go run ./hack/localcluster down --name "${name}"' EXIT
+  trap 'go -C test run ./cmd/localcluster down --name "${name}"' EXIT
 fi
-kubeconfig="$(go run ./hack/localcluster kubeconfig --name "${name}")"
+kubeconfig="$(go -C test run ./cmd/localcluster kubeconfig --name "${name}")"
 PATH="$(hack/build-k8s.sh | tail -1):${PATH}"
 export PATH
 k() { kubectl --kubeconfig="${kubeconfig}" "$@"; }

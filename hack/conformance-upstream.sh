@@ -51,12 +51,12 @@ if [[ "${UPSTREAM_LIST:-0}" == 1 ]]; then
 fi
 
 nodes=3
-go run ./hack/localcluster up --name "${name}" --nodes "${nodes}" --cni trellis --dns \
+go -C test run ./cmd/localcluster up --name "${name}" --nodes "${nodes}" --cni trellis --dns \
   --ip-family "${ip_family}"
 if [[ "${UPSTREAM_KEEP:-0}" != 1 ]]; then
-  trap 'go run ./hack/localcluster down --name "${name}"' EXIT
+  trap 'go -C test run ./cmd/localcluster down --name "${name}"' EXIT
 fi
-kubeconfig="$(go run ./hack/localcluster kubeconfig --name "${name}")"
+kubeconfig="$(go -C test run ./cmd/localcluster kubeconfig --name "${name}")"
 # The framework's RunHostCmd and friends shell out to kubectl (of the same release).
 PATH="$(hack/build-k8s.sh | tail -1):${PATH}"
 export PATH

@@ -25,7 +25,7 @@ declare -A packages=(
   [ping]=iputils-ping
   [iptables]=iptables # the portmap plugin, inside the node namespaces only
   [ipset]=ipset # agent/uninstall: trellis's sets are removed and others' left, in a namespace
-  # test/cluster (hack/localcluster, make e2e): kubelet, kube-proxy and the images' Debian
+  # test/cluster (test/cmd/localcluster, make e2e): kubelet, kube-proxy and the images' Debian
   # userspace (apt-get download + dpkg-deb, always there on Debian).
   [sysctl]=procps
   [unshare]=util-linux

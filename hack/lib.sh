@@ -2,7 +2,7 @@
 #
 # It loads hack/versions.env (a variable already set in the environment wins) and sets
 # CACHE_ROOT, where the builds go: $TRELLIS_CACHE, else $XDG_CACHE_HOME/trellis, else
-# ~/.cache/trellis (test/testenv.CacheDir finds the same).
+# ~/.cache/trellis (internal/test/testenv.CacheDir finds the same).
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 

@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/trellis-net/trellis/agent/cnimetrics"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // Whatever reaches the socket, only valid reports become samples: the rest is counted as

@@ -16,8 +16,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // Dual-stack pods on the topology of datapath_test.go: IPv6 pod traffic between nodes in
@@ -198,7 +198,7 @@ func TestDualStackDirectWithoutIPv6Underlay(t *testing.T) {
 	}
 	for _, p := range [][2]int{{0, 1}, {1, 0}} {
 		a, b := topo.nodes[p[0]], topo.nodes[p[1]]
-		if err := framework.Transfer(nsFile(t, a.pod), nsFile(t, b.pod), b.podIP6, 256<<10); err != nil {
+		if err := netnstest.Transfer(nsFile(t, a.pod), nsFile(t, b.pod), b.podIP6, 256<<10); err != nil {
 			t.Errorf("bulk IPv6 transfer %s -> %s at pod MTU 1500 through the 1450 tunnel: %v", a.name, b.name, err)
 		}
 		if p[0] != 0 {

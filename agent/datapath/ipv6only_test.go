@@ -13,8 +13,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/framework"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // IPv6-only nodes on the topology of datapath_test.go with no IPv4 at all on the nodes
@@ -120,7 +120,7 @@ func TestIPv6OnlyModes(t *testing.T) {
 	// pod learns no smaller path MTU (70 bytes is the whole overhead).
 	for _, p := range [][2]int{{0, 1}, {0, 2}} {
 		a, b := topo.nodes[p[0]], topo.nodes[p[1]]
-		if err := framework.Transfer(nsFile(t, a.pod), nsFile(t, b.pod), b.podIP6, 256<<10); err != nil {
+		if err := netnstest.Transfer(nsFile(t, a.pod), nsFile(t, b.pod), b.podIP6, 256<<10); err != nil {
 			t.Errorf("bulk transfer %s -> %s at pod MTU 1430 through the IPv6 tunnel: %v", a.name, b.name, err)
 		}
 		check.Must(t, a.pod.Do(func(ns.NetNS) error {

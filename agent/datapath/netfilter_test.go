@@ -13,8 +13,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // What the previous version's SyncIPTables wrote (iptables-restore input), and its jumps.

@@ -20,9 +20,9 @@ import (
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/cni/ipam"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/craft"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/craft"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 var (

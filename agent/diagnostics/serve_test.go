@@ -19,8 +19,8 @@ import (
 	"github.com/trellis-net/trellis/agent/diagnostics"
 	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // TestServerPublishesItsCertificate (a real kube-apiserver): with its port taken by

@@ -18,8 +18,8 @@ import (
 	"github.com/trellis-net/trellis/agent/ipamstatus"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/ipam"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 func TestCount(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/trellis-net/trellis/agent/ipset"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 func in(t *testing.T, n ns.NetNS, f func() error) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 func TestDetectBackend(t *testing.T) {

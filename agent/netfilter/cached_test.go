@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // SyncCached trusts its memory of the last sync: with it warm it runs no iptables-save and

@@ -14,7 +14,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // logged is a backend whose commands are scripts that append their arguments (and, for

@@ -13,7 +13,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // backends are the iptables variants the tests run with: both, always.

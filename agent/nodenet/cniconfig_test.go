@@ -20,8 +20,8 @@ import (
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // Another CNI's installer drops "00-other.conflist" into the conf dir after the agent

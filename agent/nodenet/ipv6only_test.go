@@ -17,8 +17,8 @@ import (
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // Two IPv6-only agents against a real API server: each Node has only an IPv6 InternalIP,

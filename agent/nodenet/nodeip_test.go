@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // The node IP comes from the flag, the configured interface, the Node's InternalIP or the

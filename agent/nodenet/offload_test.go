@@ -30,8 +30,8 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // brokenOffloadFilter is a classic BPF program (iptables -m bpf; this kernel has no tc

@@ -24,7 +24,7 @@ import (
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/internal/scheme"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // recorder is an Applier that keeps what it was given.

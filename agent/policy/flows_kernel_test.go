@@ -20,8 +20,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/craft"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/craft"
 )
 
 // rawFlow is a stream of packets of one IP protocol from one pod to another, answered: ICMP

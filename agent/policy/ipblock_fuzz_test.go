@@ -27,8 +27,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
-	"github.com/trellis-net/trellis/test/netnstest"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // ipBlockSeeds are the ipBlocks of issue 17 and their neighbours: cidr, space-separated

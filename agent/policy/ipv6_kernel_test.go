@@ -15,7 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // Kernel tests of the IPv6 rules (ip6tables, inet6 sets) between dual-stack pods, for both

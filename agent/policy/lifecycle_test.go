@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // Lifecycle: a pod is under its policies from its first packet to its last, and the

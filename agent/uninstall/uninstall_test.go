@@ -19,8 +19,8 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/uninstall"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // A node namespace with everything trellis programs and things of others beside it: the

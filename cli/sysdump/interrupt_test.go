@@ -13,7 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/trellis-net/trellis/cli"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // ^C in the middle of a dump stops it with exit 130 and leaves nothing in the directory:

@@ -14,7 +14,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/internal/cnicontract"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // agentBin is trellis-agent, built once for the test process; not under -short (make

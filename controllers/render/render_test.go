@@ -17,7 +17,7 @@ import (
 
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // apiServer defaults the specs the tests render: the renderer takes a spec as read back

@@ -16,8 +16,8 @@ import (
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/neighbours"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // Pod churn changes the kernel's link, route and neighbour tables while the agent and the

@@ -20,7 +20,7 @@ import (
 // k8sVersion is the Kubernetes release the project builds and tests against, MAJOR.MINOR
 // of hack/versions.env's K8S_VERSION (the environment's wins, as everywhere): the
 // deprecated-APIs and OperatorHub checks look for APIs removed by then. This module does
-// not import the repository's test/versions (that would pull the product's dependency
+// not import the repository's internal/test/versions (that would pull the product's dependency
 // graph in here), so it reads the one line itself.
 func k8sVersion(t *testing.T) string {
 	t.Helper()

@@ -19,8 +19,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/hack/olm/bundlegen"
-	"github.com/trellis-net/trellis/test/testenv"
-	"github.com/trellis-net/trellis/test/versions"
+	"github.com/trellis-net/trellis/internal/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/versions"
 )
 
 const stale = "run `make bundle catalog` and commit the result"

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // stateEntries are what Up creates in the state directory; Down removes only these (the

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster/forward"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // TestImageRootSeedsNodes imports an archive once and starts a containerd on a seeded

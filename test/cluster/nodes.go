@@ -14,11 +14,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/node"
 	"github.com/trellis-net/trellis/test/cluster/pki"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/cluster/topology"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // AddNode joins one more node to the running cluster, on the underlay, the way a new

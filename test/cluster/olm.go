@@ -13,11 +13,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // OLM v0 on the local cluster: its olm and catalog operators run as pods on host

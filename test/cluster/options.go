@@ -1,7 +1,7 @@
 // Package cluster brings up a local multi-node Kubernetes cluster on one machine, each
 // node a network namespace running containerd, a real kubelet and kube-proxy, with a real
 // control plane in a namespace of its own, and tears it down again leaving nothing behind.
-// hack/localcluster is its command line; e2e tests get a cluster with ForTest.
+// test/cmd/localcluster is its command line; e2e tests get a cluster with ForTest.
 //
 // What runs where:
 //
@@ -36,8 +36,8 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/cluster/topology"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // CNI selects the pod network.

@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // tools are the directories of what the cluster runs.
@@ -95,7 +95,7 @@ func findTools(ctx context.Context, opts Options) (tools, error) {
 }
 
 // coreDNSVersion is COREDNS_VERSION of the repository's hack/versions.env, the
-// environment's value winning as everywhere else (test/versions reads the others).
+// environment's value winning as everywhere else (internal/test/versions reads the others).
 func coreDNSVersion(root string) (string, error) {
 	const key = "COREDNS_VERSION"
 	if v := os.Getenv(key); v != "" {
@@ -154,7 +154,8 @@ func ensureBuilt(ctx context.Context, opts Options, root, script, dir string, fi
 	return dir, nil
 }
 
-// moduleRoot is the directory of the Trellis go.mod, found from the working directory.
+// moduleRoot is the repository's top directory (the product's go.mod), found from the
+// working directory, in the product module or the test module.
 func moduleRoot(ctx context.Context) (string, error) {
 	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
 	if err != nil {
@@ -165,10 +166,14 @@ func moduleRoot(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("run this inside the Trellis repository (go env GOMOD=%q)", gomod)
 	}
 	data, err := os.ReadFile(gomod)
-	if err != nil || !strings.Contains(string(data), "module github.com/trellis-net/trellis\n") {
-		return "", fmt.Errorf("%s is not the Trellis module: run this inside the Trellis repository", gomod)
+	switch {
+	case err == nil && strings.Contains(string(data), "module github.com/trellis-net/trellis\n"):
+		return filepath.Dir(gomod), nil
+	case err == nil && strings.Contains(string(data), "module github.com/trellis-net/trellis/test\n"):
+		// The test module (test/go.mod): the repository is its parent.
+		return filepath.Dir(filepath.Dir(gomod)), nil
 	}
-	return filepath.Dir(gomod), nil
+	return "", fmt.Errorf("%s is not the Trellis module: run this inside the Trellis repository", gomod)
 }
 
 // cgroupV1Mount is where the kubelets of the local cluster need the cgroup v1 cpuset

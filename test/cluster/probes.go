@@ -17,7 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster/images"
 )
 
@@ -305,7 +305,7 @@ func (c *Cluster) Demo(ctx context.Context, w io.Writer) error {
 	}
 	remove := "make cluster-down"
 	if c.Name != "trellis" {
-		remove = "go run ./hack/localcluster down --name " + c.Name
+		remove = "go -C test run ./cmd/localcluster down --name " + c.Name
 	}
 	fmt.Fprintf(w, "\nThe cluster keeps running. Use it with:\n  export KUBECONFIG=%s\nRemove it with: %s\n", c.Kubeconfig, remove)
 	if f := append(m.Failures(), dnsFailed...); len(f) > 0 {

@@ -10,13 +10,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/cluster/controlplane"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/cluster/node"
 	"github.com/trellis-net/trellis/test/cluster/pki"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/cluster/topology"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // Up brings the cluster of opts up and returns it once every node is Ready (see

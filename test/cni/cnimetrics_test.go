@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/trellis-net/trellis/agent/cnimetrics"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // The real plugin, driven by libcni as a runtime drives it, reports every command to the

@@ -27,8 +27,8 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/cni/veth"
-	"github.com/trellis-net/trellis/test/netnstest"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // pluginDir holds the trellis binary built once for the whole test process.

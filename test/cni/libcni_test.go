@@ -20,7 +20,7 @@ import (
 
 	"github.com/trellis-net/trellis/cni/plugin"
 	"github.com/trellis-net/trellis/cni/veth"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 func TestSpecVersions(t *testing.T) {

@@ -17,7 +17,7 @@ const BasePatch = "base-no-sctp.patch"
 // NoKernelSCTPTests are the suite's tests that open SCTP connections and nothing else:
 // this kernel has no SCTP (CONFIG_IP_SCTP unset, socket(..., IPPROTO_SCTP) fails with
 // EPROTONOSUPPORT), so they are skipped with the suite's SkipTests option. SCTP pokes in
-// other tests run and are judged by hack/cnpsum.
+// other tests run and are judged by test/cmd/cnpsum.
 var NoKernelSCTPTests = []string{
 	"CNPAdminTierEgressSCTP",
 	"CNPAdminTierIngressSCTP",

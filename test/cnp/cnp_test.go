@@ -29,7 +29,7 @@ import (
 var manifests embed.FS
 
 // HarnessFailure prefixes every failure of this file's own (not the suite's), so the
-// verdict (hack/cnpsum) tells them from the suite's.
+// verdict (test/cmd/cnpsum) tells them from the suite's.
 const HarnessFailure = "cnp-harness:"
 
 var (

@@ -26,10 +26,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // cyclonusVersion is the oracle's version (go.mod), reported with the results.

@@ -20,8 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/framework"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Kube is cyclonus's kube.IKubernetes for a local cluster: cyclonus's own client

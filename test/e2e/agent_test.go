@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
 )

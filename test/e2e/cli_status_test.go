@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/cli/status"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // testCLIStatus: on a healthy cluster `kubectl trellis status` exits 0 and shows every node

@@ -33,10 +33,10 @@ import (
 	"github.com/trellis-net/trellis/agent/diagnostics"
 	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // testCLISysdump: `kubectl trellis sysdump` as the cluster's admin (a client certificate)

@@ -23,10 +23,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // ClusterNetworkPolicy (policy.networking.k8s.io/v1beta1) on the local cluster, beside

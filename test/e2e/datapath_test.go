@@ -20,10 +20,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // What a user checks of a pod network in a given encapsulation: pods reach each other on

@@ -19,7 +19,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/topology"
 	"github.com/trellis-net/trellis/test/framework"
@@ -447,7 +448,7 @@ func testDualStackEncapsulationSwitch(t *testing.T, c *cluster.Cluster) {
 			t.Fatalf("a pod made in Direct has MTU %d, want %d", got, underlayMTU)
 		}
 		for _, family := range []int{4, 6} {
-			if err := framework.Transfer(a.NetNS, b.NetNS, b.Addr(family), 4<<20); err != nil {
+			if err := netnstest.Transfer(a.NetNS, b.NetNS, b.Addr(family), 4<<20); err != nil {
 				t.Errorf("4 MiB over TCP/IPv%d between pods made in Direct, now in VXLAN: %v", family, err)
 			}
 		}

@@ -21,10 +21,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/trellis-net/trellis/internal/metricsserving"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // monInterval is the test's Prometheus' scrape and rule evaluation interval: short, so

@@ -10,10 +10,10 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/audit"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/controlplane"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 const agentUser = "system:serviceaccount:trellis-system:trellis-agent"

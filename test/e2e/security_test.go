@@ -24,11 +24,11 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/metricsserving"
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/craft"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/craft"
 	"github.com/trellis-net/trellis/test/framework"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // What a security review checks on a running cluster: the agent runs with two

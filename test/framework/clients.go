@@ -10,8 +10,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // Clientset is c's client-go clientset (the admin's), failing the test when it can't be made.

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // DNSClient asks one DNS server directly, with sockets opened in a network namespace (a

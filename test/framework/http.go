@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"os"
 
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // HTTPGetFrom sends GET url from network namespace ns (its connection opened there) and

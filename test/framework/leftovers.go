@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/discovery"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // What an uninstall must leave behind: nothing of Trellis in the API or on the nodes.

@@ -8,8 +8,8 @@ import (
 	"os/exec"
 	"testing"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // OpenNetns opens the network namespace at path (a bind mount or /proc/PID/ns/net),

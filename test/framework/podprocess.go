@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // PodProcess is the pid of the process of the pod with this UID (found by its cgroup, as

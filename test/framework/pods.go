@@ -14,9 +14,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // PodNamespace holds the pods DeployPods makes; ServerPort is their agnhost netexec HTTP

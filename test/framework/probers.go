@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // Prober connects to a TCP address every 100 ms from a pod's network namespace.

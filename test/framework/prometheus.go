@@ -13,10 +13,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // Prometheus is a Prometheus server running on the cluster (hack/build-prometheus.sh's,

@@ -10,9 +10,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // TrellisNamespace is where Trellis is installed, by kustomize or by OLM.
@@ -93,7 +93,7 @@ func RequireNoTrellis(ctx context.Context, t *testing.T, c *cluster.Cluster) {
 		t.Fatalf("looking for namespace %s: %v", TrellisNamespace, err)
 	case c.Shared:
 		t.Fatalf("the test installs Trellis into a cluster without it, but the reused cluster %q has namespace %s: "+
-			"run `go run ./hack/localcluster down --name %s` or unset %s", c.Name, TrellisNamespace, c.Name, cluster.ReuseEnv)
+			"run `go -C test run ./cmd/localcluster down --name %s` or unset %s", c.Name, TrellisNamespace, c.Name, cluster.ReuseEnv)
 	default:
 		t.Fatalf("the test installs Trellis into a cluster without it, but %q has namespace %s (left by an earlier suite?)", c.Name, TrellisNamespace)
 	}

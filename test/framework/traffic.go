@@ -3,8 +3,6 @@ package framework
 import (
 	"bufio"
 	"errors"
-	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -13,51 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
-
-// Transfer sends size bytes over one TCP connection from namespace from to ip in
-// namespace to, and checks they all arrive within 30 s.
-func Transfer(from, to *os.File, ip netip.Addr, size int) error {
-	const port = 9300
-	var ln net.Listener
-	if err := netnstest.Enter(to, func() error {
-		var err error
-		ln, err = net.Listen("tcp", ":"+strconv.Itoa(port))
-		return err
-	}); err != nil {
-		return err
-	}
-	defer ln.Close()
-	got := make(chan int64, 1)
-	go func() {
-		conn, err := ln.Accept()
-		if err != nil {
-			got <- -1
-			return
-		}
-		defer conn.Close()
-		_ = conn.SetReadDeadline(time.Now().Add(30 * time.Second))
-		n, _ := io.Copy(io.Discard, conn)
-		got <- n
-	}()
-	if err := netnstest.Enter(from, func() error {
-		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, port).String(), 3*time.Second)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		_ = conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
-		_, err = conn.Write(make([]byte, size))
-		return err
-	}); err != nil {
-		return fmt.Errorf("sending: %w", err)
-	}
-	if n := <-got; n != int64(size) {
-		return fmt.Errorf("%d of %d bytes arrived", n, size)
-	}
-	return nil
-}
 
 // DialFrom connects to addr from the namespace ns and sends a line.
 func DialFrom(ns *os.File, addr string) error {

@@ -12,7 +12,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 const (

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 func build(t *testing.T, dir string) map[string]map[string]any {

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/gosource"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 // The alerts and the dashboard of config/prometheus/monitor are checked statically: the

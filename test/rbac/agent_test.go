@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // The agent's ClusterRole (config/agent) lets its service account read ClusterNetworkPolicies

@@ -45,9 +45,9 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/metricsserving"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/audit"
-	"github.com/trellis-net/trellis/test/check"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 const (

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/cluster/images"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 const (

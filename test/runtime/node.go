@@ -39,12 +39,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 	"github.com/trellis-net/trellis/test/containerd"
-	"github.com/trellis-net/trellis/test/netnstest"
-	"github.com/trellis-net/trellis/test/testenv"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 // crictlTimeout bounds one crictl call (runp and stopp take 1–2 s on a loaded machine).

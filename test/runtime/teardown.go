@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // namePrefix starts the name of every node network namespace, node directory (under

@@ -37,8 +37,8 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
 	"github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
-	"github.com/trellis-net/trellis/test/check"
 )
 
 // The environment of a child process: the harness runs the operator and each agent as

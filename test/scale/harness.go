@@ -1,5 +1,5 @@
 // Package scale runs Trellis against thousands of simulated nodes on a real API server:
-// kube-apiserver and etcd (test/testenv), kwok's controller (hack/build-kwok.sh) keeping
+// kube-apiserver and etcd (internal/test/testenv), kwok's controller (hack/build-kwok.sh) keeping
 // fake Nodes alive with heartbeats, the operator as a process of its own allocating their
 // blocks, their NodeNetworks' status written as their agents would, and real agents, each
 // in a network namespace of its own, programming routes, neighbours and FDB entries to
@@ -43,12 +43,12 @@ import (
 	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/test/check"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/versions"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
-	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
-	"github.com/trellis-net/trellis/test/testenv"
-	"github.com/trellis-net/trellis/test/versions"
 )
 
 const (

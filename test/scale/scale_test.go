@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // The test binary is also the operator's and the agents' process (RunChild).

@@ -14,8 +14,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // Preflight fails, saying what to install, unless the program runs as root and finds each

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // deadPid is above any pid_max: no process has it.

@@ -13,9 +13,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // childGrace is how long the runner may take, after an interrupt, to DEL what it added.

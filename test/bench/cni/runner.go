@@ -23,8 +23,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // opTimeout bounds one ADD or DEL; the plugins take milliseconds.

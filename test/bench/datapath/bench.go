@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 func logf(format string, args ...any) {

@@ -7,9 +7,9 @@ import (
 	"os/exec"
 	"strings"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // namePrefix is the base of every namespace and directory a run creates

@@ -20,8 +20,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/procs"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // The agent's settings the benchmark programs, the ClusterNetwork defaults.

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster/topology"
-	"github.com/trellis-net/trellis/test/netnstest"
 )
 
 // createUnderlay makes what every side shares: the local cluster's underlay

@@ -31,8 +31,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/internal/scheme"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
-	"github.com/trellis-net/trellis/test/check"
 )
 
 // event is one line the agent process prints on stdout.

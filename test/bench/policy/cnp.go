@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 const (

@@ -31,8 +31,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/trellis-net/trellis/internal/test/testenv"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
-	"github.com/trellis-net/trellis/test/testenv"
 )
 
 const base = "trlbp-"

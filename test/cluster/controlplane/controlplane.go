@@ -16,8 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/audit"
-	"github.com/trellis-net/trellis/test/check"
 	"github.com/trellis-net/trellis/test/cluster/forward"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )

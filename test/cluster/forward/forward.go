@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // DialInNetNS dials addr from inside the network namespace at nsPath (never the

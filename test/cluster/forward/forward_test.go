@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
 // TestServe relays a connection through Serve to a server on loopback in a test's

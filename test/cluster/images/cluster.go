@@ -11,7 +11,7 @@ import (
 	goruntime "runtime"
 	"strings"
 
-	"github.com/trellis-net/trellis/test/versions"
+	"github.com/trellis-net/trellis/internal/test/versions"
 )
 
 const (
@@ -187,7 +187,9 @@ func GoBuild(ctx context.Context, root, dir string, pkgs []string) error {
 	return goBuild(ctx, root, dir, TrellisVersion, pkgs)
 }
 
-// goBuild is GoBuild stamping version.
+// goBuild is GoBuild stamping version. Packages under ./test/ belong to the test module
+// (test/go.mod) and build in test/; the others build at root with the product's go.mod,
+// as `make build` builds them.
 func goBuild(ctx context.Context, root, dir, version string, pkgs []string) error {
 	goBin, err := goCommand()
 	if err != nil {
@@ -196,21 +198,45 @@ func goBuild(ctx context.Context, root, dir, version string, pkgs []string) erro
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("creating %s: %w", dir, err)
 	}
+	var product, tests []string
+	for _, p := range pkgs {
+		if rest, ok := strings.CutPrefix(p, "./test/"); ok {
+			tests = append(tests, "./"+rest)
+		} else {
+			product = append(product, p)
+		}
+	}
+	for _, b := range []struct {
+		dir  string
+		pkgs []string
+	}{{root, product}, {filepath.Join(root, "test"), tests}} {
+		if len(b.pkgs) == 0 {
+			continue
+		}
+		if err := goBuildIn(ctx, goBin, b.dir, dir, version, b.pkgs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func goBuildIn(ctx context.Context, goBin, moduleDir, dir, version string, pkgs []string) error {
 	args := append([]string{"build", "-trimpath",
 		"-ldflags=-s -w -X github.com/trellis-net/trellis/internal/version.Version=" + version,
 		"-o", dir + "/"}, pkgs...)
 	var out []byte
+	var err error
 	// Twice: a build cache trimmed by a concurrent go command fails a build once with
 	// "could not import ... (open : no such file or directory)".
 	for range 2 {
 		cmd := exec.CommandContext(ctx, goBin, args...)
-		cmd.Dir = root
+		cmd.Dir = moduleDir
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
 		if out, err = cmd.CombinedOutput(); err == nil {
 			return nil
 		}
 	}
-	return fmt.Errorf("go build %s in %s: %w\n%s", strings.Join(pkgs, " "), root, err, out)
+	return fmt.Errorf("go build %s in %s: %w\n%s", strings.Join(pkgs, " "), moduleDir, err, out)
 }
 
 // goCommand finds the go command: on PATH, else the toolchain this program was built with

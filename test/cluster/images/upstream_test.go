@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/netnstest"
-	"github.com/trellis-net/trellis/test/testenv"
+	"github.com/trellis-net/trellis/internal/test/netnstest"
+	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 
 // TestUpstreamImagesRunWhatTheTestsExec builds the upstream e2e images' contents from this

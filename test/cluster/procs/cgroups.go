@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // CgroupHierarchies lists the mount points of the cgroup (v1, named ones included) and

@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 // SbinPath is the PATH the cluster's processes get: a non-login PATH may lack the sbin

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster/procs"
 )
 

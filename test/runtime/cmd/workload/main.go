@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trellis-net/trellis/test/check"
+	"github.com/trellis-net/trellis/internal/test/check"
 )
 
 func main() {

@@ -159,7 +159,7 @@ func Parse(r io.Reader) (map[string]string, error) {
 // binary built with -trimpath or moved elsewhere, run inside the repository).
 func path() (string, error) {
 	if _, file, _, ok := runtime.Caller(0); ok {
-		p := filepath.Join(filepath.Dir(file), "..", "..", File)
+		p := filepath.Join(filepath.Dir(file), "..", "..", "..", File)
 		if _, err := os.Stat(p); err == nil {
 			return filepath.Clean(p), nil
 		}

@@ -12,8 +12,8 @@
 // (this kernel has no SCTP: socket(AF_INET, SOCK_STREAM, IPPROTO_SCTP) is
 // EPROTONOSUPPORT). Every other failure fails the run.
 //
-//	go test -json ... | go run ./hack/cnpsum -echo -src DIR -skip A,B -report FILE
-//	go run ./hack/cnpsum -list   # the suite's tests, those skipped marked; no cluster
+//	go test -json ... | go -C test run ./cmd/cnpsum -echo -src DIR -skip A,B -report FILE
+//	go -C test run ./cmd/cnpsum -list   # the suite's tests, those skipped marked; no cluster
 package main
 
 import (

@@ -2,10 +2,10 @@
 // every node a network namespace with containerd, kubelet and kube-proxy, and removes it
 // again (package test/cluster does the work). Run it as root from the repository:
 //
-//	go run ./hack/localcluster up [--nodes 3] [--cni trellis|reference|none] [--remote-node] [--dns=false]
-//	go run ./hack/localcluster status
-//	export KUBECONFIG=$(go run ./hack/localcluster kubeconfig)
-//	go run ./hack/localcluster down [--keep-logs]
+//	go -C test run ./cmd/localcluster up [--nodes 3] [--cni trellis|reference|none] [--remote-node] [--dns=false]
+//	go -C test run ./cmd/localcluster status
+//	export KUBECONFIG=$(go -C test run ./cmd/localcluster kubeconfig)
+//	go -C test run ./cmd/localcluster down [--keep-logs]
 //
 // Every command takes --name (default trellis) and --state-dir (default
 // $TRELLIS_CACHE/clusters/NAME).

@@ -144,7 +144,7 @@ func TestScriptsAndMakefileAgree(t *testing.T) {
 				t.Fatalf("%s: %v: %s", cmd, err, stderr.String())
 			}
 			if got := strings.TrimSpace(string(out)); got != want {
-				t.Errorf("%s reads %q, test/versions %q", tc.name, got, want)
+				t.Errorf("%s reads %q, internal/test/versions %q", tc.name, got, want)
 			}
 		})
 	}
@@ -154,7 +154,7 @@ func TestScriptsAndMakefileAgree(t *testing.T) {
 func TestNoCopiesInGoCode(t *testing.T) {
 	s := loadFile(t)
 	root := repoRoot(t)
-	self := filepath.Join(root, "test", "versions")
+	self := filepath.Join(root, "internal", "test", "versions")
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -172,7 +172,7 @@ func TestNoCopiesInGoCode(t *testing.T) {
 		for _, v := range []string{s.Kubernetes, s.Etcd, s.CRITools, s.CNIPlugins, s.OLM, s.OPM, s.Prometheus, s.Trellis} {
 			if bytes.Contains(data, []byte(`"`+v+`"`)) {
 				rel, _ := filepath.Rel(root, p)
-				t.Errorf("%s holds the version literal %q: read it with test/versions", rel, v)
+				t.Errorf("%s holds the version literal %q: read it with internal/test/versions", rel, v)
 			}
 		}
 		return nil

@@ -15,13 +15,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trellis-net/trellis/internal/scheme"
-	"github.com/trellis-net/trellis/test/versions"
+	"github.com/trellis-net/trellis/internal/test/versions"
 )
 
 // RepoRoot is the repository's top directory.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
 // CacheDir is where the hack/ scripts build and cache tools, outside the repository:

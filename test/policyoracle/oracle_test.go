@@ -1,4 +1,6 @@
-package policy
+// Package policyoracle checks the NetworkPolicy compiler (agent/policy) against
+// cyclonus's model, every case it generates, in memory.
+package policyoracle
 
 import (
 	"fmt"
@@ -17,10 +19,12 @@ import (
 	"github.com/sirupsen/logrus"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/trellis-net/trellis/agent/policy"
 )
 
 // compiledKube is cyclonus's in-memory cluster whose "probes" are answered by Compile and
-// the Ruleset evaluator instead of a network: every pod is on this node. cyclonus's
+// the policy.Ruleset evaluator instead of a network: every pod is on this node. cyclonus's
 // interpreter replays each generated case against it and compares every probe with its own
 // model of NetworkPolicy (the oracle, code nobody here wrote). The real-kernel, real-cluster
 // run of the same cases is test/conformance; this one checks the compile step alone, in
@@ -32,10 +36,10 @@ type compiledKube struct {
 	v6       bool
 	mu       sync.Mutex
 	gen, at  int
-	compiled *Ruleset
+	compiled *policy.Ruleset
 	// eval indexes compiled once: a case's probes (81 pod pairs, 2 ports, 3 protocols)
 	// would each split every rule again.
-	eval   *Evaluator
+	eval   *policy.Evaluator
 	ifaces map[netip.Addr]string
 }
 
@@ -114,26 +118,26 @@ func (k *compiledKube) DeletePod(ns, pod string) error {
 }
 
 // ruleset compiles the mock cluster's current state, once per change, and indexes it.
-func (k *compiledKube) ruleset() (*Evaluator, map[netip.Addr]string) {
+func (k *compiledKube) ruleset() (*policy.Evaluator, map[netip.Addr]string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.compiled != nil && k.at == k.gen {
 		return k.eval, k.ifaces
 	}
-	st := State{}
+	st := policy.State{}
 	k.ifaces = map[netip.Addr]string{}
 	for name, ns := range k.Namespaces {
 		obj, _ := k.GetNamespace(name) // with kubernetes.io/metadata.name, as the API server sets it
-		st.Namespaces = append(st.Namespaces, NamespaceFrom(obj))
+		st.Namespaces = append(st.Namespaces, policy.NamespaceFrom(obj))
 		for _, np := range ns.Netpols {
 			st.Policies = append(st.Policies, np)
 		}
 		for _, p := range ns.Pods {
-			pod := PodFrom(p)
+			pod := policy.PodFrom(p)
 			pod.NodeName = "node1"
 			st.Pods = append(st.Pods, pod)
 			iface := "trl" + pod.Namespace + pod.Name
-			st.Endpoints = append(st.Endpoints, Endpoint{Pod: pod.Key(), IP: pod.IP, Interface: iface})
+			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: pod.Key(), IP: pod.IP, Interface: iface})
 			k.ifaces[pod.IP] = iface
 			if k.v6 {
 				k.ifaces[to6(pod.IP)] = iface
@@ -143,7 +147,7 @@ func (k *compiledKube) ruleset() (*Evaluator, map[netip.Addr]string) {
 	if k.v6 {
 		st = mirror6(st)
 	}
-	k.compiled, k.at = Compile(st), k.gen
+	k.compiled, k.at = policy.Compile(st), k.gen
 	k.eval = k.compiled.Evaluator()
 	return k.eval, k.ifaces
 }
@@ -178,7 +182,7 @@ func (k *compiledKube) ExecuteRemoteCommand(namespace, pod, container string, co
 		src, dst = to6(src), to6(dst)
 	}
 	ev, ifaces := k.ruleset()
-	allowed, err := ev.Allowed(Packet{Src: src, Dst: dst, Protocol: proto, DstPort: dport, InInterface: ifaces[src], OutInterface: ifaces[dst]})
+	allowed, err := ev.Allowed(policy.Packet{Src: src, Dst: dst, Protocol: proto, DstPort: dport, InInterface: ifaces[src], OutInterface: ifaces[dst]})
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -242,4 +246,74 @@ func againstCyclonus(t *testing.T, v6 bool) {
 		}
 	}
 	t.Logf("%d cases, %d differ from the oracle", len(cases), failed)
+}
+
+// The IPv6 images of the IPv4 world, as agent/policy's own compile tests make them.
+
+// to6 is the IPv6 image of an IPv4 address: fd00::a.b.c.d.
+func to6(a netip.Addr) netip.Addr {
+	b := [16]byte{0: 0xfd}
+	v4 := a.As4()
+	copy(b[12:], v4[:])
+	return netip.AddrFrom16(b)
+}
+
+// cidr6 is the IPv6 image of an ipBlock value: an IPv4 prefix maps into fd00::/96 (/0 to
+// ::/0), an IPv6 one to 0.0.0.0/0, which no IPv6 address is in.
+func cidr6(s string) string {
+	p, err := netip.ParsePrefix(s)
+	switch {
+	case err != nil:
+		return s
+	case !p.Addr().Is4():
+		return "0.0.0.0/0"
+	case p.Bits() == 0:
+		return "::/0"
+	}
+	return netip.PrefixFrom(to6(p.Addr()), p.Bits()+96).Masked().String()
+}
+
+// dualStack is st with pods and endpoints given their IPv6 images, and policy.State.IPv6.
+func dualStack(st policy.State) policy.State {
+	out := st
+	out.IPv6 = true
+	out.Pods = nil
+	for _, p := range st.Pods {
+		cp := *p
+		cp.IPv6 = to6(p.IP)
+		out.Pods = append(out.Pods, &cp)
+	}
+	out.Endpoints = nil
+	for _, ep := range st.Endpoints {
+		ep.IPv6 = to6(ep.IP)
+		out.Endpoints = append(out.Endpoints, ep)
+	}
+	return out
+}
+
+// mirror6 is st made dual-stack with its policies' ipBlocks made IPv6.
+func mirror6(st policy.State) policy.State {
+	out := dualStack(st)
+	out.Policies = nil
+	for _, np := range st.Policies {
+		np = np.DeepCopy()
+		blocks := func(peers []networkingv1.NetworkPolicyPeer) {
+			for _, p := range peers {
+				if b := p.IPBlock; b != nil {
+					b.CIDR = cidr6(b.CIDR)
+					for i := range b.Except {
+						b.Except[i] = cidr6(b.Except[i])
+					}
+				}
+			}
+		}
+		for _, r := range np.Spec.Ingress {
+			blocks(r.From)
+		}
+		for _, r := range np.Spec.Egress {
+			blocks(r.To)
+		}
+		out.Policies = append(out.Policies, np)
+	}
+	return out
 }
