@@ -26,7 +26,7 @@ var agentUnscopedWrites = map[string]string{
 
 // agentGrantedUnused are the agent's grants the policy tests don't reach, each with why.
 var agentGrantedUnused = map[string]string{
-	"network.trellis.dev nodenetworks get": "read past the cache only to confirm an uninstall on the agent's own NodeNetwork (TestUninstall)",
+	"network.trellis.dev nodenetworks get": "read past the cache only to confirm an uninstall on the agent's own NodeNetwork (TestIPv4Cluster/Uninstall)",
 	"events.k8s.io events patch":           "the events API patches a repeated event's series, which these tests don't repeat",
 }
 

@@ -17,7 +17,7 @@ import (
 
 // The alerts and the dashboard of config/prometheus/monitor are checked statically: the
 // rule decodes, every alert is complete, every metric an expression reads is one the
-// binaries declare. That they fire on a real Prometheus is test/e2e's TestMonitoring.
+// binaries declare. That they fire on a real Prometheus is test/e2e's TestCLICluster/Monitoring.
 
 // prometheusRule is the part of monitoring.coreos.com/v1 PrometheusRule the test reads;
 // decoding rejects any other field, so a misspelt one (expresion, annotation) fails.
