@@ -197,25 +197,3 @@ spec:
 	}
 	return framework.ApplyPods(ctx, t, c, b.String(), ns, "rollouts", nodes)
 }
-
-// condition, clusterCondition, waitClusterCondition and agentsUnavailable are
-// framework.ClusterCondition, WaitClusterCondition and the agent DaemonSet's status in
-// the shape upgrade_test.go reads them.
-type condition struct{ Type, Status, Reason, Message string }
-
-func clusterCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string) condition {
-	t.Helper()
-	cd := framework.ClusterCondition(ctx, t, c, typ)
-	return condition{Type: cd.Type, Status: string(cd.Status), Reason: cd.Reason, Message: cd.Message}
-}
-
-func waitClusterCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ, status string, timeout time.Duration) condition {
-	t.Helper()
-	cd := framework.WaitClusterCondition(ctx, t, c, typ, metav1.ConditionStatus(status), timeout)
-	return condition{Type: cd.Type, Status: string(cd.Status), Reason: cd.Reason, Message: cd.Message}
-}
-
-func agentsUnavailable(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
-	t.Helper()
-	return int(framework.GetAgentDaemonSet(ctx, t, c).Status.NumberUnavailable)
-}

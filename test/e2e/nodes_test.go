@@ -110,11 +110,11 @@ func testNodeJoinsAndLeaves(ctx context.Context, t *testing.T, c *cluster.Cluste
 	defer cancel()
 	check.EventuallyCtx(gctx, t, 500*time.Millisecond, n.Name+"'s Node and NodeNetwork gone after it left", func(ctx context.Context) error {
 		if _, err := kc.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("Node still there (%v)", err)
+			return fmt.Errorf("Node still there (%w)", err)
 		}
 		var nn v1alpha1.NodeNetwork
 		if err := framework.Client(t, c).Get(ctx, client.ObjectKey{Name: n.Name}, &nn); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("NodeNetwork still there (%v)", err)
+			return fmt.Errorf("NodeNetwork still there (%w)", err)
 		}
 		return nil
 	})

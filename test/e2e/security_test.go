@@ -173,7 +173,7 @@ func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 		check.Eventually(t, 30*time.Second, "on "+nodeA.Name+", after a pod was made there, the CNI and policy series grew", func() error {
 			code, after, err := framework.Scrape(from, agentA, readerToken)
 			if err != nil || code != http.StatusOK {
-				return fmt.Errorf("scraping %s: %d %v", agentA, code, err)
+				return fmt.Errorf("scraping %s: %d %w", agentA, code, err)
 			}
 			var still []string
 			for _, series := range []string{

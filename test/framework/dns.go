@@ -65,7 +65,7 @@ func (d DNSClient) Reverse(ip netip.Addr) ([]string, error) {
 func (d DNSClient) answers(name string, want netip.Addr) error {
 	addrs, err := d.Lookup(name)
 	if err != nil || len(addrs) != 1 || addrs[0] != want {
-		return fmt.Errorf("%s: %s = %v (%v), want %s", d.Network, name, addrs, err, want)
+		return fmt.Errorf("%s: %s = %v (%w), want %s", d.Network, name, addrs, err, want)
 	}
 	return nil
 }
@@ -99,6 +99,6 @@ func (d DNSClient) WaitNoAnswer(t testing.TB, name string, timeout time.Duration
 		if err != nil && !(errors.As(err, &dnsErr) && dnsErr.IsNotFound) {
 			return nil
 		}
-		return fmt.Errorf("still answered: %v (%v)", addrs, err)
+		return fmt.Errorf("still answered: %v (%w)", addrs, err)
 	})
 }
