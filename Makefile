@@ -22,11 +22,11 @@ E2E_TIMEOUT ?= 60m
 E2E_PARALLEL ?= 3
 # The e2e suite's go test -json events, which RUN_E2E keeps for `gotestsum tool slowest`.
 E2E_JSON ?= $(TRELLIS_CACHE)/e2e-results/last.json
-# RUN_E2E runs the e2e suite through gotestsum (hack/build-gotestsum.sh): a line per package
+# RUN_E2E runs the e2e suite (in the test module) through gotestsum (hack/build-gotestsum.sh): a line per package
 # and the whole output of each failed test, then, pass or fail, the tests and subtests
 # that took 20 s or more, slowest first (what CI's time goes to).
 RUN_E2E = gts=$$(hack/build-gotestsum.sh) || exit 1; mkdir -p $(dir $(E2E_JSON)); \
-	"$$gts/gotestsum" --format pkgname-and-test-fails --format-icons text --jsonfile $(E2E_JSON) -- \
+	cd test && "$$gts/gotestsum" --format pkgname-and-test-fails --format-icons text --jsonfile $(E2E_JSON) -- \
 		-tags e2e -count=1 -parallel=$(E2E_PARALLEL) -timeout=$(E2E_TIMEOUT) ./e2e/...; rc=$$?; \
 	echo "e2e tests and subtests of 20 s or more:"; "$$gts/gotestsum" tool slowest --jsonfile $(E2E_JSON) --threshold 20s; \
 	exit $$rc
@@ -258,17 +258,17 @@ CONFORMANCE_RUN = -tags conformance -count=1 -v -run '^TestNetworkPolicyConforma
 .PHONY: conformance
 conformance: deps ## Every case cyclonus generates (230; ~82,000 probes per family) over IPv4 and over IPv6 on a fresh dual-stack local cluster (CONFORMANCE_FAMILY=dual|ipv4|ipv6, TRELLIS_CONFORMANCE_CNI=trellis|reference, TRELLIS_CLUSTER_REUSE=1).
 	hack/build-agnhost.sh >/dev/null
-	TRELLIS_CONFORMANCE=all $(CONFORMANCE_ENV) go test -timeout 4h $(CONFORMANCE_RUN)
+	TRELLIS_CONFORMANCE=all $(CONFORMANCE_ENV) go -C test test -timeout 4h $(CONFORMANCE_RUN)
 
 .PHONY: conformance-subset
 conformance-subset: deps ## The fixed subsets of conformance cases CI runs: 46 over IPv4, 27 over IPv6 (each every tag).
 	hack/build-agnhost.sh >/dev/null
-	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go test -timeout 1h $(CONFORMANCE_RUN)
+	TRELLIS_CONFORMANCE=subset $(CONFORMANCE_ENV) go -C test test -timeout 1h $(CONFORMANCE_RUN)
 
 .PHONY: conformance-run
 conformance-run: ## Stage of make test: conformance cases (CONFORMANCE_MODE=subset|all) with no deps first; make test runs the IPv4 and IPv6 passes at once on clusters conf4 and conf6 (CONFORMANCE_FAMILY, CONFORMANCE_STACK, CONFORMANCE_CLUSTER, CONFORMANCE_OUT).
 	hack/build-agnhost.sh >/dev/null
-	TRELLIS_CONFORMANCE=$(CONFORMANCE_MODE) $(CONFORMANCE_ENV) go test -timeout 4h $(CONFORMANCE_RUN)
+	TRELLIS_CONFORMANCE=$(CONFORMANCE_MODE) $(CONFORMANCE_ENV) go -C test test -timeout 4h $(CONFORMANCE_RUN)
 
 .PHONY: conformance-upstream
 conformance-upstream: deps ## The upstream Kubernetes e2e suite, unchanged, on a fresh local cluster: the specs of test/upstream/focus.txt but test/upstream/skip.txt; prints N passed, M failed, K skipped and writes JUnit XML (UPSTREAM_PROCS, UPSTREAM_KEEP=1, ARTIFACTS).

@@ -19,7 +19,7 @@
 //
 // Usage (as root):
 //
-//	go run ./test/bench/cni -reference-dir DIR -trellis PATH [-pods 200 -rounds 2 -concurrency 20 -warmup 10 -families ipv4,dual -samples FILE.csv]
+//	go -C test run ./bench/cni -reference-dir DIR -trellis PATH [-pods 200 -rounds 2 -concurrency 20 -warmup 10 -families ipv4,dual -samples FILE.csv]
 package main
 
 import (

@@ -54,7 +54,7 @@
 //
 // Usage (as root):
 //
-//	go run ./test/bench/datapath -trellis PATH [-duration 3s -repeat 5] [-families ipv4,ipv6] [-sides trellis,reference,...] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold | -profile PATH]
+//	go -C test run ./bench/datapath -trellis PATH [-duration 3s -repeat 5] [-families ipv4,ipv6] [-sides trellis,reference,...] [-tx-checksum-offload Auto|Enabled|Disabled] [-hold | -profile PATH]
 package main
 
 import (
