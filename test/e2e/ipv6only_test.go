@@ -217,21 +217,21 @@ func waitModeState(ctx context.Context, t *testing.T, c *cluster.Cluster, mode s
 	defer cancel()
 	check.EventuallyCtx(ctx, t, time.Second, "the NodeNetworks in "+mode, func(context.Context) error {
 		var bad []string
-		for _, nn := range framework.NodeNetworks(ctx, t, c) {
-			r := nn.Ready()
+		for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+			r := framework.NodeNetworkReady(nn)
 			var ok bool
 			switch mode {
 			case "Hybrid":
 				want := "IPv6: 1 peer(s) direct, 1 via VXLAN (IPv6-only, VXLAN over IPv6)"
-				if nn.Metadata.Name == remote.Name {
+				if nn.Name == remote.Name {
 					want = "IPv6: 0 peer(s) direct, 2 via VXLAN (IPv6-only, VXLAN over IPv6)"
 				}
 				ok = r != nil && r.Status == "True" && r.Message == want
 			case "Direct":
 				ok = r != nil && r.Reason == "PeersUnreachable"
 			}
-			if nn.Status.Encapsulation != mode || !ok {
-				bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Metadata.Name, nn.Status.Encapsulation, r))
+			if string(nn.Status.Encapsulation) != mode || !ok {
+				bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Name, nn.Status.Encapsulation, r))
 			}
 		}
 		if len(bad) > 0 {

@@ -3,11 +3,20 @@ package framework
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
@@ -38,11 +47,31 @@ func DeletePolicy(ctx context.Context, t *testing.T, c *cluster.Cluster, name st
 	DeletePolicyIn(ctx, t, c, PolicyNamespace, name)
 }
 
-// ApplyPolicyIn applies NetworkPolicy ns/name with spec body (YAML from "spec:").
+// ApplyPolicyIn applies NetworkPolicy ns/name with spec body (YAML from "spec:"): creates
+// it, or replaces the spec of the one there.
 func ApplyPolicyIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, body string) {
 	t.Helper()
-	manifest := fmt.Sprintf("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata:\n  name: %s\n  namespace: %s\n%s", name, ns, body)
-	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
+	var doc struct {
+		Spec networkingv1.NetworkPolicySpec `json:"spec"`
+	}
+	if err := yaml.UnmarshalStrict([]byte(body), &doc); err != nil {
+		t.Fatalf("NetworkPolicy %s's spec: %v", name, err)
+	}
+	kc := Clientset(t, c).NetworkingV1().NetworkPolicies(ns)
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: doc.Spec}
+	_, err := kc.Create(ctx, np, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := kc.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur.Spec = doc.Spec
+			_, err = kc.Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+	}
+	if err != nil {
 		t.Fatalf("applying NetworkPolicy %s: %v", name, err)
 	}
 }
@@ -50,7 +79,8 @@ func ApplyPolicyIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, na
 // DeletePolicyIn deletes NetworkPolicy ns/name, if it exists.
 func DeletePolicyIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) {
 	t.Helper()
-	if _, err := c.Kubectl(ctx, "delete", "networkpolicy", "-n", ns, name, "--ignore-not-found"); err != nil {
+	err := Clientset(t, c).NetworkingV1().NetworkPolicies(ns).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
 		t.Errorf("deleting NetworkPolicy %s: %v", name, err)
 	}
 }
@@ -58,31 +88,36 @@ func DeletePolicyIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, n
 // WaitPolicyEnforced waits until every NodeNetwork reports status.networkPolicy.enforced = want.
 func WaitPolicyEnforced(ctx context.Context, t *testing.T, c *cluster.Cluster, want bool, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		out, err := c.Kubectl(ctx, "get", "nodenetworks", "-o", `jsonpath={range .items[*]}{.metadata.name}={.status.networkPolicy.enforced}{" "}{end}`)
-		fields := strings.Fields(out)
-		ok := err == nil && len(fields) == len(c.Nodes)
-		for _, f := range fields {
-			if !strings.HasSuffix(f, "="+strconv.FormatBool(want)) {
-				ok = false
+	kc := Client(t, c)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, fmt.Sprintf("NodeNetworks' networkPolicy.enforced all %v", want), func(ctx context.Context) error {
+		var l v1alpha1.NodeNetworkList
+		if err := kc.List(ctx, &l); err != nil {
+			return err
+		}
+		if len(l.Items) != len(c.Nodes) {
+			return fmt.Errorf("%d NodeNetworks for %d nodes", len(l.Items), len(c.Nodes))
+		}
+		var bad []string
+		for _, nn := range l.Items {
+			if nn.Status.NetworkPolicy.Enforced != want {
+				bad = append(bad, nn.Name)
 			}
 		}
-		if ok {
-			return
+		if len(bad) > 0 {
+			return fmt.Errorf("not yet on %s", strings.Join(bad, ", "))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("NodeNetworks' networkPolicy.enforced not all %v after %v: %s %v", want, timeout, out, err)
-		}
-		time.Sleep(time.Second)
-	}
+		return nil
+	})
 }
 
 // SetPolicyEnabled sets the ClusterNetwork's spec.networkPolicy.enabled.
 func SetPolicyEnabled(ctx context.Context, t *testing.T, c *cluster.Cluster, on bool) {
 	t.Helper()
 	patch := fmt.Sprintf(`{"spec":{"networkPolicy":{"enabled":%t}}}`, on)
-	if _, err := c.Kubectl(ctx, "patch", "clusternetwork", "default", "--type=merge", "-p", patch); err != nil {
+	cn := &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
+	if err := Client(t, c).Patch(ctx, cn, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
 		t.Fatalf("setting spec.networkPolicy.enabled=%t: %v", on, err)
 	}
 }

@@ -2,7 +2,7 @@ package framework
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
@@ -73,27 +75,8 @@ func AgentsRestartedAndReady(ctx context.Context, t *testing.T, c *cluster.Clust
 	return ok == len(nodes)
 }
 
-// NodeNetwork is the part of a NodeNetwork object the tests read.
-type NodeNetwork struct {
-	Metadata struct {
-		Name string `json:"name"`
-	} `json:"metadata"`
-	Spec struct {
-		PodCIDR  string   `json:"podCIDR"`
-		PodCIDRs []string `json:"podCIDRs"`
-	} `json:"spec"`
-	Status struct {
-		Encapsulation string `json:"encapsulation"`
-		MTU           int    `json:"mtu"`
-		NodeIPv6      string `json:"nodeIPv6"`
-		Conditions    []struct {
-			Type, Status, Reason, Message string
-		} `json:"conditions"`
-	} `json:"status"`
-}
-
-// Block6 is the NodeNetwork's IPv6 pod block (invalid when it has none).
-func (nn NodeNetwork) Block6() netip.Prefix {
+// Block6 is nn's IPv6 pod block (invalid when it has none).
+func Block6(nn v1alpha1.NodeNetwork) netip.Prefix {
 	for _, c := range nn.Spec.PodCIDRs {
 		if p, err := netip.ParsePrefix(c); err == nil && p.Addr().Is6() {
 			return p
@@ -102,76 +85,43 @@ func (nn NodeNetwork) Block6() netip.Prefix {
 	return netip.Prefix{}
 }
 
-// Ready is the NodeNetwork's Ready condition, nil if it has none.
-func (nn NodeNetwork) Ready() *struct{ Type, Status, Reason, Message string } {
-	for i := range nn.Status.Conditions {
-		if nn.Status.Conditions[i].Type == "Ready" {
-			return &nn.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
-// NodeNetworks lists the cluster's NodeNetworks.
-func NodeNetworks(ctx context.Context, t *testing.T, c *cluster.Cluster) []NodeNetwork {
-	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "nodenetworks", "-o", "json")
-	if err != nil {
-		t.Fatalf("NodeNetworks: %v", err)
-	}
-	var list struct{ Items []NodeNetwork }
-	if err := json.Unmarshal([]byte(out), &list); err != nil {
-		t.Fatalf("NodeNetworks: %v", err)
-	}
-	return list.Items
+// NodeNetworkReady is nn's Ready condition, nil if it has none.
+func NodeNetworkReady(nn v1alpha1.NodeNetwork) *metav1.Condition {
+	return meta.FindStatusCondition(nn.Status.Conditions, "Ready")
 }
 
 // WaitNodeNetworks waits until every node's NodeNetwork reports mode and is Ready (with a
 // message starting with msg, when set).
 func WaitNodeNetworks(ctx context.Context, t *testing.T, c *cluster.Cluster, mode, msg string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		nns := NodeNetworks(ctx, t, c)
+	kc := Client(t, c)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, 500*time.Millisecond, "NodeNetworks all Ready in "+mode, func(ctx context.Context) error {
+		var l v1alpha1.NodeNetworkList
+		if err := kc.List(ctx, &l); err != nil {
+			return err
+		}
 		var bad []string
-		for _, nn := range nns {
-			r := nn.Ready()
+		for _, nn := range l.Items {
+			r := NodeNetworkReady(nn)
 			switch {
-			case nn.Status.Encapsulation != mode:
-				bad = append(bad, fmt.Sprintf("%s: encapsulation %q", nn.Metadata.Name, nn.Status.Encapsulation))
-			case r == nil || r.Status != "True":
-				bad = append(bad, fmt.Sprintf("%s: not Ready %+v", nn.Metadata.Name, r))
+			case string(nn.Status.Encapsulation) != mode:
+				bad = append(bad, fmt.Sprintf("%s: encapsulation %q", nn.Name, nn.Status.Encapsulation))
+			case r == nil || r.Status != metav1.ConditionTrue:
+				bad = append(bad, fmt.Sprintf("%s: not Ready %+v", nn.Name, r))
 			case !strings.HasPrefix(r.Message, msg):
-				bad = append(bad, fmt.Sprintf("%s: Ready message %q", nn.Metadata.Name, r.Message))
+				bad = append(bad, fmt.Sprintf("%s: Ready message %q", nn.Name, r.Message))
 			}
 		}
-		if len(nns) != len(c.Nodes) {
-			bad = append(bad, fmt.Sprintf("%d NodeNetworks for %d nodes", len(nns), len(c.Nodes)))
+		if len(l.Items) != len(c.Nodes) {
+			bad = append(bad, fmt.Sprintf("%d NodeNetworks for %d nodes", len(l.Items), len(c.Nodes)))
 		}
-		if len(bad) == 0 {
-			return
+		if len(bad) > 0 {
+			return errors.New(strings.Join(bad, "; "))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("NodeNetworks not all Ready in %s after %v: %s", mode, timeout, strings.Join(bad, "; "))
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
-// ClusterEncapsulation is the ClusterNetwork's spec.encapsulation.
-func ClusterEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
-	t.Helper()
-	return ClusterNetworkField(ctx, t, c, ".spec.encapsulation")
-}
-
-// ClusterNetworkField is the ClusterNetwork's field at the JSONPath path.
-func ClusterNetworkField(ctx context.Context, t *testing.T, c *cluster.Cluster, path string) string {
-	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "clusternetwork", "default", "-o", "jsonpath={"+path+"}")
-	if err != nil {
-		t.Fatalf("ClusterNetwork %s: %v", path, err)
-	}
-	return strings.TrimSpace(out)
+		return nil
+	})
 }
 
 // MetricValue is the value of the sample named exactly series (name{labels}), -1 if absent.
