@@ -118,7 +118,7 @@ func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 		// Mid-way: the probes are up and the checks (NetworkPolicies among them) running.
 		ns := p.waitStderr(t, regexp.MustCompile(`deploying \d+ probe pods on \d+ node\(s\) in namespace (\S+)`), 2*time.Minute)
 		p.waitStderr(t, regexp.MustCompile(`running \d+ checks`), 3*time.Minute)
-		time.Sleep(3 * time.Second)
+		time.Sleep(3 * time.Second) //nolint:forbidigo // pacing: into the checks, not right at their start
 		if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
 		}

@@ -129,7 +129,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 			return nil
 		}
 		if want == 0 {
-			time.Sleep(2 * time.Second) // what a line would take to show, were there one
+			time.Sleep(2 * time.Second) //nolint:forbidigo // a window: what a line would take to show, were there one
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

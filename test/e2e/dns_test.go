@@ -130,7 +130,7 @@ func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 		// before the connection must still work.
 		check.EventuallyCtx(ctx, t, 500*time.Millisecond, "client-udp's connection to web:80 denied", func(context.Context) error {
 			if err := connect("client-udp", "web:80"); !strings.Contains(framework.AgnhostVerdict(err), "TIMEOUT") {
-				return fmt.Errorf("agnhost connect web:80: %v", err)
+				return fmt.Errorf("agnhost connect web:80: %s", framework.AgnhostVerdict(err))
 			}
 			return nil
 		})

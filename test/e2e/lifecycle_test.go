@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -130,13 +129,9 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 		// unchanged checks for a few seconds that the refused change rolled nothing out.
 		unchanged := func(what string) {
 			t.Helper()
-			until := time.Now().Add(5 * time.Second)
-			if err := check.Until(ctx, time.Second, "the agent DaemonSet unchanged for "+what, func(ctx context.Context) error {
+			if err := check.Holds(ctx, 5*time.Second, time.Second, "the agent DaemonSet unchanged for "+what, func(ctx context.Context) error {
 				if got := framework.GetAgentDaemonSet(ctx, t, c).Generation; got != gen {
-					return check.Stop(fmt.Errorf("generation %d -> %d", gen, got))
-				}
-				if time.Now().Before(until) {
-					return errors.New("still watching")
+					return fmt.Errorf("generation %d -> %d", gen, got)
 				}
 				return nil
 			}); err != nil {
@@ -196,26 +191,4 @@ spec:
 `, n.Name, ns, images.AgnhostImage, framework.ServerPort)
 	}
 	return framework.ApplyPods(ctx, t, c, b.String(), ns, "rollouts", nodes)
-}
-
-// condition, clusterCondition, waitClusterCondition and agentsUnavailable are
-// framework.ClusterCondition, WaitClusterCondition and the agent DaemonSet's status in
-// the shape upgrade_test.go reads them.
-type condition struct{ Type, Status, Reason, Message string }
-
-func clusterCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string) condition {
-	t.Helper()
-	cd := framework.ClusterCondition(ctx, t, c, typ)
-	return condition{Type: cd.Type, Status: string(cd.Status), Reason: cd.Reason, Message: cd.Message}
-}
-
-func waitClusterCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ, status string, timeout time.Duration) condition {
-	t.Helper()
-	cd := framework.WaitClusterCondition(ctx, t, c, typ, metav1.ConditionStatus(status), timeout)
-	return condition{Type: cd.Type, Status: string(cd.Status), Reason: cd.Reason, Message: cd.Message}
-}
-
-func agentsUnavailable(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
-	t.Helper()
-	return int(framework.GetAgentDaemonSet(ctx, t, c).Status.NumberUnavailable)
 }

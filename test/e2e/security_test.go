@@ -172,8 +172,11 @@ func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 		// The plugin reports its ADD to the agent; the policy engine syncs for the new pod.
 		check.Eventually(t, 30*time.Second, "on "+nodeA.Name+", after a pod was made there, the CNI and policy series grew", func() error {
 			code, after, err := framework.Scrape(from, agentA, readerToken)
-			if err != nil || code != http.StatusOK {
-				return fmt.Errorf("scraping %s: %d %v", agentA, code, err)
+			if err != nil {
+				return fmt.Errorf("scraping %s: %w", agentA, err)
+			}
+			if code != http.StatusOK {
+				return fmt.Errorf("scraping %s: HTTP %d", agentA, code)
 			}
 			var still []string
 			for _, series := range []string{
@@ -285,14 +288,14 @@ func testForgedTunnelTraffic(ctx context.Context, t *testing.T, c *cluster.Clust
 			}
 			defer conn.Close()
 			for range sent {
-				_, _ = conn.Write(datagram) // a refusal (ICMP) is a non-delivery too
-				time.Sleep(10 * time.Millisecond)
+				_, _ = conn.Write(datagram)       // a refusal (ICMP) is a non-delivery too
+				time.Sleep(10 * time.Millisecond) //nolint:forbidigo // pacing the datagrams
 			}
 			return nil
 		}); err != nil {
 			t.Fatalf("%s: sending: %v", what, err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) //nolint:forbidigo // a window: the datagrams still in flight
 		got := count() - before
 		t.Logf("%s, inner source %s: %d of %d delivered to the victim", what, inner, got, sent)
 		return got

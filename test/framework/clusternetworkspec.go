@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
@@ -69,33 +67,4 @@ func AppendPodCIDR(ctx context.Context, t *testing.T, c *cluster.Cluster, cidr s
 		}
 		return nil
 	})
-}
-
-func agentRolledOut(ctx context.Context, c *cluster.Cluster) error {
-	kc, err := c.Client()
-	if err != nil {
-		return err
-	}
-	return check.Until(ctx, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
-		ds, err := kc.AppsV1().DaemonSets("trellis-system").Get(ctx, "trellis-agent", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		return daemonSetRolledOut(ds)
-	})
-}
-
-// daemonSetRolledOut is nil when ds's rollout is complete, as kubectl's rollout status
-// judges a DaemonSet's.
-func daemonSetRolledOut(ds *appsv1.DaemonSet) error {
-	s := ds.Status
-	switch {
-	case ds.Generation > s.ObservedGeneration:
-		return fmt.Errorf("generation %d not yet observed (%d)", ds.Generation, s.ObservedGeneration)
-	case s.UpdatedNumberScheduled < s.DesiredNumberScheduled:
-		return fmt.Errorf("%d of %d pods updated", s.UpdatedNumberScheduled, s.DesiredNumberScheduled)
-	case s.NumberAvailable < s.DesiredNumberScheduled:
-		return fmt.Errorf("%d of %d updated pods available", s.NumberAvailable, s.DesiredNumberScheduled)
-	}
-	return nil
 }

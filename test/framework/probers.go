@@ -2,6 +2,7 @@ package framework
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -117,7 +118,7 @@ func (p *Prober) WaitFlowing(t *testing.T, timeout time.Duration) {
 			run++
 		}
 		if run < 10 {
-			return fmt.Errorf("%d in a row (%d attempts, last error: %v)", run, n, p.lastErr)
+			return errors.Join(fmt.Errorf("%d in a row (%d attempts)", run, n), p.lastErr)
 		}
 		return nil
 	})

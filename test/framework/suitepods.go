@@ -15,15 +15,6 @@ import (
 // Suites on a shared cluster each work in namespaces of their own, so that one suite's
 // pods, Services and policies never meet another's, whatever order they run in.
 
-func podIsReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 // CreateServiceIPsIn is CreateServiceIn with spec.ipFamilyPolicy (nil: the API server's
 // default, SingleStack), returning every ClusterIP (spec.clusterIPs), the primary first.
 func CreateServiceIPsIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string, policy *corev1.IPFamilyPolicy) []netip.Addr {
