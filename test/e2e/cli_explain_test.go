@@ -27,7 +27,7 @@ func testCLIExplain(ctx context.Context, t *testing.T, env *cliEnv) {
 	c := env.c
 	// web on one node, db and other together on another: any two nodes do.
 	node1, node2 := c.Nodes[0].Name, c.Nodes[1].Name
-	explainNS := framework.NewNamespace(ctx, t, c, "explain")
+	explainNS := framework.UniqueNamespace(ctx, t, c, "explain")
 	var b strings.Builder
 	for _, p := range []struct{ name, node string }{{"web", node1}, {"db", node2}, {"other", node2}} {
 		fmt.Fprintf(&b, `---

@@ -162,7 +162,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 	}
 
 	// The other users are service accounts of a namespace of the suite's own.
-	users := framework.NewNamespace(ctx, t, c, "sysdump")
+	users := framework.UniqueNamespace(ctx, t, c, "sysdump")
 
 	// A user with namespace read only (kubectl --as a service account bound to "view"
 	// in trellis-system): told what is missing, still given what it may read.

@@ -55,7 +55,7 @@ func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 
 	// The server on the first node, the clients on the second: any two nodes do.
 	serverNode, clientNode := c.Nodes[0], c.Nodes[1]
-	ns := framework.NewNamespace(ctx, t, c, "dns")
+	ns := framework.UniqueNamespace(ctx, t, c, "dns")
 	pods := deployDNSPods(ctx, t, c, ns, serverNode.Name, clientNode.Name)
 	server := pods["server"]
 	serviceIP := createDNSService(ctx, t, c, ns, clientNode)

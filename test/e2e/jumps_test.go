@@ -37,7 +37,7 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	ns := framework.Namespace(ctx, t, c, "jumps")
+	ns := framework.UniqueNamespace(ctx, t, c, "jumps")
 	// The server's node is the one whose kube-proxy restarts; the client is on another.
 	serverNode, clientNode := c.Nodes[0], c.Nodes[1]
 	pods := framework.DeployPolicyPodsIn(ctx, t, c, ns, "jumps", []framework.PolicyPod{

@@ -39,7 +39,7 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 	spec := framework.CurrentClusterNetworkSpec(ctx, t, c)
 
 	// One server per node; each node's pod probes the next node's.
-	ns := framework.NewNamespace(ctx, t, c, "rollouts")
+	ns := framework.UniqueNamespace(ctx, t, c, "rollouts")
 	pods := lifecyclePods(ctx, t, c, ns)
 	var probers []*framework.Prober
 	var ring [][2]string

@@ -52,7 +52,7 @@ func testMonitoring(t *testing.T, c *cluster.Cluster) {
 	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
 
 	rules := monRules(t)
-	ns := framework.NewNamespace(ctx, t, c, "monitoring")
+	ns := framework.UniqueNamespace(ctx, t, c, "monitoring")
 	prom := framework.DeployPrometheus(ctx, t, c, ns, monManifestFor(ctx, t, c, ns, monConfig(t), rules.file))
 	t.Logf("Prometheus running after %v", time.Since(start).Round(time.Second))
 

@@ -41,7 +41,7 @@ import (
 func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	ns := framework.Namespace(ctx, t, c, "security")
+	ns := framework.UniqueNamespace(ctx, t, c, "security")
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
 
 	t.Run("AgentUnprivileged", func(t *testing.T) {

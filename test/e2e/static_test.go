@@ -32,7 +32,7 @@ func testStaticPod(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	ns := framework.Namespace(ctx, t, c, "static")
+	ns := framework.UniqueNamespace(ctx, t, c, "static")
 	// The static pods run on one node, their client on another.
 	staticNode, clientNode := c.Nodes[0], c.Nodes[1]
 	client := framework.DeployPolicyPodsIn(ctx, t, c, ns, "static-clients", []framework.PolicyPod{{Name: "client", Node: clientNode.Name, Labels: "role: client"}})["client"]
