@@ -73,7 +73,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 
 	// Cluster-wide.
 	var nns v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c, "").List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
+	if err := framework.Client(t, c).List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
 		t.Fatalf("NodeNetworks: %v (%d)", err, len(nns.Items))
 	}
 	for file, wants := range map[string][]string{
@@ -273,7 +273,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 	}{
 		{name: "no certificate published", reason: "NodeNetwork " + n.Name + " has no status.diagnostics.certificateSHA256"},
 		{name: "the previous agent's certificate published", setup: func() {
-			cl := framework.TrellisClient(t, c, "")
+			cl := framework.Client(t, c)
 			var nn v1alpha1.NodeNetwork
 			check.Must(t, cl.Get(ctx, types.NamespacedName{Name: n.Name}, &nn))
 			orig := nn.DeepCopy()
@@ -420,7 +420,7 @@ func (c recordingConn) Read(b []byte) (int, error) {
 func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) v1alpha1.NodeDiagnosticsStatus {
 	t.Helper()
 	var nn v1alpha1.NodeNetwork
-	if err := framework.TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: node}, &nn); err != nil {
+	if err := framework.Client(t, c).Get(ctx, types.NamespacedName{Name: node}, &nn); err != nil {
 		t.Fatalf("NodeNetwork %s: %v", node, err)
 	}
 	return nn.Status.Diagnostics

@@ -31,7 +31,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 	serverNode := c.Nodes[0]
 	kc, err := c.Client()
 	check.Must(t, err)
-	cl := framework.TrellisClient(t, c, "")
+	cl := framework.Client(t, c)
 	framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
 	defer framework.DeletePolicy(ctx, t, c, "deny-server")
 	// The helpers take the calling (sub)test's t: a helper that failed the parent from a

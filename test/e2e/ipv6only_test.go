@@ -72,7 +72,7 @@ func testIPv6OnlyKubernetes(t *testing.T, c *cluster.Cluster) {
 		t.Errorf("Service kubernetes ClusterIPs %v, want one of %s", svc.Spec.ClusterIPs, cluster.ServiceCIDR6)
 	}
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "IPv6: ", 2*time.Minute)
-	cl := framework.TrellisClient(t, c, "")
+	cl := framework.Client(t, c)
 	for _, n := range c.Nodes {
 		nn := &v1alpha1.NodeNetwork{}
 		if err := cl.Get(ctx, client.ObjectKey{Name: n.Name}, nn); err != nil {
@@ -148,7 +148,7 @@ func testIPv6OnlyDatapath(t *testing.T, c *cluster.Cluster) {
 		// The agent counts the IPv6 block's use (kubectl get nodenetworks: PODS): this
 		// suite's two pods on node1 at least; a /64's capacity is more than the status's
 		// int32 holds.
-		cl := framework.TrellisClient(t, c, "")
+		cl := framework.Client(t, c)
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		check.EventuallyCtx(wctx, t, time.Second, node1.Name+"'s status.ipam", func(ctx context.Context) error {
@@ -276,7 +276,7 @@ func checkSysdumpIPv6(ctx context.Context, t *testing.T, env *cliEnv) {
 		t.Errorf("errors.txt: %q, want nothing failed", got)
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c, "").List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
+	if err := framework.Client(t, c).List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
 		t.Fatalf("NodeNetworks: %v (%d)", err, len(nns.Items))
 	}
 	for _, n := range nns.Items {

@@ -35,8 +35,8 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
-	framework.RestoreClusterNetwork(ctx, t, c)
-	spec := framework.CurrentClusterNetworkSpec(ctx, t, c)
+	framework.KeepClusterNetworkSpec(ctx, t, c)
+	spec := framework.GetClusterNetwork(ctx, t, c).Spec
 
 	// One server per node; each node's pod probes the next node's.
 	ns := framework.UniqueNamespace(ctx, t, c, "rollouts")

@@ -90,8 +90,8 @@ func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 	})
 
 	t.Run("NodeBoundWrites", func(t *testing.T) {
-		admin := framework.TrellisClient(t, c, "")
-		agentA := framework.TrellisClient(t, c, framework.AgentToken(t, nodeA))
+		admin := framework.Client(t, c)
+		agentA := framework.TokenClient(t, c, framework.AgentToken(t, nodeA))
 		peer := &v1alpha1.NodeNetwork{}
 		check.Must(t, admin.Get(ctx, types.NamespacedName{Name: nodeB.Name}, peer))
 		peerIP := peer.Status.NodeIP
@@ -234,12 +234,12 @@ func testForgedTunnelTraffic(ctx context.Context, t *testing.T, c *cluster.Clust
 	framework.WaitAllowed(t, friend.NetNS, echo, 20*time.Second)
 	framework.WaitDenied(t, pods["attacker-b"].NetNS, echo, 20*time.Second)
 
-	vxlan := framework.ClusterNetwork(ctx, t, c).Spec.VXLAN
+	vxlan := framework.GetClusterNetwork(ctx, t, c).Spec.VXLAN
 	if vxlan.Port == 0 || vxlan.VNI != 1 {
 		t.Fatalf("spec.vxlan: port %d, VNI %d: the test forges VNI 1 to the port", vxlan.Port, vxlan.VNI)
 	}
 	nn := &v1alpha1.NodeNetwork{}
-	check.Must(t, framework.TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: nodeA.Name}, nn))
+	check.Must(t, framework.Client(t, c).Get(ctx, types.NamespacedName{Name: nodeA.Name}, nn))
 	vtepMAC, err := net.ParseMAC(nn.Status.VTEPMAC)
 	if err != nil {
 		t.Fatalf("%s's VTEP MAC %q: %v", nodeA.Name, nn.Status.VTEPMAC, err)

@@ -204,7 +204,7 @@ func upgradeAndRollBack(ctx context.Context, t *testing.T, c *cluster.Cluster, r
 		}
 	}
 	cn := &v1alpha1.ClusterNetwork{}
-	check.Must(t, framework.TrellisClient(t, c, "").Get(ctx, client.ObjectKey{Name: "default"}, cn))
+	check.Must(t, framework.Client(t, c).Get(ctx, client.ObjectKey{Name: "default"}, cn))
 	if i := slices.IndexFunc(cn.Status.Blocks, func(b v1alpha1.FamilyBlocks) bool { return b.Family == v1alpha1.IPv4 }); i < 0 || cn.Status.Blocks[i].Allocated != 3 {
 		t.Errorf("status.blocks %+v after the upgrade, want IPv4 allocated 3", cn.Status.Blocks)
 	}
@@ -292,7 +292,7 @@ func uninstallKustomize(ctx context.Context, c *cluster.Cluster, manifests strin
 func nodeNetworks(ctx context.Context, t *testing.T, c *cluster.Cluster) map[string]v1alpha1.NodeNetwork {
 	t.Helper()
 	var list v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c, "").List(ctx, &list); err != nil {
+	if err := framework.Client(t, c).List(ctx, &list); err != nil {
 		t.Fatalf("the NodeNetworks: %v", err)
 	}
 	got := map[string]v1alpha1.NodeNetwork{}

@@ -18,7 +18,7 @@ import (
 // Client is a controller-runtime client of the cluster with the scheme the operator and
 // the agent use (the built-in types, the Trellis API, ClusterNetworkPolicy) and CRDs, for
 // the objects c.Client()'s clientset has no typed calls for.
-func Client(t *testing.T, c *cluster.Cluster) client.Client {
+func Client(t testing.TB, c *cluster.Cluster) client.Client {
 	t.Helper()
 	if kc, ok := clients.Load(c); ok {
 		return kc.(client.Client)

@@ -24,10 +24,10 @@ func Clientset(t testing.TB, c *cluster.Cluster) kubernetes.Interface {
 	return kc
 }
 
-// TrellisClient is a controller-runtime client of c with Trellis's API types as well as
-// Kubernetes': the admin's, or, with a token, one that authenticates with that token alone
-// (to act as a component's service account).
-func TrellisClient(t testing.TB, c *cluster.Cluster, token string) client.Client {
+// TokenClient is a controller-runtime client of c with Trellis's API types as well as
+// Kubernetes' that authenticates with token alone (to act as a component's service
+// account); Client is the admin's.
+func TokenClient(t testing.TB, c *cluster.Cluster, token string) client.Client {
 	t.Helper()
 	ctrllog.SetLogger(logr.Discard()) // the client's own log is of no use in a test
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
@@ -35,9 +35,7 @@ func TrellisClient(t testing.TB, c *cluster.Cluster, token string) client.Client
 		t.Fatal(err)
 	}
 	cfg.Timeout = 10 * time.Second
-	if token != "" {
-		cfg.BearerToken, cfg.CertData, cfg.KeyData, cfg.CertFile, cfg.KeyFile = token, nil, nil, "", ""
-	}
+	cfg.BearerToken, cfg.CertData, cfg.KeyData, cfg.CertFile, cfg.KeyFile = token, nil, nil, "", ""
 	cl, err := testenv.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,7 @@ import (
 // for the operator to allocate one.
 func PodBlock(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) netip.Prefix {
 	t.Helper()
-	cl := TrellisClient(t, c, "")
+	cl := Client(t, c)
 	var block netip.Prefix
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

@@ -118,7 +118,7 @@ func podReady(p *corev1.Pod) bool {
 func ClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string) metav1.Condition {
 	t.Helper()
 	cn := &v1alpha1.ClusterNetwork{}
-	if err := TrellisClient(t, c, "").Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
+	if err := Client(t, c).Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
 		t.Fatalf("ClusterNetwork default: %v", err)
 	}
 	if cd := meta.FindStatusCondition(cn.Status.Conditions, typ); cd != nil {
@@ -130,7 +130,7 @@ func ClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Clust
 // WaitClusterNetworkCondition waits until the ClusterNetwork's condition typ has status.
 func WaitClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string, status metav1.ConditionStatus, timeout time.Duration) {
 	t.Helper()
-	cl := TrellisClient(t, c, "")
+	cl := Client(t, c)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	check.EventuallyCtx(ctx, t, time.Second, fmt.Sprintf("ClusterNetwork %s %s", typ, status), func(ctx context.Context) error {

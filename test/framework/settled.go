@@ -8,12 +8,10 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
@@ -27,69 +25,12 @@ const (
 	agentsDaemonSet = "trellis-agent"
 )
 
-// CurrentClusterNetworkSpec is the default ClusterNetwork's spec as it is now.
-func CurrentClusterNetworkSpec(ctx context.Context, t testing.TB, c *cluster.Cluster) v1alpha1.ClusterNetworkSpec {
-	t.Helper()
-	var cn v1alpha1.ClusterNetwork
-	if err := TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
-		t.Fatalf("ClusterNetwork %s: %v", v1alpha1.ClusterNetworkName, err)
-	}
-	return cn.Spec
-}
-
-// UpdateClusterNetwork changes the default ClusterNetwork's spec with change, retried on
-// a conflict with the operator's writes.
-func UpdateClusterNetwork(ctx context.Context, t testing.TB, c *cluster.Cluster, change func(*v1alpha1.ClusterNetworkSpec)) {
-	t.Helper()
-	if err := updateClusterNetwork(ctx, TrellisClient(t, c, ""), change); err != nil {
-		t.Fatalf("updating the ClusterNetwork: %v", err)
-	}
-}
-
-func updateClusterNetwork(ctx context.Context, cl client.Client, change func(*v1alpha1.ClusterNetworkSpec)) error {
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var cn v1alpha1.ClusterNetwork
-		if err := cl.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
-			return err
-		}
-		change(&cn.Spec)
-		return cl.Update(ctx, &cn)
-	})
-}
-
-// RestoreClusterNetwork puts the ClusterNetwork's spec back as it is now when the test
-// ends, and waits until Trellis has settled on it again (WaitTrellisSettled): a suite
-// that changes the spec leaves a shared cluster as it found it, also when it fails.
-func RestoreClusterNetwork(ctx context.Context, t testing.TB, c *cluster.Cluster) {
-	t.Helper()
-	saved := CurrentClusterNetworkSpec(ctx, t, c)
-	cl, kc := TrellisClient(t, c, ""), Clientset(t, c)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-		defer cancel()
-		var changed bool
-		if err := updateClusterNetwork(ctx, cl, func(s *v1alpha1.ClusterNetworkSpec) {
-			changed = !equality.Semantic.DeepEqual(*s, saved)
-			*s = saved
-		}); err != nil {
-			t.Errorf("restoring the ClusterNetwork's spec: %v", err)
-			return
-		}
-		if changed {
-			t.Log("the ClusterNetwork's spec put back as the test found it")
-		}
-		if err := trellisSettled(ctx, cl, kc, len(c.Nodes)); err != nil {
-			t.Errorf("after restoring the ClusterNetwork: %v", err)
-		}
-	})
-}
-
 // ClusterCondition is the default ClusterNetwork's condition typ (only its Type set when
 // it has none).
 func ClusterCondition(ctx context.Context, t testing.TB, c *cluster.Cluster, typ string) metav1.Condition {
 	t.Helper()
 	var cn v1alpha1.ClusterNetwork
-	if err := TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
+	if err := Client(t, c).Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, &cn); err != nil {
 		t.Fatalf("ClusterNetwork %s: %v", v1alpha1.ClusterNetworkName, err)
 	}
 	if cd := apimeta.FindStatusCondition(cn.Status.Conditions, typ); cd != nil {
@@ -133,7 +74,7 @@ func WaitTrellisSettled(ctx context.Context, t testing.TB, c *cluster.Cluster, t
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	check.Must(t, trellisSettled(ctx, TrellisClient(t, c, ""), Clientset(t, c), len(c.Nodes)))
+	check.Must(t, trellisSettled(ctx, Client(t, c), Clientset(t, c), len(c.Nodes)))
 }
 
 func trellisSettled(ctx context.Context, cl client.Client, kc kubernetes.Interface, nodes int) error {
