@@ -430,11 +430,11 @@ func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, no
 func agentLog(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) (string, error) {
 	t.Helper()
 	kc := framework.Clientset(t, c)
-	pods, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node})
+	pods, err := kc.CoreV1().Pods(framework.TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: framework.AgentSelector, FieldSelector: "spec.nodeName=" + node})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("the agent pod on %s: %d pods (%v)", node, len(pods.Items), err)
 	}
-	out, err := kc.CoreV1().Pods(trellisSystem).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+	out, err := kc.CoreV1().Pods(framework.TrellisNamespace).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
 	return string(out), err
 }
 

@@ -20,12 +20,6 @@ import (
 	"github.com/trellis-net/trellis/test/framework"
 )
 
-// Where the operator runs the agents, and their pods' label.
-const (
-	trellisSystem     = "trellis-system"
-	agentPodsSelector = "app.kubernetes.io/name=trellis-agent"
-)
-
 // Day-2 changes that go wrong, under continuous pod-to-pod traffic around every node: an
 // agent image that can't be pulled (the rollout stalls on one node, the others keep the
 // previous agent, Degraded names the node and why, correcting the spec recovers) and
@@ -96,7 +90,7 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 		}
 		// One node is stuck on the new image; the others keep the previous agent, Ready.
 		kc := framework.Clientset(t, c)
-		agents, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector})
+		agents, err := kc.CoreV1().Pods(framework.TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: framework.AgentSelector})
 		check.Must(t, err)
 		var stuck, previous int
 		var seen []string

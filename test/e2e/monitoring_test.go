@@ -154,8 +154,8 @@ func testMonitoring(t *testing.T, c *cluster.Cluster) {
 func healAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) {
 	t.Helper()
 	kc := framework.Clientset(t, c)
-	if err := kc.CoreV1().Pods(trellisSystem).DeleteCollection(ctx, metav1.DeleteOptions{},
-		metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node}); err != nil {
+	if err := kc.CoreV1().Pods(framework.TrellisNamespace).DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: framework.AgentSelector, FieldSelector: "spec.nodeName=" + node}); err != nil {
 		t.Errorf("deleting the agent pod on %s: %v", node, err)
 	}
 }

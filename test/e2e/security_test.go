@@ -45,7 +45,7 @@ func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
 
 	t.Run("AgentUnprivileged", func(t *testing.T) {
-		ds, err := framework.Clientset(t, c).AppsV1().DaemonSets(framework.AgentNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+		ds, err := framework.Clientset(t, c).AppsV1().DaemonSets(framework.TrellisNamespace).Get(ctx, framework.AgentDaemonSet, metav1.GetOptions{})
 		check.Must(t, err)
 		for _, ctr := range append(slices.Clone(ds.Spec.Template.Spec.InitContainers), ds.Spec.Template.Spec.Containers...) {
 			if sc := ctr.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {

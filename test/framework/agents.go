@@ -17,10 +17,10 @@ import (
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
-// AgentNamespace and AgentSelector find the agent's pods, AgentContainer the container
-// of the trellis-agent process.
+// The agents run in TrellisNamespace: AgentDaemonSet is theirs, AgentSelector finds their
+// pods, AgentContainer is the container of the trellis-agent process.
 const (
-	AgentNamespace = "trellis-system"
+	AgentDaemonSet = "trellis-agent"
 	AgentSelector  = "app.kubernetes.io/name=trellis-agent"
 	AgentContainer = "agent"
 )
@@ -92,7 +92,7 @@ func RestartAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n clust
 // AgentPod is the agent's pod on node n.
 func AgentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) (*corev1.Pod, error) {
 	t.Helper()
-	pods, err := Clientset(t, c).CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector, FieldSelector: "spec.nodeName=" + n.Name})
+	pods, err := Clientset(t, c).CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector, FieldSelector: "spec.nodeName=" + n.Name})
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	check.EventuallyCtx(wctx, t, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
-		ds, err := kc.AppsV1().DaemonSets(AgentNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+		ds, err := kc.AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}

@@ -91,7 +91,7 @@ func ServiceEndpoints(ctx context.Context, t *testing.T, c *cluster.Cluster, nam
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	check.EventuallyCtx(wctx, t, time.Second, fmt.Sprintf("%d ready endpoints of Service %s", want, name), func(ctx context.Context) error {
-		slices, err := kc.DiscoveryV1().EndpointSlices(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		slices, err := kc.DiscoveryV1().EndpointSlices(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
 		if err != nil {
 			return err
 		}

@@ -11,12 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 )
@@ -24,8 +21,6 @@ import (
 // What a Trellis rollout (install, upgrade, rollback) looks like from the API: the
 // operator's image, the agents' pods by image, the agent DaemonSet's unavailable count and
 // the ClusterNetwork's conditions.
-
-const agentSelector = "app.kubernetes.io/name=trellis-agent"
 
 // OperatorImage is the image of the operator Deployment's container.
 func OperatorImage(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
@@ -40,7 +35,7 @@ func OperatorImage(ctx context.Context, t *testing.T, c *cluster.Cluster) string
 // AgentsUnavailable is the agent DaemonSet's status.numberUnavailable.
 func AgentsUnavailable(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
 	t.Helper()
-	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the agent DaemonSet: %v", err)
 	}
@@ -56,7 +51,7 @@ func ReadyAgentsByImage(ctx context.Context, t *testing.T, c *cluster.Cluster, o
 	}
 	for _, p := range pods {
 		switch {
-		case !podReady(&p):
+		case !PodReady(&p):
 		case p.Spec.Containers[0].Image == old:
 			nOld++
 		case p.Spec.Containers[0].Image == cur:
@@ -79,8 +74,8 @@ func WaitAgents(ctx context.Context, t *testing.T, c *cluster.Cluster, image str
 		}
 		var bad, nodes []string
 		for _, p := range pods {
-			if img := p.Spec.Containers[0].Image; img != image || !podReady(&p) || p.DeletionTimestamp != nil {
-				bad = append(bad, fmt.Sprintf("%s on %s: %s ready=%t deleting=%t", p.Name, p.Spec.NodeName, img, podReady(&p), p.DeletionTimestamp != nil))
+			if img := p.Spec.Containers[0].Image; img != image || !PodReady(&p) || p.DeletionTimestamp != nil {
+				bad = append(bad, fmt.Sprintf("%s on %s: %s ready=%t deleting=%t", p.Name, p.Spec.NodeName, img, PodReady(&p), p.DeletionTimestamp != nil))
 				continue
 			}
 			nodes = append(nodes, p.Spec.NodeName)
@@ -97,52 +92,11 @@ func WaitAgents(ctx context.Context, t *testing.T, c *cluster.Cluster, image str
 
 func agentPods(ctx context.Context, t *testing.T, c *cluster.Cluster) ([]corev1.Pod, error) {
 	t.Helper()
-	pods, err := Clientset(t, c).CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	pods, err := Clientset(t, c).CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector})
 	if err != nil {
 		return nil, err
 	}
 	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return len(p.Spec.Containers) == 0 }), nil
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, cd := range p.Status.Conditions {
-		if cd.Type == corev1.PodReady {
-			return cd.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// ClusterNetworkCondition is condition typ of the ClusterNetwork "default" (Status
-// Unknown when it has none yet).
-func ClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string) metav1.Condition {
-	t.Helper()
-	cn := &v1alpha1.ClusterNetwork{}
-	if err := Client(t, c).Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
-		t.Fatalf("ClusterNetwork default: %v", err)
-	}
-	if cd := meta.FindStatusCondition(cn.Status.Conditions, typ); cd != nil {
-		return *cd
-	}
-	return metav1.Condition{Type: typ, Status: metav1.ConditionUnknown}
-}
-
-// WaitClusterNetworkCondition waits until the ClusterNetwork's condition typ has status.
-func WaitClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string, status metav1.ConditionStatus, timeout time.Duration) {
-	t.Helper()
-	cl := Client(t, c)
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	check.EventuallyCtx(ctx, t, time.Second, fmt.Sprintf("ClusterNetwork %s %s", typ, status), func(ctx context.Context) error {
-		cn := &v1alpha1.ClusterNetwork{}
-		if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
-			return err
-		}
-		if cd := meta.FindStatusCondition(cn.Status.Conditions, typ); cd == nil || cd.Status != status {
-			return fmt.Errorf("%+v", cd)
-		}
-		return nil
-	})
 }
 
 // WaitCRDEstablished waits until the CustomResourceDefinition name is Established (its

@@ -19,14 +19,8 @@ import (
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
-// Where the operator runs the agents.
-const (
-	agentsNamespace = "trellis-system"
-	agentsDaemonSet = "trellis-agent"
-)
-
-// ClusterCondition is the default ClusterNetwork's condition typ (only its Type set when
-// it has none).
+// ClusterCondition is the ClusterNetwork's condition typ (Status Unknown when it has none
+// yet).
 func ClusterCondition(ctx context.Context, t testing.TB, c *cluster.Cluster, typ string) metav1.Condition {
 	t.Helper()
 	var cn v1alpha1.ClusterNetwork
@@ -36,7 +30,7 @@ func ClusterCondition(ctx context.Context, t testing.TB, c *cluster.Cluster, typ
 	if cd := apimeta.FindStatusCondition(cn.Status.Conditions, typ); cd != nil {
 		return *cd
 	}
-	return metav1.Condition{Type: typ}
+	return metav1.Condition{Type: typ, Status: metav1.ConditionUnknown}
 }
 
 // WaitClusterCondition waits until the ClusterNetwork's condition typ has status, and
@@ -59,7 +53,7 @@ func WaitClusterCondition(ctx context.Context, t testing.TB, c *cluster.Cluster,
 // GetAgentDaemonSet is the agent DaemonSet.
 func GetAgentDaemonSet(ctx context.Context, t testing.TB, c *cluster.Cluster) *appsv1.DaemonSet {
 	t.Helper()
-	ds, err := Clientset(t, c).AppsV1().DaemonSets(agentsNamespace).Get(ctx, agentsDaemonSet, metav1.GetOptions{})
+	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +88,7 @@ func trellisSettled(ctx context.Context, cl client.Client, kc kubernetes.Interfa
 		if cn.Status.ObservedGeneration != cn.Generation {
 			bad = append(bad, fmt.Sprintf("generation %d observed %d", cn.Generation, cn.Status.ObservedGeneration))
 		}
-		ds, err := kc.AppsV1().DaemonSets(agentsNamespace).Get(ctx, agentsDaemonSet, metav1.GetOptions{})
+		ds, err := kc.AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}

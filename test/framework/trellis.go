@@ -55,7 +55,7 @@ func AgentsRestartedAndReady(ctx context.Context, t *testing.T, c *cluster.Clust
 	if err != nil {
 		t.Fatalf("client: %v", err)
 	}
-	pods, err := kc.CoreV1().Pods("trellis-system").List(ctx, metav1.ListOptions{})
+	pods, err := kc.CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return false
 	}
