@@ -137,11 +137,6 @@ func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 		if err != nil {
 			return err
 		}
-		st := ds.Status
-		if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
-			return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
-				ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
-		}
-		return nil
+		return daemonSetRolledOut(ds)
 	})
 }

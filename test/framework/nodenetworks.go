@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -36,9 +37,12 @@ func NodeBlock(ctx context.Context, t *testing.T, c *cluster.Cluster, node strin
 		if err := kc.Get(ctx, client.ObjectKey{Name: node}, &nn); err != nil {
 			return err
 		}
-		var err error
-		block, err = netip.ParsePrefix(nn.Spec.PodCIDR)
-		return err
+		p, err := netip.ParsePrefix(nn.Spec.PodCIDR)
+		if err != nil {
+			return fmt.Errorf("spec.podCIDR %q: %w", nn.Spec.PodCIDR, err)
+		}
+		block = p
+		return nil
 	})
 	return block
 }

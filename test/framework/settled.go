@@ -92,14 +92,25 @@ func trellisSettled(ctx context.Context, cl client.Client, kc kubernetes.Interfa
 		if err != nil {
 			return err
 		}
-		st := ds.Status
-		if st.ObservedGeneration != ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled ||
-			st.NumberAvailable != st.DesiredNumberScheduled || st.DesiredNumberScheduled != int32(nodes) {
-			bad = append(bad, fmt.Sprintf("agents: %d of %d updated, %d available, for %d nodes", st.UpdatedNumberScheduled, st.DesiredNumberScheduled, st.NumberAvailable, nodes))
+		if err := daemonSetRolledOut(ds); err != nil {
+			bad = append(bad, "agents: "+err.Error())
+		} else if n := ds.Status.DesiredNumberScheduled; n != int32(nodes) {
+			bad = append(bad, fmt.Sprintf("agents: %d for %d nodes", n, nodes))
 		}
 		if len(bad) > 0 {
 			return fmt.Errorf("%s", strings.Join(bad, "; "))
 		}
 		return nil
 	})
+}
+
+// daemonSetRolledOut is nil when ds's rollout is over (what `kubectl rollout status`
+// waits for): its generation observed, every scheduled pod updated and available.
+func daemonSetRolledOut(ds *appsv1.DaemonSet) error {
+	st := ds.Status
+	if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
+		return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
+			ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
+	}
+	return nil
 }
