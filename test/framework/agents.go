@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -139,4 +142,58 @@ func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, 
 		}
 		return daemonSetRolledOut(ds)
 	})
+}
+
+// AgentPids are the trellis-agent processes in node n's network namespace.
+func AgentPids(t *testing.T, n cluster.Node) []int {
+	t.Helper()
+	var want unix.Stat_t
+	if err := unix.Stat(n.NetNSPath(), &want); err != nil {
+		t.Fatalf("%s's network namespace: %v", n.Name, err)
+	}
+	var pids []int
+	comms, _ := filepath.Glob("/proc/[0-9]*/comm")
+	for _, p := range comms {
+		b, err := os.ReadFile(p)
+		if err != nil || strings.TrimSpace(string(b)) != "trellis-agent" {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(filepath.Dir(p), "ns", "net"), &st) != nil || st.Ino != want.Ino || st.Dev != want.Dev {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// AgentsRestartedAndReady reports whether the agent pods on nodes have restarted at least
+// once and are Ready.
+func AgentsRestartedAndReady(ctx context.Context, t *testing.T, c *cluster.Cluster, nodes []cluster.Node) bool {
+	t.Helper()
+	kc, err := c.Client()
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	pods, err := kc.CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return false
+	}
+	ok := 0
+	for _, n := range nodes {
+		for _, p := range pods.Items {
+			if p.Spec.NodeName != n.Name || !strings.HasPrefix(p.Name, "trellis-agent") {
+				continue
+			}
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.RestartCount > 0 && cs.Ready {
+					ok++
+				}
+			}
+		}
+	}
+	return ok == len(nodes)
 }
