@@ -117,16 +117,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 		node := "nodes/" + n.Name + "/"
 		check := func(file string, wants ...string) {
 			t.Helper()
-			body, ok := files[node+file]
-			if !ok {
-				t.Errorf("no %s%s in the dump", node, file)
-				return
-			}
-			for _, w := range wants {
-				if !strings.Contains(body, w) {
-					t.Errorf("%s%s doesn't hold %q:\n%s", node, file, w, body)
-				}
-			}
+			dumpHas(t, files, node+file, wants...)
 		}
 		check("agent.txt", "node: "+n.Name, "agent version: ")
 		check("cni/order.txt", "* 10-trellis.conflist  (in use: trellis's)")
@@ -525,5 +516,20 @@ func readDump(t *testing.T, path, root string) map[string]string {
 			t.Fatal(err)
 		}
 		files[name] = string(b)
+	}
+}
+
+// dumpHas checks that the dump's file holds each of wants.
+func dumpHas(t *testing.T, files map[string]string, file string, wants ...string) {
+	t.Helper()
+	body, ok := files[file]
+	if !ok {
+		t.Errorf("no %s in the dump", file)
+		return
+	}
+	for _, w := range wants {
+		if !strings.Contains(body, w) {
+			t.Errorf("%s doesn't hold %q:\n%s", file, w, body)
+		}
 	}
 }

@@ -283,16 +283,7 @@ func checkSysdumpIPv6(ctx context.Context, t *testing.T, env *cliEnv) {
 		dir := "nodes/" + n.Name + "/"
 		has := func(file string, wants ...string) {
 			t.Helper()
-			body, ok := files[dir+file]
-			if !ok {
-				t.Errorf("no %s%s in the dump", dir, file)
-				return
-			}
-			for _, w := range wants {
-				if !strings.Contains(body, w) {
-					t.Errorf("%s%s doesn't hold %q:\n%s", dir, file, w, body)
-				}
-			}
+			dumpHas(t, files, dir+file, wants...)
 		}
 		has("iptables/backend.txt", "ip6tables tables with trellis chains: ")
 		has("ip6tables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD")
