@@ -61,7 +61,7 @@ spec:
   ports:
   - {name: sql, port: 5432, targetPort: tcp-echo}
 `, explainNS)
-	pods := framework.ApplyPods(ctx, t, c, b.String(), explainNS, "explain", map[string]string{"web": node1, "db": node2, "other": node2})
+	pods := framework.ApplyPods(ctx, t, c, b.String(), explainNS, map[string]string{"web": node1, "db": node2, "other": node2})
 	web, db, other := pods["web"], pods["db"], pods["other"]
 	framework.TCPEcho(t, db.NetNS, 9100)
 	dbAddr := netip.AddrPortFrom(db.IP, 9100).String()

@@ -223,7 +223,7 @@ spec:
     args: ["pause"]
 `, client.name, ns, clientNode, client.extra, images.AgnhostImage)
 	}
-	return framework.ApplyPods(ctx, t, c, b.String(), ns, "dns", map[string]string{
+	return framework.ApplyPods(ctx, t, c, b.String(), ns, map[string]string{
 		"server": serverNode, "client-udp": clientNode, "client-tcp": clientNode,
 	})
 }

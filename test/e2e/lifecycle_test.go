@@ -184,5 +184,5 @@ spec:
       periodSeconds: 1
 `, n.Name, ns, images.AgnhostImage, framework.ServerPort)
 	}
-	return framework.ApplyPods(ctx, t, c, b.String(), ns, "rollouts", nodes)
+	return framework.ApplyPods(ctx, t, c, b.String(), ns, nodes)
 }

@@ -79,7 +79,7 @@ func testNetworkPolicy(t *testing.T, c *cluster.Cluster) {
 		// Ready.
 		check.Consistently(ctx, t, 3*time.Second, time.Second, "server Ready under default-deny ingress (kubelet probes must pass)", func(ctx context.Context) error {
 			p, err := kc.CoreV1().Pods(ns).Get(ctx, "server", metav1.GetOptions{})
-			if err == nil && !framework.PodReady(p) {
+			if err == nil && !cluster.PodReady(p) {
 				err = fmt.Errorf("not Ready: %v", p.Status.Conditions)
 			}
 			return err

@@ -62,29 +62,19 @@ func DeployPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch str
 	return DeployPodsIn(ctx, t, c, PodNamespace, batch, specs)
 }
 
-// ApplyPods applies manifest, waits until the pods of batch in namespace are Ready, checks
-// each is on its node (nodes: pod name -> node) and opens its network namespace.
-func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, namespace, batch string, nodes map[string]string) map[string]Pod {
+// ApplyPods applies manifest (kubectl apply: the pods' YAML as the test writes it), waits
+// until its pods in namespace are Ready, checks each is on its node (nodes: pod name ->
+// node) and opens its network namespace, by pod name.
+func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, namespace string, nodes map[string]string) map[string]Pod {
 	t.Helper()
 	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
 		t.Fatalf("creating the test pods: %v", err)
 	}
-	if out, err := c.Kubectl(ctx, "wait", "-n", namespace, "--for=condition=Ready", "pod", "-l", "batch="+batch, "--timeout=2m"); err != nil {
-		t.Fatalf("test pods not Ready: %v\n%s\n%s", err, out, c.Diagnose(ctx))
-	}
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	pods := map[string]Pod{}
+	var pods []*corev1.Pod
 	for name, node := range nodes {
-		p, err := kc.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("pod %s: %v", name, err)
-		}
-		pods[name] = openPod(t, p, node)
+		pods = append(pods, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}, Spec: corev1.PodSpec{NodeName: node}})
 	}
-	return pods
+	return openReadyPods(ctx, t, c, pods)
 }
 
 // DeletePods deletes the pods of batch in PodNamespace without waiting for them to go.

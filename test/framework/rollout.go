@@ -51,7 +51,7 @@ func ReadyAgentsByImage(ctx context.Context, t *testing.T, c *cluster.Cluster, o
 	}
 	for _, p := range pods {
 		switch {
-		case !PodReady(&p):
+		case !cluster.PodReady(&p):
 		case p.Spec.Containers[0].Image == old:
 			nOld++
 		case p.Spec.Containers[0].Image == cur:
@@ -74,8 +74,8 @@ func WaitAgents(ctx context.Context, t *testing.T, c *cluster.Cluster, image str
 		}
 		var bad, nodes []string
 		for _, p := range pods {
-			if img := p.Spec.Containers[0].Image; img != image || !PodReady(&p) || p.DeletionTimestamp != nil {
-				bad = append(bad, fmt.Sprintf("%s on %s: %s ready=%t deleting=%t", p.Name, p.Spec.NodeName, img, PodReady(&p), p.DeletionTimestamp != nil))
+			if img := p.Spec.Containers[0].Image; img != image || !cluster.PodReady(&p) || p.DeletionTimestamp != nil {
+				bad = append(bad, fmt.Sprintf("%s on %s: %s ready=%t deleting=%t", p.Name, p.Spec.NodeName, img, cluster.PodReady(&p), p.DeletionTimestamp != nil))
 				continue
 			}
 			nodes = append(nodes, p.Spec.NodeName)

@@ -98,6 +98,14 @@ func CreatePods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*c
 			t.Fatalf("creating pod %s/%s: %v", p.Namespace, p.Name, err)
 		}
 	}
+	return openReadyPods(ctx, t, c, pods)
+}
+
+// openReadyPods waits until pods (by namespace and name) are Ready, checks each runs on
+// its spec.nodeName and opens its network namespace, by pod name.
+func openReadyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*corev1.Pod) map[string]Pod {
+	t.Helper()
+	kc := Clientset(t, c)
 	wctx, cancel := context.WithTimeout(ctx, podsReady)
 	defer cancel()
 	got := map[string]Pod{}
@@ -111,7 +119,7 @@ func CreatePods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*c
 			if err != nil {
 				return err
 			}
-			if !PodReady(p) {
+			if !cluster.PodReady(p) {
 				waiting = append(waiting, fmt.Sprintf("%s: %s", p.Name, p.Status.Phase))
 				continue
 			}
@@ -125,16 +133,6 @@ func CreatePods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*c
 		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
 	}
 	return got
-}
-
-// PodReady reports whether p's Ready condition is True.
-func PodReady(p *corev1.Pod) bool {
-	for _, cond := range p.Status.Conditions {
-		if cond.Type == corev1.PodReady {
-			return cond.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // DeletePodsIn deletes the pods of batch in namespace ns and waits until they are gone.
