@@ -227,6 +227,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 	c := env.c
 	n := c.Nodes[len(c.Nodes)-1]
 	before := diagnosticsStatus(ctx, t, c, n.Name)
+	restarts := framework.AgentRestarts(ctx, t, c)
 	imp := startImpostor(t, n)
 	t.Cleanup(func() {
 		// The agent retries its port every 10 s: once the impostor is gone it serves and
@@ -239,12 +240,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 			}
 			return nil
 		})
-		check.Eventually(t, 2*time.Minute, "the agent on "+n.Name+" Ready", func() error {
-			if !framework.AgentsRestartedAndReady(ctx, t, c, []cluster.Node{n}) {
-				return errors.New("not Ready")
-			}
-			return nil
-		})
+		framework.WaitAgentsRestarted(context.WithoutCancel(ctx), t, c, []cluster.Node{n}, restarts, 2*time.Minute)
 	})
 	check.Eventually(t, 2*time.Minute, "the restarted agent on "+n.Name+" clearing its published certificate (it can't bind its port)", func() error {
 		if d := diagnosticsStatus(ctx, t, c, n.Name); d.CertificateSHA256 != "" {

@@ -75,21 +75,9 @@ func KillAgent(t *testing.T, n cluster.Node) {
 // agent restarted earlier on a shared cluster does not pass for one restarted now.
 func RestartAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) {
 	t.Helper()
-	before := agentRestarts(ctx, t, c, n)
+	before := AgentRestarts(ctx, t, c)
 	KillAgent(t, n)
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	check.EventuallyCtx(wctx, t, time.Second, "the agent on "+n.Name+" back and Ready after kill -9", func(ctx context.Context) error {
-		p, err := AgentPod(ctx, t, c, n)
-		if err != nil {
-			return err
-		}
-		restarts, ready := agentContainer(p)
-		if restarts <= before || !ready {
-			return fmt.Errorf("%d restarts (%d before the kill), ready %t", restarts, before, ready)
-		}
-		return nil
-	})
+	WaitAgentsRestarted(ctx, t, c, []cluster.Node{n}, before, 2*time.Minute)
 }
 
 // AgentPod is the agent's pod on node n.
@@ -104,27 +92,6 @@ func AgentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.N
 		return nil, fmt.Errorf("%d agent pods on %s", len(pods.Items), n.Name)
 	}
 	return &pods.Items[0], nil
-}
-
-// agentRestarts is the restart count of the agent container on n.
-func agentRestarts(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) int32 {
-	t.Helper()
-	p, err := AgentPod(ctx, t, c, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	restarts, _ := agentContainer(p)
-	return restarts
-}
-
-// agentContainer is the agent container's restart count and readiness in pod p.
-func agentContainer(p *corev1.Pod) (restarts int32, ready bool) {
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == AgentContainer {
-			return cs.RestartCount, cs.Ready
-		}
-	}
-	return 0, false
 }
 
 // WaitAgentsRolledOut waits until the agent DaemonSet has rolled out (what `kubectl
@@ -168,32 +135,4 @@ func AgentPids(t *testing.T, n cluster.Node) []int {
 		}
 	}
 	return pids
-}
-
-// AgentsRestartedAndReady reports whether the agent pods on nodes have restarted at least
-// once and are Ready.
-func AgentsRestartedAndReady(ctx context.Context, t *testing.T, c *cluster.Cluster, nodes []cluster.Node) bool {
-	t.Helper()
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	pods, err := kc.CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return false
-	}
-	ok := 0
-	for _, n := range nodes {
-		for _, p := range pods.Items {
-			if p.Spec.NodeName != n.Name || !strings.HasPrefix(p.Name, "trellis-agent") {
-				continue
-			}
-			for _, cs := range p.Status.ContainerStatuses {
-				if cs.RestartCount > 0 && cs.Ready {
-					ok++
-				}
-			}
-		}
-	}
-	return ok == len(nodes)
 }
