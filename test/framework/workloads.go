@@ -3,7 +3,6 @@ package framework
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -173,25 +172,4 @@ func DeletePodIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name
 		}
 		return err
 	})
-}
-
-// CreateServiceIn creates a ClusterIP Service in ns named like the pod it selects (by
-// its name label), port 80 to the pod's ServerPort, and returns its ClusterIP.
-func CreateServiceIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string) netip.Addr {
-	t.Helper()
-	svc, err := Clientset(t, c).CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns},
-		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"name": pod},
-			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(ServerPort)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating Service %s/%s: %v", ns, pod, err)
-	}
-	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-	if err != nil {
-		t.Fatalf("Service %s/%s's ClusterIP %q: %v", ns, pod, svc.Spec.ClusterIP, err)
-	}
-	return ip
 }
