@@ -94,23 +94,6 @@ func AgentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.N
 	return &pods.Items[0], nil
 }
 
-// WaitAgentsRolledOut waits until the agent DaemonSet has rolled out (what `kubectl
-// rollout status` waits for): its current generation observed, and every scheduled pod
-// updated and available.
-func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
-	t.Helper()
-	kc := Clientset(t, c)
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	check.EventuallyCtx(wctx, t, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
-		ds, err := kc.AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		return daemonSetRolledOut(ds)
-	})
-}
-
 // AgentPids are the trellis-agent processes in node n's network namespace.
 func AgentPids(t *testing.T, n cluster.Node) []int {
 	t.Helper()

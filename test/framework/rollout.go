@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
@@ -19,8 +20,8 @@ import (
 )
 
 // What a Trellis rollout (install, upgrade, rollback) looks like from the API: the
-// operator's image, the agents' pods by image, the agent DaemonSet's unavailable count and
-// the ClusterNetwork's conditions.
+// operator's image, the agent DaemonSet and its pods by image, the CRDs established. The
+// ClusterNetwork's conditions, and Trellis at rest, are settled.go's.
 
 // OperatorImage is the image of the operator Deployment's container.
 func OperatorImage(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
@@ -125,4 +126,42 @@ func WaitCRDEstablished(ctx context.Context, t *testing.T, c *cluster.Cluster, n
 		}
 		return fmt.Errorf("conditions %+v", crd.Status.Conditions)
 	})
+}
+
+// GetAgentDaemonSet is the agent DaemonSet.
+func GetAgentDaemonSet(ctx context.Context, t testing.TB, c *cluster.Cluster) *appsv1.DaemonSet {
+	t.Helper()
+	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds
+}
+
+// WaitAgentsRolledOut waits until the agent DaemonSet has rolled out (what `kubectl
+// rollout status` waits for): its current generation observed, and every scheduled pod
+// updated and available.
+func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
+	t.Helper()
+	kc := Clientset(t, c)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
+		ds, err := kc.AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		return daemonSetRolledOut(ds)
+	})
+}
+
+// daemonSetRolledOut is nil when ds's rollout is over (what `kubectl rollout status`
+// waits for): its generation observed, every scheduled pod updated and available.
+func daemonSetRolledOut(ds *appsv1.DaemonSet) error {
+	st := ds.Status
+	if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
+		return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
+			ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
+	}
+	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -18,6 +17,9 @@ import (
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 )
+
+// Trellis at rest: the ClusterNetwork's conditions, and WaitTrellisSettled, which a suite
+// on a shared cluster calls first and KeepClusterNetworkSpec after putting the spec back.
 
 // ClusterCondition is the ClusterNetwork's condition typ (Status Unknown when it has none
 // yet).
@@ -48,16 +50,6 @@ func WaitClusterCondition(ctx context.Context, t testing.TB, c *cluster.Cluster,
 		return nil
 	})
 	return cd
-}
-
-// GetAgentDaemonSet is the agent DaemonSet.
-func GetAgentDaemonSet(ctx context.Context, t testing.TB, c *cluster.Cluster) *appsv1.DaemonSet {
-	t.Helper()
-	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ds
 }
 
 // WaitTrellisSettled waits until Trellis is at rest on the ClusterNetwork as it is:
@@ -102,15 +94,4 @@ func trellisSettled(ctx context.Context, cl client.Client, kc kubernetes.Interfa
 		}
 		return nil
 	})
-}
-
-// daemonSetRolledOut is nil when ds's rollout is over (what `kubectl rollout status`
-// waits for): its generation observed, every scheduled pod updated and available.
-func daemonSetRolledOut(ds *appsv1.DaemonSet) error {
-	st := ds.Status
-	if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
-		return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
-			ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
-	}
-	return nil
 }
