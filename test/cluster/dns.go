@@ -232,7 +232,7 @@ func dnsReadiness(ctx context.Context, client kubernetes.Interface) (string, boo
 	readyPods := 0
 	for i := range pods.Items {
 		pod := &pods.Items[i]
-		if podReady(pod) {
+		if PodReady(pod) {
 			readyPods++
 			continue
 		}

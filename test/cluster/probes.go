@@ -101,7 +101,7 @@ func (c *Cluster) DeployProbes(ctx context.Context, timeout time.Duration) ([]Pr
 		var waiting []string
 		byNode := map[string]Probe{}
 		for _, p := range pods.Items {
-			if p.DeletionTimestamp == nil && podReady(&p) && p.Status.PodIP != "" {
+			if p.DeletionTimestamp == nil && PodReady(&p) && p.Status.PodIP != "" {
 				byNode[p.Spec.NodeName] = Probe{Pod: p.Name, Node: p.Spec.NodeName, IP: p.Status.PodIP}
 			} else {
 				waiting = append(waiting, fmt.Sprintf("%s on %q: %s", p.Name, p.Spec.NodeName, podState(&p)))
@@ -148,7 +148,8 @@ func readyEndpoints(ctx context.Context, client kubernetes.Interface, ns, name s
 	return ready
 }
 
-func podReady(p *corev1.Pod) bool {
+// PodReady reports whether p's Ready condition is True.
+func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue

@@ -127,7 +127,7 @@ func testAgentDatapath(t *testing.T, c *cluster.Cluster) {
 			framework.KillAgent(t, n)
 		}
 		framework.WaitAgentsRestarted(ctx, t, c, killed, restarts, 2*time.Minute)
-		time.Sleep(5 * time.Second) // the restarted agents' first syncs
+		time.Sleep(5 * time.Second) //nolint:forbidigo // a window: the restarted agents' first syncs must not break the traffic GapSince measures
 		p.WaitFlowing(t, 10*time.Second)
 		gap, fails, total := p.GapSince(since)
 		t.Logf("agents killed and back: longest gap between successful connects %v (%d of %d attempts failed, last error: %v)",

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -25,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/cli/connectivity"
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
@@ -118,7 +120,7 @@ func testCLIConnectivity(ctx context.Context, t *testing.T, env *cliEnv) {
 		// Mid-way: the probes are up and the checks (NetworkPolicies among them) running.
 		ns := p.waitStderr(t, regexp.MustCompile(`deploying \d+ probe pods on \d+ node\(s\) in namespace (\S+)`), 2*time.Minute)
 		p.waitStderr(t, regexp.MustCompile(`running \d+ checks`), 3*time.Minute)
-		time.Sleep(3 * time.Second)
+		time.Sleep(3 * time.Second) //nolint:forbidigo // pacing: into the checks, not right at their start
 		if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
 		}
@@ -410,22 +412,30 @@ func startKubectlTrellis(ctx context.Context, t *testing.T, env *cliEnv, args ..
 // waitStderr waits for a stderr line matching re and returns its first group.
 func (p *runningPlugin) waitStderr(t *testing.T, re *regexp.Regexp, timeout time.Duration) string {
 	t.Helper()
-	deadline := time.After(timeout)
-	for {
-		select {
-		case l := <-p.stderrLines:
-			if m := re.FindStringSubmatch(l); m != nil {
-				if len(m) > 1 {
-					return m[1]
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var group string
+	err := check.Until(ctx, check.Interval, fmt.Sprintf("%q on kubectl trellis's stderr", re), func(context.Context) error {
+		for {
+			select {
+			case l := <-p.stderrLines:
+				if m := re.FindStringSubmatch(l); m != nil {
+					if len(m) > 1 {
+						group = m[1]
+					}
+					return nil
 				}
-				return ""
+			case <-p.done:
+				return check.Stop(fmt.Errorf("kubectl trellis exited first:\n--- stdout\n%s", p.stdout.String()))
+			default:
+				return errors.New("not yet")
 			}
-		case <-p.done:
-			t.Fatalf("kubectl trellis exited before printing %q:\n--- stdout\n%s--- stderr\n%s", re, p.stdout.String(), p.stderr.String())
-		case <-deadline:
-			t.Fatalf("no %q on stderr within %v:\n%s", re, timeout, p.stderr.String())
 		}
+	})
+	if err != nil {
+		t.Fatalf("%v\n--- stderr\n%s", err, p.stderr.String())
 	}
+	return group
 }
 
 // wait waits for the plugin to exit and returns its exit code.

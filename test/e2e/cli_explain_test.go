@@ -27,7 +27,7 @@ func testCLIExplain(ctx context.Context, t *testing.T, env *cliEnv) {
 	c := env.c
 	// web on one node, db and other together on another: any two nodes do.
 	node1, node2 := c.Nodes[0].Name, c.Nodes[1].Name
-	explainNS := framework.NewNamespace(ctx, t, c, "explain")
+	explainNS := framework.UniqueNamespace(ctx, t, c, "explain")
 	var b strings.Builder
 	for _, p := range []struct{ name, node string }{{"web", node1}, {"db", node2}, {"other", node2}} {
 		fmt.Fprintf(&b, `---
@@ -61,7 +61,7 @@ spec:
   ports:
   - {name: sql, port: 5432, targetPort: tcp-echo}
 `, explainNS)
-	pods := framework.ApplyPods(ctx, t, c, b.String(), explainNS, "explain", map[string]string{"web": node1, "db": node2, "other": node2})
+	pods := framework.ApplyPods(ctx, t, c, b.String(), explainNS, map[string]string{"web": node1, "db": node2, "other": node2})
 	web, db, other := pods["web"], pods["db"], pods["other"]
 	framework.TCPEcho(t, db.NetNS, 9100)
 	dbAddr := netip.AddrPortFrom(db.IP, 9100).String()

@@ -73,7 +73,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 
 	// Cluster-wide.
 	var nns v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c, "").List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
+	if err := framework.Client(t, c).List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
 		t.Fatalf("NodeNetworks: %v (%d)", err, len(nns.Items))
 	}
 	for file, wants := range map[string][]string{
@@ -117,16 +117,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 		node := "nodes/" + n.Name + "/"
 		check := func(file string, wants ...string) {
 			t.Helper()
-			body, ok := files[node+file]
-			if !ok {
-				t.Errorf("no %s%s in the dump", node, file)
-				return
-			}
-			for _, w := range wants {
-				if !strings.Contains(body, w) {
-					t.Errorf("%s%s doesn't hold %q:\n%s", node, file, w, body)
-				}
-			}
+			dumpHas(t, files, node+file, wants...)
 		}
 		check("agent.txt", "node: "+n.Name, "agent version: ")
 		check("cni/order.txt", "* 10-trellis.conflist  (in use: trellis's)")
@@ -162,7 +153,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 	}
 
 	// The other users are service accounts of a namespace of the suite's own.
-	users := framework.NewNamespace(ctx, t, c, "sysdump")
+	users := framework.UniqueNamespace(ctx, t, c, "sysdump")
 
 	// A user with namespace read only (kubectl --as a service account bound to "view"
 	// in trellis-system): told what is missing, still given what it may read.
@@ -236,6 +227,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 	c := env.c
 	n := c.Nodes[len(c.Nodes)-1]
 	before := diagnosticsStatus(ctx, t, c, n.Name)
+	restarts := framework.AgentRestarts(ctx, t, c)
 	imp := startImpostor(t, n)
 	t.Cleanup(func() {
 		// The agent retries its port every 10 s: once the impostor is gone it serves and
@@ -248,12 +240,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 			}
 			return nil
 		})
-		check.Eventually(t, 2*time.Minute, "the agent on "+n.Name+" Ready", func() error {
-			if !framework.AgentsRestartedAndReady(ctx, t, c, []cluster.Node{n}) {
-				return errors.New("not Ready")
-			}
-			return nil
-		})
+		framework.WaitAgentsRestarted(context.WithoutCancel(ctx), t, c, []cluster.Node{n}, restarts, 2*time.Minute)
 	})
 	check.Eventually(t, 2*time.Minute, "the restarted agent on "+n.Name+" clearing its published certificate (it can't bind its port)", func() error {
 		if d := diagnosticsStatus(ctx, t, c, n.Name); d.CertificateSHA256 != "" {
@@ -273,7 +260,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 	}{
 		{name: "no certificate published", reason: "NodeNetwork " + n.Name + " has no status.diagnostics.certificateSHA256"},
 		{name: "the previous agent's certificate published", setup: func() {
-			cl := framework.TrellisClient(t, c, "")
+			cl := framework.Client(t, c)
 			var nn v1alpha1.NodeNetwork
 			check.Must(t, cl.Get(ctx, types.NamespacedName{Name: n.Name}, &nn))
 			orig := nn.DeepCopy()
@@ -420,7 +407,7 @@ func (c recordingConn) Read(b []byte) (int, error) {
 func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) v1alpha1.NodeDiagnosticsStatus {
 	t.Helper()
 	var nn v1alpha1.NodeNetwork
-	if err := framework.TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: node}, &nn); err != nil {
+	if err := framework.Client(t, c).Get(ctx, types.NamespacedName{Name: node}, &nn); err != nil {
 		t.Fatalf("NodeNetwork %s: %v", node, err)
 	}
 	return nn.Status.Diagnostics
@@ -430,11 +417,11 @@ func diagnosticsStatus(ctx context.Context, t *testing.T, c *cluster.Cluster, no
 func agentLog(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) (string, error) {
 	t.Helper()
 	kc := framework.Clientset(t, c)
-	pods, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node})
+	pods, err := kc.CoreV1().Pods(framework.TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: framework.AgentSelector, FieldSelector: "spec.nodeName=" + node})
 	if err != nil || len(pods.Items) != 1 {
 		t.Fatalf("the agent pod on %s: %d pods (%v)", node, len(pods.Items), err)
 	}
-	out, err := kc.CoreV1().Pods(trellisSystem).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+	out, err := kc.CoreV1().Pods(framework.TrellisNamespace).GetLogs(pods.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
 	return string(out), err
 }
 
@@ -525,5 +512,20 @@ func readDump(t *testing.T, path, root string) map[string]string {
 			t.Fatal(err)
 		}
 		files[name] = string(b)
+	}
+}
+
+// dumpHas checks that the dump's file holds each of wants.
+func dumpHas(t *testing.T, files map[string]string, file string, wants ...string) {
+	t.Helper()
+	body, ok := files[file]
+	if !ok {
+		t.Errorf("no %s in the dump", file)
+		return
+	}
+	for _, w := range wants {
+		if !strings.Contains(body, w) {
+			t.Errorf("%s doesn't hold %q:\n%s", file, w, body)
+		}
 	}
 }

@@ -101,7 +101,7 @@ func testClusterNetworkPolicy(ctx context.Context, t *testing.T, c *cluster.Clus
 		s.WaitFlowing(t)
 		setCNP(ctx, t, c, "edit-me", "Admin", 10, serverSubject(ns), ingressRules(rule(ns, "Deny", "role: client")))
 		enforced := framework.WaitDenied(t, client.NetNS, tcpAddr, 10*time.Second)
-		time.Sleep(time.Second)
+		time.Sleep(time.Second) //nolint:forbidigo // a window: the echoes a lingering connection would carry
 		if last := s.LastEcho(); last.After(enforced.Add(time.Second)) {
 			t.Errorf("an established connection still carried data %v after the edit denying it was enforced", last.Sub(enforced))
 		}

@@ -31,7 +31,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 	serverNode := c.Nodes[0]
 	kc, err := c.Client()
 	check.Must(t, err)
-	cl := framework.TrellisClient(t, c, "")
+	cl := framework.Client(t, c)
 	framework.ApplyPolicy(ctx, t, c, "deny-server", framework.DenyIngress("role: server"))
 	defer framework.DeletePolicy(ctx, t, c, "deny-server")
 	// The helpers take the calling (sub)test's t: a helper that failed the parent from a
@@ -74,7 +74,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 	// (a rollout) changes it.
 	agentsGeneration := func(t *testing.T) int64 {
 		t.Helper()
-		ds, err := kc.AppsV1().DaemonSets("trellis-system").Get(ctx, "trellis-agent", metav1.GetOptions{})
+		ds, err := kc.AppsV1().DaemonSets(framework.TrellisNamespace).Get(ctx, framework.AgentDaemonSet, metav1.GetOptions{})
 		check.Must(t, err)
 		return ds.Generation
 	}
@@ -90,7 +90,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 		t.Helper()
 		var out []byte
 		check.EventuallyCtx(ctx, t, 500*time.Millisecond, "reading the log of the agent on "+serverNode.Name, func(ctx context.Context) error {
-			agents, err := kc.CoreV1().Pods("trellis-system").List(ctx, metav1.ListOptions{
+			agents, err := kc.CoreV1().Pods(framework.TrellisNamespace).List(ctx, metav1.ListOptions{
 				LabelSelector: "app.kubernetes.io/name=trellis-agent", FieldSelector: "spec.nodeName=" + serverNode.Name})
 			if err != nil {
 				return err
@@ -98,7 +98,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 			if len(agents.Items) != 1 {
 				return fmt.Errorf("%d agent pods on %s, want one", len(agents.Items), serverNode.Name)
 			}
-			out, err = kc.CoreV1().Pods("trellis-system").GetLogs(agents.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
+			out, err = kc.CoreV1().Pods(framework.TrellisNamespace).GetLogs(agents.Items[0].Name, &corev1.PodLogOptions{Container: "agent"}).DoRaw(ctx)
 			return err
 		})
 		var found []string
@@ -129,7 +129,7 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 			return nil
 		}
 		if want == 0 {
-			time.Sleep(2 * time.Second) // what a line would take to show, were there one
+			time.Sleep(2 * time.Second) //nolint:forbidigo // a window: what a line would take to show, were there one
 		}
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()

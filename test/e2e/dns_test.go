@@ -55,7 +55,7 @@ func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 
 	// The server on the first node, the clients on the second: any two nodes do.
 	serverNode, clientNode := c.Nodes[0], c.Nodes[1]
-	ns := framework.NewNamespace(ctx, t, c, "dns")
+	ns := framework.UniqueNamespace(ctx, t, c, "dns")
 	pods := deployDNSPods(ctx, t, c, ns, serverNode.Name, clientNode.Name)
 	server := pods["server"]
 	serviceIP := createDNSService(ctx, t, c, ns, clientNode)
@@ -130,7 +130,7 @@ func testClusterDNS(t *testing.T, c *cluster.Cluster) {
 		// before the connection must still work.
 		check.EventuallyCtx(ctx, t, 500*time.Millisecond, "client-udp's connection to web:80 denied", func(context.Context) error {
 			if err := connect("client-udp", "web:80"); !strings.Contains(framework.AgnhostVerdict(err), "TIMEOUT") {
-				return fmt.Errorf("agnhost connect web:80: %w", err)
+				return fmt.Errorf("agnhost connect web:80: %s", framework.AgnhostVerdict(err))
 			}
 			return nil
 		})
@@ -223,7 +223,7 @@ spec:
     args: ["pause"]
 `, client.name, ns, clientNode, client.extra, images.AgnhostImage)
 	}
-	return framework.ApplyPods(ctx, t, c, b.String(), ns, "dns", map[string]string{
+	return framework.ApplyPods(ctx, t, c, b.String(), ns, map[string]string{
 		"server": serverNode, "client-udp": clientNode, "client-tcp": clientNode,
 	})
 }

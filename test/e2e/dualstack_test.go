@@ -76,26 +76,26 @@ func testAppendIPv6Range(t *testing.T, c *cluster.Cluster) {
 	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer wcancel()
 	check.EventuallyCtx(wctx, t, time.Second, "every NodeNetwork with an IPv6 block, reached", func(context.Context) error {
-		for _, nn := range framework.NodeNetworks(ctx, t, c) {
-			if r := nn.Ready(); !nn.Block6().IsValid() || r == nil || !strings.Contains(r.Message, "IPv6:") {
-				return fmt.Errorf("%s: spec.podCIDRs %v, Ready %+v", nn.Metadata.Name, nn.Spec.PodCIDRs, r)
+		for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+			if r := framework.NodeNetworkReady(nn); !framework.Block6(nn).IsValid() || r == nil || !strings.Contains(r.Message, "IPv6:") {
+				return fmt.Errorf("%s: spec.podCIDRs %v, Ready %+v", nn.Name, nn.Spec.PodCIDRs, r)
 			}
 		}
 		return nil
 	})
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "", 2*time.Minute)
 	blocks6 := map[string]bool{}
-	for _, nn := range framework.NodeNetworks(ctx, t, c) {
-		b := nn.Block6()
+	for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+		b := framework.Block6(nn)
 		if !b.IsValid() || b.Bits() != 64 || !cluster.PodCIDR6.Contains(b.Addr()) {
-			t.Errorf("NodeNetwork %s: IPv6 block %v (spec.podCIDRs %v), want a /64 of %s", nn.Metadata.Name, b, nn.Spec.PodCIDRs, cluster.PodCIDR6)
+			t.Errorf("NodeNetwork %s: IPv6 block %v (spec.podCIDRs %v), want a /64 of %s", nn.Name, b, nn.Spec.PodCIDRs, cluster.PodCIDR6)
 		}
 		if blocks6[b.String()] {
 			t.Errorf("IPv6 block %s given to two nodes", b)
 		}
 		blocks6[b.String()] = true
-		if r := nn.Ready(); r == nil || !strings.Contains(r.Message, "IPv6:") {
-			t.Errorf("NodeNetwork %s: Ready %+v does not say how IPv6 blocks are reached", nn.Metadata.Name, r)
+		if r := framework.NodeNetworkReady(nn); r == nil || !strings.Contains(r.Message, "IPv6:") {
+			t.Errorf("NodeNetwork %s: Ready %+v does not say how IPv6 blocks are reached", nn.Name, r)
 		}
 	}
 	p.WaitFlowing(t, 30*time.Second)
@@ -201,9 +201,9 @@ func testDualStackDatapath(t *testing.T, c *cluster.Cluster) {
 	t.Run("PodAddresses", func(t *testing.T) {
 		// Every pod has one address of each family, each in its node's block of that
 		// family, IPv4 first in status.podIPs.
-		nns := map[string]framework.NodeNetwork{}
-		for _, nn := range framework.NodeNetworks(ctx, t, c) {
-			nns[nn.Metadata.Name] = nn
+		nns := map[string]v1alpha1.NodeNetwork{}
+		for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+			nns[nn.Name] = nn
 		}
 		kc := framework.Clientset(t, c)
 		for name, pod := range p.pods {
@@ -216,7 +216,7 @@ func testDualStackDatapath(t *testing.T, c *cluster.Cluster) {
 				continue
 			}
 			nn := nns[pod.Node]
-			if b4, b6 := netip.MustParsePrefix(nn.Spec.PodCIDR), nn.Block6(); !b4.Contains(pod.IP) || !b6.Contains(pod.IPv6) {
+			if b4, b6 := netip.MustParsePrefix(nn.Spec.PodCIDR), framework.Block6(nn); !b4.Contains(pod.IP) || !b6.Contains(pod.IPv6) {
 				t.Errorf("pod %s on %s: %s, %s outside the node's blocks %s, %s", name, pod.Node, pod.IP, pod.IPv6, b4, b6)
 			}
 		}
@@ -339,10 +339,10 @@ func testDualStackEncapsulationSwitch(t *testing.T, c *cluster.Cluster) {
 		defer cancel()
 		check.EventuallyCtx(wctx, t, time.Second, "every NodeNetwork in Direct with the remote node unreachable", func(context.Context) error {
 			var bad []string
-			for _, nn := range framework.NodeNetworks(ctx, t, c) {
-				r := nn.Ready()
+			for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+				r := framework.NodeNetworkReady(nn)
 				unreachable := []string{remote.Name}
-				if nn.Metadata.Name == remote.Name {
+				if nn.Name == remote.Name {
 					unreachable = []string{node1.Name, node2.Name}
 				}
 				ok := nn.Status.Encapsulation == "Direct" && r != nil && r.Status == "False" && r.Reason == "PeersUnreachable"
@@ -350,7 +350,7 @@ func testDualStackEncapsulationSwitch(t *testing.T, c *cluster.Cluster) {
 					ok = ok && strings.Contains(r.Message, n+" (")
 				}
 				if !ok {
-					bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Metadata.Name, nn.Status.Encapsulation, r))
+					bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Name, nn.Status.Encapsulation, r))
 				}
 			}
 			if len(bad) > 0 {
@@ -464,13 +464,13 @@ func waitReadyMessages(ctx context.Context, t *testing.T, c *cluster.Cluster, wa
 	check.EventuallyCtx(ctx, t, time.Second, "the NodeNetworks' Ready messages", func(context.Context) error {
 		got := map[string]string{}
 		ok := true
-		for _, nn := range framework.NodeNetworks(ctx, t, c) {
-			r := nn.Ready()
+		for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+			r := framework.NodeNetworkReady(nn)
 			if r == nil || r.Status != "True" {
 				ok = false
 				continue
 			}
-			got[nn.Metadata.Name] = r.Message
+			got[nn.Name] = r.Message
 		}
 		for n, parts := range want {
 			ok = ok && strings.HasPrefix(got[n], parts[0])
@@ -489,12 +489,12 @@ func waitReadyMessages(ctx context.Context, t *testing.T, c *cluster.Cluster, wa
 func nodeBlocks6(ctx context.Context, t *testing.T, c *cluster.Cluster) (v4, v6 map[string]netip.Prefix) {
 	t.Helper()
 	v4, v6 = map[string]netip.Prefix{}, map[string]netip.Prefix{}
-	for _, nn := range framework.NodeNetworks(ctx, t, c) {
+	for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
 		b, err := netip.ParsePrefix(nn.Spec.PodCIDR)
-		if err != nil || !nn.Block6().IsValid() {
-			t.Fatalf("NodeNetwork %s: blocks %q %v", nn.Metadata.Name, nn.Spec.PodCIDR, nn.Spec.PodCIDRs)
+		if err != nil || !framework.Block6(nn).IsValid() {
+			t.Fatalf("NodeNetwork %s: blocks %q %v", nn.Name, nn.Spec.PodCIDR, nn.Spec.PodCIDRs)
 		}
-		v4[nn.Metadata.Name], v6[nn.Metadata.Name] = b, nn.Block6()
+		v4[nn.Name], v6[nn.Name] = b, framework.Block6(nn)
 	}
 	return v4, v6
 }

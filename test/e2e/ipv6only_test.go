@@ -72,7 +72,7 @@ func testIPv6OnlyKubernetes(t *testing.T, c *cluster.Cluster) {
 		t.Errorf("Service kubernetes ClusterIPs %v, want one of %s", svc.Spec.ClusterIPs, cluster.ServiceCIDR6)
 	}
 	framework.WaitNodeNetworks(ctx, t, c, "VXLAN", "IPv6: ", 2*time.Minute)
-	cl := framework.TrellisClient(t, c, "")
+	cl := framework.Client(t, c)
 	for _, n := range c.Nodes {
 		nn := &v1alpha1.NodeNetwork{}
 		if err := cl.Get(ctx, client.ObjectKey{Name: n.Name}, nn); err != nil {
@@ -148,7 +148,7 @@ func testIPv6OnlyDatapath(t *testing.T, c *cluster.Cluster) {
 		// The agent counts the IPv6 block's use (kubectl get nodenetworks: PODS): this
 		// suite's two pods on node1 at least; a /64's capacity is more than the status's
 		// int32 holds.
-		cl := framework.TrellisClient(t, c, "")
+		cl := framework.Client(t, c)
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		check.EventuallyCtx(wctx, t, time.Second, node1.Name+"'s status.ipam", func(ctx context.Context) error {
@@ -217,21 +217,21 @@ func waitModeState(ctx context.Context, t *testing.T, c *cluster.Cluster, mode s
 	defer cancel()
 	check.EventuallyCtx(ctx, t, time.Second, "the NodeNetworks in "+mode, func(context.Context) error {
 		var bad []string
-		for _, nn := range framework.NodeNetworks(ctx, t, c) {
-			r := nn.Ready()
+		for _, nn := range framework.ListNodeNetworks(ctx, t, c) {
+			r := framework.NodeNetworkReady(nn)
 			var ok bool
 			switch mode {
 			case "Hybrid":
 				want := "IPv6: 1 peer(s) direct, 1 via VXLAN (IPv6-only, VXLAN over IPv6)"
-				if nn.Metadata.Name == remote.Name {
+				if nn.Name == remote.Name {
 					want = "IPv6: 0 peer(s) direct, 2 via VXLAN (IPv6-only, VXLAN over IPv6)"
 				}
 				ok = r != nil && r.Status == "True" && r.Message == want
 			case "Direct":
 				ok = r != nil && r.Reason == "PeersUnreachable"
 			}
-			if nn.Status.Encapsulation != mode || !ok {
-				bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Metadata.Name, nn.Status.Encapsulation, r))
+			if string(nn.Status.Encapsulation) != mode || !ok {
+				bad = append(bad, fmt.Sprintf("%s: %s %+v", nn.Name, nn.Status.Encapsulation, r))
 			}
 		}
 		if len(bad) > 0 {
@@ -276,23 +276,14 @@ func checkSysdumpIPv6(ctx context.Context, t *testing.T, env *cliEnv) {
 		t.Errorf("errors.txt: %q, want nothing failed", got)
 	}
 	var nns v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c, "").List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
+	if err := framework.Client(t, c).List(ctx, &nns); err != nil || len(nns.Items) != len(c.Nodes) {
 		t.Fatalf("NodeNetworks: %v (%d)", err, len(nns.Items))
 	}
 	for _, n := range nns.Items {
 		dir := "nodes/" + n.Name + "/"
 		has := func(file string, wants ...string) {
 			t.Helper()
-			body, ok := files[dir+file]
-			if !ok {
-				t.Errorf("no %s%s in the dump", dir, file)
-				return
-			}
-			for _, w := range wants {
-				if !strings.Contains(body, w) {
-					t.Errorf("%s%s doesn't hold %q:\n%s", dir, file, w, body)
-				}
-			}
+			dumpHas(t, files, dir+file, wants...)
 		}
 		has("iptables/backend.txt", "ip6tables tables with trellis chains: ")
 		has("ip6tables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD")

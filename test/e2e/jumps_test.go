@@ -37,7 +37,7 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	ns := framework.Namespace(ctx, t, c, "jumps")
+	ns := framework.UniqueNamespace(ctx, t, c, "jumps")
 	// The server's node is the one whose kube-proxy restarts; the client is on another.
 	serverNode, clientNode := c.Nodes[0], c.Nodes[1]
 	pods := framework.DeployPolicyPodsIn(ctx, t, c, ns, "jumps", []framework.PolicyPod{
@@ -111,7 +111,7 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	} else if !strings.Contains(logs, "a rule was put in front of the policy jumps") {
 		t.Errorf("the agent on %s did not log that it moved its jumps back first", serverNode.Name)
 	}
-	time.Sleep(5 * time.Second) // probing on a little after: a window, not a wait
+	time.Sleep(5 * time.Second) //nolint:forbidigo // a window: probing on a little after the repair
 
 	_, fails, total := probe.GapSince(t0)
 	t.Logf("%d connection attempts to %s (NodePort of the pod under default-deny ingress), %d failed", total, addr, fails)

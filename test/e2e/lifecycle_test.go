@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -21,12 +20,6 @@ import (
 	"github.com/trellis-net/trellis/test/framework"
 )
 
-// Where the operator runs the agents, and their pods' label.
-const (
-	trellisSystem     = "trellis-system"
-	agentPodsSelector = "app.kubernetes.io/name=trellis-agent"
-)
-
 // Day-2 changes that go wrong, under continuous pod-to-pod traffic around every node: an
 // agent image that can't be pulled (the rollout stalls on one node, the others keep the
 // previous agent, Degraded names the node and why, correcting the spec recovers) and
@@ -36,11 +29,11 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
-	framework.RestoreClusterNetwork(ctx, t, c)
-	spec := framework.CurrentClusterNetworkSpec(ctx, t, c)
+	framework.KeepClusterNetworkSpec(ctx, t, c)
+	spec := framework.GetClusterNetwork(ctx, t, c).Spec
 
 	// One server per node; each node's pod probes the next node's.
-	ns := framework.NewNamespace(ctx, t, c, "rollouts")
+	ns := framework.UniqueNamespace(ctx, t, c, "rollouts")
 	pods := lifecyclePods(ctx, t, c, ns)
 	var probers []*framework.Prober
 	var ring [][2]string
@@ -97,7 +90,7 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 		}
 		// One node is stuck on the new image; the others keep the previous agent, Ready.
 		kc := framework.Clientset(t, c)
-		agents, err := kc.CoreV1().Pods(trellisSystem).List(ctx, metav1.ListOptions{LabelSelector: agentPodsSelector})
+		agents, err := kc.CoreV1().Pods(framework.TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: framework.AgentSelector})
 		check.Must(t, err)
 		var stuck, previous int
 		var seen []string
@@ -130,13 +123,9 @@ func testRolloutsThatGoWrong(t *testing.T, c *cluster.Cluster) {
 		// unchanged checks for a few seconds that the refused change rolled nothing out.
 		unchanged := func(what string) {
 			t.Helper()
-			until := time.Now().Add(5 * time.Second)
-			if err := check.Until(ctx, time.Second, "the agent DaemonSet unchanged for "+what, func(ctx context.Context) error {
+			if err := check.Holds(ctx, 5*time.Second, time.Second, "the agent DaemonSet unchanged for "+what, func(ctx context.Context) error {
 				if got := framework.GetAgentDaemonSet(ctx, t, c).Generation; got != gen {
-					return check.Stop(fmt.Errorf("generation %d -> %d", gen, got))
-				}
-				if time.Now().Before(until) {
-					return errors.New("still watching")
+					return fmt.Errorf("generation %d -> %d", gen, got)
 				}
 				return nil
 			}); err != nil {
@@ -195,5 +184,5 @@ spec:
       periodSeconds: 1
 `, n.Name, ns, images.AgnhostImage, framework.ServerPort)
 	}
-	return framework.ApplyPods(ctx, t, c, b.String(), ns, "rollouts", nodes)
+	return framework.ApplyPods(ctx, t, c, b.String(), ns, nodes)
 }

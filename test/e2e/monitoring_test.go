@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -53,7 +52,7 @@ func testMonitoring(t *testing.T, c *cluster.Cluster) {
 	framework.WaitTrellisSettled(ctx, t, c, 3*time.Minute)
 
 	rules := monRules(t)
-	ns := framework.NewNamespace(ctx, t, c, "monitoring")
+	ns := framework.UniqueNamespace(ctx, t, c, "monitoring")
 	prom := framework.DeployPrometheus(ctx, t, c, ns, monManifestFor(ctx, t, c, ns, monConfig(t), rules.file))
 	t.Logf("Prometheus running after %v", time.Since(start).Round(time.Second))
 
@@ -84,25 +83,26 @@ func testMonitoring(t *testing.T, c *cluster.Cluster) {
 
 	// Healthy: nothing fires, or is even pending, for longer than the longest `for:`.
 	quiet := rules.longestFor + 4*monInterval
-	quietUntil := time.Now().Add(quiet)
-	if err := check.Until(ctx, time.Second, fmt.Sprintf("no alert firing for %v on a healthy cluster", quiet), func(ctx context.Context) error {
+	err := check.Holds(ctx, quiet, time.Second, "no alert firing on a healthy cluster", func(ctx context.Context) error {
 		alerts, err := prom.Alerts(ctx)
 		if err != nil {
-			return check.Stop(err)
+			return err
 		}
 		for _, a := range alerts {
 			if a.State == "firing" {
-				return check.Stop(fmt.Errorf("alert %s firing: %v (value %s)", a.Labels["alertname"], a.Labels, a.Value))
+				return fmt.Errorf("alert %s firing: %v (value %s)", a.Labels["alertname"], a.Labels, a.Value)
 			}
 		}
-		if time.Now().Before(quietUntil) {
-			return errors.New("still watching")
-		}
-		if len(alerts) > 0 {
-			return check.Stop(fmt.Errorf("alerts active after %v: %v", quiet, alerts))
-		}
 		return nil
-	}); err != nil {
+	})
+	if err == nil {
+		// nor even pending, once the longest `for:` has passed.
+		var alerts []framework.PromAlert
+		if alerts, err = prom.Alerts(ctx); err == nil && len(alerts) > 0 {
+			err = fmt.Errorf("alerts active after %v: %v", quiet, alerts)
+		}
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("healthy: no alert for %v", quiet)
@@ -154,8 +154,8 @@ func testMonitoring(t *testing.T, c *cluster.Cluster) {
 func healAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) {
 	t.Helper()
 	kc := framework.Clientset(t, c)
-	if err := kc.CoreV1().Pods(trellisSystem).DeleteCollection(ctx, metav1.DeleteOptions{},
-		metav1.ListOptions{LabelSelector: agentPodsSelector, FieldSelector: "spec.nodeName=" + node}); err != nil {
+	if err := kc.CoreV1().Pods(framework.TrellisNamespace).DeleteCollection(ctx, metav1.DeleteOptions{},
+		metav1.ListOptions{LabelSelector: framework.AgentSelector, FieldSelector: "spec.nodeName=" + node}); err != nil {
 		t.Errorf("deleting the agent pod on %s: %v", node, err)
 	}
 }

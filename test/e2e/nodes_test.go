@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -110,11 +111,11 @@ func testNodeJoinsAndLeaves(ctx context.Context, t *testing.T, c *cluster.Cluste
 	defer cancel()
 	check.EventuallyCtx(gctx, t, 500*time.Millisecond, n.Name+"'s Node and NodeNetwork gone after it left", func(ctx context.Context) error {
 		if _, err := kc.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("Node still there (%w)", err)
+			return errors.Join(errors.New("Node still there"), err)
 		}
 		var nn v1alpha1.NodeNetwork
 		if err := framework.Client(t, c).Get(ctx, client.ObjectKey{Name: n.Name}, &nn); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("NodeNetwork still there (%w)", err)
+			return errors.Join(errors.New("NodeNetwork still there"), err)
 		}
 		return nil
 	})

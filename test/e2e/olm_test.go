@@ -126,7 +126,7 @@ spec: {name: trellis, channel: alpha, source: trellis, sourceNamespace: trellis-
 	}
 	step("CSV %s removed, Subscription AtLatestKnown %s, the operator on %s", csvN, csvN1, images.TrellisImage)
 	framework.WaitAgents(ctx, t, c, images.TrellisImage, 5*time.Minute)
-	framework.WaitClusterNetworkCondition(ctx, t, c, "Available", metav1.ConditionTrue, 2*time.Minute)
+	framework.WaitClusterCondition(ctx, t, c, "Available", metav1.ConditionTrue, 2*time.Minute)
 	step("agents rolled to %s, ClusterNetwork Available (%v after the switch)", images.TrellisImage, time.Since(since).Round(100*time.Millisecond))
 
 	// Traffic still flows, on the connections the prober opens and on a new one.

@@ -41,11 +41,11 @@ import (
 func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	ns := framework.Namespace(ctx, t, c, "security")
+	ns := framework.UniqueNamespace(ctx, t, c, "security")
 	nodeA, nodeB := c.Nodes[0], c.Nodes[1]
 
 	t.Run("AgentUnprivileged", func(t *testing.T) {
-		ds, err := framework.Clientset(t, c).AppsV1().DaemonSets(framework.AgentNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+		ds, err := framework.Clientset(t, c).AppsV1().DaemonSets(framework.TrellisNamespace).Get(ctx, framework.AgentDaemonSet, metav1.GetOptions{})
 		check.Must(t, err)
 		for _, ctr := range append(slices.Clone(ds.Spec.Template.Spec.InitContainers), ds.Spec.Template.Spec.Containers...) {
 			if sc := ctr.SecurityContext; sc != nil && sc.Privileged != nil && *sc.Privileged {
@@ -90,8 +90,8 @@ func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 	})
 
 	t.Run("NodeBoundWrites", func(t *testing.T) {
-		admin := framework.TrellisClient(t, c, "")
-		agentA := framework.TrellisClient(t, c, framework.AgentToken(t, nodeA))
+		admin := framework.Client(t, c)
+		agentA := framework.TokenClient(t, c, framework.AgentToken(t, nodeA))
 		peer := &v1alpha1.NodeNetwork{}
 		check.Must(t, admin.Get(ctx, types.NamespacedName{Name: nodeB.Name}, peer))
 		peerIP := peer.Status.NodeIP
@@ -172,8 +172,11 @@ func testNodeSecurity(t *testing.T, c *cluster.Cluster) {
 		// The plugin reports its ADD to the agent; the policy engine syncs for the new pod.
 		check.Eventually(t, 30*time.Second, "on "+nodeA.Name+", after a pod was made there, the CNI and policy series grew", func() error {
 			code, after, err := framework.Scrape(from, agentA, readerToken)
-			if err != nil || code != http.StatusOK {
-				return fmt.Errorf("scraping %s: %d %w", agentA, code, err)
+			if err != nil {
+				return fmt.Errorf("scraping %s: %w", agentA, err)
+			}
+			if code != http.StatusOK {
+				return fmt.Errorf("scraping %s: HTTP %d", agentA, code)
 			}
 			var still []string
 			for _, series := range []string{
@@ -231,12 +234,12 @@ func testForgedTunnelTraffic(ctx context.Context, t *testing.T, c *cluster.Clust
 	framework.WaitAllowed(t, friend.NetNS, echo, 20*time.Second)
 	framework.WaitDenied(t, pods["attacker-b"].NetNS, echo, 20*time.Second)
 
-	vxlan := framework.ClusterNetwork(ctx, t, c).Spec.VXLAN
+	vxlan := framework.GetClusterNetwork(ctx, t, c).Spec.VXLAN
 	if vxlan.Port == 0 || vxlan.VNI != 1 {
 		t.Fatalf("spec.vxlan: port %d, VNI %d: the test forges VNI 1 to the port", vxlan.Port, vxlan.VNI)
 	}
 	nn := &v1alpha1.NodeNetwork{}
-	check.Must(t, framework.TrellisClient(t, c, "").Get(ctx, types.NamespacedName{Name: nodeA.Name}, nn))
+	check.Must(t, framework.Client(t, c).Get(ctx, types.NamespacedName{Name: nodeA.Name}, nn))
 	vtepMAC, err := net.ParseMAC(nn.Status.VTEPMAC)
 	if err != nil {
 		t.Fatalf("%s's VTEP MAC %q: %v", nodeA.Name, nn.Status.VTEPMAC, err)
@@ -285,14 +288,14 @@ func testForgedTunnelTraffic(ctx context.Context, t *testing.T, c *cluster.Clust
 			}
 			defer conn.Close()
 			for range sent {
-				_, _ = conn.Write(datagram) // a refusal (ICMP) is a non-delivery too
-				time.Sleep(10 * time.Millisecond)
+				_, _ = conn.Write(datagram)       // a refusal (ICMP) is a non-delivery too
+				time.Sleep(10 * time.Millisecond) //nolint:forbidigo // pacing the datagrams
 			}
 			return nil
 		}); err != nil {
 			t.Fatalf("%s: sending: %v", what, err)
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) //nolint:forbidigo // a window: the datagrams still in flight
 		got := count() - before
 		t.Logf("%s, inner source %s: %d of %d delivered to the victim", what, inner, got, sent)
 		return got

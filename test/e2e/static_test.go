@@ -32,7 +32,7 @@ func testStaticPod(t *testing.T, c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	framework.WaitPolicyEnforced(ctx, t, c, true, 2*time.Minute)
-	ns := framework.Namespace(ctx, t, c, "static")
+	ns := framework.UniqueNamespace(ctx, t, c, "static")
 	// The static pods run on one node, their client on another.
 	staticNode, clientNode := c.Nodes[0], c.Nodes[1]
 	client := framework.DeployPolicyPodsIn(ctx, t, c, ns, "static-clients", []framework.PolicyPod{{Name: "client", Node: clientNode.Name, Labels: "role: client"}})["client"]
@@ -112,7 +112,7 @@ spec:
 	if err != nil {
 		t.Fatalf("mirror pod %s's IP %q: %v", s.Mirror(), p.Status.PodIP, err)
 	}
-	if block := framework.PodBlock(ctx, t, c, node.Name); !block.Contains(ip) {
+	if block := framework.NodeBlock(ctx, t, c, node.Name); !block.Contains(ip) {
 		t.Fatalf("static pod %s has IP %s, not from %s's block %s", s.Mirror(), ip, node.Name, block)
 	}
 	s.ip = ip
@@ -178,7 +178,7 @@ func (s *staticPod) plantLeak(ctx context.Context, t *testing.T, id string) neti
 		t.Fatalf("opening %s's IPAM store: %v", s.Node.Name, err)
 	}
 	defer store.Close()
-	leak, err := store.Allocate(framework.PodBlock(ctx, t, s.c, s.Node.Name), id, "eth0", "uid-of-a-pod-that-never-was")
+	leak, err := store.Allocate(framework.NodeBlock(ctx, t, s.c, s.Node.Name), id, "eth0", "uid-of-a-pod-that-never-was")
 	if err != nil {
 		t.Fatalf("planting a leaked allocation: %v", err)
 	}

@@ -36,7 +36,7 @@ func testUninstall(t *testing.T, c *cluster.Cluster) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cl := framework.TrellisClient(t, c, "")
+	cl := framework.Client(t, c)
 
 	// Installed: every node has what the uninstall must remove (else the test proves nothing).
 	waitEveryNode(ctx, t, c, "Trellis programmed", func(n cluster.Node) error {
@@ -64,7 +64,7 @@ func testUninstall(t *testing.T, c *cluster.Cluster) {
 	framework.WaitAgentsRolledOut(ctx, t, c, 2*time.Minute)
 
 	start := time.Now()
-	cn := &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: framework.ClusterNetworkName}}
+	cn := &v1alpha1.ClusterNetwork{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.ClusterNetworkName}}
 	check.Must(t, cl.Delete(ctx, cn))
 	dctx, dcancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer dcancel()

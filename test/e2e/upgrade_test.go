@@ -82,7 +82,7 @@ func testKustomizeUpgrade(t *testing.T, c *cluster.Cluster) {
 	}
 	framework.WaitNodesReady(ctx, t, c, 3*time.Minute)
 	framework.WaitAgents(ctx, t, c, rel.Image(), 3*time.Minute)
-	framework.WaitClusterNetworkCondition(ctx, t, c, "Available", metav1.ConditionTrue, 2*time.Minute)
+	framework.WaitClusterCondition(ctx, t, c, "Available", metav1.ConditionTrue, 2*time.Minute)
 	step("Trellis %s (commit %.7s) installed with kubectl apply -k", rel.Version, rel.Commit)
 
 	upgradeAndRollBack(ctx, t, c, rel, manifests, step)
@@ -158,11 +158,11 @@ func upgradeAndRollBack(ctx context.Context, t *testing.T, c *cluster.Cluster, r
 		maxDown = max(maxDown, framework.AgentsUnavailable(ctx, t, c))
 		old, cur := framework.ReadyAgentsByImage(ctx, t, c, rel.Image(), images.TrellisImage)
 		mixed = mixed || old > 0 && cur > 0
-		p := framework.ClusterNetworkCondition(ctx, t, c, "Progressing")
+		p := framework.ClusterCondition(ctx, t, c, "Progressing")
 		if s := string(p.Status) + " " + p.Message; len(progressing) == 0 || progressing[len(progressing)-1] != s {
 			progressing = append(progressing, s)
 		}
-		avail := framework.ClusterNetworkCondition(ctx, t, c, "Available")
+		avail := framework.ClusterCondition(ctx, t, c, "Available")
 		if cur != len(c.Nodes) || avail.Status != metav1.ConditionTrue || p.Status != metav1.ConditionFalse {
 			return fmt.Errorf("%d of %d agents on %s, Available %s, Progressing %v", cur, len(c.Nodes), images.TrellisImage, avail.Status, progressing)
 		}
@@ -204,7 +204,7 @@ func upgradeAndRollBack(ctx context.Context, t *testing.T, c *cluster.Cluster, r
 		}
 	}
 	cn := &v1alpha1.ClusterNetwork{}
-	check.Must(t, framework.TrellisClient(t, c, "").Get(ctx, client.ObjectKey{Name: "default"}, cn))
+	check.Must(t, framework.Client(t, c).Get(ctx, client.ObjectKey{Name: "default"}, cn))
 	if i := slices.IndexFunc(cn.Status.Blocks, func(b v1alpha1.FamilyBlocks) bool { return b.Family == v1alpha1.IPv4 }); i < 0 || cn.Status.Blocks[i].Allocated != 3 {
 		t.Errorf("status.blocks %+v after the upgrade, want IPv4 allocated 3", cn.Status.Blocks)
 	}
@@ -221,7 +221,7 @@ func upgradeAndRollBack(ctx context.Context, t *testing.T, c *cluster.Cluster, r
 		t.Fatalf("rolling back to %s: %v", rel.Version, err)
 	}
 	framework.WaitAgents(ctx, t, c, rel.Image(), 6*time.Minute)
-	framework.WaitClusterNetworkCondition(ctx, t, c, "Available", metav1.ConditionTrue, 2*time.Minute)
+	framework.WaitClusterCondition(ctx, t, c, "Available", metav1.ConditionTrue, 2*time.Minute)
 	step("rolled back to %s in %v", rel.Version, time.Since(back).Round(100*time.Millisecond))
 	checkTraffic(ctx, t, c, "rollback", back, ring, pods, probers, streams)
 }
@@ -292,7 +292,7 @@ func uninstallKustomize(ctx context.Context, c *cluster.Cluster, manifests strin
 func nodeNetworks(ctx context.Context, t *testing.T, c *cluster.Cluster) map[string]v1alpha1.NodeNetwork {
 	t.Helper()
 	var list v1alpha1.NodeNetworkList
-	if err := framework.TrellisClient(t, c, "").List(ctx, &list); err != nil {
+	if err := framework.Client(t, c).List(ctx, &list); err != nil {
 		t.Fatalf("the NodeNetworks: %v", err)
 	}
 	got := map[string]v1alpha1.NodeNetwork{}

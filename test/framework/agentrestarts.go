@@ -15,8 +15,6 @@ import (
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
-// AgentSelector selects the agent pods in TrellisNamespace.
-
 // AgentPods are the agent pods, by node name (one per node; a pod being deleted aside).
 func AgentPods(ctx context.Context, c *cluster.Cluster) (map[string]corev1.Pod, error) {
 	kc, err := c.Client()

@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -17,10 +20,10 @@ import (
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
-// AgentNamespace and AgentSelector find the agent's pods, AgentContainer the container
-// of the trellis-agent process.
+// The agents run in TrellisNamespace: AgentDaemonSet is theirs, AgentSelector finds their
+// pods, AgentContainer is the container of the trellis-agent process.
 const (
-	AgentNamespace = "trellis-system"
+	AgentDaemonSet = "trellis-agent"
 	AgentSelector  = "app.kubernetes.io/name=trellis-agent"
 	AgentContainer = "agent"
 )
@@ -72,27 +75,15 @@ func KillAgent(t *testing.T, n cluster.Node) {
 // agent restarted earlier on a shared cluster does not pass for one restarted now.
 func RestartAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) {
 	t.Helper()
-	before := agentRestarts(ctx, t, c, n)
+	before := AgentRestarts(ctx, t, c)
 	KillAgent(t, n)
-	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	check.EventuallyCtx(wctx, t, time.Second, "the agent on "+n.Name+" back and Ready after kill -9", func(ctx context.Context) error {
-		p, err := AgentPod(ctx, t, c, n)
-		if err != nil {
-			return err
-		}
-		restarts, ready := agentContainer(p)
-		if restarts <= before || !ready {
-			return fmt.Errorf("%d restarts (%d before the kill), ready %t", restarts, before, ready)
-		}
-		return nil
-	})
+	WaitAgentsRestarted(ctx, t, c, []cluster.Node{n}, before, 2*time.Minute)
 }
 
 // AgentPod is the agent's pod on node n.
 func AgentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) (*corev1.Pod, error) {
 	t.Helper()
-	pods, err := Clientset(t, c).CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector, FieldSelector: "spec.nodeName=" + n.Name})
+	pods, err := Clientset(t, c).CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector, FieldSelector: "spec.nodeName=" + n.Name})
 	if err != nil {
 		return nil, err
 	}
@@ -103,45 +94,28 @@ func AgentPod(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.N
 	return &pods.Items[0], nil
 }
 
-// agentRestarts is the restart count of the agent container on n.
-func agentRestarts(ctx context.Context, t *testing.T, c *cluster.Cluster, n cluster.Node) int32 {
+// AgentPids are the trellis-agent processes in node n's network namespace.
+func AgentPids(t *testing.T, n cluster.Node) []int {
 	t.Helper()
-	p, err := AgentPod(ctx, t, c, n)
-	if err != nil {
-		t.Fatal(err)
+	var want unix.Stat_t
+	if err := unix.Stat(n.NetNSPath(), &want); err != nil {
+		t.Fatalf("%s's network namespace: %v", n.Name, err)
 	}
-	restarts, _ := agentContainer(p)
-	return restarts
-}
-
-// agentContainer is the agent container's restart count and readiness in pod p.
-func agentContainer(p *corev1.Pod) (restarts int32, ready bool) {
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == AgentContainer {
-			return cs.RestartCount, cs.Ready
+	var pids []int
+	comms, _ := filepath.Glob("/proc/[0-9]*/comm")
+	for _, p := range comms {
+		b, err := os.ReadFile(p)
+		if err != nil || strings.TrimSpace(string(b)) != "trellis-agent" {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(filepath.Dir(p), "ns", "net"), &st) != nil || st.Ino != want.Ino || st.Dev != want.Dev {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err == nil {
+			pids = append(pids, pid)
 		}
 	}
-	return 0, false
-}
-
-// WaitAgentsRolledOut waits until the agent DaemonSet has rolled out (what `kubectl
-// rollout status` waits for): its current generation observed, and every scheduled pod
-// updated and available.
-func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
-	t.Helper()
-	kc := Clientset(t, c)
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	check.EventuallyCtx(wctx, t, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
-		ds, err := kc.AppsV1().DaemonSets(AgentNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		st := ds.Status
-		if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
-			return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
-				ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
-		}
-		return nil
-	})
+	return pids
 }

@@ -14,26 +14,13 @@ import (
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
-// The ClusterNetwork is state every suite on a cluster shares: a suite that changes it
-// puts it back when it ends.
-
-// clusterNetwork is the ClusterNetwork "default".
-func clusterNetwork(ctx context.Context, t *testing.T, cl client.Client) *v1alpha1.ClusterNetwork {
-	t.Helper()
-	cn := &v1alpha1.ClusterNetwork{}
-	if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
-		t.Fatalf("ClusterNetwork default: %v", err)
-	}
-	return cn
-}
-
 // SwitchEncapsulation sets the ClusterNetwork's spec.encapsulation to mode (the agents
 // follow: wait for them with WaitNodeNetworks and WaitAgentsRolledOut; call
 // KeepClusterNetworkSpec first, to put the mode back).
 func SwitchEncapsulation(ctx context.Context, t *testing.T, c *cluster.Cluster, mode v1alpha1.Encapsulation) {
 	t.Helper()
-	cl := TrellisClient(t, c, "")
-	patchEncapsulation(ctx, t, cl, clusterNetwork(ctx, t, cl), mode)
+	cl := Client(t, c)
+	patchEncapsulation(ctx, t, cl, GetClusterNetwork(ctx, t, c), mode)
 }
 
 func patchEncapsulation(ctx context.Context, t *testing.T, cl client.Client, cn *v1alpha1.ClusterNetwork, mode v1alpha1.Encapsulation) {
@@ -50,8 +37,8 @@ func patchEncapsulation(ctx context.Context, t *testing.T, cl client.Client, cn 
 // (status.podCIDRs). A range in effect can't be removed: the change is for good.
 func AppendPodCIDR(ctx context.Context, t *testing.T, c *cluster.Cluster, cidr string) {
 	t.Helper()
-	cl := TrellisClient(t, c, "")
-	cn := clusterNetwork(ctx, t, cl)
+	cl := Client(t, c)
+	cn := GetClusterNetwork(ctx, t, c)
 	orig := cn.DeepCopy()
 	cn.Spec.PodCIDRs = append(cn.Spec.PodCIDRs, cidr)
 	if err := cl.Patch(ctx, cn, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {

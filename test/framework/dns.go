@@ -64,8 +64,11 @@ func (d DNSClient) Reverse(ip netip.Addr) ([]string, error) {
 // answers checks that name resolves to want alone.
 func (d DNSClient) answers(name string, want netip.Addr) error {
 	addrs, err := d.Lookup(name)
-	if err != nil || len(addrs) != 1 || addrs[0] != want {
-		return fmt.Errorf("%s: %s = %v (%w), want %s", d.Network, name, addrs, err, want)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", d.Network, name, err)
+	}
+	if len(addrs) != 1 || addrs[0] != want {
+		return fmt.Errorf("%s: %s = %v, want %s", d.Network, name, addrs, want)
 	}
 	return nil
 }
@@ -99,6 +102,9 @@ func (d DNSClient) WaitNoAnswer(t testing.TB, name string, timeout time.Duration
 		if err != nil && !(errors.As(err, &dnsErr) && dnsErr.IsNotFound) {
 			return nil
 		}
-		return fmt.Errorf("still answered: %v (%w)", addrs, err)
+		if err != nil {
+			return fmt.Errorf("still answered: %w", err)
+		}
+		return fmt.Errorf("still answered: %v", addrs)
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,7 +92,7 @@ func ServiceEndpoints(ctx context.Context, t *testing.T, c *cluster.Cluster, nam
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	check.EventuallyCtx(wctx, t, time.Second, fmt.Sprintf("%d ready endpoints of Service %s", want, name), func(ctx context.Context) error {
-		slices, err := kc.DiscoveryV1().EndpointSlices(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		slices, err := kc.DiscoveryV1().EndpointSlices(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
 		if err != nil {
 			return err
 		}
@@ -180,4 +181,17 @@ func ScrapeAgent(ctx context.Context, t *testing.T, c *cluster.Cluster, nodeNS *
 	t.Helper()
 	reader := MetricsReader(ctx, t, c, "default")
 	return ScrapeOK(t, nodeNS, "127.0.0.1:9798", ServiceAccountToken(ctx, t, c, "default", reader, metricsserving.Audience))
+}
+
+// MetricValue is the value of the sample named exactly series (name{labels}), -1 if absent.
+func MetricValue(metrics, series string) float64 {
+	for _, l := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(l, series+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err == nil {
+				return f
+			}
+		}
+	}
+	return -1
 }

@@ -60,19 +60,30 @@ func WaitNodesReady(ctx context.Context, t *testing.T, c *cluster.Cluster, timeo
 // NodeInternalIP is node's InternalIP (the first, in a dual-stack cluster).
 func NodeInternalIP(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) netip.Addr {
 	t.Helper()
-	n, err := Clientset(t, c).CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("node %s: %v", node, err)
+	ips := NodeInternalIPs(ctx, t, c, node)
+	if len(ips) == 0 {
+		t.Fatalf("node %s has no InternalIP", node)
 	}
-	for _, a := range n.Status.Addresses {
+	ip, err := netip.ParseAddr(ips[0])
+	if err != nil {
+		t.Fatalf("node %s's InternalIP %q: %v", node, ips[0], err)
+	}
+	return ip
+}
+
+// NodeInternalIPs is the InternalIP addresses of Node name, in the order the kubelet
+// lists them (a dual-stack node's primary family first).
+func NodeInternalIPs(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) []string {
+	t.Helper()
+	node, err := Clientset(t, c).CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Node %s: %v", name, err)
+	}
+	var internal []string
+	for _, a := range node.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP {
-			ip, err := netip.ParseAddr(a.Address)
-			if err != nil {
-				t.Fatalf("node %s's InternalIP %q: %v", node, a.Address, err)
-			}
-			return ip
+			internal = append(internal, a.Address)
 		}
 	}
-	t.Fatalf("node %s has no InternalIP: %v", node, n.Status.Addresses)
-	return netip.Addr{}
+	return internal
 }

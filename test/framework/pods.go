@@ -12,11 +12,11 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
-	"github.com/trellis-net/trellis/test/cluster/images"
 )
 
 // PodNamespace holds the pods DeployPods makes; ServerPort is their agnhost netexec HTTP
@@ -51,141 +51,51 @@ type PodSpec struct {
 	HostPort   int
 }
 
-// DeployPods creates the pods of batch (labelled with it), waits until they are Ready
-// and opens their network namespaces.
+// DeployPods creates the pods of batch in PodNamespace (made if missing) with
+// DeployPodsIn, waits until they are Ready and opens their network namespaces.
 func DeployPods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string, specs []PodSpec) map[string]Pod {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: %s\n", PodNamespace)
-	for _, ps := range specs {
-		fmt.Fprintf(&b, `---
-apiVersion: v1
-kind: Pod
-metadata:
-  name: %s
-  namespace: %s
-  labels:
-    app: agent-e2e
-    batch: %s
-    name: %s
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: agnhost
-    image: %s
-    imagePullPolicy: IfNotPresent
-    args: ["netexec", "--http-port=%d"]
-    ports:
-    - containerPort: %d
-`, ps.Name, PodNamespace, batch, ps.Name, ps.Node, images.AgnhostImage, ServerPort, ServerPort)
-		if ps.HostPort != 0 {
-			fmt.Fprintf(&b, "      hostPort: %d\n", ps.HostPort)
-		}
-		fmt.Fprintf(&b, `    readinessProbe:
-      tcpSocket:
-        port: %d
-      periodSeconds: 1
-`, ServerPort)
+	_, err := Clientset(t, c).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PodNamespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating namespace %s: %v", PodNamespace, err)
 	}
-	nodes := map[string]string{}
-	for _, ps := range specs {
-		nodes[ps.Name] = ps.Node
-	}
-	return ApplyPods(ctx, t, c, b.String(), PodNamespace, batch, nodes)
+	return DeployPodsIn(ctx, t, c, PodNamespace, batch, specs)
 }
 
-// ApplyPods applies manifest, waits until the pods of batch in namespace are Ready, checks
-// each is on its node (nodes: pod name -> node) and opens its network namespace.
-func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, namespace, batch string, nodes map[string]string) map[string]Pod {
+// ApplyPods applies manifest (kubectl apply: the pods' YAML as the test writes it), waits
+// until its pods in namespace are Ready, checks each is on its node (nodes: pod name ->
+// node) and opens its network namespace, by pod name.
+func ApplyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, manifest, namespace string, nodes map[string]string) map[string]Pod {
 	t.Helper()
 	if _, err := c.KubectlInput(ctx, manifest, "apply", "-f", "-"); err != nil {
 		t.Fatalf("creating the test pods: %v", err)
 	}
-	if out, err := c.Kubectl(ctx, "wait", "-n", namespace, "--for=condition=Ready", "pod", "-l", "batch="+batch, "--timeout=2m"); err != nil {
-		t.Fatalf("test pods not Ready: %v\n%s\n%s", err, out, c.Diagnose(ctx))
-	}
-	kc, err := c.Client()
-	if err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	pods := map[string]Pod{}
+	var pods []*corev1.Pod
 	for name, node := range nodes {
-		p, err := kc.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatalf("pod %s: %v", name, err)
-		}
-		pods[name] = openPod(t, p, node)
+		pods = append(pods, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}, Spec: corev1.PodSpec{NodeName: node}})
 	}
-	return pods
+	return openReadyPods(ctx, t, c, pods)
 }
 
-// DeletePods deletes the pods of batch without waiting for them to go.
+// DeletePods deletes the pods of batch in PodNamespace without waiting for them to go.
 func DeletePods(ctx context.Context, t *testing.T, c *cluster.Cluster, batch string) {
 	t.Helper()
-	if _, err := c.Kubectl(ctx, "delete", "pod", "-n", PodNamespace, "-l", "batch="+batch, "--wait=false"); err != nil {
+	err := Clientset(t, c).CoreV1().Pods(PodNamespace).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "batch=" + batch})
+	if err != nil {
 		t.Errorf("deleting the pods of %s: %v", batch, err)
 	}
-}
-
-// CreateService creates a ClusterIP Service named like the pod it selects, port 80 to
-// the pod's ServerPort, and returns its ClusterIP.
-func CreateService(ctx context.Context, t *testing.T, c *cluster.Cluster, pod string) netip.Addr {
-	t.Helper()
-	return CreateServiceIPs(ctx, t, c, pod, "")[0]
-}
-
-// CreateServiceIPs is CreateService with spec.ipFamilyPolicy (empty: the API server's
-// default, SingleStack) and returns every ClusterIP (spec.clusterIPs), the primary first.
-func CreateServiceIPs(ctx context.Context, t *testing.T, c *cluster.Cluster, pod, ipFamilyPolicy string) []netip.Addr {
-	t.Helper()
-	policy := ""
-	if ipFamilyPolicy != "" {
-		policy = "\n  ipFamilyPolicy: " + ipFamilyPolicy
-	}
-	svc := fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata:
-  name: %[1]s
-  namespace: %[2]s
-spec:%[4]s
-  selector:
-    name: %[1]s
-  ports:
-  - port: 80
-    targetPort: %[3]d
-`, pod, PodNamespace, ServerPort, policy)
-	if _, err := c.KubectlInput(ctx, svc, "apply", "-f", "-"); err != nil {
-		t.Fatalf("creating Service %s: %v", pod, err)
-	}
-	out, err := c.Kubectl(ctx, "get", "service", "-n", PodNamespace, pod, "-o", `jsonpath={range .spec.clusterIPs[*]}{@}{" "}{end}`)
-	if err != nil {
-		t.Fatalf("Service %s: %v", pod, err)
-	}
-	var ips []netip.Addr
-	for _, f := range strings.Fields(out) {
-		ip, err := netip.ParseAddr(f)
-		if err != nil {
-			t.Fatalf("Service %s's ClusterIP %q: %v", pod, f, err)
-		}
-		ips = append(ips, ip)
-	}
-	if len(ips) == 0 {
-		t.Fatalf("Service %s has no ClusterIP", pod)
-	}
-	return ips
 }
 
 // PodIP is the IP of pod name in PodNamespace.
 func PodIP(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) netip.Addr {
 	t.Helper()
-	out, err := c.Kubectl(ctx, "get", "pod", "-n", PodNamespace, name, "-o", "jsonpath={.status.podIP}")
+	p, err := Clientset(t, c).CoreV1().Pods(PodNamespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("pod %s: %v", name, err)
 	}
-	ip, err := netip.ParseAddr(strings.TrimSpace(out))
+	ip, err := netip.ParseAddr(p.Status.PodIP)
 	if err != nil {
-		t.Fatalf("pod %s's IP %q: %v", name, out, err)
+		t.Fatalf("pod %s's IP %q: %v", name, p.Status.PodIP, err)
 	}
 	return ip
 }

@@ -2,12 +2,15 @@ package framework
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
@@ -106,24 +109,19 @@ func (p *Prober) LastOK() time.Time {
 // WaitFlowing waits for 10 successful connects in a row.
 func (p *Prober) WaitFlowing(t *testing.T, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	check.Eventually(t, timeout, "traffic flowing (10 connects in a row)", func() error {
 		p.mu.Lock()
+		defer p.mu.Unlock()
 		n := len(p.attempts)
 		run := 0
 		for i := n - 1; i >= 0 && p.attempts[i].ok; i-- {
 			run++
 		}
-		err := p.lastErr
-		p.mu.Unlock()
-		if run >= 10 {
-			return
+		if run < 10 {
+			return errors.Join(fmt.Errorf("%d in a row (%d attempts)", run, n), p.lastErr)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("traffic not flowing after %v (%d attempts, last error: %v)", timeout, n, err)
-		}
-		time.Sleep(probeInterval)
-	}
+		return nil
+	})
 }
 
 // GapSince is the longest time between two successful connects (or from the last one to
@@ -211,13 +209,12 @@ func (s *Stream) Stop() {
 // WaitFlowing waits up to 5 s for 5 echoes within a second.
 func (s *Stream) WaitFlowing(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for s.EchoesSince(time.Now().Add(-time.Second)) < 5 {
-		if time.Now().After(deadline) {
-			t.Fatal("the stream does not flow")
+	check.Eventually(t, 5*time.Second, "the stream flowing (5 echoes within a second)", func() error {
+		if n := s.EchoesSince(time.Now().Add(-time.Second)); n < 5 {
+			return fmt.Errorf("%d echoes in the last second", n)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // EchoesSince counts the echoes received since t0.

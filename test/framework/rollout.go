@@ -8,24 +8,20 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 )
 
 // What a Trellis rollout (install, upgrade, rollback) looks like from the API: the
-// operator's image, the agents' pods by image, the agent DaemonSet's unavailable count and
-// the ClusterNetwork's conditions.
-
-const agentSelector = "app.kubernetes.io/name=trellis-agent"
+// operator's image, the agent DaemonSet and its pods by image, the CRDs established. The
+// ClusterNetwork's conditions, and Trellis at rest, are settled.go's.
 
 // OperatorImage is the image of the operator Deployment's container.
 func OperatorImage(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
@@ -40,7 +36,7 @@ func OperatorImage(ctx context.Context, t *testing.T, c *cluster.Cluster) string
 // AgentsUnavailable is the agent DaemonSet's status.numberUnavailable.
 func AgentsUnavailable(ctx context.Context, t *testing.T, c *cluster.Cluster) int {
 	t.Helper()
-	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, "trellis-agent", metav1.GetOptions{})
+	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the agent DaemonSet: %v", err)
 	}
@@ -56,7 +52,7 @@ func ReadyAgentsByImage(ctx context.Context, t *testing.T, c *cluster.Cluster, o
 	}
 	for _, p := range pods {
 		switch {
-		case !podReady(&p):
+		case !cluster.PodReady(&p):
 		case p.Spec.Containers[0].Image == old:
 			nOld++
 		case p.Spec.Containers[0].Image == cur:
@@ -79,8 +75,8 @@ func WaitAgents(ctx context.Context, t *testing.T, c *cluster.Cluster, image str
 		}
 		var bad, nodes []string
 		for _, p := range pods {
-			if img := p.Spec.Containers[0].Image; img != image || !podReady(&p) || p.DeletionTimestamp != nil {
-				bad = append(bad, fmt.Sprintf("%s on %s: %s ready=%t deleting=%t", p.Name, p.Spec.NodeName, img, podReady(&p), p.DeletionTimestamp != nil))
+			if img := p.Spec.Containers[0].Image; img != image || !cluster.PodReady(&p) || p.DeletionTimestamp != nil {
+				bad = append(bad, fmt.Sprintf("%s on %s: %s ready=%t deleting=%t", p.Name, p.Spec.NodeName, img, cluster.PodReady(&p), p.DeletionTimestamp != nil))
 				continue
 			}
 			nodes = append(nodes, p.Spec.NodeName)
@@ -97,52 +93,11 @@ func WaitAgents(ctx context.Context, t *testing.T, c *cluster.Cluster, image str
 
 func agentPods(ctx context.Context, t *testing.T, c *cluster.Cluster) ([]corev1.Pod, error) {
 	t.Helper()
-	pods, err := Clientset(t, c).CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentSelector})
+	pods, err := Clientset(t, c).CoreV1().Pods(TrellisNamespace).List(ctx, metav1.ListOptions{LabelSelector: AgentSelector})
 	if err != nil {
 		return nil, err
 	}
 	return slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return len(p.Spec.Containers) == 0 }), nil
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, cd := range p.Status.Conditions {
-		if cd.Type == corev1.PodReady {
-			return cd.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// ClusterNetworkCondition is condition typ of the ClusterNetwork "default" (Status
-// Unknown when it has none yet).
-func ClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string) metav1.Condition {
-	t.Helper()
-	cn := &v1alpha1.ClusterNetwork{}
-	if err := TrellisClient(t, c, "").Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
-		t.Fatalf("ClusterNetwork default: %v", err)
-	}
-	if cd := meta.FindStatusCondition(cn.Status.Conditions, typ); cd != nil {
-		return *cd
-	}
-	return metav1.Condition{Type: typ, Status: metav1.ConditionUnknown}
-}
-
-// WaitClusterNetworkCondition waits until the ClusterNetwork's condition typ has status.
-func WaitClusterNetworkCondition(ctx context.Context, t *testing.T, c *cluster.Cluster, typ string, status metav1.ConditionStatus, timeout time.Duration) {
-	t.Helper()
-	cl := TrellisClient(t, c, "")
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	check.EventuallyCtx(ctx, t, time.Second, fmt.Sprintf("ClusterNetwork %s %s", typ, status), func(ctx context.Context) error {
-		cn := &v1alpha1.ClusterNetwork{}
-		if err := cl.Get(ctx, client.ObjectKey{Name: "default"}, cn); err != nil {
-			return err
-		}
-		if cd := meta.FindStatusCondition(cn.Status.Conditions, typ); cd == nil || cd.Status != status {
-			return fmt.Errorf("%+v", cd)
-		}
-		return nil
-	})
 }
 
 // WaitCRDEstablished waits until the CustomResourceDefinition name is Established (its
@@ -171,4 +126,42 @@ func WaitCRDEstablished(ctx context.Context, t *testing.T, c *cluster.Cluster, n
 		}
 		return fmt.Errorf("conditions %+v", crd.Status.Conditions)
 	})
+}
+
+// GetAgentDaemonSet is the agent DaemonSet.
+func GetAgentDaemonSet(ctx context.Context, t testing.TB, c *cluster.Cluster) *appsv1.DaemonSet {
+	t.Helper()
+	ds, err := Clientset(t, c).AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds
+}
+
+// WaitAgentsRolledOut waits until the agent DaemonSet has rolled out (what `kubectl
+// rollout status` waits for): its current generation observed, and every scheduled pod
+// updated and available.
+func WaitAgentsRolledOut(ctx context.Context, t *testing.T, c *cluster.Cluster, timeout time.Duration) {
+	t.Helper()
+	kc := Clientset(t, c)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	check.EventuallyCtx(wctx, t, time.Second, "the agent DaemonSet rolled out", func(ctx context.Context) error {
+		ds, err := kc.AppsV1().DaemonSets(TrellisNamespace).Get(ctx, AgentDaemonSet, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		return daemonSetRolledOut(ds)
+	})
+}
+
+// daemonSetRolledOut is nil when ds's rollout is over (what `kubectl rollout status`
+// waits for): its generation observed, every scheduled pod updated and available.
+func daemonSetRolledOut(ds *appsv1.DaemonSet) error {
+	st := ds.Status
+	if st.ObservedGeneration < ds.Generation || st.UpdatedNumberScheduled != st.DesiredNumberScheduled || st.NumberAvailable != st.DesiredNumberScheduled {
+		return fmt.Errorf("generation %d observed %d; desired %d, updated %d, available %d",
+			ds.Generation, st.ObservedGeneration, st.DesiredNumberScheduled, st.UpdatedNumberScheduled, st.NumberAvailable)
+	}
+	return nil
 }

@@ -64,8 +64,8 @@ func (s *StaticPod) WaitMirrorReady(ctx context.Context, t *testing.T, c *cluste
 		if err != nil {
 			return err
 		}
-		if p.Status.Phase != corev1.PodRunning || !PodReady(p) || p.Status.PodIP == "" {
-			return fmt.Errorf("phase %s, ready %t, IP %q", p.Status.Phase, PodReady(p), p.Status.PodIP)
+		if p.Status.Phase != corev1.PodRunning || !cluster.PodReady(p) || p.Status.PodIP == "" {
+			return fmt.Errorf("phase %s, ready %t, IP %q", p.Status.Phase, cluster.PodReady(p), p.Status.PodIP)
 		}
 		pod = p
 		return nil

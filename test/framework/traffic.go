@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
@@ -92,32 +93,23 @@ func DialEcho(ns *os.File, addr string) error {
 // WaitDenied waits until connections from ns to addr fail and returns when they started to.
 func WaitDenied(t *testing.T, ns *os.File, addr string, timeout time.Duration) time.Time {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if err := DialEcho(ns, addr); err != nil {
-			return time.Now()
+	var at time.Time
+	check.Eventually(t, timeout, "connections to "+addr+" denied", func() error {
+		if err := DialEcho(ns, addr); err == nil {
+			return errors.New("still allowed")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("connections to %s still allowed after %v", addr, timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		at = time.Now()
+		return nil
+	})
+	return at
 }
 
 // WaitAllowed waits until connections from ns to addr succeed (DialEcho).
 func WaitAllowed(t *testing.T, ns *os.File, addr string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := DialEcho(ns, addr)
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("connections to %s still failing after %v: %v", addr, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	check.Eventually(t, timeout, "connections to "+addr+" allowed", func() error {
+		return DialEcho(ns, addr)
+	})
 }
 
 // TCPEcho serves a line echo on port in ns until the test ends.

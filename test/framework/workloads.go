@@ -3,7 +3,6 @@ package framework
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -98,6 +97,14 @@ func CreatePods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*c
 			t.Fatalf("creating pod %s/%s: %v", p.Namespace, p.Name, err)
 		}
 	}
+	return openReadyPods(ctx, t, c, pods)
+}
+
+// openReadyPods waits until pods (by namespace and name) are Ready, checks each runs on
+// its spec.nodeName and opens its network namespace, by pod name.
+func openReadyPods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*corev1.Pod) map[string]Pod {
+	t.Helper()
+	kc := Clientset(t, c)
 	wctx, cancel := context.WithTimeout(ctx, podsReady)
 	defer cancel()
 	got := map[string]Pod{}
@@ -111,7 +118,7 @@ func CreatePods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*c
 			if err != nil {
 				return err
 			}
-			if !PodReady(p) {
+			if !cluster.PodReady(p) {
 				waiting = append(waiting, fmt.Sprintf("%s: %s", p.Name, p.Status.Phase))
 				continue
 			}
@@ -125,16 +132,6 @@ func CreatePods(ctx context.Context, t *testing.T, c *cluster.Cluster, pods []*c
 		t.Fatalf("%v\n%s", err, c.Diagnose(ctx))
 	}
 	return got
-}
-
-// PodReady reports whether p's Ready condition is True.
-func PodReady(p *corev1.Pod) bool {
-	for _, cond := range p.Status.Conditions {
-		if cond.Type == corev1.PodReady {
-			return cond.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }
 
 // DeletePodsIn deletes the pods of batch in namespace ns and waits until they are gone.
@@ -175,25 +172,4 @@ func DeletePodIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name
 		}
 		return err
 	})
-}
-
-// CreateServiceIn creates a ClusterIP Service in ns named like the pod it selects (by
-// its name label), port 80 to the pod's ServerPort, and returns its ClusterIP.
-func CreateServiceIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, pod string) netip.Addr {
-	t.Helper()
-	svc, err := Clientset(t, c).CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns},
-		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{"name": pod},
-			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(ServerPort)}},
-		},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatalf("creating Service %s/%s: %v", ns, pod, err)
-	}
-	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
-	if err != nil {
-		t.Fatalf("Service %s/%s's ClusterIP %q: %v", ns, pod, svc.Spec.ClusterIP, err)
-	}
-	return ip
 }
