@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/framework"
@@ -104,7 +105,12 @@ func (k *Kube) CreateNamespace(ns *corev1.Namespace) (*corev1.Namespace, error) 
 
 func (k *Kube) SetNamespaceLabels(ns string, labels map[string]string) (*corev1.Namespace, error) {
 	defer k.changed()
-	return k.Kubernetes.SetNamespaceLabels(ns, labels)
+	var out *corev1.Namespace
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() (err error) {
+		out, err = k.Kubernetes.SetNamespaceLabels(ns, labels)
+		return err
+	})
+	return out, err
 }
 
 func (k *Kube) DeleteNetworkPolicy(ns, name string) error {
@@ -127,9 +133,17 @@ func (k *Kube) DeleteService(ns, name string) error {
 	return k.Kubernetes.DeleteService(ns, name)
 }
 
+// SetPodLabels retries cyclonus's get-and-update when it races another writer of the pod
+// (the kubelet's status updates, on a busy machine: "the object has been modified"), a
+// race of the harness's, not a verdict; SetNamespaceLabels likewise.
 func (k *Kube) SetPodLabels(ns, pod string, labels map[string]string) (*corev1.Pod, error) {
 	defer k.changed()
-	return k.Kubernetes.SetPodLabels(ns, pod, labels)
+	var out *corev1.Pod
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() (err error) {
+		out, err = k.Kubernetes.SetPodLabels(ns, pod, labels)
+		return err
+	})
+	return out, err
 }
 
 type podNetns struct {
