@@ -19,7 +19,7 @@ GO_TEST_FLAGS ?= -count=1 -timeout=30m
 # The e2e package's cluster suites (TestXCluster: a shared local cluster each) run
 # E2E_PARALLEL at a time.
 E2E_TIMEOUT ?= 60m
-E2E_PARALLEL ?= 3
+E2E_PARALLEL ?= 2
 # The e2e suite's go test -json events, which RUN_E2E keeps for `gotestsum tool slowest`.
 E2E_JSON ?= $(TRELLIS_CACHE)/e2e-results/last.json
 # RUN_E2E runs the e2e suite (in the test module) through gotestsum (hack/build-gotestsum.sh): a line per package

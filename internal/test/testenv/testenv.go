@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -94,6 +95,9 @@ func StartWith(configure func(*envtest.APIServer)) (*envtest.Environment, *rest.
 		CRDDirectoryPaths:     CRDPaths(),
 		ErrorIfCRDPathMissing: true,
 		BinaryAssetsDirectory: dir,
+		// envtest's 20 s is tight for a kube-apiserver on a 2-CPU machine that make test
+		// also gives the e2e clusters: a slow start is not a failure of what is tested.
+		ControlPlaneStartTimeout: 2 * time.Minute,
 	}
 	if configure != nil {
 		configure(env.ControlPlane.GetAPIServer())
