@@ -166,9 +166,9 @@ func TestRefuseParentNetns(t *testing.T) {
 		}
 		os.Exit(0)
 	}
+	RequireCommands(t, "nsenter", "sh")
 	n := New(t)
-	helper := func() error {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestRefuseParentNetns$")
+	run := func(cmd *exec.Cmd) error {
 		cmd.Env = append(os.Environ(), "NETNSTEST_HELPER=1")
 		out, err := cmd.Output()
 		if err != nil {
@@ -176,10 +176,15 @@ func TestRefuseParentNetns(t *testing.T) {
 		}
 		return nil
 	}
-	if err := helper(); err == nil || !strings.Contains(err.Error(), "parent's network namespace") {
+	self := []string{os.Args[0], "-test.run=^TestRefuseParentNetns$"}
+	if err := run(exec.Command(self[0], self[1:]...)); err == nil || !strings.Contains(err.Error(), "parent's network namespace") {
 		t.Errorf("a helper in its parent's namespace: %v, want a refusal", err)
 	}
-	if err := EnterPath(n.Path(), helper); err != nil {
+	// As `ip netns exec` starts one: its parent (sh) in this namespace, it in n. Not
+	// forked from a thread of this process inside n: /proc/PID/ns/net is the main
+	// thread's, which may be the very thread Enter holds there.
+	script := `nsenter --net="$1" -- "$0" "$2"`
+	if err := run(exec.Command("sh", "-c", script, self[0], n.Path(), self[1])); err != nil {
 		t.Errorf("a helper started inside a namespace of its own: %v", err)
 	}
 }
