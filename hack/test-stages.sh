@@ -5,9 +5,9 @@
 # First the checks every stage needs, one after another, stopping at the first failure:
 # deps, generate (manifests, deep copies, bundle, catalog), vet, lint. Then two lanes that
 # run at once (the cluster tests mostly wait on timeouts and probes): the Go tests, fuzz,
-# the bundle, the NetworkPolicy conformance subset's IPv6 pass and the ClusterNetworkPolicy
-# subset; the e2e suite (its shared clusters E2E_PARALLEL at a time), the conformance
-# subset's IPv4 pass and the upstream [sig-network] subset. A stage of a
+# the bundle, the NetworkPolicy conformance subset's IPv6 pass, the ClusterNetworkPolicy
+# subset and the upstream [sig-network] subset; the e2e suite (its shared clusters
+# E2E_PARALLEL at a time) and the conformance subset's IPv4 pass. A stage of a
 # lane writes its output to $STAGE_LOGS/<stage>.log, printed whole when the stage ends
 # (lanes' output never interleaves); a failed stage doesn't stop the others.
 #
@@ -32,7 +32,7 @@ declare -A BUDGET=(
 	[unit]=600
 	[fuzz]=60
 	[bundle]=30
-	[e2e]=780
+	[e2e]=960
 	[conformance-ipv4]=480
 	[upstream]=300
 	[conformance-ipv6]=360
@@ -121,13 +121,13 @@ pids=()
 	stage conformance-ipv6 "$MAKE" --no-print-directory conformance-run CONFORMANCE_MODE=subset \
 		CONFORMANCE_FAMILY=ipv6 CONFORMANCE_CLUSTER=conf6 CONFORMANCE_OUT=_output/conformance-ipv6
 	stage cnp "$MAKE" --no-print-directory conformance-cnp-ci
+	stage upstream "$MAKE" --no-print-directory conformance-upstream-ci
 } &
 pids+=($!)
 {
 	stage e2e "$MAKE" --no-print-directory e2e-run
 	stage conformance-ipv4 "$MAKE" --no-print-directory conformance-run CONFORMANCE_MODE=subset \
 		CONFORMANCE_FAMILY=ipv4 CONFORMANCE_STACK=dual CONFORMANCE_CLUSTER=conf4 CONFORMANCE_OUT=_output/conformance-ipv4
-	stage upstream "$MAKE" --no-print-directory conformance-upstream-ci
 } &
 pids+=($!)
 for pid in "${pids[@]}"; do
