@@ -211,6 +211,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ ctrl.Request) (ctrl.Result
 	verdict, detail := r.Offload.Verdict()
 	off := offload.Decide(r.Config.VXLAN.TXChecksumOffload, r.kernelRelease(), verdict, detail)
 	cfg.ChecksumOffload = off.On
+	r.Offload.Expect(off.On)
 	st, err := datapath.Sync(*cfg)
 	if err == nil {
 		err = r.syncNetfilter(ctx, cfg)

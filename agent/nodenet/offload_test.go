@@ -272,10 +272,12 @@ func TestChecksumOffloadSelfTest(t *testing.T) {
 		t.Errorf("node B turned offload off for node A's broken NIC: %+v", c)
 	}
 	var evs *corev1.EventList
+	nnA := &v1alpha1.NodeNetwork{}
+	check.Must(t, k8s.Get(ctx, types.NamespacedName{Name: "csum-a"}, nnA))
 	wait, cancel := context.WithTimeout(ctx, 10*time.Second)
 	// Come or not, the check below says what there is.
 	_ = check.Until(wait, 100*time.Millisecond, "an Event "+v1alpha1.ReasonChecksumOffloadBroken+" for csum-a", func(context.Context) error {
-		evs, err = cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=csum-a,reason=" + v1alpha1.ReasonChecksumOffloadBroken})
+		evs, err = cs.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.uid=" + string(nnA.UID) + ",reason=" + v1alpha1.ReasonChecksumOffloadBroken})
 		check.Must(t, err)
 		if len(evs.Items) == 0 {
 			return errors.New("none yet")

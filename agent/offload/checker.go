@@ -52,11 +52,16 @@ type Checker struct {
 	// Probe bounds each peer's probe.
 	Probe ProbeOptions
 
-	mu        sync.Mutex
-	target    Target
-	verdict   Verdict
-	detail    string
-	next      int // rotation through the peers
+	mu      sync.Mutex
+	target  Target
+	verdict Verdict
+	detail  string
+	next    int // rotation through the peers
+	// changing: a sync is turning offload on or off (Expect) and has not reported the
+	// result yet (Update); epoch counts such changes. A round overlapping one probed
+	// with the device in either state and says nothing.
+	changing  bool
+	epoch     uint64
 	probed    map[string]bool
 	responder *Responder
 	wake      chan struct{}
@@ -107,6 +112,25 @@ func (c *Checker) Verdict() (Verdict, string) {
 	return c.verdict, c.detail
 }
 
+// Expect tells the Checker that the sync about to run leaves offload on (or off). When
+// that differs from what it probes with now, no round counts until Update reports the
+// sync's result: between the device changing and Update (the sync's other steps, such as
+// netfilter, take a while) a round would judge the new state under the old one's name (a
+// round with offload just turned off passing as "works with offload on" turned it back on,
+// and the two alternated).
+func (c *Checker) Expect(on bool) {
+	if c == nil {
+		return
+	}
+	c.init()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if on != c.target.OffloadOn {
+		c.changing = true
+		c.epoch++
+	}
+}
+
 // Update records what the last sync left on the node and makes sure the responder
 // listens on its VTEP address. A round starts soon when there is something new to check:
 // the first target, a peer never probed while unverified, offload turned on or off.
@@ -129,6 +153,10 @@ func (c *Checker) Update(t Target) error {
 	})
 	prev := c.target
 	c.target = t
+	c.changing = false
+	if prev.OffloadOn != t.OffloadOn {
+		c.epoch++
+	}
 	wake := prev.Probe != t.Probe || prev.OffloadOn != t.OffloadOn || prev.Local != t.Local
 	if c.verdict == Unverified {
 		for _, p := range t.Peers {
@@ -214,9 +242,9 @@ func (c *Checker) Start(ctx context.Context) error {
 // whether any peer answered the control, and whether offload was just judged broken.
 func (c *Checker) round(ctx context.Context) (conclusive, confirm bool) {
 	c.mu.Lock()
-	t := c.target
+	t, epoch := c.target, c.epoch
 	var pick []Peer
-	if t.Probe && t.Local.IsValid() {
+	if t.Probe && t.Local.IsValid() && !c.changing {
 		for i := 0; i < len(t.Peers) && i < c.peersPerRound(); i++ {
 			pick = append(pick, t.Peers[(c.next+i)%len(t.Peers)])
 		}
@@ -243,8 +271,8 @@ func (c *Checker) round(ctx context.Context) (conclusive, confirm bool) {
 	for _, p := range pick {
 		c.probed[p.Name] = true
 	}
-	// A round that raced with a change of offload says nothing about the new state.
-	stale := c.target.OffloadOn != t.OffloadOn || c.target.Probe != t.Probe
+	// A round that raced with a change of offload says nothing about either state.
+	stale := c.changing || c.epoch != epoch || c.target.Probe != t.Probe
 	changed := !stale && (v != c.verdict || detail != c.detail)
 	if changed {
 		c.verdict, c.detail = v, detail
