@@ -3,10 +3,14 @@
 package policyoracle
 
 import (
+	"crypto/sha256"
+	"flag"
 	"fmt"
 	"maps"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +45,9 @@ type compiledKube struct {
 	// would each split every rule again.
 	eval   *policy.Evaluator
 	ifaces map[netip.Addr]string
+	// output is what the compiles of the current case rendered (iptables-restore and ipset
+	// notation, both families), for the golden pin.
+	output strings.Builder
 }
 
 func (k *compiledKube) changed() {
@@ -149,6 +156,7 @@ func (k *compiledKube) ruleset() (*policy.Evaluator, map[netip.Addr]string) {
 	}
 	k.compiled, k.at = policy.Compile(st), k.gen
 	k.eval = k.compiled.Evaluator()
+	k.output.WriteString(rendered(k.compiled))
 	return k.eval, k.ifaces
 }
 
@@ -225,11 +233,18 @@ func againstCyclonus(t *testing.T, v6 bool) {
 		t.Fatalf("cyclonus generated only %d cases", len(cases))
 	}
 	failed := 0
+	var digests strings.Builder
 	for i, tc := range cases {
 		for _, step := range tc.Steps {
 			step.Probe.Mode = generator.ProbeModePodIP
 		}
+		k.mu.Lock()
+		k.output.Reset()
+		k.mu.Unlock()
 		res := interpreter.ExecuteTestCase(tc)
+		k.mu.Lock()
+		fmt.Fprintf(&digests, "%d %x %s\n", i, sha256.Sum256([]byte(k.output.String())), tc.Description)
+		k.mu.Unlock()
 		if res.Err != nil {
 			t.Errorf("case %d %q: %v", i, tc.Description, res.Err)
 			continue
@@ -246,6 +261,79 @@ func againstCyclonus(t *testing.T, v6 bool) {
 		}
 	}
 	t.Logf("%d cases, %d differ from the oracle", len(cases), failed)
+	golden(t, v6, digests.String())
+}
+
+var update = flag.Bool("update", false, "rewrite testdata/rendered-*.txt from this run's rendered rules")
+
+// golden pins the rules every case compiles to, byte for byte: each line is a case and the
+// SHA-256 of the iptables-restore and ipset text of every ruleset its probes were judged
+// by. A change of the compiler or its renderers that changes any rule or set shows here
+// (go test -run TestCompileAgainstCyclonus -update rewrites the file, for a change meant
+// to alter the output; the diff then says which cases it touched).
+func golden(t *testing.T, v6 bool, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", "rendered-ipv4.txt")
+	if v6 {
+		path = filepath.Join("testdata", "rendered-ipv6.txt")
+	}
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test -run %s -update writes it)", err, t.Name())
+	}
+	if got == string(want) {
+		return
+	}
+	gl, wl := strings.Split(got, "\n"), strings.Split(string(want), "\n")
+	differ := 0
+	for i := range max(len(gl), len(wl)) {
+		var g, w string
+		if i < len(gl) {
+			g = gl[i]
+		}
+		if i < len(wl) {
+			w = wl[i]
+		}
+		if g != w {
+			if differ++; differ <= 10 {
+				t.Errorf("rendered rules differ from %s:\n got  %s\n want %s", path, g, w)
+			}
+		}
+	}
+	t.Errorf("%d cases render other rules than %s pins (-update rewrites it when that is meant)", differ, path)
+}
+
+// rendered is rs (and its IPv6 ruleset) as iptables-restore and ipset restore would read it.
+func rendered(rs *policy.Ruleset) string {
+	var b strings.Builder
+	for r, family := rs, "inet"; r != nil; r, family = r.IPv6, "inet6" {
+		fmt.Fprintf(&b, "# %s\n*filter\n", family)
+		for _, c := range r.Chains {
+			fmt.Fprintf(&b, ":%s\n", c.Name)
+		}
+		for _, c := range r.Chains {
+			for _, rule := range c.Rules {
+				fmt.Fprintf(&b, "-A %s %s\n", c.Name, rule)
+			}
+		}
+		b.WriteString("COMMIT\n")
+		for _, s := range r.Sets {
+			fmt.Fprintf(&b, "create %s %s family %s comment %q\n", s.Name, s.Type, family, s.Comment)
+			for _, m := range s.Members {
+				fmt.Fprintf(&b, "add %s %s\n", s.Name, m)
+			}
+		}
+		for _, p := range r.Problems {
+			fmt.Fprintf(&b, "# problem %s %s: %s\n", p.Policy, p.ClusterPolicy, p.Message)
+		}
+	}
+	return b.String()
 }
 
 // The IPv6 images of the IPv4 world, as agent/policy's own compile tests make them.
