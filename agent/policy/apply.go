@@ -229,12 +229,8 @@ func kernelState(rs *Ruleset) (netfilter.State, error) {
 	ts := netfilter.TableState{}
 	for _, c := range rs.Chains {
 		chain := netfilter.Chain{Name: c.Name}
-		for _, r := range c.Rules {
-			rule, err := kernelRule(r)
-			if err != nil {
-				return netfilter.State{}, fmt.Errorf("chain %s: %w", c.Name, err)
-			}
-			chain.Rules = append(chain.Rules, rule)
+		for i := range c.Rules {
+			chain.Rules = append(chain.Rules, iptablesRule(&c.Rules[i]))
 		}
 		ts.Chains = append(ts.Chains, chain)
 	}
@@ -243,23 +239,4 @@ func kernelState(rs *Ruleset) (netfilter.State, error) {
 		ts.Jumps = append(ts.Jumps, netfilter.Jump{From: j.Chain, Position: netfilter.First, Match: j.Match, To: j.Target})
 	}
 	return netfilter.State{Scope: Scope, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: ts}}, nil
-}
-
-// kernelRule splits a rule of Compile's vocabulary into matches, comment and target.
-func kernelRule(rule string) (netfilter.Rule, error) {
-	args := netfilter.SplitRule(rule)
-	var r netfilter.Rule
-	for i := 0; i < len(args); i++ {
-		switch {
-		case args[i] == "-m" && i+3 < len(args) && args[i+1] == "comment" && args[i+2] == "--comment":
-			r.Comment = args[i+3]
-			i += 3
-		case args[i] == "-j" || args[i] == "-g":
-			r.Target = args[i:]
-			return r, nil
-		default:
-			r.Match = append(r.Match, args[i])
-		}
-	}
-	return r, fmt.Errorf("rule %q has no target", rule)
 }

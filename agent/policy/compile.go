@@ -71,11 +71,10 @@ type Set struct {
 	Comment string
 }
 
-// Chain is a desired filter-table chain: its rules in iptables-save notation, without the
-// leading "-A CHAIN".
+// Chain is a desired chain of the filter table and its rules.
 type Chain struct {
 	Name  string
-	Rules []string
+	Rules []Rule
 }
 
 // PodChain tells which pod and direction a per-pod chain enforces (for metrics and status).
@@ -164,16 +163,19 @@ func compileFamilies(st State, memo *setMemo) *Ruleset {
 // solicitations, and the node could not deliver the pod's traffic at all. ND is
 // link-local (never forwarded), so they open nothing beyond the link. No comment: they
 // are evaluated for every packet a pod sends its node.
-var neighbourDiscovery = []string{
-	"-p ipv6-icmp -m icmp6 --icmpv6-type 135 -j RETURN",
-	"-p ipv6-icmp -m icmp6 --icmpv6-type 136 -j RETURN",
+var neighbourDiscovery = []Rule{
+	{Protocol: "ipv6-icmp", ICMPv6Type: ptrTo[uint8](135), Verdict: Return, Origin: Origin{Kind: NeighbourDiscovery}},
+	{Protocol: "ipv6-icmp", ICMPv6Type: ptrTo[uint8](136), Verdict: Return, Origin: Origin{Kind: NeighbourDiscovery}},
 }
+
+func ptrTo[T any](v T) *T { return &v }
 
 func (c *compiler) compile(st State) *Ruleset {
 	var ingress, egress []Chain
 	eps := slices.Clone(st.Endpoints)
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Interface < eps[j].Interface })
-	var toPod, fromPod, toHost, isolated []string
+	var toPod, fromPod, toHost []Rule
+	var isolated []string
 	if c.family == ipam.IPv6 {
 		toHost = slices.Clone(neighbourDiscovery)
 	}
@@ -196,25 +198,25 @@ func (c *compiler) compile(st State) *Ruleset {
 		// goes through its egress chain to its own node too (where NetworkPolicy's tier
 		// lets the node through).
 		if outTiers.cluster() {
-			toHost = append(toHost, fmt.Sprintf("-i %s -g %s", ep.Interface, podChainName(egressPrefix, ep.Pod)))
+			toHost = append(toHost, Rule{InIface: ep.Interface, Verdict: Goto, Target: podChainName(egressPrefix, ep.Pod)})
 		} else {
-			toHost = append(toHost, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
+			toHost = append(toHost, Rule{InIface: ep.Interface, Verdict: Return})
 		}
 		if !inTiers.empty() {
 			chains, pc := c.podChains(pod, ep, inTiers, Ingress)
 			ingress = append(ingress, c.logged(pod, chains, pc)...)
-			toPod = append(toPod, fmt.Sprintf("-o %s -g %s", ep.Interface, pc.Chain))
+			toPod = append(toPod, Rule{OutIface: ep.Interface, Verdict: Goto, Target: pc.Chain})
 			c.rs.PodChains = append(c.rs.PodChains, pc)
 		} else {
-			toPod = append(toPod, fmt.Sprintf("-o %s -j RETURN", ep.Interface))
+			toPod = append(toPod, Rule{OutIface: ep.Interface, Verdict: Return})
 		}
 		if !outTiers.empty() {
 			chains, pc := c.podChains(pod, ep, outTiers, Egress)
 			egress = append(egress, c.logged(pod, chains, pc)...)
-			fromPod = append(fromPod, fmt.Sprintf("-i %s -g %s", ep.Interface, pc.Chain))
+			fromPod = append(fromPod, Rule{InIface: ep.Interface, Verdict: Goto, Target: pc.Chain})
 			c.rs.PodChains = append(c.rs.PodChains, pc)
 		} else {
-			fromPod = append(fromPod, fmt.Sprintf("-i %s -j RETURN", ep.Interface))
+			fromPod = append(fromPod, Rule{InIface: ep.Interface, Verdict: Return})
 		}
 		if !inTiers.empty() || !outTiers.empty() {
 			isolated = append(isolated, addr.String())
@@ -224,8 +226,8 @@ func (c *compiler) compile(st State) *Ruleset {
 	// Every trellis veth is a known endpoint with its rules, or it is dropped: a veth the
 	// agent can't attribute to a pod of this node (one being wired whose pod the agent
 	// hasn't confirmed yet, one whose pod object is gone) never falls through to "allowed".
-	unknown := func(what string) string {
-		return fmt.Sprintf("-m comment --comment \"trellis: %s an unknown pod interface\" -j DROP", what)
+	unknown := func(what string) Rule {
+		return Rule{Comment: fmt.Sprintf("trellis: %s an unknown pod interface", what), Verdict: Drop, Origin: Origin{Kind: UnknownInterface}}
 	}
 	fromPod = append(fromPod, unknown("from"))
 	toPod = append(toPod, unknown("to"))
@@ -234,10 +236,14 @@ func (c *compiler) compile(st State) *Ruleset {
 	// Replies of allowed connections. Every packet of every connection passes this rule
 	// and the jumps into these chains, so they carry no comment: iptables-nft runs
 	// `-m comment` as an xtables match on each packet (docs/benchmarks.md, issue #24).
-	established := "-m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"
+	established := Rule{CtState: CtEstablished, Verdict: Return}
 	isolatedSet := c.set("isolated", SetIP, isolated, "pods of this node a policy isolates")
+	midStream := func(in, out string, dir SetDir) Rule {
+		return Rule{InIface: in, OutIface: out, Protocol: "tcp", NotSYN: true, Sets: []SetMatch{{isolatedSet, dir}}, CtState: CtNew,
+			Comment: "trellis: no mid-stream pickup", Verdict: Drop, Origin: Origin{Kind: MidStream}}
+	}
 	c.rs.Chains = append(c.rs.Chains,
-		Chain{Name: ChainForward, Rules: []string{
+		Chain{Name: ChainForward, Rules: []Rule{
 			established,
 			// A pod's TCP connection is tracked from its SYN only. When a policy starts
 			// denying an established connection its conntrack entry is deleted; without
@@ -246,22 +252,20 @@ func (c *compiler) compile(st State) *Ruleset {
 			// tracking would let the denied direction through as replies. Only pods a
 			// policy isolates need it: elsewhere an idle connection whose entry expired
 			// must go on.
-			fmt.Sprintf("-i %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m set --match-set %s src -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths, isolatedSet),
-			fmt.Sprintf("-o %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m set --match-set %s dst -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths, isolatedSet),
-			fmt.Sprintf("-i %s -j %s", veths, ChainFromPod),
-			fmt.Sprintf("-o %s -j %s", veths, ChainToPod),
+			midStream(veths, "", SrcAddr),
+			midStream("", veths, DstAddr),
+			{InIface: veths, Verdict: Jump, Target: ChainFromPod},
+			{OutIface: veths, Verdict: Jump, Target: ChainToPod},
 		}},
-		Chain{Name: ChainInput, Rules: []string{
+		Chain{Name: ChainInput, Rules: []Rule{
 			established,
-			fmt.Sprintf("-i %s -j %s", veths, ChainPodToHost),
+			{InIface: veths, Verdict: Jump, Target: ChainPodToHost},
 		}},
 		// A pod's connection to its own node whose tracking a policy change removed: the
 		// node's next segment to the pod (OUTPUT, where no policy chain looks) would be
 		// tracked as a NEW connection from the node, and the pod's denied packets would
 		// pass as its replies.
-		Chain{Name: ChainOutput, Rules: []string{
-			fmt.Sprintf("-o %s -p tcp -m tcp ! --tcp-flags FIN,SYN,RST,ACK SYN -m set --match-set %s dst -m conntrack --ctstate NEW -m comment --comment \"trellis: no mid-stream pickup\" -j DROP", veths, isolatedSet),
-		}},
+		Chain{Name: ChainOutput, Rules: []Rule{midStream("", veths, DstAddr)}},
 		Chain{Name: ChainFromPod, Rules: fromPod},
 		Chain{Name: ChainToPod, Rules: toPod},
 		Chain{Name: ChainPodToHost, Rules: toHost},
@@ -458,45 +462,60 @@ func policyTypes(np *networkingv1.NetworkPolicy) (ingress, egress bool) {
 	return ingress, egress
 }
 
-// npRules are the NetworkPolicy tier of one isolated pod for one direction: a RETURN for
-// each allowed (peer, port) pair; the caller drops the rest.
-func (c *compiler) npRules(pod *Pod, policies []*networkingv1.NetworkPolicy, dir Direction) []string {
-	peerDir := "src"
+// npRules are the NetworkPolicy tier of one isolated pod for one direction: a Return for
+// each allowed (peer, port) pair; the caller drops the rest. A rule several policy rules
+// compile to is written once, its origin naming them all.
+func (c *compiler) npRules(pod *Pod, policies []*networkingv1.NetworkPolicy, dir Direction) []Rule {
+	peerDir := SrcAddr
 	if dir == Egress {
-		peerDir = "dst"
+		peerDir = DstAddr
 	}
-	var rules []string
-	seen := map[string]bool{}
+	var rules []Rule
+	seen := map[string]int{}
 	for _, np := range policies {
+		name := np.Namespace + "/" + np.Name
 		for i, r := range policyRules(np, dir) {
 			peers, ports := r.peers, r.ports
 			where := fmt.Sprintf("%s/%s %s[%d]", np.Namespace, commentName(np.Name), dir, i)
-			peerMatches := []string{""} // no peers: every peer
+			type peer struct {
+				set   *SetMatch
+				index int
+			}
+			peerMatches := []peer{{nil, -1}} // no peers: every peer
 			if len(peers) > 0 {
 				peerMatches = nil
 				for j := range peers {
-					if m, ok := c.peerMatch(np, &peers[j], peerDir, fmt.Sprintf("%s.%s[%d]", where, peersField(dir), j)); ok {
-						peerMatches = append(peerMatches, m)
+					if set, ok := c.peerMatch(np, &peers[j], peerDir, fmt.Sprintf("%s.%s[%d]", where, peersField(dir), j)); ok {
+						peerMatches = append(peerMatches, peer{&set, j})
 					}
 				}
 			}
-			portMatches := []string{""} // no ports: every port and protocol
+			portMatches := []portMatch{{index: -1}} // no ports: every port and protocol
 			if len(ports) > 0 {
 				portMatches = nil
 				for j := range ports {
-					portMatches = append(portMatches, c.portMatches(np, pod, &ports[j], dir, fmt.Sprintf("%s.ports[%d]", where, j))...)
+					for _, m := range c.portMatches(np, pod, &ports[j], dir, fmt.Sprintf("%s.ports[%d]", where, j)) {
+						m.index = j
+						portMatches = append(portMatches, m)
+					}
 				}
 			}
 			for _, pm := range peerMatches {
 				for _, port := range portMatches {
-					r := ruleString(pm, port, "", "-j RETURN")
-					if r == "-j RETURN" {
-						r = fmt.Sprintf("-m comment --comment \"trellis: %s allows all\" -j RETURN", where)
+					rule := port.rule(pm.set)
+					rule.Verdict = Return
+					if rule.Protocol == "" && len(rule.Sets) == 0 {
+						rule.Comment = fmt.Sprintf("trellis: %s allows all", where)
 					}
-					if !seen[r] {
-						seen[r] = true
-						rules = append(rules, r)
+					ref := RuleRef{NetworkPolicy: name, Direction: dir, Index: i, Peer: pm.index, Port: port.index}
+					key := rule.String()
+					if at, ok := seen[key]; ok {
+						rules[at].Origin.Rules = append(rules[at].Origin.Rules, ref)
+						continue
 					}
+					rule.Origin = Origin{Kind: PolicyAllows, Rules: []RuleRef{ref}}
+					seen[key] = len(rules)
+					rules = append(rules, rule)
 				}
 			}
 		}
@@ -504,26 +523,26 @@ func (c *compiler) npRules(pod *Pod, policies []*networkingv1.NetworkPolicy, dir
 	return rules
 }
 
-// ruleString assembles a rule in the order iptables-save prints it (the protocol before
-// the matches, the comment after them), so the kernel's copy reads back identical.
-func ruleString(peer, port, comment, target string) string {
-	proto, rest := splitProtocol(port)
-	if comment != "" {
-		comment = fmt.Sprintf("-m comment --comment \"%s\"", comment)
-	}
-	return strings.Join(slices.DeleteFunc([]string{proto, peer, rest, comment, target}, func(s string) bool { return s == "" }), " ")
+// portMatch is what one port entry of a policy rule matches: a protocol, and a port range
+// or a named port's set (neither: every port of the protocol; none of the three: every
+// packet).
+type portMatch struct {
+	protocol string
+	ports    *PortRange
+	set      string // a SetIPPort of the peers declaring a named port
+	index    int    // of the entry in the rule's ports (-1: the rule has none)
 }
 
-// splitProtocol splits a port match into its "-p proto" and the rest.
-func splitProtocol(match string) (proto, rest string) {
-	if !strings.HasPrefix(match, "-p ") {
-		return "", match
+// rule is the rule matching peer (nil: any) and the port.
+func (m portMatch) rule(peer *SetMatch) Rule {
+	r := Rule{Protocol: m.protocol, DstPorts: m.ports}
+	if peer != nil {
+		r.Sets = append(r.Sets, *peer)
 	}
-	f := strings.SplitN(match, " ", 3)
-	if len(f) < 3 {
-		return match, ""
+	if m.set != "" {
+		r.Sets = append(r.Sets, SetMatch{m.set, DstAddrPort})
 	}
-	return f[0] + " " + f[1], f[2]
+	return r
 }
 
 func peersField(dir Direction) string {
@@ -533,56 +552,57 @@ func peersField(dir Direction) string {
 	return "to"
 }
 
-// rule is one ingress or egress rule of a policy.
-type rule struct {
+// npRule is one ingress or egress rule of a policy.
+type npRule struct {
 	peers []networkingv1.NetworkPolicyPeer
 	ports []networkingv1.NetworkPolicyPort
 }
 
 // policyRules are np's rules for dir.
-func policyRules(np *networkingv1.NetworkPolicy, dir Direction) []rule {
-	var out []rule
+func policyRules(np *networkingv1.NetworkPolicy, dir Direction) []npRule {
+	var out []npRule
 	if dir == Ingress {
 		for _, r := range np.Spec.Ingress {
-			out = append(out, rule{r.From, r.Ports})
+			out = append(out, npRule{r.From, r.Ports})
 		}
 		return out
 	}
 	for _, r := range np.Spec.Egress {
-		out = append(out, rule{r.To, r.Ports})
+		out = append(out, npRule{r.To, r.Ports})
 	}
 	return out
 }
 
-// peerMatch is the iptables match for one peer (src for ingress, dst for egress). ok is
-// false when the peer can match nothing (e.g. an invalid selector: fail closed).
-func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.NetworkPolicyPeer, dir, where string) (string, bool) {
+// peerMatch is the set match for one peer (the source for ingress, the destination for
+// egress). ok is false when the peer can match nothing (e.g. an invalid selector: fail
+// closed).
+func (c *compiler) peerMatch(np *networkingv1.NetworkPolicy, peer *networkingv1.NetworkPolicyPeer, dir SetDir, where string) (SetMatch, bool) {
 	if b := peer.IPBlock; b != nil {
 		set, err := c.ipBlockSet(b)
 		if err != nil {
 			c.problem(np, "%s.ipBlock: %v", where, err)
-			return "", false
+			return SetMatch{}, false
 		}
 		if set == "" {
-			return "", false // a block of the other family, or all of it excepted: no address of this family is in it
+			return SetMatch{}, false // a block of the other family, or all of it excepted: no address of this family is in it
 		}
-		return fmt.Sprintf("-m set --match-set %s %s", set, dir), true
+		return SetMatch{set, dir}, true
 	}
 	var podSel, nsSel labels.Selector = labels.Everything(), nil
 	var err error
 	if peer.PodSelector != nil {
 		if podSel, err = metav1.LabelSelectorAsSelector(peer.PodSelector); err != nil {
 			c.problem(np, "%s.podSelector: %v", where, err)
-			return "", false
+			return SetMatch{}, false
 		}
 	}
 	if peer.NamespaceSelector != nil {
 		if nsSel, err = metav1.LabelSelectorAsSelector(peer.NamespaceSelector); err != nil {
 			c.problem(np, "%s.namespaceSelector: %v", where, err)
-			return "", false
+			return SetMatch{}, false
 		}
 	}
-	return fmt.Sprintf("-m set --match-set %s %s", c.selectorSet(np.Namespace, nsSel, podSel), dir), true
+	return SetMatch{c.selectorSet(np.Namespace, nsSel, podSel), dir}, true
 }
 
 // selectorSet is the hash:ip set of the peer pods podSel selects in the namespaces nsSel
@@ -649,10 +669,10 @@ func (c *compiler) netSet(what string, prefixes []netip.Prefix) string {
 	return c.set("net|"+strings.Join(members, ","), SetNet, members, comment)
 }
 
-// portMatches are the iptables matches for one NetworkPolicyPort. A named port resolves,
+// portMatches are the matches for one NetworkPolicyPort. A named port resolves,
 // for ingress, against the pod the chain protects; for egress, against every peer pod,
 // through a hash:ip,port set of the pods declaring that name for that protocol.
-func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *networkingv1.NetworkPolicyPort, dir Direction, where string) []string {
+func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *networkingv1.NetworkPolicyPort, dir Direction, where string) []portMatch {
 	proto := corev1.ProtocolTCP
 	if port.Protocol != nil {
 		proto = *port.Protocol
@@ -663,27 +683,27 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 		return nil
 	}
 	if port.Port == nil {
-		return []string{"-p " + p}
+		return []portMatch{{protocol: p}}
 	}
 	if port.Port.Type == 0 { // a number
 		n := port.Port.IntVal
 		if port.EndPort != nil && *port.EndPort > n {
-			return []string{fmt.Sprintf("-p %s -m %s --dport %d:%d", p, p, n, *port.EndPort)}
+			return []portMatch{{protocol: p, ports: portRange(n, *port.EndPort)}}
 		}
-		return []string{fmt.Sprintf("-p %s -m %s --dport %d", p, p, n)}
+		return []portMatch{{protocol: p, ports: portRange(n, n)}}
 	}
 	name := port.Port.StrVal
 	if dir == Ingress {
 		for _, cp := range pod.Ports {
 			if cp.Name == name && cp.Protocol == proto {
-				return []string{fmt.Sprintf("-p %s -m %s --dport %d", p, p, cp.Port)}
+				return []portMatch{{protocol: p, ports: portRange(cp.Port, cp.Port)}}
 			}
 		}
 		return nil // the pod has no such port: the rule allows nothing here
 	}
 	key := "port|" + name + "|" + p
 	if set, ok := c.setNames[key]; ok {
-		return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
+		return []portMatch{{protocol: p, set: set}}
 	}
 	f := c.family
 	set := c.podSet(key, SetIPPort, podSetDef{comment: fmt.Sprintf("pods with a %s port named %s", proto, name),
@@ -700,7 +720,12 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 			}
 			return out
 		}})
-	return []string{fmt.Sprintf("-p %s -m set --match-set %s dst,dst", p, set)}
+	return []portMatch{{protocol: p, set: set}}
+}
+
+// portRange is the range first..last of ports the API gives as int32 (validated to 1-65535).
+func portRange(first, last int32) *PortRange {
+	return &PortRange{First: uint16(first), Last: uint16(last)}
 }
 
 // podSet registers a set whose members come from the peers (pods), through the memo of

@@ -412,11 +412,20 @@ func semanticsCases() []semanticsCase {
 	}
 }
 
+// texts are rules as iptables-save prints them.
+func texts(rules []Rule) []string {
+	out := make([]string, len(rules))
+	for i := range rules {
+		out[i] = IPTablesText(&rules[i])
+	}
+	return out
+}
+
 func dump(rs *Ruleset) string {
 	var b strings.Builder
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
-			fmt.Fprintf(&b, "  -A %s %s\n", c.Name, r)
+			fmt.Fprintf(&b, "  -A %s %s\n", c.Name, IPTablesText(&r))
 		}
 	}
 	for _, s := range rs.Sets {
@@ -571,13 +580,13 @@ func TestCompileIPv6Rules(t *testing.T) {
 	var toHost, self []string
 	for _, c := range v6.Chains {
 		if c.Name == ChainPodToHost {
-			toHost = c.Rules
+			toHost = texts(c.Rules)
 		}
 		if strings.HasPrefix(c.Name, ingressPrefix) {
-			self = append(self, c.Rules[0])
+			self = append(self, IPTablesText(&c.Rules[0]))
 		}
 	}
-	if len(toHost) < 2 || toHost[0] != neighbourDiscovery[0] || toHost[1] != neighbourDiscovery[1] {
+	if len(toHost) < 2 || toHost[0] != IPTablesText(&neighbourDiscovery[0]) || toHost[1] != IPTablesText(&neighbourDiscovery[1]) {
 		t.Errorf("%s doesn't start with the neighbour discovery rules: %q", ChainPodToHost, toHost)
 	}
 	if xa6 := to6(podIP(st, "x/a")); len(self) != 1 || !strings.HasPrefix(self[0], "-s "+xa6.String()+"/128 ") {

@@ -116,10 +116,9 @@ func (d DenyLog) group() uint16 {
 // namespace (hashed: a name has at most 15 characters; a collision would only make two
 // namespaces share a bucket). The table holds one entry, so its hash is one bucket big
 // (the default is up to 8,192 buckets, 64 KiB, per table).
-func (d DenyLog) limit(namespace string) string {
+func (d DenyLog) limit(namespace string) *RateLimit {
 	rate, burst := d.shareRate()
-	return fmt.Sprintf("-m hashlimit --hashlimit-upto %s --hashlimit-burst %d --hashlimit-name %s --hashlimit-htable-size 1 --hashlimit-htable-max 4",
-		rate, burst, d.limitName(namespace))
+	return &RateLimit{Rate: rate, Burst: burst, Name: d.limitName(namespace)}
 }
 
 // limitName is namespace's hashlimit table at its share: "td" and 13 hex digits.
@@ -184,21 +183,22 @@ func (c *compiler) denyLogNamespaces() int {
 	return max(1, len(seen))
 }
 
-// withDenyLogs puts an NFLOG rule in front of each DROP rule of a pod's chains.
+// withDenyLogs puts a Log rule in front of each Drop rule of a pod's chains.
 func (c *compiler) withDenyLogs(chains []Chain, pc PodChain) []Chain {
 	out := make([]Chain, len(chains))
 	for i, ch := range chains {
-		rules := make([]string, 0, len(ch.Rules)+2)
+		rules := make([]Rule, 0, len(ch.Rules)+2)
 		for _, r := range ch.Rules {
-			matches, isDrop := strings.CutSuffix(r, "-j DROP")
-			if isDrop {
+			if r.Verdict == Drop {
 				prefix := fmt.Sprintf("%s %d", ch.Name, len(rules))
-				rules = append(rules, fmt.Sprintf("%s%s -j NFLOG --nflog-prefix \"%s\" --nflog-group %d --nflog-size %d",
-					matches, c.denyLog.limit(pc.Pod.Namespace), prefix, c.denyLog.group(), denyLogCopy))
+				log := r
+				log.Limit = c.denyLog.limit(pc.Pod.Namespace)
+				log.Verdict, log.Log = Log, &LogTarget{Prefix: prefix, Group: c.denyLog.group(), Size: denyLogCopy}
+				rules = append(rules, log)
 				if c.rs.DenyLogRules == nil {
 					c.rs.DenyLogRules = map[string]DenyLogRule{}
 				}
-				rule := denyLogRule(pc, r)
+				rule := denyLogRule(pc, &r)
 				rule.LinesPerSecond, rule.Shares = c.denyLog.LinesPerSecond, max(c.denyLog.shares, 1)
 				c.rs.DenyLogRules[prefix] = rule
 			}
@@ -209,19 +209,13 @@ func (c *compiler) withDenyLogs(chains []Chain, pc PodChain) []Chain {
 	return out
 }
 
-// denyLogRule reads which rule drops from the DROP rule's comment.
-func denyLogRule(pc PodChain, rule string) DenyLogRule {
+// denyLogRule is what the Drop rule r stands for.
+func denyLogRule(pc PodChain, r *Rule) DenyLogRule {
 	d := DenyLogRule{PodChain: pc, Rule: "not allowed by NetworkPolicy"}
-	_, comment, ok := strings.Cut(rule, "--comment \"trellis: ")
-	if !ok {
-		return d
+	if o := r.Origin; o.Kind == ClusterRule && len(o.Rules) > 0 {
+		// "admin/NAME ingress[0] Deny", as the rule's comment has it.
+		d.Rule = strings.TrimPrefix(r.Comment, "trellis: ")
+		d.ClusterPolicy = o.Rules[0].ClusterPolicy
 	}
-	comment, _, _ = strings.Cut(comment, "\"")
-	tier, rest, _ := strings.Cut(comment, "/")
-	if tier != "admin" && tier != "baseline" {
-		return d // the NetworkPolicy tier's drop ("ingress of ns/pod not allowed by policy")
-	}
-	d.Rule = comment
-	d.ClusterPolicy, _, _ = strings.Cut(rest, " ")
 	return d
 }

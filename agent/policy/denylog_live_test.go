@@ -160,8 +160,8 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 			// A rate edit alone leaves the same pods logged: wait for the rate too.
 			for _, ch := range rs.Chains {
 				for _, r := range ch.Rules {
-					if strings.Contains(r, "NFLOG") && !strings.Contains(r, "--hashlimit-upto "+step.rate+" ") {
-						return fmt.Errorf("deny log rule %q, want the rate %s", r, step.rate)
+					if r.Verdict == policy.Log && (r.Limit == nil || r.Limit.Rate != step.rate) {
+						return fmt.Errorf("deny log rule %s, want the rate %s", r, step.rate)
 					}
 				}
 			}

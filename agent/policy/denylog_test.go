@@ -79,21 +79,22 @@ func TestDenyLogsRendering(t *testing.T) {
 			// Each DROP of x's pod chains has an NFLOG twin right before it; nothing else changes.
 			var logs int
 			for i, c := range rs.Chains {
-				var without []string
-				for j, r := range c.Rules {
+				var without []Rule
+				rules := texts(c.Rules)
+				for j, r := range rules {
 					if !strings.Contains(r, "-j NFLOG") {
-						without = append(without, r)
+						without = append(without, c.Rules[j])
 						continue
 					}
 					logs++
 					if !strings.HasPrefix(c.Name, ingressPrefix) && !strings.HasPrefix(c.Name, egressPrefix) {
 						t.Errorf("chain %s: a deny log outside a pod chain: %s", c.Name, r)
 					}
-					if j+1 >= len(c.Rules) || !strings.HasSuffix(c.Rules[j+1], "-j DROP") {
+					if j+1 >= len(rules) || !strings.HasSuffix(rules[j+1], "-j DROP") {
 						t.Errorf("chain %s rule %d: the deny log is not followed by its DROP: %s", c.Name, j, r)
 						continue
 					}
-					matches, _ := strings.CutSuffix(c.Rules[j+1], "-j DROP")
+					matches, _ := strings.CutSuffix(rules[j+1], "-j DROP")
 					name := limitName.FindString(r)
 					want := matches + "-m hashlimit --hashlimit-upto " + tc.rate + " --hashlimit-burst " + strconv.Itoa(tc.burst) + " --hashlimit-name " + name +
 						" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \"" + c.Name + " " + strconv.Itoa(j) + "\" --nflog-group 7425 --nflog-size 128"
@@ -102,7 +103,7 @@ func TestDenyLogsRendering(t *testing.T) {
 					}
 				}
 				if !reflect.DeepEqual(Chain{Name: c.Name, Rules: without}, plain.Chains[i]) {
-					t.Errorf("chain %s without its deny logs is not the chain without deny logs:\n%q\n%q", c.Name, without, plain.Chains[i].Rules)
+					t.Errorf("chain %s without its deny logs is not the chain without deny logs:\n%q\n%q", c.Name, texts(without), texts(plain.Chains[i].Rules))
 				}
 			}
 			if logs != 2 || len(rs.DenyLogRules) != 2 {
@@ -160,7 +161,7 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 	tables := func(rs *Ruleset) map[string]string { // namespace -> table
 		out := map[string]string{}
 		for _, c := range rs.Chains {
-			for j, r := range c.Rules {
+			for j, r := range texts(c.Rules) {
 				if !strings.Contains(r, "-j NFLOG") {
 					continue
 				}
@@ -198,7 +199,7 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 	st.Namespaces[1].DenyLogs = "false"
 	rs := Compile(st)
 	for _, c := range rs.Chains {
-		for _, r := range c.Rules {
+		for _, r := range texts(c.Rules) {
 			if strings.Contains(r, "-j NFLOG") && !strings.Contains(r, "--hashlimit-upto 50/sec --hashlimit-burst 50 ") {
 				t.Errorf("with two namespaces logging: %s, want 50/sec", r)
 			}
@@ -271,7 +272,8 @@ func TestDenyLogsIPv6(t *testing.T) {
 	}
 	var logs int
 	for _, c := range rs.IPv6.Chains {
-		for j, r := range c.Rules {
+		rules := texts(c.Rules)
+		for j, r := range rules {
 			if !strings.Contains(r, "-j NFLOG") {
 				continue
 			}
@@ -280,7 +282,7 @@ func TestDenyLogsIPv6(t *testing.T) {
 			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name "+denyLogWorld("true", DenyLogAnnotated).DenyLog.limitName("x")+" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
 				t.Errorf("IPv6 chain %s rule %d: %s", c.Name, j, r)
 			}
-			if j+1 >= len(c.Rules) || !strings.HasSuffix(c.Rules[j+1], "-j DROP") {
+			if j+1 >= len(rules) || !strings.HasSuffix(rules[j+1], "-j DROP") {
 				t.Errorf("IPv6 chain %s rule %d: the deny log is not followed by its DROP", c.Name, j)
 			}
 			if _, ok := rs.IPv6.DenyLogRules[prefix]; !ok {

@@ -101,9 +101,9 @@ func (rs *Ruleset) withoutDenyLogs() *Ruleset {
 	out.DenyLogRules = nil
 	out.Chains = make([]Chain, len(rs.Chains))
 	for i, c := range rs.Chains {
-		rules := make([]string, 0, len(c.Rules))
+		rules := make([]Rule, 0, len(c.Rules))
 		for _, r := range c.Rules {
-			if !strings.Contains(r, "-j NFLOG ") {
+			if r.Verdict != Log {
 				rules = append(rules, r)
 			}
 		}

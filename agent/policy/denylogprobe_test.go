@@ -27,7 +27,7 @@ type nflogRefuser struct {
 func (a *nflogRefuser) Apply(rs *Ruleset, verify bool) (bool, error) {
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
-			if strings.Contains(r, "-j NFLOG") {
+			if r.Verdict == Log {
 				a.mu.Lock()
 				a.refused++
 				a.mu.Unlock()

@@ -3,11 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
-	"slices"
-	"strconv"
 	"strings"
-
-	"github.com/trellis-net/trellis/agent/netfilter"
 )
 
 // Packet is the first packet of a connection as the filter table sees it on this node.
@@ -38,11 +34,11 @@ func (rs *Ruleset) Allowed(p Packet) (bool, error) {
 	return rs.Evaluator().Allowed(p)
 }
 
-// Evaluator judges packets against one Ruleset, with its rules split into arguments and
-// its sets indexed once: a conntrack walk judges 100,000 flows against the same rules.
-// An IPv6 packet is judged by the IPv6 rules.
+// Evaluator judges packets against one Ruleset, with its sets indexed once: a conntrack
+// walk judges 100,000 flows against the same rules. An IPv6 packet is judged by the IPv6
+// rules.
 type Evaluator struct {
-	chains map[string][][]string
+	chains map[string][]Rule
 	sets   map[string]*indexedSet
 	v6     *Evaluator
 }
@@ -70,19 +66,9 @@ func (rs *Ruleset) Evaluator() *Evaluator {
 
 // familyEvaluator indexes rs's own family.
 func (rs *Ruleset) familyEvaluator() *Evaluator {
-	ev := &Evaluator{chains: make(map[string][][]string, len(rs.Chains)), sets: make(map[string]*indexedSet, len(rs.Sets))}
-	split := map[string][]string{} // rules repeat across chains (the dispatch chains' shapes)
+	ev := &Evaluator{chains: make(map[string][]Rule, len(rs.Chains)), sets: make(map[string]*indexedSet, len(rs.Sets))}
 	for _, c := range rs.Chains {
-		rules := make([][]string, len(c.Rules))
-		for i, r := range c.Rules {
-			args, ok := split[r]
-			if !ok {
-				args = netfilter.SplitRule(r)
-				split[r] = args
-			}
-			rules[i] = args
-		}
-		ev.chains[c.Name] = rules
+		ev.chains[c.Name] = c.Rules
 	}
 	for _, s := range rs.Sets {
 		is := &indexedSet{typ: s.Type}
@@ -119,12 +105,16 @@ func (ev *Evaluator) Allowed(p Packet) (bool, error) {
 		return false, err
 	}
 	e := &evaluator{chains: ev.chains, sets: ev.sets, p: p}
-	entry := ChainForward
+	verdict, err := e.run(entryChain(p), 0)
+	return verdict != Drop, err
+}
+
+// entryChain is where the kernel's filter table hands trellis the packet.
+func entryChain(p Packet) string {
 	if p.ToHost {
-		entry = ChainInput
+		return ChainInput
 	}
-	verdict, err := e.run(entry, 0)
-	return verdict != "DROP", err
+	return ChainForward
 }
 
 // family is the evaluator of p's family.
@@ -139,151 +129,80 @@ func (ev *Evaluator) family(p Packet) (*Evaluator, error) {
 }
 
 type evaluator struct {
-	chains map[string][][]string
+	chains map[string][]Rule
 	sets   map[string]*indexedSet
 	p      Packet
 	// matched, when set, is told of every rule that matches (Trace).
-	matched func(chain string, rule int, target string)
+	matched func(chain string, rule int)
 }
 
-// run evaluates a chain; it returns "DROP" or "" (fell through or RETURNed).
-func (e *evaluator) run(chain string, depth int) (string, error) {
+// run evaluates a chain; it returns Drop, or Return when the chain ended or returned.
+func (e *evaluator) run(chain string, depth int) (Verdict, error) {
 	if depth > 8 {
-		return "", fmt.Errorf("chain %s: jumps nested too deep", chain)
+		return Return, fmt.Errorf("chain %s: jumps nested too deep", chain)
 	}
 	rules, ok := e.chains[chain]
 	if !ok {
-		return "", fmt.Errorf("jump to missing chain %s", chain)
+		return Return, fmt.Errorf("jump to missing chain %s", chain)
 	}
-	for i, r := range rules {
-		match, target, gotoChain, err := e.match(r)
+	for i := range rules {
+		r := &rules[i]
+		match, err := e.match(r)
 		if err != nil {
-			return "", fmt.Errorf("chain %s rule %q: %w", chain, strings.Join(r, " "), err)
+			return Return, fmt.Errorf("chain %s rule %d (%s): %w", chain, i, r, err)
 		}
 		if !match {
 			continue
 		}
 		if e.matched != nil {
-			e.matched(chain, i, target)
+			e.matched(chain, i)
 		}
-		switch target {
-		case "RETURN":
-			return "", nil
-		case "DROP":
-			return "DROP", nil
-		case "":
-		default:
-			v, err := e.run(target, depth+1)
-			if err != nil || v == "DROP" || gotoChain {
+		switch r.Verdict {
+		case Return:
+			return Return, nil
+		case Drop:
+			return Drop, nil
+		case Jump, Goto:
+			v, err := e.run(r.Target, depth+1)
+			if err != nil || v == Drop || r.Verdict == Goto {
 				// A goto's chain returns to this chain's caller.
 				return v, err
 			}
 		}
+		// Log: non-terminal, the rule after it decides.
 	}
-	return "", nil
+	return Return, nil
 }
 
-// match reads one rule (split into its arguments) of the vocabulary Compile writes and
-// tells whether the packet matches.
-func (e *evaluator) match(args []string) (matched bool, target string, gotoChain bool, err error) {
-	matched, negate := true, false
-	for i := 0; i < len(args); i++ {
-		if !matched {
-			return false, "", false, nil // a conntrack walk judges most flows by a rule's first match
+// match tells whether the packet, the first of its connection, matches r.
+func (e *evaluator) match(r *Rule) (bool, error) {
+	p := &e.p
+	switch {
+	case r.InIface != "" && !ifaceMatch(r.InIface, p.InInterface),
+		r.OutIface != "" && !ifaceMatch(r.OutIface, p.OutInterface),
+		r.Src.IsValid() && !r.Src.Contains(p.Src),
+		r.Dst.IsValid() && !r.Dst.Contains(p.Dst),
+		r.Protocol != "" && r.Protocol != p.Protocol,
+		// A connection's first TCP segment is a SYN.
+		r.NotSYN,
+		r.DstPorts != nil && (p.DstPort < int(r.DstPorts.First) || p.DstPort > int(r.DstPorts.Last)),
+		r.ICMPv6Type != nil && p.ICMPType != int(*r.ICMPv6Type),
+		// A first packet is NEW.
+		r.CtState == CtEstablished,
+		r.DstLocal && !p.ToHost:
+		return false, nil
+	}
+	// A rate limit only decides whether a deny log is sent, never a verdict.
+	for _, m := range r.Sets {
+		set, ok := e.sets[m.Set]
+		if !ok {
+			return false, fmt.Errorf("missing set %s", m.Set)
 		}
-		a := args[i]
-		if a == "!" {
-			negate = true
-			continue
-		}
-		if negate && a != "--tcp-flags" {
-			return false, "", false, fmt.Errorf("negation of %s is not understood", a)
-		}
-		next := func() string {
-			i++
-			if i < len(args) {
-				return args[i]
-			}
-			return ""
-		}
-		switch a {
-		case "-j":
-			target = next()
-			if target == "NFLOG" {
-				target = "" // a deny log: non-terminal, the rule after it decides
-			}
-		case "-g":
-			target, gotoChain = next(), true
-		case "-m":
-			if m := next(); m == "tcp" || m == "udp" || m == "sctp" || m == "icmp6" || m == "comment" || m == "set" || m == "conntrack" || m == "addrtype" || m == "hashlimit" {
-				continue
-			} else {
-				return false, "", false, fmt.Errorf("unknown match %s", m)
-			}
-		case "--icmpv6-type":
-			// Written after "-p ipv6-icmp" only; only plain type numbers are written.
-			v := next()
-			n, err := strconv.Atoi(v)
-			if err != nil {
-				return false, "", false, fmt.Errorf("ICMPv6 type %s is not understood", v)
-			}
-			matched = matched && e.p.ICMPType == n
-		case "--comment", "--hashlimit-upto", "--hashlimit-burst", "--hashlimit-name", "--hashlimit-htable-size", "--hashlimit-htable-max", "--nflog-prefix", "--nflog-group", "--nflog-size":
-			// A rate limit only decides whether a deny log is sent, never a verdict.
-			next()
-		case "--dst-type":
-			// Only LOCAL is written: an address of this node, i.e. the INPUT path.
-			if v := next(); v != "LOCAL" {
-				return false, "", false, fmt.Errorf("address type %s is not understood", v)
-			}
-			matched = matched && e.p.ToHost
-		case "--ctstate":
-			// A first packet is NEW.
-			v := next()
-			matched = matched && slices.Contains(strings.Split(v, ","), "NEW")
-		case "--tcp-flags":
-			// A connection's first TCP packet is a SYN: of FIN,SYN,RST,ACK only SYN is set.
-			mask, set := next(), next()
-			isSYN := mask == "FIN,SYN,RST,ACK" && set == "SYN"
-			matched = matched && isSYN != negate
-			negate = false
-		case "-i":
-			v := next()
-			matched = matched && ifaceMatch(v, e.p.InInterface)
-		case "-o":
-			v := next()
-			matched = matched && ifaceMatch(v, e.p.OutInterface)
-		case "-s", "-d":
-			pfx, err := netip.ParsePrefix(next())
-			if err != nil {
-				return false, "", false, err
-			}
-			addr := e.p.Src
-			if a == "-d" {
-				addr = e.p.Dst
-			}
-			matched = matched && pfx.Contains(addr)
-		case "-p":
-			v := next()
-			matched = matched && v == e.p.Protocol
-		case "--dport":
-			lo, hi, err := portRange(next())
-			if err != nil {
-				return false, "", false, err
-			}
-			matched = matched && e.p.DstPort >= lo && e.p.DstPort <= hi
-		case "--match-set":
-			name, dir := next(), next()
-			set, ok := e.sets[name]
-			if !ok {
-				return false, "", false, fmt.Errorf("missing set %s", name)
-			}
-			matched = matched && e.inSet(set, dir)
-		default:
-			return false, "", false, fmt.Errorf("unknown argument %s", a)
+		if !e.inSet(set, m.Dir) {
+			return false, nil
 		}
 	}
-	return matched, target, gotoChain, nil
+	return true, nil
 }
 
 func ifaceMatch(pattern, iface string) bool {
@@ -296,22 +215,9 @@ func ifaceMatch(pattern, iface string) bool {
 	return pattern == iface
 }
 
-func portRange(s string) (int, int, error) {
-	lo, hi, isRange := strings.Cut(s, ":")
-	l, err := strconv.Atoi(lo)
-	if err != nil {
-		return 0, 0, err
-	}
-	if !isRange {
-		return l, l, nil
-	}
-	h, err := strconv.Atoi(hi)
-	return l, h, err
-}
-
-func (e *evaluator) inSet(set *indexedSet, dir string) bool {
+func (e *evaluator) inSet(set *indexedSet, dir SetDir) bool {
 	addr := e.p.Src
-	if strings.HasPrefix(dir, "dst") {
+	if dir != SrcAddr {
 		addr = e.p.Dst
 	}
 	switch set.typ {

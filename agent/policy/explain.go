@@ -3,9 +3,7 @@ package policy
 import (
 	"fmt"
 	"net/netip"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -217,26 +215,23 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 		if len(side.Path) == 0 {
 			side.Path = append(side.Path, s.Chain)
 		}
-		if s.Target != "RETURN" && s.Target != "DROP" && s.Target != "" {
-			side.Path = append(side.Path, s.Target)
+		if v := s.Rule.Verdict; v == Jump || v == Goto {
+			side.Path = append(side.Path, s.Rule.Target)
 		}
 	}
 	if len(side.Path) == 0 {
-		side.Path = []string{ChainForward}
-		if p.ToHost {
-			side.Path[0] = ChainInput
-		}
+		side.Path = []string{entryChain(p)}
 	}
-	// The deciding rule: the last RETURN or DROP in the pod's own chains or, for a pod
+	// The deciding rule: the last Return or Drop in the pod's own chains or, for a pod
 	// without one, in the dispatch chain that let it through.
 	var decided *TraceStep
 	for i := len(tr.Steps) - 1; i >= 0; i-- {
 		s := &tr.Steps[i]
-		if s.Target != "RETURN" && s.Target != "DROP" {
+		if !s.Rule.Terminal() {
 			continue
 		}
 		if own[s.Chain] || s.Chain == ChainPodToHost || (side.Chain == "" && (s.Chain == ChainFromPod || s.Chain == ChainToPod)) ||
-			strings.Contains(s.Comment, "unknown pod interface") {
+			s.Rule.Origin.Kind == UnknownInterface {
 			decided = s
 			break
 		}
@@ -254,106 +249,43 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 	}
 	if decided.Chain != ChainFromPod && decided.Chain != ChainToPod && decided.Chain != ChainPodToHost {
 		// A dispatch rule names the pod's veth, which here is a stand-in: not shown.
-		d.Chain, d.Rule = decided.Chain, decided.Rule
+		d.Chain, d.Rule = decided.Chain, decided.Rule.String()
 	}
 	for _, s := range decided.Sets {
 		if s.Comment != "" {
 			d.Peers = append(d.Peers, s.Comment)
 		}
 	}
-	switch cm := decided.Comment; {
-	case strings.Contains(cm, "unknown pod interface"):
+	switch o := decided.Rule.Origin; {
+	case o.Kind == UnknownInterface:
 		d.Reason = WhyUnknownInterface
-	case decided.Chain == ChainPodToHost || strings.Contains(cm, "never blocks a pod's own node"):
+	case decided.Chain == ChainPodToHost || o.Kind == OwnNode:
 		d.Reason = WhyOwnNode
 	case side.Chain == "":
 		d.Reason = WhyNotIsolated
-	case strings.Contains(cm, "never blocked from itself"):
+	case o.Kind == Self:
 		d.Reason = WhySelf
-	case strings.Contains(cm, "not allowed by policy"):
+	case o.Kind == NotAllowed:
 		d.Reason = WhyNoRuleAllows
-	case clusterComment.MatchString(cm):
-		ref := v.clusterRuleRef(cm)
-		d.Sources = []RuleRef{ref}
+	case o.Kind == ClusterRule && len(o.Rules) > 0:
+		ref := o.Rules[0]
 		switch {
-		case decided.Target == "DROP":
+		case decided.Rule.Verdict == Drop:
 			d.Reason = WhyClusterDeny
 		case ref.Action == string(policyv1beta1.ClusterNetworkPolicyRuleActionPass):
 			d.Reason = WhyClusterPass
 		default:
 			d.Reason = WhyClusterAccept
 		}
-	case decided.Target == "RETURN" && podObj != nil:
+		if o.FailsClosed {
+			ref.Action = "Deny (the rule can't be read: it fails closed)"
+		}
+		d.Sources = []RuleRef{ref}
+	case decided.Rule.Verdict == Return && podObj != nil:
 		d.Reason = WhyAllowedByRule
-		d.Sources = npSources(c, podObj, nps, dir)[decided.Rule]
+		d.Sources = slices.Clone(o.Rules)
 	default:
 		d.Reason = "Rule"
 	}
 	return side, nil
-}
-
-// clusterComment reads a tier rule's comment: "trellis: admin/NAME ingress[2] Deny".
-var clusterComment = regexp.MustCompile(`^trellis: (admin|baseline)/(\S+) (ingress|egress)\[(\d+)\] (\S+)`)
-
-func (v *NodeView) clusterRuleRef(comment string) RuleRef {
-	m := clusterComment.FindStringSubmatch(comment)
-	idx, _ := strconv.Atoi(m[4])
-	ref := RuleRef{ClusterPolicy: m[2], Direction: Direction(m[3]), Index: idx, Peer: -1, Port: -1, Action: m[5]}
-	for _, p := range v.st.ClusterPolicies {
-		if commentName(p.Name) == m[2] && strings.EqualFold(string(p.Spec.Tier), m[1]) {
-			ref.ClusterPolicy, ref.Tier = p.Name, string(p.Spec.Tier)
-		}
-	}
-	if strings.Contains(comment, "fails closed") {
-		ref.Action = "Deny (the rule can't be read: it fails closed)"
-	}
-	return ref
-}
-
-// npSources maps each RETURN rule of pod's NetworkPolicy tier for dir to the policy rules
-// (with the peer and port) it was compiled from: npRules' loop, recording where each rule
-// comes from. Rules shared by several policies (npRules writes a rule once) list them all.
-func npSources(c *compiler, pod *Pod, policies []*networkingv1.NetworkPolicy, dir Direction) map[string][]RuleRef {
-	peerDir := "src"
-	if dir == Egress {
-		peerDir = "dst"
-	}
-	type match struct {
-		m string
-		i int
-	}
-	out := map[string][]RuleRef{}
-	for _, np := range policies {
-		for i, r := range policyRules(np, dir) {
-			where := fmt.Sprintf("%s/%s %s[%d]", np.Namespace, commentName(np.Name), dir, i)
-			peers := []match{{"", -1}}
-			if len(r.peers) > 0 {
-				peers = nil
-				for j := range r.peers {
-					if m, ok := c.peerMatch(np, &r.peers[j], peerDir, where); ok {
-						peers = append(peers, match{m, j})
-					}
-				}
-			}
-			ports := []match{{"", -1}}
-			if len(r.ports) > 0 {
-				ports = nil
-				for j := range r.ports {
-					for _, m := range c.portMatches(np, pod, &r.ports[j], dir, where) {
-						ports = append(ports, match{m, j})
-					}
-				}
-			}
-			for _, pm := range peers {
-				for _, port := range ports {
-					rule := ruleString(pm.m, port.m, "", "-j RETURN")
-					if rule == "-j RETURN" {
-						rule = fmt.Sprintf("-m comment --comment \"trellis: %s allows all\" -j RETURN", where)
-					}
-					out[rule] = append(out[rule], RuleRef{NetworkPolicy: np.Namespace + "/" + np.Name, Direction: dir, Index: i, Peer: pm.i, Port: port.i})
-				}
-			}
-		}
-	}
-	return out
 }

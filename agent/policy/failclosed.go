@@ -5,8 +5,6 @@ import (
 	"slices"
 
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/trellis-net/trellis/agent/netfilter"
 )
 
 // isolatedPods are the pods that have chains of their own (in either family's rules).
@@ -53,12 +51,13 @@ func (rs *Ruleset) cutOffFamily(pods map[types.NamespacedName]bool) *Ruleset {
 	used := map[string]bool{}
 	for _, c := range rs.Chains {
 		if p, ok := cut[c.Name]; ok {
-			c = Chain{Name: c.Name, Rules: []string{fmt.Sprintf(
-				"-m comment --comment \"trellis: the rules of %s/%s could not be programmed; dropped until they are\" -j DROP", p.Namespace, commentName(p.Name))}}
+			c = Chain{Name: c.Name, Rules: []Rule{{
+				Comment: fmt.Sprintf("trellis: the rules of %s/%s could not be programmed; dropped until they are", p.Namespace, commentName(p.Name)),
+				Verdict: Drop, Origin: Origin{Kind: CutOff}}}}
 		}
 		for _, r := range c.Rules {
-			for _, name := range referencedSets(r) {
-				used[name] = true
+			for _, m := range r.Sets {
+				used[m.Set] = true
 			}
 		}
 		out.Chains = append(out.Chains, c)
@@ -68,14 +67,3 @@ func (rs *Ruleset) cutOffFamily(pods map[types.NamespacedName]bool) *Ruleset {
 	return &out
 }
 
-// referencedSets are the ipsets a rule matches.
-func referencedSets(rule string) []string {
-	var out []string
-	args := netfilter.SplitRule(rule)
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] == "--match-set" {
-			out = append(out, args[i+1])
-		}
-	}
-	return out
-}

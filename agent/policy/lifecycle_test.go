@@ -214,8 +214,8 @@ func (f *failingApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
 	used := map[string]bool{}
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
-			for _, s := range referencedSets(r) {
-				used[s] = true
+			for _, m := range r.Sets {
+				used[m.Set] = true
 			}
 		}
 	}

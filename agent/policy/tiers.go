@@ -153,30 +153,37 @@ func (c *compiler) readSubject(p *policyv1beta1.ClusterNetworkPolicy) (subjectSe
 // dropped) or, when no NetworkPolicy isolates the pod, the Baseline tier's rules (what
 // they don't decide is allowed).
 func (c *compiler) podChains(pod *Pod, ep Endpoint, t tiers, dir Direction) ([]Chain, PodChain) {
-	prefix, tailPrefix, self := ingressPrefix, ingressTailPrefix, "-s"
+	prefix, tailPrefix := ingressPrefix, ingressTailPrefix
 	if dir == Egress {
-		prefix, tailPrefix, self = egressPrefix, egressTailPrefix, "-d"
+		prefix, tailPrefix = egressPrefix, egressTailPrefix
 	}
 	pc := PodChain{Pod: ep.Pod, Direction: dir, Chain: podChainName(prefix, ep.Pod), Policies: policyNames(t.nps)}
-	var tail []string
+	var tail []Rule
 	if len(t.nps) > 0 {
 		if dir == Egress && t.cluster() {
 			// Reached from INPUT too (cluster rules govern the pod's traffic to its own
 			// node); NetworkPolicy always lets a pod reach its node.
-			tail = append(tail, "-m addrtype --dst-type LOCAL -m comment --comment \"trellis: NetworkPolicy never blocks a pod's own node\" -j RETURN")
+			tail = append(tail, Rule{DstLocal: true, Comment: "trellis: NetworkPolicy never blocks a pod's own node", Verdict: Return, Origin: Origin{Kind: OwnNode}})
 		}
 		tail = append(tail, c.npRules(pod, t.nps, dir)...)
-		tail = append(tail, fmt.Sprintf("-m comment --comment \"trellis: %s of %s/%s not allowed by policy\" -j DROP", dir, pod.Namespace, commentName(pod.Name)))
+		tail = append(tail, Rule{Comment: fmt.Sprintf("trellis: %s of %s/%s not allowed by policy", dir, pod.Namespace, commentName(pod.Name)),
+			Verdict: Drop, Origin: Origin{Kind: NotAllowed}})
 	} else {
-		tail = append(tail, c.tierRules(pod, t.baseline, dir, "RETURN")...)
+		tail = append(tail, c.tierRules(pod, t.baseline, dir, "")...)
 	}
-	passTarget := "RETURN" // no NetworkPolicy and no Baseline rule: a Pass is allowed
+	passTarget := "" // no NetworkPolicy and no Baseline rule: a Pass is allowed (Return)
 	if len(tail) > 0 && slices.ContainsFunc(t.admin, func(r clusterRule) bool { return r.action == policyv1beta1.ClusterNetworkPolicyRuleActionPass }) {
 		pc.TailChain = podChainName(tailPrefix, ep.Pod)
 		passTarget = pc.TailChain
 	}
 	addr := ep.Addr(c.family)
-	rules := []string{fmt.Sprintf("%s %s -m comment --comment \"trellis: a pod is never blocked from itself\" -j RETURN", self, netip.PrefixFrom(addr, addr.BitLen()))}
+	self := Rule{Comment: "trellis: a pod is never blocked from itself", Verdict: Return, Origin: Origin{Kind: Self}}
+	if dir == Ingress {
+		self.Src = netip.PrefixFrom(addr, addr.BitLen())
+	} else {
+		self.Dst = netip.PrefixFrom(addr, addr.BitLen())
+	}
+	rules := []Rule{self}
 	rules = append(rules, c.tierRules(pod, t.admin, dir, passTarget)...)
 	held := t.admin
 	if len(t.nps) == 0 { // the Baseline rules are in the chain only where no NetworkPolicy decides
@@ -188,7 +195,7 @@ func (c *compiler) podChains(pod *Pod, ep Endpoint, t tiers, dir Direction) ([]C
 	if pc.TailChain == "" {
 		return []Chain{{Name: pc.Chain, Rules: append(rules, tail...)}}, pc
 	}
-	rules = append(rules, fmt.Sprintf("-g %s", pc.TailChain))
+	rules = append(rules, Rule{Verdict: Goto, Target: pc.TailChain})
 	return []Chain{{Name: pc.Chain, Rules: rules}, {Name: pc.TailChain, Rules: tail}}, pc
 }
 
@@ -210,34 +217,36 @@ func appendOnce(s []string, v string) []string {
 	return append(s, v)
 }
 
-// tierRules are the iptables rules of a tier's rules for pod: Accept RETURNs, Deny drops,
-// Pass goes to pass ("RETURN" or the chain of the next tier).
-func (c *compiler) tierRules(pod *Pod, rules []clusterRule, dir Direction, pass string) []string {
-	var out []string
+// tierRules are the rules of a tier's rules for pod: Accept returns, Deny drops, Pass goes
+// to pass (the chain of the next tier; "": return).
+func (c *compiler) tierRules(pod *Pod, rules []clusterRule, dir Direction, pass string) []Rule {
+	var out []Rule
 	seen := map[string]bool{}
-	add := func(r string) {
-		if !seen[r] {
-			seen[r] = true
+	add := func(r Rule) {
+		if key := r.String(); !seen[key] {
+			seen[key] = true
 			out = append(out, r)
 		}
 	}
 	for _, r := range rules {
-		target := "-j RETURN"
+		target := Rule{Verdict: Return}
 		switch r.action {
 		case policyv1beta1.ClusterNetworkPolicyRuleActionAccept:
 		case policyv1beta1.ClusterNetworkPolicyRuleActionDeny:
-			target = "-j DROP"
+			target.Verdict = Drop
 		case policyv1beta1.ClusterNetworkPolicyRuleActionPass:
-			if pass != "RETURN" {
-				target = "-g " + pass
+			if pass != "" {
+				target = Rule{Verdict: Goto, Target: pass}
 			}
 		default:
 			// An action this agent doesn't know: fail closed (a Deny, as the API asks of
 			// a peer it can't read in a Deny or Pass rule).
 			c.clusterProblem(r.cnp, "spec.%s[%d].action %q is unknown: the rule denies all traffic", dir, r.index, r.action)
-			target = "-j DROP"
+			target.Verdict = Drop
 		}
 		comment := fmt.Sprintf("trellis: %s/%s %s[%d] %s", strings.ToLower(string(r.cnp.Spec.Tier)), commentName(r.cnp.Name), dir, r.index, r.action)
+		origin := Origin{Kind: ClusterRule, Rules: []RuleRef{{ClusterPolicy: r.cnp.Name, Tier: string(r.cnp.Spec.Tier), Direction: dir,
+			Index: r.index, Peer: -1, Port: -1, Action: string(r.action)}}}
 		peers, peersOK := c.clusterPeers(r, dir)
 		ports, portsOK := c.clusterPorts(r, pod, dir)
 		if !peersOK || !portsOK {
@@ -245,15 +254,17 @@ func (c *compiler) tierRules(pod *Pod, rules []clusterRule, dir Direction, pass 
 				// An Accept rule that can't be read matches nothing, its readable peers
 				// and protocols included (the API's "fail closed" for Accept).
 				continue
-			} else {
-				// A Deny or Pass rule that can't be read is a Deny of everything.
-				add(ruleString("", "", comment+" (fails closed: denies all)", "-j DROP"))
-				continue
 			}
+			// A Deny or Pass rule that can't be read is a Deny of everything.
+			origin.FailsClosed = true
+			add(Rule{Comment: comment + " (fails closed: denies all)", Verdict: Drop, Origin: origin})
+			continue
 		}
 		for _, pm := range peers {
 			for _, port := range ports {
-				add(ruleString(pm, port, comment, target))
+				rule := port.rule(&pm)
+				rule.Comment, rule.Verdict, rule.Target, rule.Origin = comment, target.Verdict, target.Target, origin
+				add(rule)
 			}
 		}
 	}
@@ -262,17 +273,17 @@ func (c *compiler) tierRules(pod *Pod, rules []clusterRule, dir Direction, pass 
 
 // clusterPeers are the peer matches of r (src for ingress, dst for egress). ok is false
 // when a peer can't be read (reported); for an Accept rule the others still match.
-func (c *compiler) clusterPeers(r clusterRule, dir Direction) (matches []string, ok bool) {
+func (c *compiler) clusterPeers(r clusterRule, dir Direction) (matches []SetMatch, ok bool) {
 	ok = true
-	setDir := "src"
+	setDir := SrcAddr
 	if dir == Egress {
-		setDir = "dst"
+		setDir = DstAddr
 	}
 	fail := func(j int, format string, args ...any) {
 		ok = false
 		c.clusterProblem(r.cnp, "spec.%s[%d].%s[%d]: %s", dir, r.index, peersField(dir), j, fmt.Sprintf(format, args...))
 	}
-	match := func(set string) { matches = append(matches, fmt.Sprintf("-m set --match-set %s %s", set, setDir)) }
+	match := func(set string) { matches = append(matches, SetMatch{set, setDir}) }
 	pods := func(j int, ns, pod *metav1.LabelSelector) {
 		nsSel, err := labelSelector(ns)
 		if err != nil {
@@ -397,11 +408,11 @@ func (c *compiler) networksSet(networks []policyv1beta1.CIDR) (string, error) {
 	return c.netSet("networks", outer), nil
 }
 
-// clusterPorts are the port matches of r ("" for every port and protocol). ok is false
-// when a protocol entry can't be read (reported).
-func (c *compiler) clusterPorts(r clusterRule, pod *Pod, dir Direction) (matches []string, ok bool) {
+// clusterPorts are the port matches of r (one matching everything when it has none). ok
+// is false when a protocol entry can't be read (reported).
+func (c *compiler) clusterPorts(r clusterRule, pod *Pod, dir Direction) (matches []portMatch, ok bool) {
 	if len(r.protocols) == 0 {
-		return []string{""}, true
+		return []portMatch{{}}, true
 	}
 	ok = true
 	for j, p := range r.protocols {
@@ -418,11 +429,11 @@ func (c *compiler) clusterPorts(r clusterRule, pod *Pod, dir Direction) (matches
 		}
 		switch {
 		case p.TCP != nil:
-			matches = append(matches, portMatch("tcp", p.TCP.DestinationPort))
+			matches = append(matches, clusterPortMatch("tcp", p.TCP.DestinationPort))
 		case p.UDP != nil:
-			matches = append(matches, portMatch("udp", p.UDP.DestinationPort))
+			matches = append(matches, clusterPortMatch("udp", p.UDP.DestinationPort))
 		case p.SCTP != nil:
-			matches = append(matches, portMatch("sctp", p.SCTP.DestinationPort))
+			matches = append(matches, clusterPortMatch("sctp", p.SCTP.DestinationPort))
 		default:
 			matches = append(matches, c.namedPort(p.DestinationNamedPort, pod, dir)...)
 		}
@@ -430,27 +441,26 @@ func (c *compiler) clusterPorts(r clusterRule, pod *Pod, dir Direction) (matches
 	return matches, ok
 }
 
-func portMatch(proto string, port *policyv1beta1.Port) string {
+func clusterPortMatch(proto string, port *policyv1beta1.Port) portMatch {
 	switch {
 	case port == nil:
-		return "-p " + proto
+		return portMatch{protocol: proto}
 	case port.Range != nil:
-		return fmt.Sprintf("-p %s -m %s --dport %d:%d", proto, proto, port.Range.Start, port.Range.End)
+		return portMatch{protocol: proto, ports: portRange(port.Range.Start, port.Range.End)}
 	default:
-		return fmt.Sprintf("-p %s -m %s --dport %d", proto, proto, port.Number)
+		return portMatch{protocol: proto, ports: portRange(port.Number, port.Number)}
 	}
 }
 
 // namedPort matches a destination port by its container port name, of any protocol: for
 // ingress, against the pod the chain protects; for egress, against every peer pod,
 // through a hash:ip,port set of the pods declaring it.
-func (c *compiler) namedPort(name string, pod *Pod, dir Direction) []string {
+func (c *compiler) namedPort(name string, pod *Pod, dir Direction) []portMatch {
 	if dir == Ingress {
-		var out []string
+		var out []portMatch
 		for _, cp := range pod.Ports {
 			if cp.Name == name {
-				p := strings.ToLower(string(cp.Protocol))
-				out = append(out, fmt.Sprintf("-p %s -m %s --dport %d", p, p, cp.Port))
+				out = append(out, portMatch{protocol: strings.ToLower(string(cp.Protocol)), ports: portRange(cp.Port, cp.Port)})
 			}
 		}
 		return out // none: the protocol entry matches nothing on this pod
@@ -474,7 +484,7 @@ func (c *compiler) namedPort(name string, pod *Pod, dir Direction) []string {
 				return out
 			}})
 	}
-	return []string{fmt.Sprintf("-m set --match-set %s dst,dst", set)}
+	return []portMatch{{set: set}}
 }
 
 func (c *compiler) clusterProblem(p *policyv1beta1.ClusterNetworkPolicy, format string, args ...any) {

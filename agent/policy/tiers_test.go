@@ -263,7 +263,7 @@ func TestClusterNetworkPolicyChains(t *testing.T) {
 	var toHost []string
 	for _, c := range rs.Chains {
 		if c.Name == ChainPodToHost {
-			toHost = c.Rules
+			toHost = texts(c.Rules)
 		}
 	}
 	want := "-i trlxb -g " + chains["x/b/egress"].Chain

@@ -66,7 +66,7 @@ func renderSide(w io.Writer, title string, e Endpoint, s *policy.Side, note stri
 		fmt.Fprintf(w, "    matched: %s\n", peer)
 	}
 	if d.Rule != "" {
-		fmt.Fprintf(w, "    rule: -A %s %s\n", d.Chain, d.Rule)
+		fmt.Fprintf(w, "    rule: %s: %s\n", d.Chain, d.Rule)
 	}
 }
 

@@ -318,8 +318,8 @@ func rendered(rs *policy.Ruleset) string {
 			fmt.Fprintf(&b, ":%s\n", c.Name)
 		}
 		for _, c := range r.Chains {
-			for _, rule := range c.Rules {
-				fmt.Fprintf(&b, "-A %s %s\n", c.Name, rule)
+			for i := range c.Rules {
+				fmt.Fprintf(&b, "-A %s %s\n", c.Name, policy.IPTablesText(&c.Rules[i]))
 			}
 		}
 		b.WriteString("COMMIT\n")
