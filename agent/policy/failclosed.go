@@ -66,4 +66,3 @@ func (rs *Ruleset) cutOffFamily(pods map[types.NamespacedName]bool) *Ruleset {
 	out.Problems = slices.Clone(rs.Problems)
 	return &out
 }
-
