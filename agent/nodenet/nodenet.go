@@ -41,12 +41,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/offload"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/internal/ipfamily"
 )
