@@ -88,6 +88,17 @@ vet: ## go vet (both modules, and the e2e and conformance build tags).
 lint: ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(TRELLIS_CACHE) by hack/build-golangci-lint.sh).
 	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./... && (cd test && "$$bin/golangci-lint" run --config ../.golangci.yml ./...)
 
+# kubectl-trellis is shipped for darwin and windows too (make dist-cli): nothing it links may
+# need Linux (issue #38; .golangci.yml's depguard rule "portable" names what it may not import).
+CLI_PORTABLE_GOOS ?= darwin windows
+.PHONY: lint-cli-portable
+lint-cli-portable: ## Build kubectl-trellis for darwin and windows (amd64), as make dist-cli ships it; fails naming each GOOS it does not build for.
+	@failed=; for os in $(CLI_PORTABLE_GOOS); do \
+		echo "GOOS=$$os GOARCH=amd64 go build ./cmd/kubectl-trellis"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=amd64 go build -o /dev/null ./cmd/kubectl-trellis || failed="$$failed $$os"; \
+	done; \
+	[ -z "$$failed" ] || { echo "lint-cli-portable: kubectl-trellis does not build for$$failed" >&2; exit 1; }
+
 .PHONY: deps
 deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus, the upstream e2e.test + ginkgo and gotestsum into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
