@@ -88,6 +88,17 @@ vet: ## go vet (both modules, and the e2e and conformance build tags).
 lint: ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(TRELLIS_CACHE) by hack/build-golangci-lint.sh).
 	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./... && (cd test && "$$bin/golangci-lint" run --config ../.golangci.yml ./...)
 
+# kubectl-trellis is shipped for darwin and windows too (make dist-cli): nothing it links may
+# need Linux (issue #38; .golangci.yml's depguard rule "portable" names what it may not import).
+CLI_PORTABLE_GOOS ?= darwin windows
+.PHONY: lint-cli-portable
+lint-cli-portable: ## Build kubectl-trellis for darwin and windows (amd64), as make dist-cli ships it; fails naming each GOOS it does not build for.
+	@failed=; for os in $(CLI_PORTABLE_GOOS); do \
+		echo "GOOS=$$os GOARCH=amd64 go build ./cmd/kubectl-trellis"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=amd64 go build -o /dev/null ./cmd/kubectl-trellis || failed="$$failed $$os"; \
+	done; \
+	[ -z "$$failed" ] || { echo "lint-cli-portable: kubectl-trellis does not build for$$failed" >&2; exit 1; }
+
 .PHONY: deps
 deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus, the upstream e2e.test + ginkgo and gotestsum into $(TRELLIS_CACHE)).
 	hack/install-deps.sh
@@ -164,19 +175,30 @@ build: ## Build trellis-operator, trellis-agent, trellis (the CNI plugin) and ku
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/trellis ./cmd/cni
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/kubectl-trellis ./cmd/kubectl-trellis
 
-# The kubectl plugin is released as a binary per platform, as krew and users download it.
-# Linux only for now: explain links the agent's policy compiler, whose package also holds
-# the kernel side (netlink, network namespaces); darwin needs that split first.
-CLI_PLATFORMS ?= linux/amd64 linux/arm64
+# The kubectl plugin is released as an archive per platform, as krew and users download it:
+# a .tar.gz for linux and darwin, a .zip for windows, each the binary and LICENSE
+# (hack/clidist packs them, the same tree giving the same bytes), SHA256SUMS, and
+# trellis.yaml, the krew plugin manifest whose uris are CLI_RELEASE_URL/<archive>, checked
+# by krew's own validate-krew-manifest, which installs every platform from its archive
+# (hack/validate-krew-manifest.sh). A platform kubectl-trellis doesn't build for fails it.
+CLI_PLATFORMS ?= linux/amd64 linux/arm64 darwin/amd64 darwin/arm64 windows/amd64 windows/arm64
+CLI_REPO_URL ?= https://github.com/trellis-net/trellis
+CLI_RELEASE_URL ?= $(CLI_REPO_URL)/releases/download/$(VERSION)
+DIST_DIR := _output/dist
 .PHONY: dist-cli
-dist-cli: ## Build kubectl-trellis for CLI_PLATFORMS into _output/dist (a .tar.gz each, and SHA256SUMS).
-	@rm -rf _output/dist && mkdir -p _output/dist
-	@set -e; for p in $(CLI_PLATFORMS); do \
-		os=$${p%/*}; arch=$${p#*/}; d=_output/dist/kubectl-trellis_$${os}_$${arch}; mkdir -p $$d; \
-		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(LDFLAGS)" -o $$d/kubectl-trellis ./cmd/kubectl-trellis; \
-		tar -C $$d -czf $$d.tar.gz kubectl-trellis; rm -rf $$d; echo "_output/dist/kubectl-trellis_$${os}_$${arch}.tar.gz"; \
-	done
-	@cd _output/dist && sha256sum *.tar.gz > SHA256SUMS
+dist-cli: ## Build kubectl-trellis for CLI_PLATFORMS (linux, darwin, windows × amd64, arm64) into _output/dist: a .tar.gz each (.zip for windows) with LICENSE, SHA256SUMS, and the krew manifest trellis.yaml (uris under CLI_RELEASE_URL), validated by krew's validate-krew-manifest.
+	@rm -rf $(DIST_DIR) && mkdir -p $(DIST_DIR)/bin
+	@failed=; for p in $(CLI_PLATFORMS); do \
+		os=$${p%/*}; arch=$${p#*/}; exe=kubectl-trellis; [ $$os != windows ] || exe=$$exe.exe; \
+		echo "go build $$p"; \
+		CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch go build -trimpath -ldflags "$(LDFLAGS)" -o $(DIST_DIR)/bin/$${os}_$${arch}/$$exe ./cmd/kubectl-trellis || failed="$$failed $$p"; \
+	done; \
+	[ -z "$$failed" ] || { echo "dist-cli: kubectl-trellis does not build for$$failed" >&2; exit 1; }
+	go run ./hack/clidist -platforms "$(CLI_PLATFORMS)" -bin-dir $(DIST_DIR)/bin -out $(DIST_DIR) -version $(VERSION) \
+		-release-url $(CLI_RELEASE_URL) -homepage $(CLI_REPO_URL)/blob/main/docs/kubectl-trellis/README.md \
+		-license LICENSE -mtime $$(git log -1 --format=%ct)
+	@rm -rf $(DIST_DIR)/bin
+	hack/validate-krew-manifest.sh $(DIST_DIR)/trellis.yaml
 
 .PHONY: run
 run: manifests generate ## Run the operator against the cluster in ~/.kube/config.

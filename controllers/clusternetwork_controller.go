@@ -38,6 +38,7 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers/blocks"
 	"github.com/trellis-net/trellis/controllers/render"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // FieldManager is the server-side apply field manager of everything the operator applies.
@@ -370,10 +371,10 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 				holding += countFamily(bs, f)
 			}
 		}
-		capacity := blocks.Capacity(cn.Spec.PodCIDRs, f, sizes.Of(f))
+		capacity := blocks.Capacity(cn.Spec.PodCIDRs, f, sizes.Get(f))
 		recordBlocks(f, capacity, holding)
 		usage = append(usage, v1alpha1.FamilyBlocks{
-			Family: v1alpha1.IPFamily(f.String()), BlockSize: int32(sizes.Of(f)), Capacity: capacity, Allocated: int32(holding),
+			Family: v1alpha1.IPFamily(f.String()), BlockSize: int32(sizes.Get(f)), Capacity: capacity, Allocated: int32(holding),
 		})
 	}
 	if got := allocatedIn(plan, created, updated); len(got) > 0 {
@@ -388,19 +389,19 @@ func (r *ClusterNetworkReconciler) reconcileBlocks(ctx context.Context, cn *v1al
 	}
 
 	var problems []problem
-	for _, f := range blocks.Families {
+	for _, f := range ipfamily.All {
 		unallocated := plan.Unallocated[f]
 		if len(unallocated) == 0 {
 			continue
 		}
 		ranges := slices.DeleteFunc(slices.Clone(cn.Spec.PodCIDRs), func(c string) bool {
 			p, err := netip.ParsePrefix(c)
-			return err != nil || blocks.FamilyOf(p) != f
+			return err != nil || ipfamily.OfPrefix(p) != f
 		})
 		problems = append(problems, problem{ReasonPodCIDRExhausted, fmt.Sprintf(
 			"%d node(s) lack an %s pod block (%s): the %s ranges of spec.podCIDRs %v hold only %d /%d blocks; append an %s CIDR to spec.podCIDRs (a node with no block yet waits for one of every family)",
 			len(unallocated), f, strings.Join(firstN(unallocated, 5), ", "), f, ranges,
-			blocks.Capacity(cn.Spec.PodCIDRs, f, sizes.Of(f)), sizes.Of(f), f)})
+			blocks.Capacity(cn.Spec.PodCIDRs, f, sizes.Get(f)), sizes.Get(f), f)})
 		r.Recorder.Eventf(cn, nil, corev1.EventTypeWarning, ReasonPodCIDRExhausted, "Allocate", "%d node(s) lack an %s pod block", len(unallocated), f)
 	}
 	for _, c := range plan.Conflicts {
@@ -429,12 +430,12 @@ func allocatedIn(plan *blocks.Plan, created, updated []string) []string {
 }
 
 // familiesOf are the families of the pod CIDRs, IPv4 first.
-func familiesOf(podCIDRs []string) []blocks.Family {
-	var fs []blocks.Family
-	for _, f := range blocks.Families {
+func familiesOf(podCIDRs []string) []ipfamily.Family {
+	var fs []ipfamily.Family
+	for _, f := range ipfamily.All {
 		if slices.ContainsFunc(podCIDRs, func(c string) bool {
 			p, err := netip.ParsePrefix(c)
-			return err == nil && blocks.FamilyOf(p) == f
+			return err == nil && ipfamily.OfPrefix(p) == f
 		}) {
 			fs = append(fs, f)
 		}
@@ -442,10 +443,10 @@ func familiesOf(podCIDRs []string) []blocks.Family {
 	return fs
 }
 
-func countFamily(ps []netip.Prefix, f blocks.Family) int {
+func countFamily(ps []netip.Prefix, f ipfamily.Family) int {
 	n := 0
 	for _, p := range ps {
-		if blocks.FamilyOf(p) == f {
+		if ipfamily.OfPrefix(p) == f {
 			n++
 		}
 	}
@@ -563,7 +564,7 @@ func ipv4Block(cidrs []string) string {
 
 // familyRank orders a node's blocks IPv4 first, as NodeNetwork spec.podCIDRs lists them.
 func familyRank(cidr string) int {
-	if p, err := netip.ParsePrefix(cidr); err == nil && blocks.FamilyOf(p) == blocks.IPv6 {
+	if p, err := netip.ParsePrefix(cidr); err == nil && ipfamily.OfPrefix(p) == ipfamily.IPv6 {
 		return 1
 	}
 	return 0

@@ -5,7 +5,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/trellis-net/trellis/controllers/blocks"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // The operator's own figures; reconcile errors and durations are controller-runtime's
@@ -26,7 +26,7 @@ func init() {
 }
 
 // recordBlocks publishes one family's block allocation: capacity of its pod CIDRs, blocks held.
-func recordBlocks(f blocks.Family, capacity int64, allocated int) {
+func recordBlocks(f ipfamily.Family, capacity int64, allocated int) {
 	podBlocks.WithLabelValues(f.String(), "allocated").Set(float64(allocated))
 	podBlocks.WithLabelValues(f.String(), "free").Set(float64(max(capacity-int64(allocated), 0)))
 }

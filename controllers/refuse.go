@@ -15,9 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers/render"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 )
 
 // Condition reasons of changes the running network can't take. The API server refuses what

@@ -7,8 +7,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 )
 
 func TestRefusedChanges(t *testing.T) {

@@ -36,15 +36,16 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
-	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 const (
 	// VXLANDevice is the name of the node's VXLAN device.
 	VXLANDevice = "trellis.vxlan"
-	// RouteProtocol marks routes to peer blocks (the CNI plugin's pod routes use 201).
-	RouteProtocol netlink.RouteProtocol = 202
+	// RouteProtocol marks routes to peer blocks (the CNI plugin's pod routes have
+	// cnicontract.PodRouteProtocol).
+	RouteProtocol netlink.RouteProtocol = cnicontract.PeerRouteProtocol
 	// VXLANOverhead is what VXLAN over IPv4 adds to each packet, an IPv4 or an IPv6 one
 	// (outer IPv4 20, UDP 8, VXLAN 8, inner Ethernet 14).
 	VXLANOverhead = 50
@@ -75,18 +76,33 @@ type Local struct {
 
 // TunnelFamily is the family of the VXLAN device's underlay: IPv4 when the node has an
 // IPv4 address, else IPv6 (see the package comment).
-func (l Local) TunnelFamily() ipam.Family {
+func (l Local) TunnelFamily() ipfamily.Family {
 	if l.NodeIP.IsValid() {
-		return ipam.IPv4
+		return ipfamily.IPv4
 	}
-	return ipam.IPv6
+	return ipfamily.IPv6
 }
 
 // TunnelAddr is the node's underlay address of its TunnelFamily: the device's local one.
-func (l Local) TunnelAddr() netip.Addr { return pick(l.TunnelFamily(), l.NodeIP, l.NodeIPv6) }
+func (l Local) TunnelAddr() netip.Addr { return l.addr(l.TunnelFamily()) }
+
+// block and addr are the node's pod block and underlay address of family f.
+func (l Local) block(f ipfamily.Family) netip.Prefix {
+	return ipfamily.Pair[netip.Prefix]{V4: l.PodCIDR, V6: l.PodCIDRv6}.Get(f)
+}
+func (l Local) addr(f ipfamily.Family) netip.Addr {
+	return ipfamily.Pair[netip.Addr]{V4: l.NodeIP, V6: l.NodeIPv6}.Get(f)
+}
 
 // Overhead is what VXLAN over an underlay of family f adds to each packet.
-func Overhead(f ipam.Family) int { return pick(f, VXLANOverhead, VXLANOverhead6) }
+func Overhead(f ipfamily.Family) int {
+	return ipfamily.Pair[int]{V4: VXLANOverhead, V6: VXLANOverhead6}.Get(f)
+}
+
+// NetlinkFamily is f's netlink family (netlink.FAMILY_V4 or _V6).
+func NetlinkFamily(f ipfamily.Family) int {
+	return ipfamily.Pair[int]{V4: netlink.FAMILY_V4, V6: netlink.FAMILY_V6}.Get(f)
+}
 
 // Peer is another node.
 type Peer struct {
@@ -101,14 +117,11 @@ type Peer struct {
 }
 
 // block and addr are the peer's pod block and underlay address of family f.
-func (p Peer) block(f ipam.Family) netip.Prefix { return pick(f, p.PodCIDR, p.PodCIDRv6) }
-func (p Peer) addr(f ipam.Family) netip.Addr    { return pick(f, p.NodeIP, p.NodeIPv6) }
-
-func pick[T any](f ipam.Family, v4, v6 T) T {
-	if f == ipam.IPv6 {
-		return v6
-	}
-	return v4
+func (p Peer) block(f ipfamily.Family) netip.Prefix {
+	return ipfamily.Pair[netip.Prefix]{V4: p.PodCIDR, V6: p.PodCIDRv6}.Get(f)
+}
+func (p Peer) addr(f ipfamily.Family) netip.Addr {
+	return ipfamily.Pair[netip.Addr]{V4: p.NodeIP, V6: p.NodeIPv6}.Get(f)
 }
 
 // Config is the desired datapath.
@@ -179,12 +192,12 @@ func Sync(cfg Config) (*Status, error) {
 	st.Underlay, st.UnderlayMTU = underlay.Attrs().Name, underlay.Attrs().MTU
 	st.PodMTU = PodMTU(cfg.Mode, cfg.MTU, st.UnderlayMTU, tunnel)
 
-	peers := Peers{Family: ipam.IPv4, Underlay: tunnel}
+	peers := Peers{Family: ipfamily.IPv4, Underlay: tunnel}
 	if cfg.Local.PodCIDR.IsValid() {
-		peers = Classify(cfg, ipam.IPv4, subnet)
+		peers = Classify(cfg, ipfamily.IPv4, subnet)
 	}
 	st.PeersDirect, st.PeersVXLAN, st.PeersPending, st.Unreachable = peers.names()
-	peers6, underlay6 := Peers{Family: ipam.IPv6, Underlay: tunnel}, 0
+	peers6, underlay6 := Peers{Family: ipfamily.IPv6, Underlay: tunnel}, 0
 	if cfg.Local.PodCIDRv6.IsValid() {
 		st.IPv6 = &FamilyStatus{}
 		var subnet6 netip.Prefix
@@ -193,7 +206,7 @@ func Sync(cfg Config) (*Status, error) {
 		if l, s, err := findUnderlay(cfg.Local.NodeIPv6); err == nil {
 			st.IPv6.Underlay, underlay6, subnet6 = l.Attrs().Name, l.Attrs().Index, s
 		}
-		peers6 = Classify(cfg, ipam.IPv6, subnet6)
+		peers6 = Classify(cfg, ipfamily.IPv6, subnet6)
 		f := st.IPv6
 		f.PeersDirect, f.PeersVXLAN, f.PeersPending, f.Unreachable = peers6.names()
 		f.Tunnelled = peers6.Tunnelled
@@ -233,7 +246,7 @@ func Sync(cfg Config) (*Status, error) {
 // PodMTU is the MTU pods get: the configured one, else the underlay's less what the
 // encapsulation over an underlay of family tunnel needs (Hybrid assumes the worst case,
 // VXLAN).
-func PodMTU(mode Mode, configured, underlay int, tunnel ipam.Family) int {
+func PodMTU(mode Mode, configured, underlay int, tunnel ipfamily.Family) int {
 	if configured > 0 {
 		return configured
 	}
@@ -259,10 +272,10 @@ func VTEPMACFor(nodeIP netip.Addr) net.HardwareAddr {
 
 // Peers are the peers of a Config sorted by how this node reaches their blocks of Family.
 type Peers struct {
-	Family ipam.Family
+	Family ipfamily.Family
 	// Underlay is the family of the VXLAN device's underlay (Local.TunnelFamily): the FDB
 	// entries point at the peers' node addresses of it.
-	Underlay ipam.Family
+	Underlay ipfamily.Family
 	// Direct: routed through the underlay to the peer's node address of the family.
 	Direct []Peer
 	// Tunnel: routed through the VXLAN device (its VTEP MAC known).
@@ -285,7 +298,7 @@ type Peers struct {
 // that can't reach each other would be worse, and the tunnel is there (see Sync). A peer
 // without a node address of the tunnel's family can't be reached through it: unreachable
 // where it isn't direct. It is pure.
-func Classify(cfg Config, f ipam.Family, subnet netip.Prefix) Peers {
+func Classify(cfg Config, f ipfamily.Family, subnet netip.Prefix) Peers {
 	tunnel := cfg.Local.TunnelFamily()
 	out := Peers{Family: f, Underlay: tunnel}
 	peers := slices.Clone(cfg.Peers)
@@ -340,11 +353,7 @@ func findUnderlay(nodeIP netip.Addr) (netlink.Link, netip.Prefix, error) {
 	if !nodeIP.IsValid() {
 		return nil, netip.Prefix{}, errors.New("no node IP")
 	}
-	family := netlink.FAMILY_V4
-	if nodeIP.Is6() {
-		family = netlink.FAMILY_V6
-	}
-	addrs, err := netlinksafe.AddrList(nil, family)
+	addrs, err := netlinksafe.AddrList(nil, NetlinkFamily(ipfamily.Of(nodeIP)))
 	if err != nil {
 		return nil, netip.Prefix{}, fmt.Errorf("listing addresses: %w", err)
 	}

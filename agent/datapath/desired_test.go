@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // The desired state, without a kernel: who is reached how, the routes, the VXLAN device
@@ -58,7 +58,7 @@ func TestClassify(t *testing.T) {
 		{ModeHybrid, []string{"b-local", "d-new"}, []string{"c-remote"}, nil, 0},
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
-			p := Classify(testConfig(tc.mode), ipam.IPv4, subnet)
+			p := Classify(testConfig(tc.mode), ipfamily.IPv4, subnet)
 			if !reflect.DeepEqual(names(p.Direct), tc.direct) || !reflect.DeepEqual(names(p.Tunnel), tc.tunnel) ||
 				!reflect.DeepEqual(names(p.Pending), tc.pending) || len(p.Unreachable) != tc.unreachable {
 				t.Errorf("direct %v tunnel %v pending %v unreachable %v; want %v %v %v and %d unreachable",
@@ -72,7 +72,7 @@ func TestClassify(t *testing.T) {
 }
 
 func TestDesiredRoutes(t *testing.T) {
-	p := Classify(testConfig(ModeHybrid), ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+	p := Classify(testConfig(ModeHybrid), ipfamily.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
 	got := DesiredRoutes(p, 2, 9)
 	if len(got) != 3 {
 		t.Fatalf("%d routes, want b-local, d-new (direct) and c-remote (VXLAN): %v", len(got), got)
@@ -85,7 +85,7 @@ func TestDesiredRoutes(t *testing.T) {
 	if tunnel.LinkIndex != 9 || !tunnel.Gw.Equal(net.ParseIP("10.244.3.1")) || tunnel.Flags&int(netlink.FLAG_ONLINK) == 0 || tunnel.Protocol != RouteProtocol {
 		t.Errorf("VXLAN route %+v: want onlink via the peer's VTEP address 10.244.3.1 on the VXLAN device", tunnel)
 	}
-	pending := Classify(testConfig(ModeVXLAN), ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+	pending := Classify(testConfig(ModeVXLAN), ipfamily.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
 	if _, ok := DesiredRoutes(pending, 2, 9)["10.244.4.0/24"]; ok {
 		t.Error("a route to a peer whose VTEP MAC is unknown: packets would go nowhere")
 	}
@@ -98,7 +98,7 @@ func TestDesiredDeviceAndEntries(t *testing.T) {
 		!dev.SrcAddr.Equal(net.ParseIP("198.51.100.11")) || dev.Learning || dev.HardwareAddr.String() != VTEPMACFor(cfg.Local.NodeIP).String() {
 		t.Errorf("device %+v", dev)
 	}
-	e := DesiredEntries(9, Classify(cfg, ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24")))
+	e := DesiredEntries(9, Classify(cfg, ipfamily.IPv4, netip.MustParsePrefix("198.51.100.0/24")))
 	// b-local (direct, MAC known) and c-remote (tunnel) get entries; d-new has no MAC yet.
 	if len(e.Neighbours) != 2 || len(e.FDB) != 2 {
 		t.Fatalf("entries %+v, want a neighbour and an FDB entry for b-local and c-remote", e)
@@ -140,13 +140,13 @@ func TestPodMTU(t *testing.T) {
 	for _, tc := range []struct {
 		mode                 Mode
 		configured, underlay int
-		tunnel               ipam.Family
+		tunnel               ipfamily.Family
 		want                 int
 	}{
-		{ModeVXLAN, 0, 1500, ipam.IPv4, 1450}, {ModeHybrid, 0, 1500, ipam.IPv4, 1450}, {ModeDirect, 0, 1500, ipam.IPv4, 1500},
-		{ModeVXLAN, 1400, 1500, ipam.IPv4, 1400}, {ModeDirect, 9000, 9000, ipam.IPv4, 9000},
+		{ModeVXLAN, 0, 1500, ipfamily.IPv4, 1450}, {ModeHybrid, 0, 1500, ipfamily.IPv4, 1450}, {ModeDirect, 0, 1500, ipfamily.IPv4, 1500},
+		{ModeVXLAN, 1400, 1500, ipfamily.IPv4, 1400}, {ModeDirect, 9000, 9000, ipfamily.IPv4, 9000},
 		// An IPv6 underlay's outer header is 20 bytes more.
-		{ModeVXLAN, 0, 1500, ipam.IPv6, 1430}, {ModeHybrid, 0, 1500, ipam.IPv6, 1430}, {ModeDirect, 0, 1500, ipam.IPv6, 1500},
+		{ModeVXLAN, 0, 1500, ipfamily.IPv6, 1430}, {ModeHybrid, 0, 1500, ipfamily.IPv6, 1430}, {ModeDirect, 0, 1500, ipfamily.IPv6, 1500},
 	} {
 		if got := PodMTU(tc.mode, tc.configured, tc.underlay, tc.tunnel); got != tc.want {
 			t.Errorf("PodMTU(%s, %d, %d, %s) = %d, want %d", tc.mode, tc.configured, tc.underlay, tc.tunnel, got, tc.want)
@@ -209,8 +209,8 @@ func TestClassifyIPv6(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s/%s", tc.mode, tc.subnet), func(t *testing.T) {
 			cfg := dualConfig(tc.mode)
-			p := Classify(cfg, ipam.IPv6, tc.subnet)
-			if p.Family != ipam.IPv6 || !reflect.DeepEqual(names(p.Direct), tc.direct) || !reflect.DeepEqual(names(p.Tunnel), tc.tunnel) ||
+			p := Classify(cfg, ipfamily.IPv6, tc.subnet)
+			if p.Family != ipfamily.IPv6 || !reflect.DeepEqual(names(p.Direct), tc.direct) || !reflect.DeepEqual(names(p.Tunnel), tc.tunnel) ||
 				!reflect.DeepEqual(names(p.Pending), tc.pending) || !reflect.DeepEqual(p.Tunnelled, tc.tunnelled) || len(p.Unreachable) != tc.unreachable {
 				t.Errorf("IPv6: direct %v tunnel %v pending %v tunnelled %v unreachable %v; want %v %v %v %v and %d unreachable",
 					names(p.Direct), names(p.Tunnel), names(p.Pending), p.Tunnelled, p.Unreachable, tc.direct, tc.tunnel, tc.pending, tc.tunnelled, tc.unreachable)
@@ -218,8 +218,8 @@ func TestClassifyIPv6(t *testing.T) {
 			if tc.unreachable > 0 && p.Unreachable[0] != "c-remote (2001:db8:200::13 is not on-link with 2001:db8:100::/64; use Hybrid or VXLAN)" {
 				t.Errorf("unreachable reason %q", p.Unreachable[0])
 			}
-			v4 := Classify(cfg, ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
-			was := Classify(testConfig(tc.mode), ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+			v4 := Classify(cfg, ipfamily.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+			was := Classify(testConfig(tc.mode), ipfamily.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
 			drop := func(ps []Peer) []string { // the two peers dualConfig adds
 				return slices.DeleteFunc(names(ps), func(n string) bool { return n == "f-v4only" || n == "g-v6block" })
 			}
@@ -235,7 +235,7 @@ func TestClassifyIPv6(t *testing.T) {
 // onlink via the peer's IPv6 VTEP address (the first address of its IPv6 block) on the
 // VXLAN device for a tunnelled one, /64 destinations, protocol 202; none for pending ones.
 func TestDesiredRoutesIPv6(t *testing.T) {
-	p := Classify(dualConfig(ModeHybrid), ipam.IPv6, netip.MustParsePrefix("2001:db8:100::/64"))
+	p := Classify(dualConfig(ModeHybrid), ipfamily.IPv6, netip.MustParsePrefix("2001:db8:100::/64"))
 	got := DesiredRoutes(p, 3, 9)
 	if len(got) != 3 {
 		t.Fatalf("%d routes, want b-local (direct), c-remote and g-v6block (VXLAN): %v", len(got), got)
@@ -258,8 +258,8 @@ func TestDesiredRoutesIPv6(t *testing.T) {
 // entry per peer, whichever families it is tunnelled for.
 func TestDesiredEntriesBothFamilies(t *testing.T) {
 	cfg := dualConfig(ModeHybrid)
-	v4 := Classify(cfg, ipam.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
-	v6 := Classify(cfg, ipam.IPv6, netip.MustParsePrefix("2001:db8:100::/64"))
+	v4 := Classify(cfg, ipfamily.IPv4, netip.MustParsePrefix("198.51.100.0/24"))
+	v6 := Classify(cfg, ipfamily.IPv6, netip.MustParsePrefix("2001:db8:100::/64"))
 	e := DesiredEntries(9, v4, v6)
 	var neigh, fdb []string
 	for _, n := range e.Neighbours {
@@ -322,13 +322,13 @@ func TestClassifyIPv6Only(t *testing.T) {
 	} {
 		t.Run(string(tc.mode), func(t *testing.T) {
 			cfg := v6onlyConfig(tc.mode)
-			if f, a := cfg.Local.TunnelFamily(), cfg.Local.TunnelAddr(); f != ipam.IPv6 || a != cfg.Local.NodeIPv6 {
+			if f, a := cfg.Local.TunnelFamily(), cfg.Local.TunnelAddr(); f != ipfamily.IPv6 || a != cfg.Local.NodeIPv6 {
 				t.Fatalf("tunnel family %s address %s, want IPv6 over the node's IPv6 address", f, a)
 			}
-			if p := Classify(cfg, ipam.IPv4, netip.Prefix{}); len(p.Direct)+len(p.Tunnel)+len(p.Pending)+len(p.Unreachable) != 0 {
+			if p := Classify(cfg, ipfamily.IPv4, netip.Prefix{}); len(p.Direct)+len(p.Tunnel)+len(p.Pending)+len(p.Unreachable) != 0 {
 				t.Errorf("IPv4 peers of an IPv6-only cluster: %+v", p)
 			}
-			p := Classify(cfg, ipam.IPv6, subnet)
+			p := Classify(cfg, ipfamily.IPv6, subnet)
 			var unreachable []string
 			for _, u := range p.Unreachable {
 				unreachable = append(unreachable, u[:strings.IndexByte(u, ' ')])
@@ -350,7 +350,7 @@ func TestDesiredDeviceAndEntriesIPv6Only(t *testing.T) {
 	if !dev.SrcAddr.Equal(net.ParseIP("2001:db8:100::11")) || dev.MTU != 1430 || dev.HardwareAddr.String() != VTEPMACFor(cfg.Local.NodeIPv6).String() {
 		t.Errorf("device %+v: want local 2001:db8:100::11, MTU 1430, the MAC of the IPv6 address", dev)
 	}
-	e := DesiredEntries(9, Classify(cfg, ipam.IPv4, netip.Prefix{}), Classify(cfg, ipam.IPv6, netip.MustParsePrefix("2001:db8:100::/64")))
+	e := DesiredEntries(9, Classify(cfg, ipfamily.IPv4, netip.Prefix{}), Classify(cfg, ipfamily.IPv6, netip.MustParsePrefix("2001:db8:100::/64")))
 	var neigh, fdb []string
 	for _, n := range e.Neighbours {
 		neigh = append(neigh, n.IP.String())

@@ -6,8 +6,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // The tunnel's guard. The VXLAN device learns nothing, but the kernel decapsulates any
@@ -46,6 +46,8 @@ const (
 	TunnelPeers6 = ipset.NodePrefix + "peers6"
 )
 
+var tunnelPeerSets = ipfamily.Pair[string]{V4: TunnelPeers, V6: TunnelPeers6}
+
 // tunnelScope is the chains TunnelFilter speaks for (disjoint from Netfilter's and the
 // policy engine's).
 var tunnelScope = []string{netfilter.ChainPrefix + "TUNNEL-"}
@@ -56,24 +58,23 @@ var tunnelScope = []string{netfilter.ChainPrefix + "TUNNEL-"}
 // in every mode, and a peer not yet switched still sends through it. Pure.
 func TunnelSets(cfg Config) []ipset.Set {
 	self := map[netip.Addr]bool{cfg.Local.NodeIP: true, cfg.Local.NodeIPv6: true}
-	var v4, v6 []ipset.Entry
+	var entries ipfamily.Pair[[]ipset.Entry]
 	seen := map[netip.Addr]bool{}
 	for _, p := range cfg.Peers {
-		for _, a := range []netip.Addr{p.NodeIP, p.NodeIPv6} {
+		for _, a := range []netip.Addr{p.NodeIP.Unmap(), p.NodeIPv6.Unmap()} {
 			if !a.IsValid() || self[a] || seen[a] {
 				continue
 			}
 			seen[a] = true
-			if a.Is4() {
-				v4 = append(v4, ipset.Entry{Member: a.String()})
-			} else {
-				v6 = append(v6, ipset.Entry{Member: a.String()})
-			}
+			f := ipfamily.Of(a)
+			entries.Set(f, append(entries.Get(f), ipset.Entry{Member: a.String()}))
 		}
 	}
-	sets := []ipset.Set{{Name: TunnelPeers, Type: "hash:ip", Family: "inet", MaxElem: maxPeers, Entries: v4}}
-	if cfg.Local.PodCIDRv6.IsValid() {
-		sets = append(sets, ipset.Set{Name: TunnelPeers6, Type: "hash:ip", Family: "inet6", MaxElem: maxPeers, Entries: v6})
+	var sets []ipset.Set
+	for _, f := range ipfamily.All {
+		if cfg.Local.block(f).IsValid() || f == ipfamily.IPv4 {
+			sets = append(sets, ipset.Set{Name: tunnelPeerSets.Get(f), Type: "hash:ip", Family: f.SetFamily(), MaxElem: maxPeers, Entries: entries.Get(f)})
+		}
 	}
 	return sets
 }
@@ -86,9 +87,9 @@ const maxPeers = 65536
 // for IPv4, ip6tables for IPv6; see above) on a node with cfg's VXLAN port and local
 // addresses; podCIDRs are the cluster's ranges of f (a pod may send to another pod on the
 // port). It is pure.
-func TunnelFilter(cfg Config, f ipam.Family, podCIDRs []netip.Prefix) netfilter.State {
+func TunnelFilter(cfg Config, f ipfamily.Family, podCIDRs []netip.Prefix) netfilter.State {
 	port := strconv.Itoa(cfg.Port)
-	set := pick(f, TunnelPeers, TunnelPeers6)
+	set := tunnelPeerSets.Get(f)
 	udpToPort := []string{"-p", "udp", "-m", "udp", "--dport", port}
 
 	var fwd []netfilter.Rule
@@ -98,7 +99,7 @@ func TunnelFilter(cfg Config, f ipam.Family, podCIDRs []netip.Prefix) netfilter.
 	fwd = append(fwd, netfilter.Rule{Comment: "trellis: pods send nothing to a tunnel port", Target: []string{"-j", "DROP"}})
 
 	var decap []netfilter.Rule
-	for _, p := range []netip.Prefix{pick(f, cfg.Local.PodCIDR, cfg.Local.PodCIDRv6), hostPrefix(pick(f, cfg.Local.NodeIP, cfg.Local.NodeIPv6))} {
+	for _, p := range []netip.Prefix{cfg.Local.block(f), ipfamily.Host(cfg.Local.addr(f))} {
 		if p.IsValid() {
 			decap = append(decap, netfilter.Rule{
 				Match:   []string{"-s", p.Masked().String()},
@@ -132,12 +133,4 @@ func TunnelFilter(cfg Config, f ipam.Family, podCIDRs []netip.Prefix) netfilter.
 			},
 		},
 	}
-}
-
-// hostPrefix is a's host prefix (invalid when a is).
-func hostPrefix(a netip.Addr) netip.Prefix {
-	if !a.IsValid() {
-		return netip.Prefix{}
-	}
-	return netip.PrefixFrom(a, a.BitLen())
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/craft"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
@@ -51,7 +51,7 @@ func (topo *topology) guard(i int, s *[4]netfilter.Syncer) {
 		if _, err := s[0].Sync(ctx, datapath.Netfilter(clusterPods, true)); err != nil {
 			return err
 		}
-		if _, err := s[1].Sync(ctx, datapath.TunnelFilter(cfg, ipam.IPv4, clusterPods)); err != nil {
+		if _, err := s[1].Sync(ctx, datapath.TunnelFilter(cfg, ipfamily.IPv4, clusterPods)); err != nil {
 			return err
 		}
 		if !n.block6.IsValid() {
@@ -61,7 +61,7 @@ func (topo *topology) guard(i int, s *[4]netfilter.Syncer) {
 		if _, err := s[2].Sync(ctx, datapath.Netfilter6(clusterPods6, true)); err != nil {
 			return err
 		}
-		_, err := s[3].Sync(ctx, datapath.TunnelFilter(cfg, ipam.IPv6, clusterPods6))
+		_, err := s[3].Sync(ctx, datapath.TunnelFilter(cfg, ipfamily.IPv6, clusterPods6))
 		return err
 	}))
 }
@@ -223,7 +223,7 @@ func TestTunnelGuard(t *testing.T) {
 	topo.guard(0, &restarted)
 	check.Must(t, victim.ns.Do(func(ns.NetNS) error {
 		cfg := datapath.Config{Port: 4789, Local: datapath.Local{NodeIP: victim.ip, PodCIDR: victim.block}}
-		res, err := (&netfilter.Syncer{}).Sync(context.Background(), datapath.TunnelFilter(cfg, ipam.IPv4, clusterPods))
+		res, err := (&netfilter.Syncer{}).Sync(context.Background(), datapath.TunnelFilter(cfg, ipfamily.IPv4, clusterPods))
 		if err == nil && res.Changed() {
 			t.Errorf("an unchanged guard was rewritten: %+v", res)
 		}
@@ -237,7 +237,10 @@ func TestTunnelSets(t *testing.T) {
 	a4, b4 := netip.MustParseAddr("198.51.100.12"), netip.MustParseAddr("198.51.100.13")
 	b6 := netip.MustParseAddr("2001:db8::13")
 	local := datapath.Local{NodeIP: netip.MustParseAddr("198.51.100.11"), PodCIDR: netip.MustParsePrefix("10.244.1.0/24")}
-	peers := []datapath.Peer{{Name: "a", NodeIP: a4}, {Name: "b", NodeIP: b4, NodeIPv6: b6}, {Name: "self", NodeIP: local.NodeIP}, {Name: "unpublished"}}
+	// An IPv4-mapped address is IPv4 (internal/ipfamily), whichever field holds it.
+	c4 := netip.MustParseAddr("198.51.100.14")
+	peers := []datapath.Peer{{Name: "a", NodeIP: a4}, {Name: "b", NodeIP: b4, NodeIPv6: b6}, {Name: "self", NodeIP: local.NodeIP}, {Name: "unpublished"},
+		{Name: "mapped", NodeIPv6: netip.AddrFrom16(c4.As16())}}
 	entries := func(s ipset.Set) []string {
 		var out []string
 		for _, e := range s.Entries {
@@ -246,7 +249,7 @@ func TestTunnelSets(t *testing.T) {
 		return out
 	}
 	sets := datapath.TunnelSets(datapath.Config{Local: local, Peers: peers})
-	if len(sets) != 1 || sets[0].Name != datapath.TunnelPeers || !reflect.DeepEqual(entries(sets[0]), []string{a4.String(), b4.String()}) {
+	if len(sets) != 1 || sets[0].Name != datapath.TunnelPeers || !reflect.DeepEqual(entries(sets[0]), []string{a4.String(), b4.String(), c4.String()}) {
 		t.Errorf("IPv4-only node: %+v", sets)
 	}
 	local.PodCIDRv6 = netip.MustParsePrefix("fd00::/64")

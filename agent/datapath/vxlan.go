@@ -12,7 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/neighbours"
 )
 
@@ -108,20 +108,18 @@ const addrGenModeNone = 1
 // ensureVTEPAddr makes the node's address of block (IPv4 /32 or IPv6 /128) the device's
 // only address of that family (IPv6 link-local ones aside).
 func ensureVTEPAddr(dev netlink.Link, block netip.Prefix) error {
-	vtep := VTEPAddr(block)
-	bits := vtep.BitLen()
+	vtep, f := VTEPAddr(block), ipfamily.OfPrefix(block)
+	bits := f.Bits()
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: vtep.AsSlice(), Mask: net.CIDRMask(bits, bits)}}
-	family := netlink.FAMILY_V4
-	if vtep.Is6() {
-		family = netlink.FAMILY_V6
+	if f == ipfamily.IPv6 {
 		addr.Flags = unix.IFA_F_NODAD // usable at once: no other node holds it
 	}
-	addrs, err := netlinksafe.AddrList(dev, family)
+	addrs, err := netlinksafe.AddrList(dev, NetlinkFamily(f))
 	if err != nil {
 		return fmt.Errorf("listing %s addresses: %w", VXLANDevice, err)
 	}
 	for _, a := range addrs {
-		if !a.IP.Equal(addr.IP) && !(vtep.Is6() && a.IP.IsLinkLocalUnicast()) {
+		if !a.IP.Equal(addr.IP) && !(f == ipfamily.IPv6 && a.IP.IsLinkLocalUnicast()) {
 			_ = netlink.AddrDel(dev, &a) // a block from an earlier allocation
 		}
 	}
@@ -156,10 +154,7 @@ func DesiredEntries(vxIndex int, families ...Peers) Entries {
 	var e Entries
 	fdb := map[string]bool{}
 	for _, peers := range families {
-		f, nf := peers.Family, netlink.FAMILY_V4
-		if f == ipam.IPv6 {
-			nf = netlink.FAMILY_V6
-		}
+		f, nf := peers.Family, NetlinkFamily(peers.Family)
 		for _, group := range [][]Peer{peers.Direct, peers.Tunnel} {
 			for _, p := range group {
 				if p.VTEPMAC == nil {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +35,7 @@ import (
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Bounds: an item is cut at MaxItemBytes (and marked so); a whole request stops waiting
@@ -42,10 +44,6 @@ const (
 	MaxItemBytes   = 4 << 20
 	RequestTimeout = 30 * time.Second
 )
-
-// cniPluginRouteProtocol marks the CNI plugin's routes to pods (agent/datapath uses 202
-// for routes to peers' blocks).
-const cniPluginRouteProtocol netlink.RouteProtocol = 201
 
 // Collector reads the node's state.
 type Collector struct {
@@ -304,7 +302,7 @@ func routes() (string, error) {
 	for _, p := range []struct {
 		proto netlink.RouteProtocol
 		what  string
-	}{{datapath.RouteProtocol, "routes to peer nodes' pod blocks (agent)"}, {cniPluginRouteProtocol, "routes to this node's pods (CNI plugin)"}} {
+	}{{cnicontract.PeerRouteProtocol, "routes to peer nodes' pod blocks (agent)"}, {cnicontract.PodRouteProtocol, "routes to this node's pods (CNI plugin)"}} {
 		var rs []netlink.Route
 		for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 			fr, err := netlinksafe.RouteListFiltered(family, &netlink.Route{Protocol: p.proto, Table: unix.RT_TABLE_MAIN},
@@ -420,11 +418,8 @@ func links() (string, error) {
 			continue
 		}
 		for _, ad := range addrs {
-			inet := "inet"
-			if ad.IP.To4() == nil {
-				inet = "inet6"
-			}
-			fmt.Fprintf(&b, "    %s %s\n", inet, ad.IPNet)
+			ip, _ := netip.AddrFromSlice(ad.IP)
+			fmt.Fprintf(&b, "    %s %s\n", ipfamily.Of(ip).SetFamily(), ad.IPNet)
 		}
 	}
 	return b.String(), nil

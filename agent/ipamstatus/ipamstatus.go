@@ -23,6 +23,7 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // DefaultMinWriteInterval spaces the NodeNetwork status writes.
@@ -57,7 +58,7 @@ func Count(allocated []netip.Addr, block netip.Prefix) Usage {
 	}
 	u.InUse = 0
 	for _, a := range allocated {
-		if ipam.FamilyOf(a) == ipam.FamilyOf(block.Addr()) {
+		if ipfamily.Of(a) == ipfamily.OfPrefix(block) {
 			u.InUse++
 		}
 	}

@@ -13,9 +13,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/cni/plugin"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
 

@@ -20,11 +20,11 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
@@ -42,6 +42,8 @@ func TestBlocks(t *testing.T) {
 		{v1alpha1.NodeNetworkSpec{PodCIDR: "fd00:10:244:1::/64", PodCIDRs: []string{"fd00:10:244:1::/64"}}, "invalid Prefix", "fd00:10:244:1::/64"},
 		{v1alpha1.NodeNetworkSpec{}, "invalid Prefix", "invalid Prefix"},
 		{v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"garbage", "10.244.2.0/24"}}, "10.244.2.0/24", "invalid Prefix"},
+		// A block is written one way (ipfamily.ParsePrefix): an IPv4-mapped one is no block.
+		{v1alpha1.NodeNetworkSpec{PodCIDRs: []string{"::ffff:10.244.1.0/120", "fd00:10:244:1::/64"}}, "invalid Prefix", "fd00:10:244:1::/64"},
 	} {
 		v4, v6 := nodenet.Blocks(tc.spec)
 		if v4.String() != tc.v4 || v6.String() != tc.v6 {

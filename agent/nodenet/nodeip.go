@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/trellis-net/trellis/agent/datapath"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // nodeIP is this node's underlay address, the VXLAN device's (see Reconciler.NodeIP for
@@ -19,7 +20,7 @@ import (
 // address is an error rather than a fallback: the user asked for that interface.
 func (r *Reconciler) nodeIP(node *corev1.Node, v6only bool) (netip.Addr, error) {
 	if r.NodeIP.IsValid() {
-		return r.NodeIP, nil
+		return r.NodeIP.Unmap(), nil
 	}
 	iface, setting := r.NodeIPInterface, "--node-ip-interface"
 	if iface == "" && r.Config != nil {
@@ -31,20 +32,20 @@ func (r *Reconciler) nodeIP(node *corev1.Node, v6only bool) (netip.Addr, error) 
 			return netip.Addr{}, fmt.Errorf("%s %s: %w", setting, iface, err)
 		}
 		if v6only {
-			if ip, err := firstAddr(link, netlink.FAMILY_V6); err == nil {
+			if ip, err := firstAddr(link, ipfamily.IPv6); err == nil {
 				return ip, nil
 			}
 		}
-		ip, err := firstAddr(link, netlink.FAMILY_V4)
+		ip, err := firstAddr(link, ipfamily.IPv4)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("%s %s: %w", setting, iface, err)
 		}
 		return ip, nil
 	}
-	if ip := nodeIPv6Of(node); v6only && ip.IsValid() {
+	if ip := internalIP(node, ipfamily.IPv6); v6only && ip.IsValid() {
 		return ip, nil
 	}
-	if ip, err := r.nodeIPOf(node); err == nil {
+	if ip := internalIP(node, ipfamily.IPv4); ip.IsValid() {
 		return ip, nil
 	}
 	ip, err := defaultRouteIPv4()
@@ -60,7 +61,7 @@ func (r *Reconciler) nodeIP(node *corev1.Node, v6only bool) (netip.Addr, error) 
 // tunnel of a node with IPv4 pods runs over IPv4).
 func localOf(node *corev1.Node, nodeIP netip.Addr, block, block6 netip.Prefix) (datapath.Local, error) {
 	local := datapath.Local{PodCIDR: block, PodCIDRv6: block6}
-	if nodeIP.Is6() {
+	if ipfamily.Of(nodeIP) == ipfamily.IPv6 {
 		if block.IsValid() {
 			return local, fmt.Errorf("node %s has an IPv4 pod block (%s) and its node IP %s is IPv6: set the agent's --node-ip to its IPv4 address", node.Name, block, nodeIP)
 		}
@@ -69,29 +70,18 @@ func localOf(node *corev1.Node, nodeIP netip.Addr, block, block6 netip.Prefix) (
 	}
 	local.NodeIP = nodeIP
 	if block6.IsValid() {
-		local.NodeIPv6 = nodeIPv6Of(node)
+		local.NodeIPv6 = internalIP(node, ipfamily.IPv6)
 	}
 	return local, nil
 }
 
-// nodeIPOf is n's IPv4 InternalIP.
-func (r *Reconciler) nodeIPOf(n *corev1.Node) (netip.Addr, error) {
+// internalIP is n's first InternalIP of family f (invalid when it has none); an IPv6 one is
+// the node's IPv6 underlay address, for direct IPv6 routes (the datapath finds the
+// interface holding it).
+func internalIP(n *corev1.Node, f ipfamily.Family) netip.Addr {
 	for _, a := range n.Status.Addresses {
 		if a.Type == corev1.NodeInternalIP {
-			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is4() {
-				return ip, nil
-			}
-		}
-	}
-	return netip.Addr{}, errors.New("no InternalIP")
-}
-
-// nodeIPv6Of is n's IPv6 InternalIP (invalid when it has none): the node's IPv6 underlay
-// address, for direct IPv6 routes (the datapath finds the interface holding it).
-func nodeIPv6Of(n *corev1.Node) netip.Addr {
-	for _, a := range n.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			if ip, err := netip.ParseAddr(a.Address); err == nil && ip.Is6() && !ip.Is4In6() {
+			if ip, err := ipfamily.ParseAddr("InternalIP", a.Address); err == nil && ipfamily.Of(ip) == f {
 				return ip
 			}
 		}
@@ -120,7 +110,7 @@ func defaultRouteIPv4() (netip.Addr, error) {
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("the default route's interface: %w", err)
 		}
-		ip, err := firstAddr(link, netlink.FAMILY_V4)
+		ip, err := firstAddr(link, ipfamily.IPv4)
 		if err != nil {
 			return netip.Addr{}, fmt.Errorf("the default route's interface %s: %w", link.Attrs().Name, err)
 		}
@@ -129,18 +119,18 @@ func defaultRouteIPv4() (netip.Addr, error) {
 	return netip.Addr{}, errors.New("there is no IPv4 default route")
 }
 
-// firstAddr is link's first global address of family (netlink.FAMILY_V4 or _V6).
-func firstAddr(link netlink.Link, family int) (netip.Addr, error) {
-	addrs, err := netlinksafe.AddrList(link, family)
+// firstAddr is link's first global address of family f.
+func firstAddr(link netlink.Link, f ipfamily.Family) (netip.Addr, error) {
+	addrs, err := netlinksafe.AddrList(link, datapath.NetlinkFamily(f))
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("listing addresses: %w", err)
 	}
 	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().IsGlobalUnicast() && ip.Unmap().Is4() == (family == netlink.FAMILY_V4) {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().IsGlobalUnicast() && ipfamily.Of(ip) == f {
 			return ip.Unmap(), nil
 		}
 	}
-	if family == netlink.FAMILY_V6 {
+	if f == ipfamily.IPv6 {
 		return netip.Addr{}, errors.New("it has no global IPv6 address")
 	}
 	return netip.Addr{}, errors.New("it has no IPv4 address")

@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
@@ -26,6 +26,9 @@ func TestNodeIP(t *testing.T) {
 	bare.Name = "node-a"
 	withInternal6 := withInternal.DeepCopy()
 	withInternal6.Status.Addresses = append(withInternal6.Status.Addresses, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "2001:db8:7::7"})
+	// An IPv4-mapped address is IPv4 (internal/ipfamily): this InternalIP was once neither
+	// family's, and the default route's address was taken instead.
+	withMapped := &corev1.Node{Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "::ffff:198.51.100.8"}}}}
 
 	// "uplink" holds 203.0.113.5 and the default route; "underlay" holds 198.51.100.5 and
 	// 2001:db8:5::5.
@@ -91,6 +94,9 @@ func TestNodeIP(t *testing.T) {
 		{"IPv6-only: the configured interface's IPv4 address without an IPv6 one", &Reconciler{NodeIPInterface: "uplink"}, withInternal6, true, "203.0.113.5", "", true},
 		{"IPv6-only without an IPv6 InternalIP: the IPv4 one", &Reconciler{}, withInternal, true, "198.51.100.7", "", true},
 		{"dual-stack: the IPv4 InternalIP", &Reconciler{}, withInternal6, true, "198.51.100.7", "", false},
+		{"an IPv4-mapped InternalIP is the IPv4 one", &Reconciler{}, withMapped, true, "198.51.100.8", "", false},
+		{"IPv6-only: an IPv4-mapped InternalIP is no IPv6 one", &Reconciler{}, withMapped, true, "198.51.100.8", "", true},
+		{"an IPv4-mapped flag is the IPv4 address", &Reconciler{NodeIP: netip.MustParseAddr("::ffff:198.51.100.9")}, withInternal, true, "198.51.100.9", "", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

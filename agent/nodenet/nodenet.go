@@ -41,14 +41,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/offload"
 	"github.com/trellis-net/trellis/api/v1alpha1"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Condition reasons on NodeNetwork Ready.
@@ -315,9 +315,9 @@ func (r *Reconciler) desired(ctx context.Context, local datapath.Local) (*datapa
 		MTU: int(r.Config.MTU), Local: local, ProcSys: r.ProcSys,
 	}
 	for _, c := range r.Config.PodCIDRs {
-		p, err := netip.ParsePrefix(c)
+		p, err := ipfamily.ParsePrefix("agent configuration podCIDRs", c)
 		if err != nil {
-			return nil, fmt.Errorf("agent configuration podCIDRs %q: %w", c, err)
+			return nil, err
 		}
 		cfg.PodCIDRs = append(cfg.PodCIDRs, p)
 	}
@@ -334,18 +334,18 @@ func (r *Reconciler) desired(ctx context.Context, local datapath.Local) (*datapa
 		// IPv6 block goes directly to its published IPv6 address where both are on one
 		// IPv6 subnet, else through the tunnel (datapath.Classify). An IPv6-only peer's
 		// status.nodeIP is its IPv6 address (its tunnel's).
-		ip, err := netip.ParseAddr(nn.Status.NodeIP)
+		ip, err := ipfamily.ParseAddr("status.nodeIP", nn.Status.NodeIP)
 		if err != nil || ip.Zone() != "" {
 			continue
 		}
 		mac, _ := net.ParseMAC(nn.Status.VTEPMAC)
 		peer := datapath.Peer{Name: nn.Name, PodCIDR: peerBlock, PodCIDRv6: peerBlock6, VTEPMAC: mac}
-		if ip = ip.Unmap(); ip.Is4() {
+		if ipfamily.Of(ip) == ipfamily.IPv4 {
 			peer.NodeIP = ip
 		} else {
 			peer.NodeIPv6 = ip
 		}
-		if ip6, err := netip.ParseAddr(nn.Status.NodeIPv6); err == nil && ip6.Is6() && !ip6.Is4In6() {
+		if ip6, err := ipfamily.ParseAddr("status.nodeIPv6", nn.Status.NodeIPv6); err == nil && ipfamily.Of(ip6) == ipfamily.IPv6 {
 			peer.NodeIPv6 = ip6
 		}
 		cfg.Peers = append(cfg.Peers, peer)
@@ -356,31 +356,25 @@ func (r *Reconciler) desired(ctx context.Context, local datapath.Local) (*datapa
 // Blocks are a NodeNetwork's IPv4 and IPv6 pod blocks (invalid when it has none of the
 // family): spec.podCIDRs, or spec.podCIDR as NodeNetworks of an operator older than
 // spec.podCIDRs hold it. Entries that don't parse, and a second block of a family, are
-// left out. Pure.
+// left out (an IPv4-mapped one among them: ipfamily.ParsePrefix). Pure.
 func Blocks(spec v1alpha1.NodeNetworkSpec) (v4, v6 netip.Prefix) {
+	var b ipfamily.Pair[netip.Prefix]
 	for _, c := range spec.Blocks() {
-		p, err := netip.ParsePrefix(c)
-		switch {
-		case err != nil:
-		case p.Addr().Is4() && !v4.IsValid():
-			v4 = p
-		case p.Addr().Is6() && !p.Addr().Is4In6() && !v6.IsValid():
-			v6 = p
+		if p, err := ipfamily.ParsePrefix("spec.podCIDRs", c); err == nil && !b.Get(ipfamily.OfPrefix(p)).IsValid() {
+			b.Set(ipfamily.OfPrefix(p), p)
 		}
 	}
-	return v4, v6
+	return b.V4, b.V6
 }
 
 // byFamily splits prefixes into IPv4's and IPv6's.
 func byFamily(prefixes []netip.Prefix) (v4, v6 []netip.Prefix) {
+	var b ipfamily.Pair[[]netip.Prefix]
 	for _, p := range prefixes {
-		if p.Addr().Is4() {
-			v4 = append(v4, p)
-		} else {
-			v6 = append(v6, p)
-		}
+		f := ipfamily.OfPrefix(p)
+		b.Set(f, append(b.Get(f), p))
 	}
-	return v4, v6
+	return b.V4, b.V6
 }
 
 // syncNetfilter keeps the node's own chains: IPv4's always, IPv6's (ip6tables, the same
@@ -401,7 +395,7 @@ func (r *Reconciler) syncNetfilter(ctx context.Context, cfg *datapath.Config) er
 	if r.tunnel.Backend.Mode == "" {
 		r.tunnel.Backend = r.netfilter.ActiveBackend()
 	}
-	if _, err := r.tunnel.Sync(ctx, datapath.TunnelFilter(*cfg, ipam.IPv4, v4)); err != nil {
+	if _, err := r.tunnel.Sync(ctx, datapath.TunnelFilter(*cfg, ipfamily.IPv4, v4)); err != nil {
 		return fmt.Errorf("the tunnel's guard: %w", err)
 	}
 	if !cfg.Local.PodCIDRv6.IsValid() {
@@ -416,7 +410,7 @@ func (r *Reconciler) syncNetfilter(ctx context.Context, cfg *datapath.Config) er
 	if r.tunnel6.Backend.Mode == "" {
 		r.tunnel6.Backend = r.netfilter6.Backend
 	}
-	if _, err := r.tunnel6.Sync(ctx, datapath.TunnelFilter(*cfg, ipam.IPv6, v6)); err != nil {
+	if _, err := r.tunnel6.Sync(ctx, datapath.TunnelFilter(*cfg, ipfamily.IPv6, v6)); err != nil {
 		return fmt.Errorf("IPv6: the tunnel's guard: %w", err)
 	}
 	return nil

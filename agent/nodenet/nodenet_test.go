@@ -28,11 +28,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"

@@ -23,12 +23,12 @@ import (
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/agent/offload"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"

@@ -15,9 +15,10 @@ import (
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/diagnostics/report"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/metricsserving"
 )
 
@@ -37,7 +38,8 @@ type Options struct {
 	CNIBinDir, CNIConfDir string
 	// ReadyFile's presence tells the CNI plugin the node is ready.
 	ReadyFile string
-	// NodeIP, when valid, is this node's underlay address; else NodeIPInterface's.
+	// NodeIP, when valid, is this node's underlay address (IPv4, or an IPv6-only node's
+	// IPv6 one; an IPv4-mapped address is IPv4, unmapped); else NodeIPInterface's.
 	NodeIP          netip.Addr
 	NodeIPInterface string
 	// CNIVersion is the highest CNI spec version the conflist offers (the last of its
@@ -91,7 +93,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", o.CNIBinDir, "the node's CNI binary directory, as mounted")
 	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", o.CNIConfDir, "the node's CNI configuration directory, as mounted")
 	fs.StringVar(&o.ReadyFile, "ready-file", o.ReadyFile, "file whose presence tells the CNI plugin the node is ready")
-	fs.TextVar(&o.NodeIP, "node-ip", o.NodeIP, "underlay address of this node (default: --node-ip-interface's, else the Node's InternalIP, else the default route interface's)")
+	fs.Var(addrFlag{&o.NodeIP}, "node-ip", "underlay address of this node: its IPv4 address, or an IPv6-only node's IPv6 one (default: --node-ip-interface's, else the Node's InternalIP, else the default route interface's)")
 	fs.StringVar(&o.NodeIPInterface, "node-ip-interface", o.NodeIPInterface, "take the node's underlay address from this interface (default: spec.agent.nodeIPInterface)")
 	fs.StringVar(&o.CNIVersion, "cni-version", o.CNIVersion, "highest CNI spec version the conflist offers in cniVersions ("+strings.Join(cnicontract.SupportedVersions, ", ")+
 		"); a runtime picks the highest it supports, one that reads only cniVersion gets "+cnicontract.CompatVersion+" (or this, if lower)")
@@ -105,6 +107,25 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		f.Value = &setFlag{Value: f.Value, set: &o.levelFromFlag}
 		f.Usage += " (default: spec.agent.logLevel)"
 	}
+}
+
+// addrFlag is an address flag, IPv4 or IPv6, an IPv4-mapped address unmapped (IPv4).
+type addrFlag struct{ addr *netip.Addr }
+
+func (f addrFlag) String() string {
+	if f.addr == nil || !f.addr.IsValid() {
+		return ""
+	}
+	return f.addr.String()
+}
+
+func (f addrFlag) Set(s string) error {
+	a, err := ipfamily.ParseAddr("address", s)
+	if err != nil {
+		return err
+	}
+	*f.addr = a
+	return nil
 }
 
 // setFlag records that a flag was given.
@@ -134,8 +155,8 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("--cni-version: %w", err))
 		}
 	}
-	if o.NodeIP.IsValid() && !o.NodeIP.Is4() {
-		errs = append(errs, fmt.Errorf("--node-ip %s: only IPv4 node addresses are supported", o.NodeIP))
+	if ip := o.NodeIP; ipfamily.Of(ip) == ipfamily.IPv6 && ip.IsValid() && (ip.Zone() != "" || !ip.IsGlobalUnicast()) {
+		errs = append(errs, fmt.Errorf("--node-ip %s: want a global IPv6 address (the other nodes reach this one's tunnel at it), or the node's IPv4 address", ip))
 	}
 	if o.DiagnosticsPort < 0 || o.DiagnosticsPort > 65535 {
 		errs = append(errs, fmt.Errorf("--diagnostics-port %d: want a TCP port (1-65535), or 0 to turn the diagnostics off", o.DiagnosticsPort))

@@ -66,8 +66,13 @@ func TestFlags(t *testing.T) {
 					o.NodeIPInterface == "eth1" && o.CNIVersion == "0.4.0" && o.PluginDir == "/p" && o.ProcSysDir == "/host/proc/sys" &&
 					o.IPAMGCGrace == 30*time.Second && o.IPAMGCInterval == 10*time.Second
 			}},
-		{name: "node IP not an address", args: []string{"--node-ip=node-a"}, err: "node-ip"},
-		{name: "IPv6 node IP", args: []string{"--node-ip=2001:db8::1"}, err: "--node-ip 2001:db8::1: only IPv4"},
+		{name: "node IP not an address", args: []string{"--node-ip=node-a"}, err: `-node-ip: address "node-a" is not an IP address`},
+		// An IPv6-only node passes its IPv6 address.
+		{name: "IPv6 node IP", args: []string{"--node-ip=2001:db8:0::1"}, check: func(o *Options) bool { return o.NodeIP == netip.MustParseAddr("2001:db8::1") }},
+		{name: "IPv4-mapped node IP is IPv4", args: []string{"--node-ip=::ffff:198.51.100.4"}, check: func(o *Options) bool { return o.NodeIP == netip.MustParseAddr("198.51.100.4") }},
+		{name: "link-local IPv6 node IP", args: []string{"--node-ip=fe80::1"}, err: "--node-ip fe80::1: want a global IPv6 address"},
+		{name: "zoned IPv6 node IP", args: []string{"--node-ip=fe80::1%eth0"}, err: "--node-ip fe80::1%eth0: want a global IPv6 address"},
+		{name: "unspecified IPv6 node IP", args: []string{"--node-ip=::"}, err: "--node-ip ::: want a global IPv6 address"},
 		{name: "diagnostics off", args: []string{"--diagnostics-port=0"}, check: func(o *Options) bool { return o.DiagnosticsPort == 0 }},
 		{name: "diagnostics port out of range", args: []string{"--diagnostics-port=70000"}, err: "--diagnostics-port 70000: want a TCP port"},
 		{name: "zero grace", args: []string{"--ipam-gc-grace=0s"}, err: "--ipam-gc-grace 0s: must be positive"},

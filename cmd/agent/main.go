@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"net/netip"
 	"os"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -21,7 +20,6 @@ import (
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/agent/cnimetrics"
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/diagnostics"
 	"github.com/trellis-net/trellis/agent/ipamgc"
 	"github.com/trellis-net/trellis/agent/ipamstatus"
@@ -29,6 +27,7 @@ import (
 	"github.com/trellis-net/trellis/agent/options"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/agent/uninstall"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/version"
@@ -177,7 +176,7 @@ func run(o *options.Options, node uninstall.Node) error {
 		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
 		Socket: cnicontract.DefaultPolicySocket, StateDir: cnicontract.DefaultEndpointsDir,
 		DenyLog: policy.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
-		IPv6:    hasIPv6(cfg.PodCIDRs),
+		IPv6:    cfg.HasIPv6(),
 	}, ctrl.Log.WithName("policy")); err != nil {
 		return err
 	}
@@ -197,19 +196,6 @@ func run(o *options.Options, node uninstall.Node) error {
 		return err
 	}
 	return watch.Shutdown(mgr.GetClient(), mgr.GetAPIReader(), nodeName, node, ctrl.Log.WithName("shutdown"))
-}
-
-// hasIPv6 tells whether the cluster's pod ranges include an IPv6 one: pods may then get
-// IPv6 addresses, and policy is enforced for IPv6 too. A range that doesn't parse counts
-// as IPv6 (enforcing a family with no pods costs little; missing one would let it through).
-func hasIPv6(podCIDRs []string) bool {
-	for _, c := range podCIDRs {
-		p, err := netip.ParsePrefix(c)
-		if err != nil || !p.Addr().Is4() {
-			return true
-		}
-	}
-	return false
 }
 
 // byObject merges the cache settings of the agent's parts (each names its own types).

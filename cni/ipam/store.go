@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Both families share the directory: address files are named by the address, so they
@@ -39,34 +40,28 @@ const (
 // ErrExhausted is returned when the block has no free address.
 var ErrExhausted = errors.New("no free address")
 
-// Family is an address family; an attachment holds at most one address of each.
-type Family int
+// Family, IPv4, IPv6, Families and FamilyOf are internal/ipfamily's, under the names the
+// plugin's IPAM gave them first. They go once agent/policy and cli/explain use
+// internal/ipfamily (nothing else here does).
+type Family = ipfamily.Family
 
-// The families, numbered as in "IPv4" and "IPv6".
+// The families (ipfamily.IPv4, ipfamily.IPv6).
 const (
-	IPv4 Family = 4
-	IPv6 Family = 6
+	IPv4 = ipfamily.IPv4
+	IPv6 = ipfamily.IPv6
 )
 
-// Families are both, in the order ADD allocates and the result lists them.
-var Families = []Family{IPv4, IPv6}
+// Families are ipfamily.All.
+var Families = ipfamily.All
 
-// FamilyOf is the family of addr.
-func FamilyOf(addr netip.Addr) Family {
-	if addr.Unmap().Is4() {
-		return IPv4
-	}
-	return IPv6
-}
+// FamilyOf is ipfamily.Of.
+func FamilyOf(addr netip.Addr) Family { return ipfamily.Of(addr) }
 
-func (f Family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
-
-func (f Family) lastFile() string {
-	if f == IPv6 {
-		return lastFile6
-	}
-	return lastFile
-}
+// Per-family file names: the index and round-robin hint of each family.
+var (
+	indexPrefixes = ipfamily.Pair[string]{V4: indexPrefix, V6: indexPrefix6}
+	lastFiles     = ipfamily.Pair[string]{V4: lastFile, V6: lastFile6}
+)
 
 // Allocation is one address held by an attachment.
 type Allocation struct {
@@ -169,18 +164,15 @@ func (s *Store) owner(name string) ([]string, error) {
 // indexName is the per-attachment index file of a family: it names the attachment's
 // address, so ADD and DEL read one file instead of every allocation (their cost must not
 // grow with the number of pods on the node while they hold the lock).
-func indexName(f Family, containerID, ifname string) string {
+func indexName(f ipfamily.Family, containerID, ifname string) string {
 	sum := sha256.Sum256([]byte(containerID + "/" + ifname))
-	if f == IPv6 {
-		return indexPrefix6 + hex.EncodeToString(sum[:16])
-	}
-	return indexPrefix + hex.EncodeToString(sum[:16])
+	return indexPrefixes.Get(f) + hex.EncodeToString(sum[:16])
 }
 
 // Get returns the address of family f held by (containerID, ifname), if any. The index is
 // written before the address file, so an address file always has its index; an index whose
 // address file is missing or names another owner (a plugin killed in between) is stale.
-func (s *Store) Get(f Family, containerID, ifname string) (netip.Addr, bool, error) {
+func (s *Store) Get(f ipfamily.Family, containerID, ifname string) (netip.Addr, bool, error) {
 	b, err := os.ReadFile(filepath.Join(s.dir, indexName(f, containerID, ifname)))
 	if errors.Is(err, os.ErrNotExist) {
 		return netip.Addr{}, false, nil
@@ -189,7 +181,7 @@ func (s *Store) Get(f Family, containerID, ifname string) (netip.Addr, bool, err
 		return netip.Addr{}, false, fmt.Errorf("reading IPAM index: %w", err)
 	}
 	ip, err := netip.ParseAddr(strings.TrimSpace(string(b)))
-	if err != nil || FamilyOf(ip) != f {
+	if err != nil || ipfamily.Of(ip) != f {
 		return netip.Addr{}, false, nil
 	}
 	lines, err := s.owner(ip.String())
@@ -214,13 +206,13 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string)
 	if err := cnicontract.ValidateBlock(block); err != nil {
 		return netip.Addr{}, fmt.Errorf("pod block: %w", err)
 	}
-	f := FamilyOf(block.Addr())
+	f := ipfamily.Of(block.Addr())
 	if ip, ok, err := s.Get(f, containerID, ifname); err != nil || ok {
 		return ip, err
 	}
 	first, last := cnicontract.PodRange(block)
 	start := first
-	if b, err := os.ReadFile(filepath.Join(s.dir, f.lastFile())); err == nil {
+	if b, err := os.ReadFile(filepath.Join(s.dir, lastFiles.Get(f))); err == nil {
 		if prev, err := netip.ParseAddr(strings.TrimSpace(string(b))); err == nil && block.Contains(prev) {
 			start = prev.Next()
 		}
@@ -238,7 +230,7 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string)
 				return netip.Addr{}, err
 			}
 			// Only a hint for round robin: losing it in a crash costs nothing.
-			if err := s.writeFile(f.lastFile(), ip.String(), false); err != nil {
+			if err := s.writeFile(lastFiles.Get(f), ip.String(), false); err != nil {
 				return netip.Addr{}, err
 			}
 			return ip, nil
@@ -286,7 +278,7 @@ func (s *Store) ReleaseExcept(keep func(containerID, ifname string) bool) ([]All
 	live := map[string]bool{}
 	for _, a := range all {
 		if keep(a.ContainerID, a.IfName) {
-			live[indexName(FamilyOf(a.IP), a.ContainerID, a.IfName)] = true
+			live[indexName(ipfamily.Of(a.IP), a.ContainerID, a.IfName)] = true
 			continue
 		}
 		if err := s.remove(a.IP.String()); err != nil {

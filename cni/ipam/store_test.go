@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 func open(t *testing.T, dir string) *Store {
@@ -25,10 +27,10 @@ func TestStaleIndex(t *testing.T) {
 	s := open(t, dir)
 	block := netip.MustParsePrefix("10.1.0.0/29")
 	// The crash: index of "dead" names .2, no address file.
-	if err := s.writeFile(indexName(IPv4, "dead", "eth0"), "10.1.0.2", true); err != nil {
+	if err := s.writeFile(indexName(ipfamily.IPv4, "dead", "eth0"), "10.1.0.2", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, _ := s.Get(IPv4, "dead", "eth0"); ok {
+	if _, ok, _ := s.Get(ipfamily.IPv4, "dead", "eth0"); ok {
 		t.Fatal("a stale index counts as an allocation")
 	}
 	ip, err := s.Allocate(block, "live", "eth0", "")
@@ -38,10 +40,10 @@ func TestStaleIndex(t *testing.T) {
 	if freed, err := s.Release("dead", "eth0"); err != nil || len(freed) != 0 {
 		t.Fatalf("releasing the crashed attachment freed %v (%v): it must not take the live owner's address", freed, err)
 	}
-	if got, ok, _ := s.Get(IPv4, "live", "eth0"); !ok || got != ip {
+	if got, ok, _ := s.Get(ipfamily.IPv4, "live", "eth0"); !ok || got != ip {
 		t.Fatal("the live allocation was lost")
 	}
-	if _, err := os.Stat(filepath.Join(dir, indexName(IPv4, "dead", "eth0"))); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(dir, indexName(ipfamily.IPv4, "dead", "eth0"))); !os.IsNotExist(err) {
 		t.Error("the stale index was not removed")
 	}
 }
@@ -108,8 +110,8 @@ func TestDualStack(t *testing.T) {
 				}
 				for _, a := range got {
 					ip := netip.MustParseAddr(a)
-					if held, ok, err := s.Get(FamilyOf(ip), id, "eth0"); err != nil || !ok || held != ip {
-						t.Errorf("Get(%v, %s) = %v %v %v, want %s", FamilyOf(ip), id, held, ok, err, ip)
+					if held, ok, err := s.Get(ipfamily.Of(ip), id, "eth0"); err != nil || !ok || held != ip {
+						t.Errorf("Get(%v, %s) = %v %v %v, want %s", ipfamily.Of(ip), id, held, ok, err, ip)
 					}
 				}
 			}
@@ -127,7 +129,7 @@ func TestDualStack(t *testing.T) {
 			}
 			for _, a := range tc.want["b"] {
 				ip := netip.MustParseAddr(a)
-				if _, ok, _ := s.Get(FamilyOf(ip), "b", "eth0"); !ok {
+				if _, ok, _ := s.Get(ipfamily.Of(ip), "b", "eth0"); !ok {
 					t.Errorf("GC lost b's %s", a)
 				}
 			}
@@ -151,10 +153,10 @@ func TestIndexOfTheOtherFamily(t *testing.T) {
 	if _, err := s.Allocate(netip.MustParsePrefix("fd00::/120"), "x", "eth0", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.writeFile(indexName(IPv4, "y", "eth0"), "fd00::2", true); err != nil {
+	if err := s.writeFile(indexName(ipfamily.IPv4, "y", "eth0"), "fd00::2", true); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, _ := s.Get(IPv4, "y", "eth0"); ok {
+	if _, ok, _ := s.Get(ipfamily.IPv4, "y", "eth0"); ok {
 		t.Error("an IPv4 index naming an IPv6 address counts as an allocation")
 	}
 	if freed, err := s.Release("y", "eth0"); err != nil || len(freed) != 0 {

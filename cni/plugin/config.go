@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // NetConf is the plugin's configuration on stdin: the standard fields and trellis's own
@@ -45,7 +46,7 @@ func Parse(stdin []byte) (*NetConf, error) {
 // Block is the node's IPv4 pod block (invalid when the conflist gives none).
 func (c *NetConf) Block() netip.Prefix {
 	for _, b := range c.blocks {
-		if b.Addr().Is4() {
+		if ipfamily.OfPrefix(b) == ipfamily.IPv4 {
 			return b
 		}
 	}
@@ -108,7 +109,7 @@ func parseConf(stdin []byte, strict bool) (*NetConf, *types.Error) {
 	}
 	if !strict {
 		for _, s := range []string{c.PodCIDR, c.PodCIDRv6} {
-			if b, err := netip.ParsePrefix(s); err == nil {
+			if b, err := ipfamily.ParsePrefix("podCIDR", s); err == nil {
 				c.blocks = append(c.blocks, b)
 			}
 		}
@@ -117,30 +118,20 @@ func parseConf(stdin []byte, strict bool) (*NetConf, *types.Error) {
 	if c.PodCIDR == "" && c.PodCIDRv6 == "" {
 		return nil, invalid("podCIDR", "is empty: the node agent writes the node's pod block there")
 	}
-	if c.PodCIDR != "" {
-		block, err := netip.ParsePrefix(c.PodCIDR)
-		if err == nil && block.Addr().Is4() {
-			err = cnicontract.ValidateBlock(block)
+	// With policy, the agent confirms the pod only once its IPv6 rules hold the pod's IPv6
+	// address (learnt from the /128 route this plugin adds before it asks), and refuses it
+	// on a cluster without an IPv6 pod range: an IPv6 address never takes the pod's traffic
+	// around its policies.
+	fields, values := ipfamily.Pair[string]{V4: "podCIDR", V6: "podCIDRv6"}, ipfamily.Pair[string]{V4: c.PodCIDR, V6: c.PodCIDRv6}
+	for _, f := range ipfamily.All {
+		s := values.Get(f)
+		if s == "" {
+			continue
 		}
-		if err != nil || !block.Addr().Is4() {
-			return nil, invalid("podCIDR", fmt.Sprintf("%q must be an IPv4 network address with a prefix between /%d and /%d, e.g. 10.244.1.0/24",
-				c.PodCIDR, cnicontract.MinBlockBits, cnicontract.MaxBlockBits))
+		block, err := netip.ParsePrefix(s)
+		if err != nil || ipfamily.OfPrefix(block) != f || cnicontract.ValidateBlock(block) != nil {
+			return nil, invalid(fields.Get(f), fmt.Sprintf("%q must be %s", s, cnicontract.BlockRule(f)))
 		}
-		c.blocks = append(c.blocks, block)
-	}
-	if c.PodCIDRv6 != "" {
-		block, err := netip.ParsePrefix(c.PodCIDRv6)
-		if err == nil && block.Addr().Is6() && !block.Addr().Is4In6() {
-			err = cnicontract.ValidateBlock(block)
-		}
-		if err != nil || !block.Addr().Is6() || block.Addr().Is4In6() {
-			return nil, invalid("podCIDRv6", fmt.Sprintf("%q must be an IPv6 network address with a prefix between /%d and /%d, e.g. fd00:10:244:1::/64",
-				c.PodCIDRv6, cnicontract.MinBlockBits6, cnicontract.MaxBlockBits6))
-		}
-		// With policy, the agent confirms the pod only once its IPv6 rules hold the pod's
-		// IPv6 address (learnt from the /128 route this plugin adds before it asks), and
-		// refuses it on a cluster without an IPv6 pod range: an IPv6 address never takes
-		// the pod's traffic around its policies.
 		c.blocks = append(c.blocks, block)
 	}
 	if c.MTU < 576 || c.MTU > 65535 {

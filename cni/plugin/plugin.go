@@ -21,6 +21,7 @@ import (
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // FaultEnv names a test-only fault point: when the plugin reaches it, it kills itself with
@@ -241,7 +242,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrIOFailure, "opening the IPAM store", err.Error())
 	}
 	for _, ip := range want.IPs {
-		held, ok, err := store.Get(ipam.FamilyOf(ip), args.ContainerID, args.IfName)
+		held, ok, err := store.Get(ipfamily.Of(ip), args.ContainerID, args.IfName)
 		if err != nil {
 			store.Close()
 			return types.NewError(types.ErrIOFailure, "reading the IPAM store", err.Error())

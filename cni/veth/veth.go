@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -22,14 +23,15 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/neighbours"
 )
 
 const (
 	// HostPrefix starts the name of every host-side veth trellis creates.
 	HostPrefix = cnicontract.HostVethPrefix
-	// RouteProtocol marks the host routes trellis owns (see /etc/iproute2/rt_protos).
-	RouteProtocol netlink.RouteProtocol = 201
+	// RouteProtocol marks the host routes to pods the plugin owns.
+	RouteProtocol netlink.RouteProtocol = cnicontract.PodRouteProtocol
 )
 
 // GatewayIP is the pod's next hop: never assigned anywhere, answered by the permanent
@@ -43,41 +45,30 @@ var GatewayIP = net.IPv4(169, 254, 1, 1).To4()
 // no IPv6 address of its own beyond the kernel's link-local.
 var GatewayIPv6 = net.ParseIP("fe80::1")
 
+// The family of an address is internal/ipfamily's: an IPv4-mapped address is IPv4, wired
+// as its IPv4 form (it is unmapped).
+var (
+	gateways        = ipfamily.Pair[net.IP]{V4: GatewayIP, V6: GatewayIPv6}
+	netlinkFamilies = ipfamily.Pair[int]{V4: netlink.FAMILY_V4, V6: netlink.FAMILY_V6}
+)
+
 // Gateway is the pod's next hop for ip's family.
-func Gateway(ip netip.Addr) net.IP {
-	if ip.Is4() {
-		return GatewayIP
-	}
-	return GatewayIPv6
-}
+func Gateway(ip netip.Addr) net.IP { return gateways.Get(ipfamily.Of(ip)) }
 
 // Prefix is ip as a host prefix (/32 or /128).
-func Prefix(ip netip.Addr) *net.IPNet {
-	return &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ip.BitLen(), ip.BitLen())}
-}
+func Prefix(ip netip.Addr) *net.IPNet { return ipNet(ipfamily.Host(ip)) }
 
 // DefaultRoute is the default destination of ip's family (0.0.0.0/0 or ::/0).
-func DefaultRoute(ip netip.Addr) *net.IPNet {
-	if ip.Is4() {
-		return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
-	}
-	return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+func DefaultRoute(ip netip.Addr) *net.IPNet { return ipNet(ipfamily.Of(ip).Default()) }
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
-func family(ip netip.Addr) int {
-	if ip.Is4() {
-		return netlink.FAMILY_V4
-	}
-	return netlink.FAMILY_V6
-}
+func family(ip netip.Addr) int { return netlinkFamilies.Get(ipfamily.Of(ip)) }
 
 func hasIPv6(ips []netip.Addr) bool {
-	for _, ip := range ips {
-		if ip.Is6() {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ips, func(ip netip.Addr) bool { return ipfamily.Of(ip) == ipfamily.IPv6 })
 }
 
 // HostName is the host-side interface name of an attachment: stable, ≤ 15 characters.
@@ -161,7 +152,7 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ips []netip.Addr, mtu int
 		}
 		for _, ip := range ips {
 			addr := &netlink.Addr{IPNet: Prefix(ip)}
-			if ip.Is6() {
+			if ipfamily.Of(ip) == ipfamily.IPv6 {
 				addr.Flags = unix.IFA_F_NODAD // usable at once; the link is point-to-point
 			}
 			if err := netlink.AddrAdd(link, addr); err != nil {
@@ -181,7 +172,7 @@ func Setup(podNS ns.NetNS, hostName, podIfName string, ips []netip.Addr, mtu int
 				return fmt.Errorf("adding neighbour %s -> %s on %s: %w", gw, att.HostMAC, podIfName, err)
 			}
 			def := &netlink.Route{LinkIndex: link.Attrs().Index, Gw: gw, Dst: DefaultRoute(ip)}
-			if ip.Is4() {
+			if ipfamily.Of(ip) == ipfamily.IPv4 {
 				def.Flags = int(netlink.FLAG_ONLINK) // a link-local IPv6 gateway is on-link by definition
 			}
 			if err := netlink.RouteReplace(def); err != nil {
@@ -232,7 +223,7 @@ func podIPv6(podIfName string) error {
 
 func hostRoute(index int, ip netip.Addr) *netlink.Route {
 	r := &netlink.Route{LinkIndex: index, Protocol: RouteProtocol, Dst: Prefix(ip)}
-	if ip.Is4() {
+	if ipfamily.Of(ip) == ipfamily.IPv4 {
 		r.Scope = netlink.SCOPE_LINK // IPv6 routes have no scope
 	}
 	return r

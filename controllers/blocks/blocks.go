@@ -10,43 +10,12 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
-
-// Family is an IP address family: the CNI IPAM's, whose blocks these are.
-type Family = ipam.Family
-
-// The families, in the order a node's blocks list them.
-const (
-	IPv4 = ipam.IPv4
-	IPv6 = ipam.IPv6
-)
-
-// Families are the families in the order a node's blocks list them.
-var Families = ipam.Families
-
-// FamilyOf is p's family.
-func FamilyOf(p netip.Prefix) Family { return ipam.FamilyOf(p.Addr()) }
-
-// addrBits is the length of family f's addresses.
-func addrBits(f Family) int {
-	if f == IPv4 {
-		return 32
-	}
-	return 128
-}
 
 // Sizes are the node block prefix lengths of each family (ClusterNetwork spec.nodeBlockSize
 // and spec.nodeBlockSizeV6).
-type Sizes struct{ V4, V6 int }
-
-// Of is family f's block size.
-func (s Sizes) Of(f Family) int {
-	if f == IPv4 {
-		return s.V4
-	}
-	return s.V6
-}
+type Sizes = ipfamily.Pair[int]
 
 // Existing is a NodeNetwork's recorded blocks.
 type Existing struct {
@@ -80,17 +49,17 @@ type Plan struct {
 	Release []string
 	// Unallocated: by family, nodes left without a block of it because that family's pod
 	// CIDRs are exhausted.
-	Unallocated map[Family][]string
+	Unallocated map[ipfamily.Family][]string
 	// Conflicts: recorded blocks that are outside the pod CIDRs, of the wrong size, or taken twice.
 	Conflicts []Conflict
 }
 
 // Holding is how many nodes keep or get a block of family f.
-func (p *Plan) Holding(f Family) int {
+func (p *Plan) Holding(f ipfamily.Family) int {
 	n := 0
 	for _, m := range []map[string][]netip.Prefix{p.Keep, p.Allocate} {
 		for _, blocks := range m {
-			n += len(slices.DeleteFunc(slices.Clone(blocks), func(b netip.Prefix) bool { return FamilyOf(b) != f }))
+			n += len(slices.DeleteFunc(slices.Clone(blocks), func(b netip.Prefix) bool { return ipfamily.OfPrefix(b) != f }))
 		}
 	}
 	return n
@@ -101,19 +70,19 @@ func (p *Plan) Holding(f Family) int {
 // blocks are never moved; new blocks are the lowest free ones, handed out in node-name
 // order so the result is deterministic.
 func Compute(podCIDRs []string, sizes Sizes, nodes []string, existing []Existing) (*Plan, error) {
-	pools := map[Family][]netip.Prefix{}
+	pools := map[ipfamily.Family][]netip.Prefix{}
 	for i, c := range podCIDRs {
-		p, err := netip.ParsePrefix(c)
+		p, err := ipfamily.ParsePrefix(fmt.Sprintf("spec.podCIDRs[%d]", i), c)
 		if err != nil {
-			return nil, fmt.Errorf("spec.podCIDRs[%d] %q: %w", i, c, err)
+			return nil, err
 		}
-		f := FamilyOf(p)
-		if size := sizes.Of(f); p != p.Masked() || p.Addr().Is4In6() || p.Bits() >= size || size > addrBits(f) {
+		f := ipfamily.OfPrefix(p)
+		if size := sizes.Get(f); p != p.Masked() || p.Bits() >= size || size > f.Bits() {
 			return nil, fmt.Errorf("spec.podCIDRs[%d] %q cannot hold /%d %s node blocks", i, c, size, f)
 		}
 		pools[f] = append(pools[f], p)
 	}
-	plan := &Plan{Keep: map[string][]netip.Prefix{}, Allocate: map[string][]netip.Prefix{}, Unallocated: map[Family][]string{}}
+	plan := &Plan{Keep: map[string][]netip.Prefix{}, Allocate: map[string][]netip.Prefix{}, Unallocated: map[ipfamily.Family][]string{}}
 	nodeSet := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		nodeSet[n] = true
@@ -130,11 +99,11 @@ func Compute(podCIDRs []string, sizes Sizes, nodes []string, existing []Existing
 		}
 	}
 
-	for _, f := range Families {
+	for _, f := range ipfamily.All {
 		if len(pools[f]) == 0 {
 			continue
 		}
-		fp := computeFamily(f, pools[f], sizes.Of(f), nodes, nodeSet, sorted)
+		fp := computeFamily(f, pools[f], sizes.Get(f), nodes, nodeSet, sorted)
 		for n, b := range fp.keep {
 			plan.Keep[n] = append(plan.Keep[n], b)
 		}
@@ -167,7 +136,7 @@ type familyPlan struct {
 }
 
 // computeFamily allocates family f's blocks; existing is sorted by node.
-func computeFamily(f Family, pools []netip.Prefix, blockSize int, nodes []string, nodeSet map[string]bool, existing []Existing) familyPlan {
+func computeFamily(f ipfamily.Family, pools []netip.Prefix, blockSize int, nodes []string, nodeSet map[string]bool, existing []Existing) familyPlan {
 	plan := familyPlan{keep: map[string]netip.Prefix{}, allocate: map[string]netip.Prefix{}}
 	taken := map[netip.Prefix]bool{}
 	var foreign []netip.Prefix // recorded blocks not aligned to the block grid
@@ -243,16 +212,16 @@ func computeFamily(f Family, pools []netip.Prefix, blockSize int, nodes []string
 // entryOf is the entry of family f among a node's recorded blocks: its text and prefix
 // (the first entry, whatever it is, if one doesn't parse: its family is unknown, and a
 // node's first block is the one to report).
-func entryOf(f Family, cidrs []string) (string, netip.Prefix, error) {
+func entryOf(f ipfamily.Family, cidrs []string) (string, netip.Prefix, error) {
 	for i, c := range cidrs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
-			if i == 0 && f == IPv4 {
+			if i == 0 && f == ipfamily.IPv4 {
 				return c, p, err
 			}
 			continue
 		}
-		if FamilyOf(p) == f {
+		if ipfamily.OfPrefix(p) == f {
 			return c, p, nil
 		}
 	}
@@ -260,11 +229,11 @@ func entryOf(f Family, cidrs []string) (string, netip.Prefix, error) {
 }
 
 // Capacity is how many node blocks of family f the pod CIDRs hold, at most math.MaxInt64.
-func Capacity(podCIDRs []string, f Family, blockSize int) int64 {
+func Capacity(podCIDRs []string, f ipfamily.Family, blockSize int) int64 {
 	var total int64
 	for _, c := range podCIDRs {
 		p, err := netip.ParsePrefix(c)
-		if err != nil || FamilyOf(p) != f || p.Bits() > blockSize {
+		if err != nil || ipfamily.OfPrefix(p) != f || p.Bits() > blockSize {
 			continue
 		}
 		shift := blockSize - p.Bits()

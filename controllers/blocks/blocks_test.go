@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"reflect"
 	"testing"
+
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 func TestCompute(t *testing.T) {
@@ -115,7 +117,7 @@ func TestCompute(t *testing.T) {
 			if !reflect.DeepEqual(p.Release, tt.release) {
 				t.Errorf("release = %v, want %v", p.Release, tt.release)
 			}
-			if !reflect.DeepEqual(p.Unallocated[IPv4], tt.unallocated) {
+			if !reflect.DeepEqual(p.Unallocated[ipfamily.IPv4], tt.unallocated) {
 				t.Errorf("unallocated = %v, want %v", p.Unallocated, tt.unallocated)
 			}
 			if len(p.Conflicts) != tt.conflicts {
@@ -139,20 +141,20 @@ func TestComputeNeverOverlaps(t *testing.T) {
 	if got := len(p.Allocate); got != 258 {
 		t.Fatalf("%d nodes got blocks, want 258 (the IPv4 capacity)", got)
 	}
-	if got := len(p.Unallocated[IPv4]); got != 42 {
+	if got := len(p.Unallocated[ipfamily.IPv4]); got != 42 {
 		t.Fatalf("unallocated IPv4 %d, want 42", got)
 	}
-	if got := len(p.Unallocated[IPv6]); got != 0 {
+	if got := len(p.Unallocated[ipfamily.IPv6]); got != 0 {
 		t.Fatalf("unallocated IPv6 %d, want 0 (the family had room)", got)
 	}
-	for _, f := range Families {
+	for _, f := range ipfamily.All {
 		seen := map[string]netip.Prefix{}
 		for n, bs := range p.Allocate {
-			if len(bs) != 2 || FamilyOf(bs[0]) != IPv4 || FamilyOf(bs[1]) != IPv6 {
+			if len(bs) != 2 || ipfamily.OfPrefix(bs[0]) != ipfamily.IPv4 || ipfamily.OfPrefix(bs[1]) != ipfamily.IPv6 {
 				t.Fatalf("%s got %v, want one block per family, IPv4 first", n, bs)
 			}
 			b := bs[0]
-			if f == IPv6 {
+			if f == ipfamily.IPv6 {
 				b = bs[1]
 			}
 			for o, ob := range seen {
@@ -163,13 +165,13 @@ func TestComputeNeverOverlaps(t *testing.T) {
 			seen[n] = b
 		}
 	}
-	if c := Capacity(cidrs, IPv4, 24); c != 258 {
+	if c := Capacity(cidrs, ipfamily.IPv4, 24); c != 258 {
 		t.Fatalf("IPv4 capacity = %d, want 258", c)
 	}
-	if c := Capacity(cidrs, IPv6, 120); c != 2+512 {
+	if c := Capacity(cidrs, ipfamily.IPv6, 120); c != 2+512 {
 		t.Fatalf("IPv6 capacity = %d, want 514", c)
 	}
-	if c := Capacity([]string{"fd00::/8"}, IPv6, 120); c != math.MaxInt64 {
+	if c := Capacity([]string{"fd00::/8"}, ipfamily.IPv6, 120); c != math.MaxInt64 {
 		t.Fatalf("capacity of fd00::/8 in /120s = %d, want it saturated at MaxInt64", c)
 	}
 }
@@ -203,7 +205,7 @@ func TestComputeDualStack(t *testing.T) {
 		existing    []Existing
 		keep        map[string][]netip.Prefix
 		allocate    map[string][]netip.Prefix
-		unallocated map[Family][]string
+		unallocated map[ipfamily.Family][]string
 		conflicts   int
 	}{
 		{
@@ -242,7 +244,7 @@ func TestComputeDualStack(t *testing.T) {
 			existing:    []Existing{{Node: "a", CIDRs: []string{"10.244.0.0/24", "2001:db8::/64"}}, {Node: "d", CIDRs: []string{"10.244.1.0/24"}}},
 			keep:        map[string][]netip.Prefix{"a": pfxs("10.244.0.0/24", "2001:db8::/64"), "d": pfxs("10.244.1.0/24")},
 			allocate:    map[string][]netip.Prefix{"b": pfxs("10.244.2.0/24", "2001:db8:0:1::/64")},
-			unallocated: map[Family][]string{IPv6: {"c", "d"}},
+			unallocated: map[ipfamily.Family][]string{ipfamily.IPv6: {"c", "d"}},
 		},
 		{
 			name:        "IPv4 exhausted while IPv6 has room",
@@ -250,7 +252,7 @@ func TestComputeDualStack(t *testing.T) {
 			nodes:       []string{"a", "b", "c"},
 			keep:        map[string][]netip.Prefix{},
 			allocate:    map[string][]netip.Prefix{"a": pfxs("10.244.0.0/24", "2001:db8::/64"), "b": pfxs("10.244.1.0/24", "2001:db8:0:1::/64")},
-			unallocated: map[Family][]string{IPv4: {"c"}},
+			unallocated: map[ipfamily.Family][]string{ipfamily.IPv4: {"c"}},
 		},
 		{
 			name:      "a conflict in one family leaves the other allocated",
@@ -284,7 +286,7 @@ func TestComputeDualStack(t *testing.T) {
 				t.Errorf("allocate = %v, want %v", p.Allocate, tt.allocate)
 			}
 			if tt.unallocated == nil {
-				tt.unallocated = map[Family][]string{}
+				tt.unallocated = map[ipfamily.Family][]string{}
 			}
 			if !reflect.DeepEqual(p.Unallocated, tt.unallocated) {
 				t.Errorf("unallocated = %v, want %v", p.Unallocated, tt.unallocated)

@@ -20,9 +20,9 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	agentbase "github.com/trellis-net/trellis/config/agent"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 )
 
 const (

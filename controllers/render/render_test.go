@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/test/testenv"
 )
 

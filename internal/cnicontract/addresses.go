@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Block prefix lengths a node's IPv4 pod block may have (the API's nodeBlockSize bounds).
@@ -19,18 +21,32 @@ const (
 	MaxBlockBits6 = 120
 )
 
+// blockBits are the prefix lengths a node's pod block of each family may have (shortest,
+// longest), blockExample a block of each.
+var (
+	blockBits    = ipfamily.Pair[[2]int]{V4: [2]int{MinBlockBits, MaxBlockBits}, V6: [2]int{MinBlockBits6, MaxBlockBits6}}
+	blockExample = ipfamily.Pair[string]{V4: "10.244.1.0/24", V6: "fd00:10:244:1::/64"}
+)
+
+// BlockRule says what a node's pod block of family f must be ("an IPv4 network address
+// with a prefix between /16 and /30, e.g. 10.244.1.0/24").
+func BlockRule(f ipfamily.Family) string {
+	b := blockBits.Get(f)
+	return fmt.Sprintf("an %s network address with a prefix between /%d and /%d, e.g. %s", f, b[0], b[1], blockExample.Get(f))
+}
+
 // ValidateBlock checks that block can be a node's pod block: an IPv4 network address with
 // a prefix length between MinBlockBits and MaxBlockBits, or an IPv6 one between
-// MinBlockBits6 and MaxBlockBits6.
+// MinBlockBits6 and MaxBlockBits6. An IPv4 block written IPv4-mapped is refused: a block is
+// written the one way the API accepts.
 func ValidateBlock(block netip.Prefix) error {
-	if block.IsValid() && block.Addr().Is6() && !block.Addr().Is4In6() {
-		if block != block.Masked() || block.Bits() < MinBlockBits6 || block.Bits() > MaxBlockBits6 {
-			return fmt.Errorf("%s must be an IPv6 network address with a prefix between /%d and /%d, e.g. fd00:10:244:1::/64", block, MinBlockBits6, MaxBlockBits6)
-		}
-		return nil
+	f := ipfamily.IPv4
+	if block.IsValid() {
+		f = ipfamily.OfPrefix(block)
 	}
-	if !block.IsValid() || !block.Addr().Is4() || block != block.Masked() || block.Bits() < MinBlockBits || block.Bits() > MaxBlockBits {
-		return fmt.Errorf("%s must be an IPv4 network address with a prefix between /%d and /%d, e.g. 10.244.1.0/24", block, MinBlockBits, MaxBlockBits)
+	b := blockBits.Get(f)
+	if !block.IsValid() || block.Addr().Is4In6() || block != block.Masked() || block.Bits() < b[0] || block.Bits() > b[1] {
+		return fmt.Errorf("%s must be %s", block, BlockRule(f))
 	}
 	return nil
 }

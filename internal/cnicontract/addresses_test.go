@@ -62,3 +62,18 @@ func TestValidateBlock(t *testing.T) {
 		}
 	}
 }
+
+// ValidateBlock names the rule of the block's family; an IPv4-mapped block is IPv4
+// (internal/ipfamily's rule) written the wrong way.
+func TestValidateBlockSaysTheFamilysRule(t *testing.T) {
+	for block, want := range map[netip.Prefix]string{
+		netip.MustParsePrefix("10.0.0.0/8"):            "10.0.0.0/8 must be an IPv4 network address with a prefix between /16 and /30, e.g. 10.244.1.0/24",
+		netip.MustParsePrefix("::ffff:10.244.1.0/120"): "::ffff:10.244.1.0/120 must be an IPv4 network address with a prefix between /16 and /30, e.g. 10.244.1.0/24",
+		netip.MustParsePrefix("2001:db8::/56"):         "2001:db8::/56 must be an IPv6 network address with a prefix between /64 and /120, e.g. fd00:10:244:1::/64",
+		{}:                                             "invalid Prefix must be an IPv4 network address with a prefix between /16 and /30, e.g. 10.244.1.0/24",
+	} {
+		if err := cnicontract.ValidateBlock(block); err == nil || err.Error() != want {
+			t.Errorf("ValidateBlock(%s) = %v, want %q", block, err, want)
+		}
+	}
+}

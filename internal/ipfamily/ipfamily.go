@@ -2,9 +2,10 @@
 // equals, their parsing, sizes and names, and per-family pairs of values. It is pure (the
 // standard library only) and builds for any GOOS.
 //
-// One rule for IPv4-mapped IPv6 addresses (::ffff:a.b.c.d): they are IPv4. Of says so, and
-// ParseAddr and ParsePrefix unmap them, so an address parsed here is never mapped and
-// compares equal to the same address written as IPv4.
+// One rule for IPv4-mapped IPv6 addresses (::ffff:a.b.c.d): they are IPv4. Of says so and
+// ParseAddr unmaps them, so an address parsed here is never mapped and compares equal to
+// the same address written as IPv4. A range is written one way: ParsePrefix refuses a
+// mapped one (OfPrefix still calls it IPv4).
 package ipfamily
 
 import (
@@ -42,7 +43,7 @@ func (f Family) Bits() int {
 	return 32
 }
 
-// SetFamily is the family's name for ipset (and nftables): "inet" or "inet6".
+// SetFamily is the family's name in ipset, nftables and iproute2: "inet" or "inet6".
 func (f Family) SetFamily() string {
 	if f == IPv6 {
 		return "inet6"
@@ -73,7 +74,7 @@ func Of(addr netip.Addr) Family {
 // OfPrefix is p's family, its address's.
 func OfPrefix(p netip.Prefix) Family { return Of(p.Addr()) }
 
-// Host is addr (unmapped) as a single-address prefix: /32 or /128.
+// Host is addr (unmapped) as a single-address prefix: /32 or /128 (invalid when addr is).
 func Host(addr netip.Addr) netip.Prefix {
 	addr = addr.Unmap()
 	return netip.PrefixFrom(addr, addr.BitLen())
@@ -89,21 +90,23 @@ func ParseAddr(field, s string) (netip.Addr, error) {
 	return a.Unmap(), nil
 }
 
-// ParsePrefix parses the CIDR s of field (named in the error). An IPv4-mapped prefix of
-// /96 or longer is returned as the IPv4 prefix it covers (::ffff:10.0.0.0/104 is
-// 10.0.0.0/8); a shorter one spans both families and is refused.
+// ParsePrefix parses the CIDR s of field (named in the error). An IPv4-mapped prefix
+// (::ffff:10.0.0.0/104) is refused, the IPv4 form named in the error: an IPv4 range is
+// written one way, as the API server's cidr library (which refuses mapped ranges) and
+// every block and ipBlock check of trellis take it; a mapped address, by contrast, is
+// just IPv4 (see ParseAddr).
 func ParsePrefix(field, s string) (netip.Prefix, error) {
 	p, err := netip.ParsePrefix(s)
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("%s %q is not a CIDR such as 10.244.0.0/16 or fd00:10:244::/56", field, s)
 	}
-	if !p.Addr().Is4In6() {
-		return p, nil
+	if p.Addr().Is4In6() {
+		if p.Bits() < 128-32 {
+			return netip.Prefix{}, fmt.Errorf("%s %q is an IPv4-mapped prefix shorter than /96: it spans IPv4 and IPv6 addresses", field, s)
+		}
+		return netip.Prefix{}, fmt.Errorf("%s %q is an IPv4-mapped prefix: write it as IPv4, %s", field, s, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-(128-32)))
 	}
-	if p.Bits() < 128-32 {
-		return netip.Prefix{}, fmt.Errorf("%s %q is an IPv4-mapped prefix shorter than /96: it is neither an IPv4 nor an IPv6 range", field, s)
-	}
-	return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-(128-32)), nil
+	return p, nil
 }
 
 // Pair holds one value per family.

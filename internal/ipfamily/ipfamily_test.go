@@ -68,6 +68,22 @@ func TestOf(t *testing.T) {
 	}
 }
 
+func TestOfPrefix(t *testing.T) {
+	for p, want := range map[string]ipfamily.Family{
+		"10.0.0.0/8": ipfamily.IPv4, "::ffff:10.0.0.0/104": ipfamily.IPv4, "fd00::/8": ipfamily.IPv6, "::/0": ipfamily.IPv6,
+	} {
+		if got := ipfamily.OfPrefix(netip.MustParsePrefix(p)); got != want {
+			t.Errorf("OfPrefix(%s) = %s, want %s", p, got, want)
+		}
+	}
+}
+
+func TestHostOfNoAddress(t *testing.T) {
+	if p := ipfamily.Host(netip.Addr{}); p.IsValid() {
+		t.Errorf("Host(invalid) = %s, want an invalid prefix", p)
+	}
+}
+
 func TestParseAddr(t *testing.T) {
 	for _, tc := range []struct {
 		in, want, err string
@@ -102,10 +118,11 @@ func TestParsePrefix(t *testing.T) {
 		{"10.244.0.0/16", "10.244.0.0/16", ipfamily.IPv4, ""},
 		{"10.244.1.7/16", "10.244.1.7/16", ipfamily.IPv4, ""}, // host bits are the caller's to refuse
 		{"fd00:10:244::/56", "fd00:10:244::/56", ipfamily.IPv6, ""},
-		{"::ffff:10.0.0.0/104", "10.0.0.0/8", ipfamily.IPv4, ""},
-		{"::ffff:10.0.0.1/128", "10.0.0.1/32", ipfamily.IPv4, ""},
-		{"::ffff:0:0/96", "0.0.0.0/0", ipfamily.IPv4, ""},
+		{"::ffff:10.0.0.0/104", "", 0, `spec.podCIDRs[1] "::ffff:10.0.0.0/104" is an IPv4-mapped prefix: write it as IPv4, 10.0.0.0/8`},
+		{"::ffff:10.0.0.1/128", "", 0, `spec.podCIDRs[1] "::ffff:10.0.0.1/128" is an IPv4-mapped prefix: write it as IPv4, 10.0.0.1/32`},
+		{"::ffff:0:0/96", "", 0, `spec.podCIDRs[1] "::ffff:0:0/96" is an IPv4-mapped prefix: write it as IPv4, 0.0.0.0/0`},
 		{"::ffff:0:0/95", "", 0, `spec.podCIDRs[1] "::ffff:0:0/95" is an IPv4-mapped prefix shorter than /96`},
+		{"::/0", "::/0", ipfamily.IPv6, ""},
 		{"10.0.0.0", "", 0, `spec.podCIDRs[1] "10.0.0.0" is not a CIDR`},
 		{"10.0.0.0/33", "", 0, `spec.podCIDRs[1] "10.0.0.0/33" is not a CIDR`},
 	} {

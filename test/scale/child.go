@@ -32,10 +32,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/controllers"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/bench/benchrun"

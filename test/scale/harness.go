@@ -40,9 +40,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/internal/test/testenv"

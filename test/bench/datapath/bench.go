@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 	"github.com/trellis-net/trellis/test/bench/rootns"
@@ -57,7 +57,7 @@ func run(o options) (code int) {
 		logf("creating the run directory: %v", err)
 		return 1
 	}
-	l := newLayout(prefix, o.sides, slices.Contains(o.families, ipam.IPv6))
+	l := newLayout(prefix, o.sides, slices.Contains(o.families, ipfamily.IPv6))
 
 	defer func() {
 		if ctx.Err() != nil && code != 1 && !o.hold {
@@ -110,7 +110,7 @@ func run(o options) (code int) {
 }
 
 // hold lists the pods of every path and waits for a signal.
-func hold(ctx context.Context, l *layout, families []ipam.Family) {
+func hold(ctx context.Context, l *layout, families []ipfamily.Family) {
 	for _, p := range pathsOf(families) {
 		for _, s := range l.sides {
 			c := l.cluster(s, p.mode)

@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
 
@@ -42,7 +42,7 @@ type iperfResult struct {
 // root namespace. It must be called
 // from the main goroutine, which is locked to its thread: the iperf3 processes get SIGKILL
 // when that thread dies (Pdeathsig), so a killed benchmark leaves none behind.
-func runIperf(ctx context.Context, client, server *pod, f ipam.Family, d time.Duration) (iperfResult, error) {
+func runIperf(ctx context.Context, client, server *pod, f ipfamily.Family, d time.Duration) (iperfResult, error) {
 	dst := server.addr(f)
 	if !dst.IsValid() {
 		return iperfResult{}, fmt.Errorf("%s has no %s address", server.netns, f)

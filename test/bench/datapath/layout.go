@@ -5,7 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
@@ -31,8 +31,8 @@ type pod struct {
 }
 
 // addr is the pod's address of family f.
-func (p *pod) addr(f ipam.Family) netip.Addr {
-	if f == ipam.IPv6 {
+func (p *pod) addr(f ipfamily.Family) netip.Addr {
+	if f == ipfamily.IPv6 {
 		return p.ip6
 	}
 	return p.ip

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/test/cluster/topology"
 )
 
@@ -68,7 +68,7 @@ func TestLayoutNamesAndAddresses(t *testing.T) {
 	if len(hy.nodes) != 3 || hy.nodes[2].subnet == hy.nodes[0].subnet {
 		t.Errorf("Hybrid needs a third node on another subnet")
 	}
-	for _, p := range pathsOf(ipam.Families) {
+	for _, p := range pathsOf(ipfamily.All) {
 		c := l.cluster(sideReference, p.mode)
 		if p.node >= len(c.nodes) || p.pod >= len(c.nodes[p.node].pods) {
 			t.Errorf("path %s: no server pod %d on node %d", p, p.pod, p.node)
@@ -87,15 +87,15 @@ func TestLayoutNamesAndAddresses(t *testing.T) {
 // Every path has an IPv6 row beside its IPv4 one, named apart (-profile, the goals'
 // summaries); the ablations run the IPv4 rows only.
 func TestPathsPerFamily(t *testing.T) {
-	all := pathsOf(ipam.Families)
+	all := pathsOf(ipfamily.All)
 	if len(all) != 2*len(basePaths) {
 		t.Fatalf("%d rows for both families, want %d", len(all), 2*len(basePaths))
 	}
 	names := map[string]bool{}
 	for i, p := range all {
-		want := ipam.IPv4
+		want := ipfamily.IPv4
 		if i%2 == 1 {
-			want = ipam.IPv6
+			want = ipfamily.IPv6
 			if prev := all[i-1]; prev.mode != p.mode || prev.name != p.name || prev.carrier != p.carrier {
 				t.Errorf("row %d (%s) is not beside its IPv4 row (%s)", i, p, prev)
 			}
@@ -104,21 +104,21 @@ func TestPathsPerFamily(t *testing.T) {
 			t.Errorf("row %d: %s, family %s, want %s and a name of its own", i, p, p.family, want)
 		}
 		names[p.String()] = true
-		if measured(sideNoNAT, p) != (p.family == ipam.IPv4) || !measured(sideTrellis, p) || !measured(sideReference, p) {
+		if measured(sideNoNAT, p) != (p.family == ipfamily.IPv4) || !measured(sideTrellis, p) || !measured(sideReference, p) {
 			t.Errorf("%s: ablations must run the IPv4 rows only, trellis and the reference every row", p)
 		}
 	}
-	if got := pathsOf([]ipam.Family{ipam.IPv4}); len(got) != len(basePaths) || got[1].String() != "VXLAN cross node" {
+	if got := pathsOf([]ipfamily.Family{ipfamily.IPv4}); len(got) != len(basePaths) || got[1].String() != "VXLAN cross node" {
 		t.Errorf("IPv4 rows alone: %v", got)
 	}
-	if !slices.Contains(pathNames(ipam.Families), "Hybrid cross node, via router IPv6") {
-		t.Errorf("no IPv6 via-router row among %v", pathNames(ipam.Families))
+	if !slices.Contains(pathNames(ipfamily.All), "Hybrid cross node, via router IPv6") {
+		t.Errorf("no IPv6 via-router row among %v", pathNames(ipfamily.All))
 	}
 }
 
 func TestParseFamilies(t *testing.T) {
-	for in, want := range map[string][]ipam.Family{
-		"ipv4,ipv6": {ipam.IPv4, ipam.IPv6}, "ipv6, ipv4": {ipam.IPv4, ipam.IPv6}, "ipv4": {ipam.IPv4}, "ipv6": {ipam.IPv6},
+	for in, want := range map[string][]ipfamily.Family{
+		"ipv4,ipv6": {ipfamily.IPv4, ipfamily.IPv6}, "ipv6, ipv4": {ipfamily.IPv4, ipfamily.IPv6}, "ipv4": {ipfamily.IPv4}, "ipv6": {ipfamily.IPv6},
 	} {
 		if got, err := parseFamilies(in); err != nil || !slices.Equal(got, want) {
 			t.Errorf("parseFamilies(%q) = %v, %v; want %v", in, got, err, want)

@@ -72,18 +72,18 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/trellis-net/trellis/agent/offload"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // options are the command line.
 type options struct {
-	trellisBin string        // the trellis CNI plugin binary, named "trellis"
-	duration   time.Duration // measured time of one iperf3 run (after the omitted warm-up)
-	repeat     int           // runs per path and side; the report shows the median
-	hold       bool          // set up, then wait for a signal instead of measuring
-	profile    string        // a path ("VXLAN cross node") to profile with perf instead of measuring all
-	sides      []side        // the sides run, in report order (-sides)
-	families   []ipam.Family // the rows' address families, IPv4 before IPv6 (-families)
+	trellisBin string            // the trellis CNI plugin binary, named "trellis"
+	duration   time.Duration     // measured time of one iperf3 run (after the omitted warm-up)
+	repeat     int               // runs per path and side; the report shows the median
+	hold       bool              // set up, then wait for a signal instead of measuring
+	profile    string            // a path ("VXLAN cross node") to profile with perf instead of measuring all
+	sides      []side            // the sides run, in report order (-sides)
+	families   []ipfamily.Family // the rows' address families, IPv4 before IPv6 (-families)
 	// txChecksumOffload is the ClusterNetwork's vxlan.txChecksumOffload for the trellis side.
 	txChecksumOffload string
 }
@@ -110,7 +110,7 @@ func parseFlags(args []string) (options, error) {
 	sides := fs.String("sides", strings.Join(sideNames(), ","), "comma-separated sides to run, trellis among them: "+strings.Join(sideNames(), ",")+
 		" (trellis, the hand-built reference, it plus flannel's iptables rules, trellis with one feature off each, trellis plus NOTRACK for pod-to-pod)")
 	families := fs.String("families", "ipv4,ipv6", "comma-separated address families of the rows: ipv4, ipv6 (each path gets a row per family; with ipv6 the pods are dual-stack)")
-	fs.StringVar(&o.profile, "profile", "", "profile one path with perf instead of measuring every path: each side runs it -repeat times under perf record -a, and the report gives perf samples per GB and netfilter's share by part; one of: "+strings.Join(pathNames(ipam.Families), ", "))
+	fs.StringVar(&o.profile, "profile", "", "profile one path with perf instead of measuring every path: each side runs it -repeat times under perf record -a, and the report gives perf samples per GB and netfilter's share by part; one of: "+strings.Join(pathNames(ipfamily.All), ", "))
 	fs.BoolVar(&o.hold, "hold", false, "set everything up, print the namespaces and wait for ^C instead of measuring (to look into a path by hand)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -153,15 +153,15 @@ func (o options) txChecksum() offload.Decision {
 
 // parseFamilies reads -families: ipv4 and/or ipv6, each once, in that order whatever the
 // order given.
-func parseFamilies(list string) ([]ipam.Family, error) {
-	var out []ipam.Family
+func parseFamilies(list string) ([]ipfamily.Family, error) {
+	var out []ipfamily.Family
 	for _, name := range strings.Split(list, ",") {
-		var f ipam.Family
+		var f ipfamily.Family
 		switch strings.TrimSpace(name) {
 		case "ipv4":
-			f = ipam.IPv4
+			f = ipfamily.IPv4
 		case "ipv6":
-			f = ipam.IPv6
+			f = ipfamily.IPv6
 		default:
 			return nil, fmt.Errorf("-families %q: a list of ipv4 and ipv6", list)
 		}

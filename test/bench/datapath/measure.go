@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // path is one row of the report: in a mode, from the client pod (node1's first pod) to a
@@ -17,7 +17,7 @@ type path struct {
 	node    int // index of the server's node
 	pod     int // index of the server pod on it
 	carrier carrier
-	family  ipam.Family
+	family  ipfamily.Family
 }
 
 // basePaths are what the benchmark measures, each in every family. Hybrid has both of its
@@ -34,7 +34,7 @@ var basePaths = []path{
 }
 
 // pathsOf are the rows of families: each base path once per family, side by side.
-func pathsOf(families []ipam.Family) []path {
+func pathsOf(families []ipfamily.Family) []path {
 	var out []path
 	for _, p := range basePaths {
 		for _, f := range families {
@@ -49,14 +49,14 @@ func pathsOf(families []ipam.Family) []path {
 // "VXLAN cross node IPv6" for its IPv6 row.
 func (p path) String() string {
 	s := string(p.mode) + " " + p.name
-	if p.family == ipam.IPv6 {
+	if p.family == ipfamily.IPv6 {
 		s += " IPv6"
 	}
 	return s
 }
 
 // pathNames are the paths of families as -profile names them.
-func pathNames(families []ipam.Family) []string {
+func pathNames(families []ipfamily.Family) []string {
 	var out []string
 	for _, p := range pathsOf(families) {
 		out = append(out, p.String())
@@ -67,7 +67,7 @@ func pathNames(families []ipam.Family) []string {
 // measured reports whether side s runs path p: the ablations switch IPv4 features off
 // (their IPv6 counterparts stay), so they run the IPv4 rows only.
 func measured(s side, p path) bool {
-	return p.family == ipam.IPv4 || !s.ablation()
+	return p.family == ipfamily.IPv4 || !s.ablation()
 }
 
 // row is a path's measurements on every side of the run.
@@ -110,7 +110,7 @@ func measure(ctx context.Context, l *layout, o options) (*report, error) {
 	total, done := o.repeat*(1+runs), 0
 	start := time.Now()
 	for round := range o.repeat {
-		res, err := runIperf(ctx, l.floor[0], l.floor[1], ipam.IPv4, o.duration)
+		res, err := runIperf(ctx, l.floor[0], l.floor[1], ipfamily.IPv4, o.duration)
 		if err != nil {
 			return nil, fmt.Errorf("bare veth pair: %w", err)
 		}

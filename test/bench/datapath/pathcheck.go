@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // carrier is how the client's node sends a path's packets. Every run checks it against the
@@ -110,7 +110,7 @@ func ip6OutOctets(dev string) (uint64, error) {
 // IPv6 (its IPv6 counter carried them too: the tunnel's inner packets, or the underlay's
 // routed ones), on an IPv4 row it sent next to no IPv6 (a row never reports the other
 // family's path).
-func checkCarrier(want carrier, f ipam.Family, before, after txCounters, received int64) error {
+func checkCarrier(want carrier, f ipfamily.Family, before, after txCounters, received int64) error {
 	sentUnderlay, sentVXLAN := after.underlay-before.underlay, after.vxlan-before.vxlan
 	sent6Underlay, sent6VXLAN := after.underlay6-before.underlay6, after.vxlan6-before.vxlan6
 	carried := func(n uint64) bool { return float64(n) >= 0.9*float64(received) }
@@ -129,7 +129,7 @@ func checkCarrier(want carrier, f ipam.Family, before, after txCounters, receive
 			want, received, sentUnderlay, sentVXLAN)
 	}
 	sent6 := map[carrier]uint64{carrierRouted: sent6Underlay, carrierVXLAN: sent6VXLAN}
-	if n, ok := sent6[want]; ok && (f == ipam.IPv6 && !carried(n) || f == ipam.IPv4 && !idle(n)) {
+	if n, ok := sent6[want]; ok && (f == ipfamily.IPv6 && !carried(n) || f == ipfamily.IPv4 && !idle(n)) {
 		return fmt.Errorf("the packets were not %s: %d bytes received, the client's node sent %d bytes of IPv6 on eth0 and %d on its VXLAN device",
 			f, received, sent6Underlay, sent6VXLAN)
 	}
@@ -139,7 +139,7 @@ func checkCarrier(want carrier, f ipam.Family, before, after txCounters, receive
 // checkEnds tells whether an iperf3 run connected the client pod's address of the path's
 // family to the server pod's (a server bound to the wrong address, an IPv4-mapped socket:
 // the row would not be the family it says).
-func checkEnds(f ipam.Family, client, server *pod, res iperfResult) error {
+func checkEnds(f ipfamily.Family, client, server *pod, res iperfResult) error {
 	if res.local != client.addr(f) || res.remote != server.addr(f) {
 		return fmt.Errorf("the %s run connected %s to %s, not the pods' %s addresses %s and %s", f, res.local, res.remote, f, client.addr(f), server.addr(f))
 	}

@@ -5,16 +5,16 @@ import (
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 func TestCheckCarrier(t *testing.T) {
 	const got = 1 << 30
 	zero := txCounters{}
-	v4, v6 := ipam.IPv4, ipam.IPv6
+	v4, v6 := ipfamily.IPv4, ipfamily.IPv6
 	for _, tc := range []struct {
 		want   carrier
-		family ipam.Family
+		family ipfamily.Family
 		after  txCounters
 		ok     bool
 	}{
@@ -47,16 +47,16 @@ func TestCheckEnds(t *testing.T) {
 	a := &pod{ip: netip.MustParseAddr("10.100.1.2"), ip6: netip.MustParseAddr("fd00:10:100:1::2")}
 	b := &pod{ip: netip.MustParseAddr("10.100.2.2"), ip6: netip.MustParseAddr("fd00:10:100:2::2")}
 	for _, tc := range []struct {
-		f             ipam.Family
+		f             ipfamily.Family
 		local, remote netip.Addr
 		ok            bool
 	}{
-		{ipam.IPv4, a.ip, b.ip, true},
-		{ipam.IPv6, a.ip6, b.ip6, true},
-		{ipam.IPv6, a.ip, b.ip, false},
-		{ipam.IPv4, a.ip6, b.ip6, false},
-		{ipam.IPv6, a.ip6, a.ip6, false},
-		{ipam.IPv6, netip.Addr{}, netip.Addr{}, false}, // the report named no ends
+		{ipfamily.IPv4, a.ip, b.ip, true},
+		{ipfamily.IPv6, a.ip6, b.ip6, true},
+		{ipfamily.IPv6, a.ip, b.ip, false},
+		{ipfamily.IPv4, a.ip6, b.ip6, false},
+		{ipfamily.IPv6, a.ip6, a.ip6, false},
+		{ipfamily.IPv6, netip.Addr{}, netip.Addr{}, false}, // the report named no ends
 	} {
 		err := checkEnds(tc.f, a, b, iperfResult{local: tc.local, remote: tc.remote})
 		if (err == nil) != tc.ok {

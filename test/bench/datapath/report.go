@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // report is what a run measured.
@@ -146,7 +146,7 @@ func (rep *report) print(w io.Writer) {
 	fmt.Fprintf(w, "  and agent/policy (Compile with no policy, KernelApplier); reference: the same veths, routes, neighbours, FDB entries and\n")
 	fmt.Fprintf(w, "  VXLAN devices made with ip/bridge\n")
 	fmt.Fprintf(w, "Hybrid: node2 on the same subnet (198.51.100.0/24, routed directly), node3 behind a router on 203.0.113.0/24 (VXLAN)\n")
-	if slices.ContainsFunc(rep.rows, func(r *row) bool { return r.family == ipam.IPv6 }) {
+	if slices.ContainsFunc(rep.rows, func(r *row) bool { return r.family == ipfamily.IPv6 }) {
 		fmt.Fprintf(w, "IPv6 rows: dual-stack pods (ULA blocks fd00:10:1xx:k::/64) over their IPv6 addresses; the nodes' IPv6 addresses on\n")
 		fmt.Fprintf(w, "  2001:db8:100::/64 and 2001:db8:113::/64 (node3); through VXLAN the IPv6 packets ride the IPv4 tunnel (as trellis carries them),\n")
 		fmt.Fprintf(w, "  directly they are routed via the peer's IPv6 node address; ablations are measured on the IPv4 rows only\n")
@@ -203,7 +203,7 @@ func (rep *report) printAblations(w io.Writer) {
 	const line = "%-6s  %-23s  %-12s  %-22s  %-12s  %s\n"
 	fmt.Fprintf(w, line, "mode", "path", "side", "Gbit/s", "vs trellis", "vs reference")
 	for _, r := range rep.rows {
-		if r.family == ipam.IPv6 {
+		if r.family == ipfamily.IPv6 {
 			continue // the ablations switch IPv4 features off: IPv4 rows only
 		}
 		t := r.results[sideTrellis]

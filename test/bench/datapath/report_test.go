@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 func results(gbps ...float64) []iperfResult {
@@ -70,7 +70,7 @@ func printed(t *testing.T, rep *report) (string, func(prefix string) string) {
 }
 
 func newRow(m datapath.Mode, name string, c carrier, mtu int) *row {
-	r := &row{path: path{mode: m, name: name, carrier: c, family: ipam.IPv4}}
+	r := &row{path: path{mode: m, name: name, carrier: c, family: ipfamily.IPv4}}
 	for s := range r.mtu {
 		r.mtu[s] = mtu
 	}
@@ -181,7 +181,7 @@ func TestReportAttributesEachAblation(t *testing.T) {
 func TestReportIPv6Rows(t *testing.T) {
 	v4 := newRow(datapath.ModeVXLAN, "cross node", carrierVXLAN, 1450)
 	v6 := newRow(datapath.ModeVXLAN, "cross node", carrierVXLAN, 1450)
-	v6.family = ipam.IPv6
+	v6.family = ipfamily.IPv6
 	v4.results[sideTrellis], v4.results[sideReference], v4.results[sideNoNAT] = results(9.3, 9.4, 9.5), results(9.6, 9.7, 9.8), results(9.5, 9.6, 9.7)
 	v6.results[sideTrellis], v6.results[sideReference] = results(4, 4.1, 4.2), results(8, 8.1, 8.2)
 	rep := &report{rows: []*row{v4, v6}, floor: results(10), load: idle, sides: []side{sideTrellis, sideReference, sideNoNAT}}

@@ -1,4 +1,4 @@
-package config
+package agentconfig
 
 import (
 	"os"
@@ -133,6 +133,26 @@ func TestZapLevelCoversTheAPI(t *testing.T) {
 	for _, bad := range []string{"", "Debug", "trace"} {
 		if _, err := ZapLevel(bad); err == nil {
 			t.Errorf("ZapLevel(%q) accepted", bad)
+		}
+	}
+}
+
+func TestHasIPv6(t *testing.T) {
+	for _, tc := range []struct {
+		podCIDRs []string
+		want     bool
+	}{
+		{[]string{"10.244.0.0/16"}, false},
+		{[]string{"10.244.0.0/16", "10.245.0.0/16"}, false},
+		{[]string{"10.244.0.0/16", "fd00:10:244::/56"}, true},
+		{[]string{"fd00:10:244::/56"}, true},
+		{[]string{"10.244.0.0/16", "nonsense"}, true}, // fail closed: enforce a family too many
+		// An IPv4-mapped range is IPv4 (internal/ipfamily); this check once took it for IPv6.
+		{[]string{"::ffff:10.244.0.0/112"}, false},
+		{nil, false},
+	} {
+		if got := (&Config{PodCIDRs: tc.podCIDRs}).HasIPv6(); got != tc.want {
+			t.Errorf("HasIPv6(%v) = %v, want %v", tc.podCIDRs, got, tc.want)
 		}
 	}
 }
