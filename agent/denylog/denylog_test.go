@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/vishvananda/netlink/nl"
 )
 
@@ -160,7 +161,7 @@ func TestLimiterSharesPerNamespace(t *testing.T) {
 			shop, bank := 0, 0
 			// 2 s of a 10,000 attempts a second flood from shop; bank makes one attempt
 			// every 100 ms, up to its burst in all (bank's own rate is never exceeded).
-			_, burst := Share(tc.perSecond, tc.shares)
+			_, burst := netpol.DenyLogShare(tc.perSecond, tc.shares)
 			for i := range 20000 {
 				now := t0.Add(time.Duration(i) * 100 * time.Microsecond)
 				if ok, _ := l.Admit("shop", pkt("10.0.1.1", uint16(i)), now); ok {

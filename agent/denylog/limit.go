@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Why a logged packet makes no line.
@@ -62,14 +64,6 @@ func NewLimiter(perSecond int, window time.Duration) *Limiter {
 	}
 }
 
-// Share is one namespace's part of perSecond lines a second split between n namespaces:
-// its rate and its burst (one second's worth, at least 1). The kernel's per-namespace
-// limit uses the same split.
-func Share(perSecond, n int) (perSec float64, burst int) {
-	perSecond, n = max(perSecond, 1), max(n, 1)
-	return float64(perSecond) / float64(n), max(1, perSecond/n)
-}
-
 // SetBound makes the bound perSecond lines a second (at least 1), split between n
 // namespaces (at least 1). A change of either starts every namespace with a full bucket
 // of its new share.
@@ -120,7 +114,7 @@ func (l *Limiter) bucket(namespace string, now time.Time) *rate.Limiter {
 			}
 		}
 	}
-	perSec, burst := Share(l.perSecond, l.shares)
+	perSec, burst := netpol.DenyLogShare(l.perSecond, l.shares)
 	b := rate.NewLimiter(rate.Limit(perSec), burst)
 	l.buckets[namespace] = b
 	return b

@@ -9,11 +9,12 @@ import (
 
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Scope is every filter-table chain the policy engine owns (names or name prefixes), so
 // its syncs leave the node's other trellis chains (NAT, anti-spoofing) alone.
-var Scope = []string{ChainForward, ChainInput, ChainOutput, ChainFromPod, ChainToPod, ChainPodToHost, ingressPrefix, egressPrefix, ingressTailPrefix, egressTailPrefix}
+var Scope = []string{netpol.ChainForward, netpol.ChainInput, netpol.ChainOutput, netpol.ChainFromPod, netpol.ChainToPod, netpol.ChainPodToHost, netpol.IngressPrefix, netpol.EgressPrefix, netpol.IngressTailPrefix, netpol.EgressTailPrefix}
 
 // applyTimeout bounds one apply (ipset and iptables restores).
 const applyTimeout = 60 * time.Second
@@ -36,7 +37,7 @@ type KernelApplier struct {
 }
 
 // Apply implements Applier.
-func (a *KernelApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
+func (a *KernelApplier) Apply(rs *netpol.Ruleset, verify bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
 	sets := kernelSets(rs, "inet")
@@ -72,7 +73,7 @@ func (a *KernelApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
 
 // syncChains writes rs's chains (of one family) with s: by difference from its memory, or
 // reading the kernel back when verify.
-func syncChains(ctx context.Context, s *netfilter.Syncer, rs *Ruleset, verify bool) (netfilter.Result, error) {
+func syncChains(ctx context.Context, s *netfilter.Syncer, rs *netpol.Ruleset, verify bool) (netfilter.Result, error) {
 	st, err := kernelState(rs)
 	if err != nil {
 		return netfilter.Result{}, err
@@ -139,7 +140,7 @@ func jumpsFirst(b netfilter.Backend) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, j := range Jumps {
+	for _, j := range netpol.Jumps {
 		out, err := exec.CommandContext(ctx, b.IPTables, "-w", "5", "-t", "filter", "-S", j.Chain).Output()
 		if err != nil {
 			return false, fmt.Errorf("%s -S %s: %w", b.IPTables, j.Chain, err)
@@ -202,7 +203,7 @@ func (a *KernelApplier) FilterCounters() (string, error) {
 }
 
 // kernelSets are rs's sets as agent/ipset takes them, of family ("inet" or "inet6").
-func kernelSets(rs *Ruleset, family string) []ipset.Set {
+func kernelSets(rs *netpol.Ruleset, family string) []ipset.Set {
 	out := make([]ipset.Set, 0, len(rs.Sets))
 	for _, s := range rs.Sets {
 		ks := ipset.Set{Name: s.Name, Type: string(s.Type)}
@@ -225,7 +226,7 @@ func kernelSets(rs *Ruleset, family string) []ipset.Set {
 }
 
 // kernelState turns the Ruleset's chains into agent/netfilter's description.
-func kernelState(rs *Ruleset) (netfilter.State, error) {
+func kernelState(rs *netpol.Ruleset) (netfilter.State, error) {
 	ts := netfilter.TableState{}
 	for _, c := range rs.Chains {
 		chain := netfilter.Chain{Name: c.Name}
@@ -234,7 +235,7 @@ func kernelState(rs *Ruleset) (netfilter.State, error) {
 		}
 		ts.Chains = append(ts.Chains, chain)
 	}
-	for _, j := range Jumps {
+	for _, j := range netpol.Jumps {
 		// No comment: every packet passes these jumps (see compile's established rule).
 		ts.Jumps = append(ts.Jumps, netfilter.Jump{From: j.Chain, Position: netfilter.First, Match: j.Match, To: j.Target})
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 func TestLeads(t *testing.T) {
@@ -19,7 +20,7 @@ func TestLeads(t *testing.T) {
 		{"missing", "-P FORWARD ACCEPT\n-A FORWARD -j KUBE-FORWARD\n", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := leads(tc.listing, "FORWARD", ChainForward); got != tc.want {
+			if got := leads(tc.listing, "FORWARD", netpol.ChainForward); got != tc.want {
 				t.Errorf("leads = %v, want %v", got, tc.want)
 			}
 		})
@@ -32,18 +33,18 @@ func TestLeads(t *testing.T) {
 // only take packets of pods' veths, the only ones their chains act on. The same for the
 // IPv6 rules, whose neighbour discovery rules every packet of a pod to its node passes.
 func TestPerPacketRulesCarryNoComment(t *testing.T) {
-	rs := Compile(State{IPv6: true})
-	for _, r := range []*Ruleset{rs, rs.IPv6} {
+	rs := netpol.Compile(netpol.State{IPv6: true})
+	for _, r := range []*netpol.Ruleset{rs, rs.IPv6} {
 		perPacketRulesCarryNoComment(t, r)
 	}
 	for _, c := range rs.IPv6.Chains {
-		if c.Name == ChainPodToHost && (len(c.Rules) < 2 || c.Rules[0].Comment+c.Rules[1].Comment != "" || c.Rules[0].Origin.Kind != NeighbourDiscovery) {
+		if c.Name == netpol.ChainPodToHost && (len(c.Rules) < 2 || c.Rules[0].Comment+c.Rules[1].Comment != "" || c.Rules[0].Origin.Kind != netpol.NeighbourDiscovery) {
 			t.Errorf("%s: %q, want the neighbour discovery rules first, without a comment", c.Name, c.Rules)
 		}
 	}
 }
 
-func perPacketRulesCarryNoComment(t *testing.T, rs *Ruleset) {
+func perPacketRulesCarryNoComment(t *testing.T, rs *netpol.Ruleset) {
 	st, err := kernelState(rs)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +61,7 @@ func perPacketRulesCarryNoComment(t *testing.T, rs *Ruleset) {
 		t.Errorf("no jump from %v", want)
 	}
 	for _, c := range ts.Chains {
-		if c.Name != ChainForward && c.Name != ChainInput {
+		if c.Name != netpol.ChainForward && c.Name != netpol.ChainInput {
 			continue
 		}
 		if r := c.Rules[0]; r.Comment != "" || !slices.Contains(r.Match, "RELATED,ESTABLISHED") {

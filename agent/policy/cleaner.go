@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // conntrackCleaner removes the conntrack entries of connections the latest applied
@@ -18,7 +19,7 @@ import (
 // maxCleanupBackoff: a connection a policy denies must not go on because one walk failed,
 // and a kernel that keeps refusing must not be asked in a busy loop.
 type conntrackCleaner struct {
-	delete func(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error)
+	delete func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error)
 	log    logr.Logger
 	wake   chan struct{}
 	// minBackoff and maxBackoff bound the wait before a failed clean-up is tried again
@@ -26,7 +27,7 @@ type conntrackCleaner struct {
 	minBackoff, maxBackoff time.Duration
 
 	mu     sync.Mutex
-	rs     *Ruleset
+	rs     *netpol.Ruleset
 	ifaces map[netip.Addr]string
 }
 
@@ -46,7 +47,7 @@ var (
 	})
 )
 
-func (c *conntrackCleaner) submit(rs *Ruleset, ifaces map[netip.Addr]string) {
+func (c *conntrackCleaner) submit(rs *netpol.Ruleset, ifaces map[netip.Addr]string) {
 	c.mu.Lock()
 	c.rs, c.ifaces = rs, ifaces
 	c.mu.Unlock()
@@ -66,7 +67,7 @@ func (c *conntrackCleaner) run(ctx context.Context) {
 	}
 	backoff := minB
 	var (
-		rs     *Ruleset // the clean-up to do (a failed one until it succeeds or a newer one replaces it)
+		rs     *netpol.Ruleset // the clean-up to do (a failed one until it succeeds or a newer one replaces it)
 		ifaces map[netip.Addr]string
 		retry  <-chan time.Time
 	)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/trellis-net/trellis/internal/netpol"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +28,7 @@ type ClusterPolicySource interface {
 	// ClusterPolicies lists them; nil when the API is not installed.
 	ClusterPolicies(ctx context.Context) ([]*policyv1beta1.ClusterNetworkPolicy, error)
 	// Nodes lists the nodes (only called when a policy has a node peer).
-	Nodes(ctx context.Context) ([]*Node, error)
+	Nodes(ctx context.Context) ([]*netpol.Node, error)
 }
 
 // clusterPolicyGVK is the version the agent reads (the storage version; v1alpha2 is
@@ -226,7 +227,7 @@ func (s *apiSource) watch(ctx context.Context) error {
 	return nil
 }
 
-func (s *apiSource) Nodes(ctx context.Context) ([]*Node, error) {
+func (s *apiSource) Nodes(ctx context.Context) ([]*netpol.Node, error) {
 	s.mu.Lock()
 	if !s.nodesWatched {
 		if err := watchInformer(ctx, s.nodes, &corev1.Node{}, s.trigger); err != nil {
@@ -240,9 +241,9 @@ func (s *apiSource) Nodes(ctx context.Context) ([]*Node, error) {
 	if err := s.nodes.List(ctx, &l, client.UnsafeDisableDeepCopy); err != nil {
 		return nil, fmt.Errorf("listing nodes: %w", err)
 	}
-	out := make([]*Node, len(l.Items))
+	out := make([]*netpol.Node, len(l.Items))
 	for i := range l.Items {
-		out[i] = NodeFrom(&l.Items[i])
+		out[i] = netpol.NodeFrom(&l.Items[i])
 	}
 	return out, nil
 }

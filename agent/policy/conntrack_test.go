@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"github.com/trellis-net/trellis/internal/netpol"
 	"net"
 	"net/netip"
 	"testing"
@@ -87,7 +88,7 @@ func TestConntrackCleanupJudgesEveryProtocol(t *testing.T) {
 				if v6 {
 					st, local = mirror6(st), to6(node)
 				}
-				rs := Compile(st)
+				rs := netpol.Compile(st)
 				f := &conntrackFilter{ev: rs.Evaluator(), ifaces: map[netip.Addr]string{}, local: map[netip.Addr]bool{local: true}}
 				for _, ep := range st.Endpoints {
 					f.ifaces[ep.IP] = ep.Interface
@@ -121,7 +122,7 @@ func TestConntrackCleanupPingToOwnNodeIPv6(t *testing.T) {
 	st := mirror6(world())
 	st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{cnpolicy("deny-out", cnp.AdminTier, 10, podSubject("x", "a"), nil,
 		[]cnp.ClusterNetworkPolicyEgressRule{out(cnp.ClusterNetworkPolicyRuleActionDeny, []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{"::/0"}}})})}
-	rs := Compile(st)
+	rs := netpol.Compile(st)
 	a := to6(podIP(st, "x/a"))
 	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: map[netip.Addr]string{a: iface(st, a)}, local: map[netip.Addr]bool{node: true}}
 	if !f.MatchConntrackFlow(flowOf(a, node, 58, 0)) || f.err != nil {

@@ -18,12 +18,13 @@ import (
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/agent/denylog"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // denyLogWorld is world() with x/a isolated for ingress by a NetworkPolicy that lets only
 // namespace y in on TCP 80, x/b under an Admin Deny from namespace z, and x's namespace
 // annotated as given.
-func denyLogWorld(annotation string, mode string) State {
+func denyLogWorld(annotation string, mode string) netpol.State {
 	st := world()
 	st.Policies = []*networkingv1.NetworkPolicy{np("x", "web", map[string]string{"pod": "a"}, nil,
 		[]networkingv1.NetworkPolicyIngressRule{{
@@ -33,18 +34,18 @@ func denyLogWorld(annotation string, mode string) State {
 	st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{cnpolicy("no-z", cnp.AdminTier, 10, podSubject("x", "b"),
 		[]cnp.ClusterNetworkPolicyIngressRule{in(cnp.ClusterNetworkPolicyRuleActionDeny, fromNS("z"))}, nil)}
 	st.Namespaces[0].DenyLogs = annotation
-	st.DenyLog = DenyLog{Mode: mode, LinesPerSecond: 100}
+	st.DenyLog = netpol.DenyLog{Mode: mode, LinesPerSecond: 100}
 	return st
 }
 
 // Off, the chains are exactly what they are without deny logs: no rule in any packet's path.
 func TestDenyLogsOffChangeNothing(t *testing.T) {
-	plain := Compile(denyLogWorld("", ""))
+	plain := netpol.Compile(denyLogWorld("", ""))
 	plain.DenyLogRules = nil
 	for _, tc := range []struct{ name, annotation, mode string }{
-		{"mode Off, namespace annotated true", "true", DenyLogOff},
-		{"mode Annotated, namespace not annotated", "", DenyLogAnnotated},
-		{"mode Annotated, namespace annotated false", "false", DenyLogAnnotated},
+		{"mode Off, namespace annotated true", "true", netpol.DenyLogOff},
+		{"mode Annotated, namespace not annotated", "", netpol.DenyLogAnnotated},
+		{"mode Annotated, namespace annotated false", "false", netpol.DenyLogAnnotated},
 		{"mode All, namespace annotated false", "false", DenyLogAll},
 		{"mode Annotated, namespace annotated yes (only true switches on)", "yes", DenyLogAnnotated},
 	} {

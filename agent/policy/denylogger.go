@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/trellis-net/trellis/agent/denylog"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // DenyLogger writes one line in the agent's log for each connection attempt a pod chain
@@ -43,7 +44,7 @@ type DenyLogger struct {
 	mu sync.Mutex
 	// rules and rules6 are the deny log rules of the IPv4 and the IPv6 chains: a prefix
 	// names a rule of its family's chains.
-	rules, rules6 map[string]DenyLogRule
+	rules, rules6 map[string]netpol.DenyLogRule
 	limiter       *denylog.Limiter
 	// perSecond is the limiter's bound.
 	perSecond int
@@ -78,7 +79,7 @@ func (d *DenyLogger) init() {
 			d.Now = time.Now
 		}
 		if d.Group == 0 {
-			d.Group = DefaultNFLOGGroup
+			d.Group = netpol.DefaultNFLOGGroup
 		}
 		if d.SummaryEvery == 0 {
 			d.SummaryEvery = 10 * time.Second
@@ -112,7 +113,7 @@ func (d *DenyLogger) Register(r prometheus.Registerer) error {
 // Synced is the engine's OnSync: it takes the deny log rules of rs only when the sync put
 // rs in the kernel. A failed sync's Ruleset never reached the kernel, whose NFLOG prefixes
 // are still the last applied ones: its rules would name the wrong pod or policy.
-func (d *DenyLogger) Synced(st Status, rs *Ruleset) {
+func (d *DenyLogger) Synced(st Status, rs *netpol.Ruleset) {
 	if st.Err != nil || !st.Enforced {
 		return
 	}
@@ -121,17 +122,17 @@ func (d *DenyLogger) Synced(st Status, rs *Ruleset) {
 
 // SetRules takes the deny log rules of the Ruleset the kernel now holds, and with them
 // the bound and how many namespaces split it.
-func (d *DenyLogger) SetRules(rs *Ruleset) {
+func (d *DenyLogger) SetRules(rs *netpol.Ruleset) {
 	if rs == nil {
 		return
 	}
 	d.init()
-	var rules6 map[string]DenyLogRule
+	var rules6 map[string]netpol.DenyLogRule
 	if rs.IPv6 != nil {
 		rules6 = rs.IPv6.DenyLogRules
 	}
 	shares, perSecond := 1, 0
-	for _, rules := range []map[string]DenyLogRule{rs.DenyLogRules, rules6} {
+	for _, rules := range []map[string]netpol.DenyLogRule{rs.DenyLogRules, rules6} {
 		for _, r := range rules {
 			shares, perSecond = max(shares, r.Shares), max(perSecond, r.LinesPerSecond)
 		}
@@ -338,14 +339,14 @@ const podIPIndex = "trellis.podIP"
 
 // setupDenyLogs adds the DenyLogger to the agent's manager, deny logs on or off: the
 // mode may change while the agent runs (the logger binds the group once rules log).
-func setupDenyLogs(mgr manager.Manager, o DenyLog, log logr.Logger) (*DenyLogger, error) {
+func setupDenyLogs(mgr manager.Manager, o netpol.DenyLog, log logr.Logger) (*DenyLogger, error) {
 	err := mgr.GetFieldIndexer().IndexField(context.Background(), &corev1.Pod{}, podIPIndex, func(obj client.Object) []string {
 		p, ok := obj.(*corev1.Pod)
 		if !ok || p.Spec.HostNetwork {
 			return nil // a host-network pod's address is its node's
 		}
 		var ips []string
-		for _, ip := range []netip.Addr{PodFrom(p).IP, PodFrom(p).IPv6} {
+		for _, ip := range []netip.Addr{netpol.PodFrom(p).IP, netpol.PodFrom(p).IPv6} {
 			if ip.IsValid() {
 				ips = append(ips, ip.String())
 			}
@@ -356,7 +357,7 @@ func setupDenyLogs(mgr manager.Manager, o DenyLog, log logr.Logger) (*DenyLogger
 		return nil, fmt.Errorf("indexing pods by address for deny logs: %w", err)
 	}
 	c := mgr.GetCache()
-	d := &DenyLogger{Group: o.group(), LinesPerSecond: o.LinesPerSecond, Log: log,
+	d := &DenyLogger{Group: o.NFLOGGroup(), LinesPerSecond: o.LinesPerSecond, Log: log,
 		PodByIP: func(a netip.Addr) (types.NamespacedName, bool) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()

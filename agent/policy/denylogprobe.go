@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Deny logs must never change a verdict. Their rules need the kernel's xt_hashlimit and
@@ -32,7 +33,7 @@ const denyLogRetry = 10 * time.Minute
 func ProbeDenyLogs(ctx context.Context, b netfilter.Backend) error {
 	// The options of a namespace's deny log rule (DenyLog.limit), in a table of its own.
 	rule := fmt.Sprintf("-m hashlimit --hashlimit-upto 1/sec --hashlimit-burst 1 --hashlimit-name trl-deny-probe --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \"probe\" --nflog-group %d --nflog-size %d",
-		DefaultNFLOGGroup, denyLogCopy)
+		netpol.DefaultNFLOGGroup, netpol.DenyLogCopy)
 	add := fmt.Sprintf("*filter\n:%s - [0:0]\n-A %s %s\nCOMMIT\n", denyLogProbeChain, denyLogProbeChain, rule)
 	perr := restore(ctx, b, add)
 	// Declaring the chain again flushes it (even if the add failed half way or a crashed
@@ -84,30 +85,4 @@ func (a *KernelApplier) ProbeDenyLogs() error {
 		}
 	}
 	return nil
-}
-
-// withoutDenyLogs is rs with no deny log rule, in either family: its chains are exactly
-// what they are compiled without deny logs (withDenyLogs only adds the NFLOG rules).
-func (rs *Ruleset) withoutDenyLogs() *Ruleset {
-	if rs == nil {
-		return nil
-	}
-	v6 := rs.IPv6.withoutDenyLogs()
-	if len(rs.DenyLogRules) == 0 && v6 == rs.IPv6 {
-		return rs
-	}
-	out := *rs
-	out.IPv6 = v6
-	out.DenyLogRules = nil
-	out.Chains = make([]Chain, len(rs.Chains))
-	for i, c := range rs.Chains {
-		rules := make([]Rule, 0, len(c.Rules))
-		for _, r := range c.Rules {
-			if r.Verdict != Log {
-				rules = append(rules, r)
-			}
-		}
-		out.Chains[i] = Chain{Name: c.Name, Rules: rules}
-	}
-	return &out
 }

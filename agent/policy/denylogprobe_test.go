@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // nflogRefuser is an Applier on a node without xt_NFLOG/xt_hashlimit: it refuses every
@@ -24,7 +25,7 @@ type nflogRefuser struct {
 	refused int
 }
 
-func (a *nflogRefuser) Apply(rs *Ruleset, verify bool) (bool, error) {
+func (a *nflogRefuser) Apply(rs *netpol.Ruleset, verify bool) (bool, error) {
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
 			if r.Verdict == Log {

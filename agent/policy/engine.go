@@ -24,6 +24,7 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Applier writes a Ruleset into the kernel by difference.
@@ -32,7 +33,7 @@ type Applier interface {
 	// verify it reads the kernel and repairs whatever differs (drift, others' rules moved
 	// in front of trellis's jumps); without, it may trust its memory of what it wrote last
 	// and write only the difference. changed reports whether anything was written.
-	Apply(rs *Ruleset, verify bool) (changed bool, err error)
+	Apply(rs *netpol.Ruleset, verify bool) (changed bool, err error)
 	// Remove takes every policy chain, jump and set away (policy disabled).
 	Remove() error
 }
@@ -49,9 +50,9 @@ type Status struct {
 	// Isolated counts this node's pods under an ingress and an egress policy.
 	IsolatedIngress, IsolatedEgress int
 	Rules, Sets, SetMembers         int
-	Problems                        []Problem
+	Problems                        []netpol.Problem
 	// ClusterPolicies are the ClusterNetworkPolicies the kernel holds (when Enforced).
-	ClusterPolicies []ClusterPolicyState
+	ClusterPolicies []netpol.ClusterPolicyState
 	// DenyLogsOff says why deny logs, though asked for, are off on this node (the node's
 	// iptables refuses their rules); the pods' rules are the same without them.
 	DenyLogsOff error
@@ -101,16 +102,16 @@ type Engine struct {
 	Wired func() (map[netip.Addr]string, error)
 	// DeleteDenied removes the connections a Ruleset denies (DeleteDeniedConnections). It
 	// runs beside the sync loop, never on the path a pod's ADD waits for.
-	DeleteDenied func(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error)
+	DeleteDenied func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error)
 	// OnSync, when set, is told each sync's outcome (status reporting, metrics).
-	OnSync func(Status, *Ruleset, time.Duration)
+	OnSync func(Status, *netpol.Ruleset, time.Duration)
 	// DenyLog says whose denied packets are logged (off when zero), until DenyLogSetting
 	// says otherwise.
-	DenyLog DenyLog
+	DenyLog netpol.DenyLog
 	// DenyLogSetting, when set, reads the setting at each sync (ClusterDenyLog: the
 	// ClusterNetwork's, from the agent's cache), so that an edit applies at the next sync,
 	// without a restart; ok false (nothing to read) keeps the last setting read.
-	DenyLogSetting func(ctx context.Context) (d DenyLog, ok bool)
+	DenyLogSetting func(ctx context.Context) (d netpol.DenyLog, ok bool)
 	// DenyLogProbe, when set, tells whether the node takes deny log rules
 	// (KernelApplier.ProbeDenyLogs). Where it doesn't, deny logs stay off, asked again
 	// every denyLogRetry: logging must never change a verdict.
@@ -125,26 +126,26 @@ type Engine struct {
 
 	mu        sync.Mutex
 	cond      *sync.Cond
-	announced map[string]announcement // by host veth
-	requested uint64                  // syncs asked for
-	done      uint64                  // the last sync that finished saw every request up to this
+	announced map[string]netpol.Announcement // by host veth
+	requested uint64                         // syncs asked for
+	done      uint64                         // the last sync that finished saw every request up to this
 	lastErr   error
 	synced    bool // a sync has succeeded
 	// programmed: the endpoints whose rules the kernel holds since the last sync, with
 	// the addresses of each family the rules hold; veths the same endpoints with the
 	// addresses their veths carry; cutOff the pods whose own rules could not be
 	// programmed (they are dropped).
-	programmed map[types.NamespacedName]Endpoint
-	veths      map[types.NamespacedName]Endpoint
+	programmed map[types.NamespacedName]netpol.Endpoint
+	veths      map[types.NamespacedName]netpol.Endpoint
 	cutOff     map[types.NamespacedName]error
 	trigger    chan struct{}
 	repair     chan struct{} // the jump positions are wrong: verify now
 	once       sync.Once
 
 	// Owned by the sync loop.
-	view     podView
-	memo     *setMemo
-	reported map[Problem]bool
+	view     netpol.PodView
+	memo     *netpol.SetMemo
+	reported map[netpol.Problem]bool
 	verify   bool // the next sync reads the kernel
 	cleaner  *conntrackCleaner
 	// denyLogsOff is why deny logs are off (nil: on, or not asked for) until
@@ -153,32 +154,21 @@ type Engine struct {
 	denyLogsChecked bool
 	denyLogsRetry   time.Time
 	// denyLogSetting is the deny log setting last read (DenyLog before any).
-	denyLogSetting DenyLog
+	denyLogSetting netpol.DenyLog
 
 	// nets are the NodeNetworks as last converted; ignoredAddrs the pod addresses the
 	// last state() left out (Status.IgnoredPodAddrs).
-	nets         nodeNetView
+	nets         netpol.NodeNetView
 	ignoredAddrs int
-}
-
-// announcement is what the CNI plugin said of a pod it wired: authoritative for the pod's
-// address and veth on this node, whatever the API server's copy says (a re-created sandbox
-// has a new address before the status shows it).
-type announcement struct {
-	Pod   types.NamespacedName `json:"pod"`
-	UID   types.UID            `json:"uid,omitempty"`
-	IP    netip.Addr           `json:"ip"`
-	Iface string               `json:"hostInterface"`
-	At    time.Time            `json:"at"`
 }
 
 func (e *Engine) init() {
 	e.once.Do(func() {
 		e.cond = sync.NewCond(&e.mu)
-		e.announced = map[string]announcement{}
+		e.announced = map[string]netpol.Announcement{}
 		e.trigger = make(chan struct{}, 1)
 		e.repair = make(chan struct{}, 1)
-		e.memo = newSetMemo()
+		e.memo = netpol.NewSetMemo()
 		e.verify = true
 		if e.Wired == nil {
 			e.Wired = WiredPods
@@ -334,7 +324,7 @@ func (e *Engine) EnsurePod(ctx context.Context, req cnicontract.PolicyRequest) e
 		return fmt.Errorf("ip %s is IPv6, and this node enforces NetworkPolicy for IPv4 only (the cluster has no IPv6 pod range)", ip)
 	}
 	key := types.NamespacedName{Namespace: req.Namespace, Name: req.Pod}
-	a := announcement{Pod: key, UID: types.UID(req.PodUID), IP: ip, Iface: req.HostInterface, At: time.Now()}
+	a := netpol.Announcement{Pod: key, UID: types.UID(req.PodUID), IP: ip, Iface: req.HostInterface, At: time.Now()}
 	if err := saveAnnouncement(e.StateDir, a); err != nil {
 		// Without the record a restarted agent would judge this veth by the API server's
 		// copy alone; refuse rather than start a pod that may lose its rules.
@@ -393,7 +383,7 @@ func (e *Engine) waitForPod(ctx context.Context, key types.NamespacedName, uid t
 	for {
 		pod := &corev1.Pod{}
 		err := e.Reader.Get(ctx, key, pod)
-		if err == nil && (uid == "" || PodFrom(pod).RuntimeUID() == uid) {
+		if err == nil && (uid == "" || netpol.PodFrom(pod).RuntimeUID() == uid) {
 			return nil
 		}
 		if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
@@ -416,9 +406,9 @@ func (e *Engine) sync(ctx context.Context) error {
 		e.report(Status{Err: err}, nil, time.Since(start))
 		return err
 	}
-	e.memo.update(changes, nsChanged, st.namespaceMap())
-	rs := compileFamilies(st, e.memo)
-	e.memo.sweep()
+	e.memo.Update(changes, nsChanged, st.NamespaceMap())
+	rs := netpol.CompileIncremental(st, e.memo)
+	e.memo.Sweep()
 	applied, cutOff, changed, err := e.apply(rs)
 	if err != nil {
 		e.reportProblems(st, rs)
@@ -428,9 +418,9 @@ func (e *Engine) sync(ctx context.Context) error {
 	}
 	e.verify = false
 	e.reportProblems(st, applied) // with the pods cut off for rules the kernel refused
-	programmed := make(map[types.NamespacedName]Endpoint, len(applied.Endpoints))
+	programmed := make(map[types.NamespacedName]netpol.Endpoint, len(applied.Endpoints))
 	for _, ep := range applied.Endpoints {
-		programmed[ep.Pod] = Endpoint{Pod: ep.Pod, IP: ep.IP, Interface: ep.Interface}
+		programmed[ep.Pod] = netpol.Endpoint{Pod: ep.Pod, IP: ep.IP, Interface: ep.Interface}
 	}
 	if applied.IPv6 != nil {
 		for _, ep := range applied.IPv6.Endpoints {
@@ -439,7 +429,7 @@ func (e *Engine) sync(ctx context.Context) error {
 			programmed[ep.Pod] = p
 		}
 	}
-	veths := make(map[types.NamespacedName]Endpoint, len(st.Endpoints))
+	veths := make(map[types.NamespacedName]netpol.Endpoint, len(st.Endpoints))
 	for _, ep := range st.Endpoints {
 		veths[ep.Pod] = ep
 	}
@@ -451,18 +441,18 @@ func (e *Engine) sync(ctx context.Context) error {
 		// the loop, so that a pod's ADD doesn't wait for a walk over the conntrack table.
 		e.cleaner.submit(applied, ifaces)
 	}
-	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: clusterPolicyStates(st, applied), DenyLogsOff: e.denyLogsOff}
+	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: netpol.ClusterPolicyStates(st, applied), DenyLogsOff: e.denyLogsOff}
 	status.IgnoredPodAddrs = e.ignoredAddrs
 	type podDirection struct {
 		pod types.NamespacedName
-		dir Direction
+		dir netpol.Direction
 	}
 	isolated := map[podDirection]bool{} // a pod isolated in both families counts once
 	for r := applied; r != nil; r = r.IPv6 {
 		for _, pc := range r.PodChains {
 			if key := (podDirection{pc.Pod, pc.Direction}); !isolated[key] {
 				isolated[key] = true
-				if pc.Direction == Ingress {
+				if pc.Direction == netpol.Ingress {
 					status.IsolatedIngress++
 				} else {
 					status.IsolatedEgress++
@@ -485,7 +475,7 @@ func (e *Engine) sync(ctx context.Context) error {
 // every isolated pod is first cut off (its chains drop everything), which must apply, then
 // each pod's real rules are added back one at a time; those that fail stay cut off and
 // their policies get a problem. Only a failure of the node's own rules is an error.
-func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, bool, error) {
+func (e *Engine) apply(rs *netpol.Ruleset) (*netpol.Ruleset, map[types.NamespacedName]error, bool, error) {
 	changed, err := e.Applier.Apply(rs, e.verify)
 	if err == nil {
 		return rs, nil, changed, nil
@@ -493,7 +483,7 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 	if len(rs.DenyLogRules) > 0 {
 		// Perhaps the deny log rules are what the kernel refuses: a log must not cut a pod
 		// off, so the same rules without them come first.
-		plain := rs.withoutDenyLogs()
+		plain := rs.WithoutDenyLogs()
 		pchanged, perr := e.Applier.Apply(plain, true)
 		changed = changed || pchanged
 		if perr == nil {
@@ -502,12 +492,12 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 		}
 		rs = plain
 	}
-	pods := rs.isolatedPods()
+	pods := rs.IsolatedPods()
 	if len(pods) == 0 {
 		return nil, nil, changed, err
 	}
 	e.Log.Error(err, "applying the node's policy rules failed; finding the pods whose rules the kernel refuses")
-	if _, lerr := e.Applier.Apply(rs.cutOff(pods), true); lerr != nil {
+	if _, lerr := e.Applier.Apply(rs.CutOff(pods), true); lerr != nil {
 		return nil, nil, true, errors.Join(err, lerr)
 	}
 	good := map[types.NamespacedName]bool{}
@@ -519,7 +509,7 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 				try[q] = true
 			}
 		}
-		if _, perr := e.Applier.Apply(rs.cutOff(try), true); perr != nil {
+		if _, perr := e.Applier.Apply(rs.CutOff(try), true); perr != nil {
 			cutOff[p] = perr
 			continue
 		}
@@ -529,7 +519,7 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 	for p := range cutOff {
 		bad[p] = true
 	}
-	final := rs.cutOff(bad)
+	final := rs.CutOff(bad)
 	if _, ferr := e.Applier.Apply(final, true); ferr != nil {
 		return nil, nil, true, errors.Join(err, ferr)
 	}
@@ -540,7 +530,7 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 					continue
 				}
 				msg := fmt.Sprintf("the rules it gives pod %s could not be programmed, so the pod's %s traffic is dropped: %v", p, pc.Direction, perr)
-				for _, pr := range pc.problems(msg) {
+				for _, pr := range podChainProblems(pc, msg) {
 					if !slices.Contains(final.Problems, pr) {
 						final.Problems = append(final.Problems, pr)
 					}
@@ -552,13 +542,13 @@ func (e *Engine) apply(rs *Ruleset) (*Ruleset, map[types.NamespacedName]error, b
 }
 
 // problems are the problems of pc's policies, each saying msg.
-func (pc PodChain) problems(msg string) []Problem {
-	out := make([]Problem, 0, len(pc.Policies)+len(pc.ClusterPolicies))
+func podChainProblems(pc netpol.PodChain, msg string) []netpol.Problem {
+	out := make([]netpol.Problem, 0, len(pc.Policies)+len(pc.ClusterPolicies))
 	for _, np := range pc.Policies {
-		out = append(out, Problem{Policy: np, Message: msg})
+		out = append(out, netpol.Problem{Policy: np, Message: msg})
 	}
 	for _, name := range pc.ClusterPolicies {
-		out = append(out, Problem{ClusterPolicy: name, Message: msg})
+		out = append(out, netpol.Problem{ClusterPolicy: name, Message: msg})
 	}
 	return out
 }
@@ -566,9 +556,9 @@ func (pc PodChain) problems(msg string) []Problem {
 // denyLog is the deny log configuration of this sync: the setting (readDenyLogSetting),
 // unless the node refuses deny log rules (asked once, and again every denyLogRetry while
 // it refuses).
-func (e *Engine) denyLog(ctx context.Context) DenyLog {
+func (e *Engine) denyLog(ctx context.Context) netpol.DenyLog {
 	want := e.readDenyLogSetting(ctx)
-	if want.Mode == "" || want.Mode == DenyLogOff || want.LinesPerSecond <= 0 {
+	if want.Mode == "" || want.Mode == netpol.DenyLogOff || want.LinesPerSecond <= 0 {
 		return want
 	}
 	now := time.Now()
@@ -582,14 +572,14 @@ func (e *Engine) denyLog(ctx context.Context) DenyLog {
 		}
 	}
 	if e.denyLogsOff != nil && now.Before(e.denyLogsRetry) {
-		return DenyLog{}
+		return netpol.DenyLog{}
 	}
 	return want
 }
 
 // readDenyLogSetting reads DenyLogSetting (keeping DenyLog's NFLOG group), and says in
 // the log when the setting changed.
-func (e *Engine) readDenyLogSetting(ctx context.Context) DenyLog {
+func (e *Engine) readDenyLogSetting(ctx context.Context) netpol.DenyLog {
 	if e.DenyLogSetting == nil {
 		return e.denyLogSetting
 	}
@@ -615,8 +605,8 @@ func (e *Engine) turnDenyLogsOff(err error) {
 
 // reportProblems raises an event for each problem not reported before, and forgets
 // problems that are gone (a fixed policy that breaks again is reported again).
-func (e *Engine) reportProblems(st State, rs *Ruleset) {
-	seen := map[Problem]bool{}
+func (e *Engine) reportProblems(st netpol.State, rs *netpol.Ruleset) {
+	seen := map[netpol.Problem]bool{}
 	for _, p := range rs.Problems {
 		seen[p] = true
 		if e.reported[p] {
@@ -640,7 +630,7 @@ func (e *Engine) reportProblems(st State, rs *Ruleset) {
 	e.reported = seen
 }
 
-func (e *Engine) report(st Status, rs *Ruleset, took time.Duration) {
+func (e *Engine) report(st Status, rs *netpol.Ruleset, took time.Duration) {
 	if e.OnSync != nil {
 		e.OnSync(st, rs, took)
 	}
@@ -649,10 +639,10 @@ func (e *Engine) report(st Status, rs *Ruleset, took time.Duration) {
 // state gathers Compile's input: every pod, namespace and policy in the cache (read
 // without copies; only pods that changed since the last sync are converted), and this
 // node's endpoints: each pod veth the kernel has, attributed to a pod by the plugin's
-// announcement or, without one, by the API server's copy of the pod's IP. It returns the
+// netpol.Announcement or, without one, by the API server's copy of the pod's IP. It returns the
 // peers that changed since the last sync.
-func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []PeerChange, bool, error) {
-	var st State
+func (e *Engine) state(ctx context.Context) (netpol.State, map[netip.Addr]string, []netpol.PeerChange, bool, error) {
+	var st netpol.State
 	pods, err := e.listPods(ctx)
 	if err != nil {
 		return st, nil, nil, false, fmt.Errorf("listing pods: %w", err)
@@ -679,9 +669,9 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 	if err != nil {
 		return st, nil, nil, false, err
 	}
-	st.Namespaces = make([]*Namespace, 0, len(nss.Items))
+	st.Namespaces = make([]*netpol.Namespace, 0, len(nss.Items))
 	for i := range nss.Items {
-		st.Namespaces = append(st.Namespaces, NamespaceFrom(&nss.Items[i]))
+		st.Namespaces = append(st.Namespaces, netpol.NamespaceFrom(&nss.Items[i]))
 	}
 	st.Policies = make([]*networkingv1.NetworkPolicy, 0, len(nps.Items))
 	for i := range nps.Items {
@@ -692,10 +682,10 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 		if err != nil {
 			return st, nil, nil, false, fmt.Errorf("listing NodeNetworks: %w", err)
 		}
-		st.NodeNets = e.nets.convert(nns)
+		st.NodeNets = e.nets.Convert(nns)
 	}
-	var ignored []DroppedPodAddr
-	st.Pods, ignored, e.ignoredAddrs = e.view.pods(pods, st.NodeNets, e.NodeNetworks != nil)
+	var ignored []netpol.DroppedPodAddr
+	st.Pods, ignored, e.ignoredAddrs = e.view.Pods(pods, st.NodeNets, e.NodeNetworks != nil)
 	e.reportIgnored(ctx, ignored)
 	st.DenyLog = e.denyLog(ctx)
 	st.IPv6 = e.IPv6
@@ -713,7 +703,7 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 			removeAnnouncement(e.StateDir, iface, e.Log)
 		}
 	}
-	st.Endpoints, st.Pods = endpoints(e.NodeName, st.Pods, wired, e.announced, now, 2*e.SetupTimeout)
+	st.Endpoints, st.Pods = netpol.Endpoints(e.NodeName, st.Pods, wired, e.announced, now, 2*e.SetupTimeout)
 	e.mu.Unlock()
 
 	ifaces := make(map[netip.Addr]string, len(st.Endpoints))
@@ -724,16 +714,16 @@ func (e *Engine) state(ctx context.Context) (State, map[netip.Addr]string, []Pee
 			}
 		}
 	}
-	st.peers = Peers(st.Pods)
-	changes := e.view.peerChanges(st.peers)
-	nsChanged := e.view.namespacesChanged(st.Namespaces)
+	st.KnownPeers = netpol.Peers(st.Pods)
+	changes := e.view.PeerChanges(st.KnownPeers)
+	nsChanged := e.view.NamespacesChanged(st.Namespaces)
 	return st, ifaces, changes, nsChanged, nil
 }
 
 // reportIgnored logs each pod address newly left out of policy and, for this node's pods,
 // records a warning event on the pod: its node's kubelet wrote an address Trellis did
 // not give it. (Only the pod's node's agent records one: every agent sees the pod.)
-func (e *Engine) reportIgnored(ctx context.Context, ignored []DroppedPodAddr) {
+func (e *Engine) reportIgnored(ctx context.Context, ignored []netpol.DroppedPodAddr) {
 	for _, d := range ignored {
 		if !d.NodeNetworkKnown {
 			// Normally a moment's race (a new node's pods before its NodeNetwork): the

@@ -23,6 +23,7 @@ import (
 
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/test/check"
 )
@@ -30,11 +31,11 @@ import (
 // recorder is an Applier that keeps what it was given.
 type recorder struct {
 	mu   sync.Mutex
-	last *Ruleset
+	last *netpol.Ruleset
 	n    int
 }
 
-func (r *recorder) Apply(rs *Ruleset, _ bool) (bool, error) {
+func (r *recorder) Apply(rs *netpol.Ruleset, _ bool) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last, r.n = rs, r.n+1
@@ -43,7 +44,7 @@ func (r *recorder) Apply(rs *Ruleset, _ bool) (bool, error) {
 
 func (r *recorder) Remove() error { return nil }
 
-func (r *recorder) ruleset() *Ruleset {
+func (r *recorder) ruleset() *netpol.Ruleset {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last

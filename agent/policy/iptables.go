@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // The iptables renderer: the typed rules in iptables' notation, in the order iptables-save
@@ -14,13 +15,13 @@ import (
 
 // iptablesRule is r as agent/netfilter writes it: the matches, the comment apart (the
 // syncer puts it after them), the target.
-func iptablesRule(r *Rule) netfilter.Rule {
+func iptablesRule(r *netpol.Rule) netfilter.Rule {
 	return netfilter.Rule{Match: append(matchArgs(r), limitArgs(r.Limit)...), Comment: r.Comment, Target: targetArgs(r)}
 }
 
 // IPTablesText is r as one line of iptables-save, without "-A CHAIN": what the kernel's
 // copy of the rule reads as.
-func IPTablesText(r *Rule) string {
+func IPTablesText(r *netpol.Rule) string {
 	f := matchArgs(r)
 	if r.Comment != "" {
 		f = append(f, "-m", "comment", "--comment", `"`+r.Comment+`"`)
@@ -29,13 +30,13 @@ func IPTablesText(r *Rule) string {
 	// with the limit and the log added.
 	f = append(f, limitArgs(r.Limit)...)
 	t := targetArgs(r)
-	if r.Verdict == Log && len(t) > 3 {
+	if r.Verdict == netpol.Log && len(t) > 3 {
 		t[3] = `"` + t[3] + `"`
 	}
 	return strings.Join(append(f, t...), " ")
 }
 
-func matchArgs(r *Rule) []string {
+func matchArgs(r *netpol.Rule) []string {
 	var m []string
 	if r.InIface != "" {
 		m = append(m, "-i", r.InIface)
@@ -69,9 +70,9 @@ func matchArgs(r *Rule) []string {
 		m = append(m, "-m", "icmp6", "--icmpv6-type", strconv.Itoa(int(*r.ICMPv6Type)))
 	}
 	switch r.CtState {
-	case CtNew:
+	case netpol.CtNew:
 		m = append(m, "-m", "conntrack", "--ctstate", "NEW")
-	case CtEstablished:
+	case netpol.CtEstablished:
 		m = append(m, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED")
 	}
 	if r.DstLocal {
@@ -82,7 +83,7 @@ func matchArgs(r *Rule) []string {
 
 // limitArgs is a hashlimit table of its own (no mode: one bucket) with one entry, so its
 // hash is one bucket big (the default is up to 8,192 buckets, 64 KiB, per table).
-func limitArgs(l *RateLimit) []string {
+func limitArgs(l *netpol.RateLimit) []string {
 	if l == nil {
 		return nil
 	}
@@ -90,17 +91,17 @@ func limitArgs(l *RateLimit) []string {
 		"--hashlimit-name", l.Name, "--hashlimit-htable-size", "1", "--hashlimit-htable-max", "4"}
 }
 
-func targetArgs(r *Rule) []string {
+func targetArgs(r *netpol.Rule) []string {
 	switch r.Verdict {
-	case Return:
+	case netpol.Return:
 		return []string{"-j", "RETURN"}
-	case Drop:
+	case netpol.Drop:
 		return []string{"-j", "DROP"}
-	case Jump:
+	case netpol.Jump:
 		return []string{"-j", r.Target}
-	case Goto:
+	case netpol.Goto:
 		return []string{"-g", r.Target}
-	case Log:
+	case netpol.Log:
 		if l := r.Log; l != nil {
 			return []string{"-j", "NFLOG", "--nflog-prefix", l.Prefix, "--nflog-group", strconv.Itoa(int(l.Group)), "--nflog-size", strconv.Itoa(l.Size)}
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/trellis-net/trellis/cni/veth"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // WiredPods lists the pods the CNI plugin wired on this node, from the kernel: the /32
@@ -60,7 +61,7 @@ func WiredPods() (map[netip.Addr]string, error) {
 
 // conntrackFilter matches the tracked connections rs no longer allows.
 type conntrackFilter struct {
-	ev *Evaluator
+	ev *netpol.Evaluator
 	// ifaces maps this node's pod addresses to their veths.
 	ifaces map[netip.Addr]string
 	// local are this node's own addresses: a pod's connection to one took the INPUT path.
@@ -73,8 +74,8 @@ type conntrackFilter struct {
 // ("-p tcp --dport 80") and so never matches ICMP or GRE; a rule without ports matches
 // every protocol, as in the kernel. A ping or an ICMP tunnel a new policy denies loses its
 // entry as a TCP connection does.
-func flowPacket(flow *netlink.ConntrackFlow) Packet {
-	p := Packet{Protocol: protocolName(flow.Forward.Protocol)}
+func flowPacket(flow *netlink.ConntrackFlow) netpol.Packet {
+	p := netpol.Packet{Protocol: protocolName(flow.Forward.Protocol)}
 	switch flow.Forward.Protocol {
 	case unix.IPPROTO_TCP, unix.IPPROTO_UDP, unix.IPPROTO_SCTP:
 		// After DNAT (a Service) the reply's source port is the pod's.
@@ -141,7 +142,7 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // protocol (their next packet is NEW, and dropped): IPv4 flows, and IPv6 flows when rs has
 // IPv6 rules (ifaces holds the pods' addresses of both families). It returns how many it
 // removed; an error when an entry could not be removed (the others are).
-func DeleteDeniedConnections(rs *Ruleset, ifaces map[netip.Addr]string) (uint, error) {
+func DeleteDeniedConnections(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
 	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: ifaces, local: map[netip.Addr]bool{}}
 	families := []netlink.InetFamily{unix.AF_INET}
 	if rs.IPv6 != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
@@ -56,7 +57,7 @@ func wiredAs(m map[string]string) func(*Engine) {
 	}
 }
 
-func waitRuleset(t *testing.T, rec *recorder, cond func(*Ruleset) bool) *Ruleset {
+func waitRuleset(t *testing.T, rec *recorder, cond func(*netpol.Ruleset) bool) *netpol.Ruleset {
 	t.Helper()
 	var rs *Ruleset
 	check.Eventually(t, 5*time.Second, "an applied ruleset meeting the condition", func() error {
@@ -71,7 +72,7 @@ func waitRuleset(t *testing.T, rec *recorder, cond func(*Ruleset) bool) *Ruleset
 	return rs
 }
 
-func hasEndpoint(rs *Ruleset, pod, ip string) bool {
+func hasEndpoint(rs *netpol.Ruleset, pod, ip string) bool {
 	for _, ep := range rs.Endpoints {
 		if ep.Pod.String() == pod && ep.IP.String() == ip {
 			return true
@@ -80,7 +81,7 @@ func hasEndpoint(rs *Ruleset, pod, ip string) bool {
 	return false
 }
 
-func allowed(t *testing.T, rs *Ruleset, p Packet) bool {
+func allowed(t *testing.T, rs *netpol.Ruleset, p netpol.Packet) bool {
 	t.Helper()
 	ok, err := rs.Allowed(p)
 	if err != nil {
@@ -133,7 +134,7 @@ func TestNewPodWinsAnIPFromADeletingPod(t *testing.T) {
 }
 
 // A re-created sandbox has a new address and veth before the API server's status shows
-// them: the plugin's announcement wins, ADD is answered only once the new address has
+// them: the plugin's netpol.Announcement wins, ADD is answered only once the new address has
 // its chain, and a restarted agent (same state directory) attributes the veth the same way.
 func TestRecreatedSandboxAnnouncementIsAuthoritative(t *testing.T) {
 	stale, fresh := netip.MustParseAddr("10.244.1.5"), netip.MustParseAddr("10.244.1.6")
@@ -167,7 +168,7 @@ func TestRecreatedSandboxAnnouncementIsAuthoritative(t *testing.T) {
 	}
 	check(rec.ruleset(), "after ADD")
 
-	// A new agent on the same node: no ADD comes, the announcement on disk decides.
+	// A new agent on the same node: no ADD comes, the netpol.Announcement on disk decides.
 	_, rec2, _ := newEngine(t, configure, toObjects(objs)...)
 	check(waitRuleset(t, rec2, func(rs *Ruleset) bool { return len(rs.PodChains) > 0 }), "after an agent restart")
 }
@@ -210,7 +211,7 @@ type failingApplier struct {
 	bad string
 }
 
-func (f *failingApplier) Apply(rs *Ruleset, verify bool) (bool, error) {
+func (f *failingApplier) Apply(rs *netpol.Ruleset, verify bool) (bool, error) {
 	used := map[string]bool{}
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
@@ -299,8 +300,8 @@ func TestIncrementalCompileMatchesCompile(t *testing.T) {
 			for step := range 40 {
 				mutate(r, &st)
 				changes := view.peerChanges(Peers(st.Pods))
-				memo.update(changes, view.namespacesChanged(st.Namespaces), st.namespaceMap())
-				got := compileFamilies(st, memo)
+				memo.update(changes, view.namespacesChanged(st.Namespaces), st.NamespaceMap())
+				got := netpol.CompileIncremental(st, memo)
 				memo.sweep()
 				want := Compile(st)
 				if !reflect.DeepEqual(got, want) {
@@ -328,7 +329,7 @@ func randomLabels(r *rand.Rand) map[string]string {
 // randomWorld's state asks for the IPv6 rules.
 var dualWorld bool
 
-func randomWorld(r *rand.Rand) State {
+func randomWorld(r *rand.Rand) netpol.State {
 	st := State{IPv6: dualWorld}
 	for _, ns := range []string{"x", "y"} {
 		st.Namespaces = append(st.Namespaces, &Namespace{Name: ns, Labels: map[string]string{"team": labelValues[r.IntN(3)]}})
@@ -343,7 +344,7 @@ var nextPod int
 
 // mutate makes one random change, never modifying a *Pod in place (the engine's pods
 // are immutable snapshots).
-func mutate(r *rand.Rand, st *State) {
+func mutate(r *rand.Rand, st *netpol.State) {
 	nss := []string{"x", "y"}
 	switch k := r.IntN(8); {
 	case k <= 1 || len(st.Pods) == 0: // a new pod
@@ -430,7 +431,7 @@ func toObjects(objs []any) []clientObject {
 
 type clientObject = client.Object
 
-// Dual-stack veths: an announcement names the pod for both of its veth's addresses; a veth
+// Dual-stack veths: an netpol.Announcement names the pod for both of its veth's addresses; a veth
 // without one belongs to the pod the API server gives its addresses, to none when its two
 // families name different pods; the pods carry the addresses their veths have.
 func TestDualStackEndpoints(t *testing.T) {
@@ -442,13 +443,13 @@ func TestDualStackEndpoints(t *testing.T) {
 	}
 	pods := []*Pod{
 		p("a", a4, netip.Addr{}),                    // the API server doesn't show its IPv6 address yet
-		p("b", b4, b6),                              // no announcement: by the API server's copy
+		p("b", b4, b6),                              // no netpol.Announcement: by the API server's copy
 		p("c", c4, netip.MustParseAddr("fd00::99")), // its veth's IPv6 address is another pod's
 		p("d", netip.Addr{}, c6),
 	}
 	wired := map[netip.Addr]string{a4: "trla", a6: "trla", b4: "trlb", b6: "trlb", c4: "trlc", c6: "trlc"}
-	announced := map[string]announcement{"trla": {Pod: types.NamespacedName{Namespace: "shop", Name: "a"}, UID: "a", IP: a4, Iface: "trla", At: time.Now()}}
-	eps, got := endpoints("node1", pods, wired, announced, time.Now(), time.Minute)
+	announced := map[string]netpol.Announcement{"trla": {Pod: types.NamespacedName{Namespace: "shop", Name: "a"}, UID: "a", IP: a4, Iface: "trla", At: time.Now()}}
+	eps, got := netpol.Endpoints("node1", pods, wired, announced, time.Now(), time.Minute)
 	byPod := map[string]Endpoint{}
 	for _, ep := range eps {
 		byPod[ep.Pod.Name] = ep

@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Metrics publishes the engine's state for Prometheus. Denied packets come from the
@@ -30,7 +31,7 @@ type Metrics struct {
 	denied       *prometheus.Desc
 
 	mu    sync.Mutex
-	chain map[string]PodChain // per-pod chain -> pod and direction, from the last sync
+	chain map[string]netpol.PodChain // per-pod chain -> pod and direction, from the last sync
 }
 
 // NewMetrics creates the metrics; register them with Register.
@@ -81,7 +82,7 @@ func (m *Metrics) Register(r prometheus.Registerer) error {
 }
 
 // Observe records a sync (the engine's OnSync).
-func (m *Metrics) Observe(st Status, rs *Ruleset, took time.Duration) {
+func (m *Metrics) Observe(st Status, rs *netpol.Ruleset, took time.Duration) {
 	m.syncDuration.Observe(took.Seconds())
 	if st.Err != nil {
 		m.syncErrors.Inc()
@@ -93,10 +94,10 @@ func (m *Metrics) Observe(st Status, rs *Ruleset, took time.Duration) {
 	m.sets.Set(float64(st.Sets))
 	m.setMembers.Set(float64(st.SetMembers))
 	m.ignoredAddrs.Set(float64(st.IgnoredPodAddrs))
-	m.isolated.WithLabelValues(string(Ingress)).Set(float64(st.IsolatedIngress))
-	m.isolated.WithLabelValues(string(Egress)).Set(float64(st.IsolatedEgress))
+	m.isolated.WithLabelValues(string(netpol.Ingress)).Set(float64(st.IsolatedIngress))
+	m.isolated.WithLabelValues(string(netpol.Egress)).Set(float64(st.IsolatedEgress))
 	if rs != nil {
-		chains := make(map[string]PodChain, len(rs.PodChains))
+		chains := make(map[string]netpol.PodChain, len(rs.PodChains))
 		for r := rs; r != nil; r = r.IPv6 { // a pod's chains have the same names in both families
 			for _, pc := range r.PodChains {
 				chains[pc.Chain] = pc
@@ -152,7 +153,7 @@ func DropCounts(save string) map[string]uint64 {
 			continue
 		}
 		f := strings.Fields(rule)
-		if len(f) < 2 || f[0] != "-A" || !(strings.HasPrefix(f[1], ingressPrefix) || strings.HasPrefix(f[1], egressPrefix) || strings.HasPrefix(f[1], ingressTailPrefix) || strings.HasPrefix(f[1], egressTailPrefix)) {
+		if len(f) < 2 || f[0] != "-A" || !(strings.HasPrefix(f[1], netpol.IngressPrefix) || strings.HasPrefix(f[1], netpol.EgressPrefix) || strings.HasPrefix(f[1], netpol.IngressTailPrefix) || strings.HasPrefix(f[1], netpol.EgressTailPrefix)) {
 			continue
 		}
 		pkts, _, _ := strings.Cut(strings.TrimPrefix(counters, "["), ":")

@@ -24,6 +24,7 @@ import (
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Options configure the policy engine on a node.
@@ -42,7 +43,7 @@ type Options struct {
 	StateDir string
 	// DenyLog is spec.networkPolicy.denyLogs as the agent configuration had it at start;
 	// the engine follows the ClusterNetwork's from then on (ClusterDenyLog).
-	DenyLog DenyLog
+	DenyLog netpol.DenyLog
 	// IPv6: the cluster has an IPv6 pod range (pods may have IPv6 addresses): policy is
 	// enforced for IPv6 too, with ip6tables and inet6 sets.
 	IPv6 bool
@@ -56,9 +57,9 @@ type Options struct {
 // API is known to be installed).
 func CacheOptions() map[client.Object]cache.ByObject {
 	return map[client.Object]cache.ByObject{
-		&corev1.Pod{}:                 {Transform: TrimPod},
-		&corev1.Namespace{}:           {Transform: TrimNamespace},
-		&networkingv1.NetworkPolicy{}: {Transform: TrimNetworkPolicy},
+		&corev1.Pod{}:                 {Transform: netpol.TrimPod},
+		&corev1.Namespace{}:           {Transform: netpol.TrimNamespace},
+		&networkingv1.NetworkPolicy{}: {Transform: netpol.TrimNetworkPolicy},
 	}
 }
 
@@ -66,7 +67,7 @@ func CacheOptions() map[client.Object]cache.ByObject {
 // ClusterNetworkPolicies (TrimClusterNetworkPolicy) and leaves other objects as they are.
 func CacheTransform(obj any) (any, error) {
 	if _, ok := obj.(*policyv1beta1.ClusterNetworkPolicy); ok {
-		return TrimClusterNetworkPolicy(obj)
+		return netpol.TrimClusterNetworkPolicy(obj)
 	}
 	return obj, nil
 }
@@ -91,7 +92,7 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	}
 	nodes, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: TrimNode}},
+		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: netpol.TrimNode}},
 	})
 	if err != nil {
 		return fmt.Errorf("making the node cache: %w", err)
@@ -113,7 +114,7 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
 		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogSetting: ClusterDenyLog(mgr.GetCache()), DenyLogProbe: applier.ProbeDenyLogs, IPv6: o.IPv6,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
-		OnSync: func(st Status, rs *Ruleset, took time.Duration) {
+		OnSync: func(st Status, rs *netpol.Ruleset, took time.Duration) {
 			m.Observe(st, rs, took)
 			denyLogs.Synced(st, rs)
 			reporter.set(st)
@@ -170,13 +171,13 @@ func watch(ctx context.Context, c cache.Cache, e *Engine) error {
 // ClusterDenyLog reads spec.networkPolicy.denyLogs of the ClusterNetwork in c (the agent's
 // cache, which follows the ClusterNetwork anyway: uninstall.Watch), for
 // Engine.DenyLogSetting; ok false while there is none.
-func ClusterDenyLog(c client.Reader) func(ctx context.Context) (DenyLog, bool) {
-	return func(ctx context.Context) (DenyLog, bool) {
+func ClusterDenyLog(c client.Reader) func(ctx context.Context) (netpol.DenyLog, bool) {
+	return func(ctx context.Context) (netpol.DenyLog, bool) {
 		cn := &v1alpha1.ClusterNetwork{}
 		if err := c.Get(ctx, types.NamespacedName{Name: v1alpha1.ClusterNetworkName}, cn); err != nil {
-			return DenyLog{}, false
+			return netpol.DenyLog{}, false
 		}
-		return DenyLogFrom(cn.Spec.NetworkPolicy.DenyLogs), true
+		return netpol.DenyLogFrom(cn.Spec.NetworkPolicy.DenyLogs), true
 	}
 }
 
@@ -216,7 +217,7 @@ func watchNodeNetworks(ctx context.Context, c cache.Cache, trigger func()) error
 		UpdateFunc: func(o, n any) {
 			on, ok1 := o.(*v1alpha1.NodeNetwork)
 			nn, ok2 := n.(*v1alpha1.NodeNetwork)
-			if !ok1 || !ok2 || !NodeNetFrom(on).Equal(NodeNetFrom(nn)) {
+			if !ok1 || !ok2 || !netpol.NodeNetFrom(on).Equal(netpol.NodeNetFrom(nn)) {
 				trigger()
 			}
 		},

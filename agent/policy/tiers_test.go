@@ -16,6 +16,7 @@ import (
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Helpers that write ClusterNetworkPolicies the way an admin does.
@@ -79,7 +80,7 @@ type tierProbe struct {
 	allowed  bool
 }
 
-func tierWorld() State {
+func tierWorld() netpol.State {
 	st := world()
 	st.Nodes = []*Node{
 		{Name: "node1", Labels: map[string]string{"kubernetes.io/os": "linux", "role": "local"}, IPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
@@ -273,7 +274,7 @@ func TestClusterNetworkPolicyChains(t *testing.T) {
 	if !slices.Contains(toHost, "-i trlxa -j RETURN") {
 		t.Errorf("%s: %q, want x/a's node path left open", ChainPodToHost, toHost)
 	}
-	states := clusterPolicyStates(st, rs)
+	states := netpol.ClusterPolicyStates(st, rs)
 	if len(states) != 2 || states[0].Name != "deny" || states[0].Generation != 1 {
 		t.Errorf("states %+v", states)
 	}
@@ -282,7 +283,7 @@ func TestClusterNetworkPolicyChains(t *testing.T) {
 // staticSource is a ClusterPolicySource with fixed contents that counts node listings.
 type staticSource struct {
 	policies  []*cnp.ClusterNetworkPolicy
-	nodes     []*Node
+	nodes     []*netpol.Node
 	nodeCalls atomic.Int32
 }
 
@@ -290,7 +291,7 @@ func (s *staticSource) ClusterPolicies(context.Context) ([]*cnp.ClusterNetworkPo
 	return s.policies, nil
 }
 
-func (s *staticSource) Nodes(context.Context) ([]*Node, error) {
+func (s *staticSource) Nodes(context.Context) ([]*netpol.Node, error) {
 	s.nodeCalls.Add(1)
 	return s.nodes, nil
 }
@@ -378,12 +379,12 @@ func TestLongNamesFitComments(t *testing.T) {
 	if err := ks.Validate(); err != nil {
 		t.Errorf("the kernel would refuse the rules of long names: %v", err)
 	}
-	if err := rs.cutOff(rs.isolatedPods()).validate(); err != nil {
+	if err := rs.CutOff(rs.IsolatedPods()).validate(); err != nil {
 		t.Errorf("the kernel would refuse the cut-off rules of long names: %v", err)
 	}
 }
 
-func (rs *Ruleset) validate() error {
+func (rs *netpol.Ruleset) validate() error {
 	ks, err := kernelState(rs)
 	if err != nil {
 		return err

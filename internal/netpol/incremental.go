@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"maps"
@@ -39,10 +39,10 @@ type PeerChange struct {
 	Old, New *Pod
 }
 
-// setMemo keeps the members of pod-derived sets from sync to sync, so that a pod change
+// SetMemo keeps the members of pod-derived sets from sync to sync, so that a pod change
 // costs work in proportion to the sets and the pods that changed, never a walk over every
 // pod in the cluster. Sets no compile used are forgotten.
-type setMemo struct {
+type SetMemo struct {
 	sets map[string]*memoSet
 	used map[string]bool
 }
@@ -56,13 +56,13 @@ type memoSet struct {
 	stale bool
 }
 
-func newSetMemo() *setMemo {
-	return &setMemo{sets: map[string]*memoSet{}, used: map[string]bool{}}
+func NewSetMemo() *SetMemo {
+	return &SetMemo{sets: map[string]*memoSet{}, used: map[string]bool{}}
 }
 
 // update applies peer changes to every remembered set; namespacesChanged forgets the sets
 // whose membership depends on namespace labels (recomputed when next used).
-func (m *setMemo) update(changes []PeerChange, namespacesChanged bool, nss map[string]*Namespace) {
+func (m *SetMemo) Update(changes []PeerChange, namespacesChanged bool, nss map[string]*Namespace) {
 	for key, s := range m.sets {
 		if namespacesChanged && s.def.namespaced {
 			delete(m.sets, key)
@@ -91,7 +91,7 @@ func (m *setMemo) update(changes []PeerChange, namespacesChanged bool, nss map[s
 }
 
 // members returns the set's members, from memory or computed once from the peers.
-func (m *setMemo) members(key string, def podSetDef, peers []*Pod, nss map[string]*Namespace) []string {
+func (m *SetMemo) members(key string, def podSetDef, peers []*Pod, nss map[string]*Namespace) []string {
 	m.used[key] = true
 	s := m.sets[key]
 	if s == nil {
@@ -114,7 +114,7 @@ func (m *setMemo) members(key string, def podSetDef, peers []*Pod, nss map[strin
 }
 
 // sweep forgets the sets the last compile didn't use.
-func (m *setMemo) sweep() {
+func (m *SetMemo) Sweep() {
 	for key := range m.sets {
 		if !m.used[key] {
 			delete(m.sets, key)
@@ -123,9 +123,9 @@ func (m *setMemo) sweep() {
 	clear(m.used)
 }
 
-// podView remembers, between syncs, the converted pods (by resourceVersion, so that only
+// PodView remembers, between syncs, the converted pods (by resourceVersion, so that only
 // pods that changed are converted again), the peers and the namespaces' labels.
-type podView struct {
+type PodView struct {
 	converted  map[types.NamespacedName]convertedPod
 	peers      map[types.NamespacedName]*Pod
 	namespaces map[string]map[string]string
@@ -169,7 +169,7 @@ type DroppedPodAddr struct {
 // the addresses inside its node's pod blocks (trustedPod); the pods whose addresses were
 // dropped at this conversion are returned in fresh (to be reported once), and dropped
 // counts every address dropped now.
-func (v *podView) pods(items []*corev1.Pod, nets map[string]*NodeNet, check bool) (out []*Pod, fresh []DroppedPodAddr, dropped int) {
+func (v *PodView) Pods(items []*corev1.Pod, nets map[string]*NodeNet, check bool) (out []*Pod, fresh []DroppedPodAddr, dropped int) {
 	next := refill(v.spareConverted, len(items))
 	out = make([]*Pod, 0, len(items))
 	for i := range items {
@@ -197,18 +197,18 @@ func (v *podView) pods(items []*corev1.Pod, nets map[string]*NodeNet, check bool
 	return out, fresh, dropped
 }
 
-// nodeNetView converts NodeNetworks (again only when their resourceVersion changed),
+// NodeNetView converts NodeNetworks (again only when their resourceVersion changed),
 // keeping a node's NodeNet (the same pointer) while its blocks and addresses stay the
 // same: the pods of a node are checked again only when those change, not on each write
 // of its status. Its maps are updated in place (no per-sync copy of every node's).
-type nodeNetView struct {
+type NodeNetView struct {
 	nets map[string]*NodeNet
 	rv   map[string]string
 }
 
 // convert returns the NodeNets by node name; the map is the view's own, valid until the
 // next call.
-func (v *nodeNetView) convert(items []*v1alpha1.NodeNetwork) map[string]*NodeNet {
+func (v *NodeNetView) Convert(items []*v1alpha1.NodeNetwork) map[string]*NodeNet {
 	if v.nets == nil {
 		v.nets, v.rv = make(map[string]*NodeNet, len(items)), make(map[string]string, len(items))
 	}
@@ -238,7 +238,7 @@ func (v *nodeNetView) convert(items []*v1alpha1.NodeNetwork) map[string]*NodeNet
 }
 
 // peerChanges compares the peers with the last sync's.
-func (v *podView) peerChanges(peers []*Pod) []PeerChange {
+func (v *PodView) PeerChanges(peers []*Pod) []PeerChange {
 	next := refill(v.sparePeers, len(peers))
 	var changes []PeerChange
 	for _, p := range peers {
@@ -258,7 +258,7 @@ func (v *podView) peerChanges(peers []*Pod) []PeerChange {
 }
 
 // namespacesChanged reports whether any namespace came, went or changed labels.
-func (v *podView) namespacesChanged(nss []*Namespace) bool {
+func (v *PodView) NamespacesChanged(nss []*Namespace) bool {
 	next := make(map[string]map[string]string, len(nss))
 	changed := len(nss) != len(v.namespaces)
 	for _, n := range nss {
@@ -271,7 +271,7 @@ func (v *podView) namespacesChanged(nss []*Namespace) bool {
 	return changed
 }
 
-func (st State) namespaceMap() map[string]*Namespace {
+func (st State) NamespaceMap() map[string]*Namespace {
 	m := make(map[string]*Namespace, len(st.Namespaces))
 	for _, n := range st.Namespaces {
 		m[n.Name] = n

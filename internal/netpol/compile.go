@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"crypto/sha256"
@@ -18,8 +18,8 @@ import (
 
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Chains and sets trellis's policy engine owns. Every name starts with TRELLIS- (chains) or
@@ -35,8 +35,8 @@ const (
 	// of an isolated pod whose tracking was removed.
 	ChainOutput = "TRELLIS-OUTPUT"
 
-	ingressPrefix = "TRELLIS-I-" // + hash: a pod's ingress chain
-	egressPrefix  = "TRELLIS-E-" // + hash: a pod's egress chain
+	IngressPrefix = "TRELLIS-I-" // + hash: a pod's ingress chain
+	EgressPrefix  = "TRELLIS-E-" // + hash: a pod's egress chain
 	setPrefix     = "trellis-"
 )
 
@@ -137,15 +137,15 @@ var Jumps = []struct {
 // Compile computes the filter-table chains and ipsets that enforce st's policies on st's
 // endpoints. It is pure and deterministic: the same state gives the same Ruleset.
 func Compile(st State) *Ruleset {
-	return compileFamilies(st, nil)
+	return CompileIncremental(st, nil)
 }
 
-// compileFamilies is Compile, through memo when set: the IPv4 ruleset and, when st.IPv6,
+// CompileIncremental is Compile, through memo when set: the IPv4 ruleset and, when st.IPv6,
 // the IPv6 one, each by a compiler of its family over the same state.
-func compileFamilies(st State, memo *setMemo) *Ruleset {
-	rs := newCompiler(st, memo, ipam.IPv4).compile(st)
+func CompileIncremental(st State, memo *SetMemo) *Ruleset {
+	rs := newCompiler(st, memo, ipfamily.IPv4).compile(st)
 	if st.IPv6 {
-		rs.IPv6 = newCompiler(st, memo, ipam.IPv6).compile(st)
+		rs.IPv6 = newCompiler(st, memo, ipfamily.IPv6).compile(st)
 		// Reported once: a rule that can't be read can't be in either family.
 		for _, p := range rs.IPv6.Problems {
 			if !slices.Contains(rs.Problems, p) {
@@ -176,7 +176,7 @@ func (c *compiler) compile(st State) *Ruleset {
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Interface < eps[j].Interface })
 	var toPod, fromPod, toHost []Rule
 	var isolated []string
-	if c.family == ipam.IPv6 {
+	if c.family == ipfamily.IPv6 {
 		toHost = slices.Clone(neighbourDiscovery)
 	}
 	for _, ep := range eps {
@@ -198,7 +198,7 @@ func (c *compiler) compile(st State) *Ruleset {
 		// goes through its egress chain to its own node too (where NetworkPolicy's tier
 		// lets the node through).
 		if outTiers.cluster() {
-			toHost = append(toHost, Rule{InIface: ep.Interface, Verdict: Goto, Target: podChainName(egressPrefix, ep.Pod)})
+			toHost = append(toHost, Rule{InIface: ep.Interface, Verdict: Goto, Target: podChainName(EgressPrefix, ep.Pod)})
 		} else {
 			toHost = append(toHost, Rule{InIface: ep.Interface, Verdict: Return})
 		}
@@ -310,15 +310,15 @@ type compiler struct {
 	nodeNets        map[string]*NodeNet
 	denyLog         DenyLog
 	// memo, when set, holds pod-derived set members from earlier syncs (incremental).
-	memo *setMemo
+	memo *SetMemo
 	// family is the address family the compiler writes rules for; keyPrefix sets its sets'
 	// keys (and so names) apart from the other family's ("" for IPv4: its names predate
 	// IPv6).
-	family    ipam.Family
+	family    ipfamily.Family
 	keyPrefix string
 }
 
-func newCompiler(st State, memo *setMemo, family ipam.Family) *compiler {
+func newCompiler(st State, memo *SetMemo, family ipfamily.Family) *compiler {
 	c := &compiler{
 		rs: &Ruleset{}, pods: make(map[types.NamespacedName]*Pod, len(st.Endpoints)), namespaces: map[string]*Namespace{},
 		sets: map[string]*Set{}, setNames: map[string]string{},
@@ -326,7 +326,7 @@ func newCompiler(st State, memo *setMemo, family ipam.Family) *compiler {
 		memo: memo, subjects: map[*policyv1beta1.ClusterNetworkPolicy]subjectSelector{}, nodes: st.Nodes, nodeNets: st.NodeNets,
 		denyLog: st.DenyLog, family: family,
 	}
-	if family == ipam.IPv6 {
+	if family == ipfamily.IPv6 {
 		c.keyPrefix = "inet6|"
 	}
 	c.clusterPolicies = slices.Clone(st.ClusterPolicies)
@@ -342,7 +342,7 @@ func newCompiler(st State, memo *setMemo, family ipam.Family) *compiler {
 		}
 	}
 	// Set members are sorted when they are made: the peers' order doesn't matter.
-	c.addressed = st.peers
+	c.addressed = st.KnownPeers
 	if c.addressed == nil {
 		c.addressed = Peers(st.Pods)
 	}

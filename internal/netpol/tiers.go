@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"cmp"
@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // ClusterNetworkPolicy tiers, as the API defines them: for each direction of a pod's
@@ -27,8 +27,8 @@ import (
 // tailPrefixes name the second chain of a pod and direction: the NetworkPolicy and
 // Baseline tiers, the target of the Admin tier's Pass rules.
 const (
-	ingressTailPrefix = "TRELLIS-IN-"
-	egressTailPrefix  = "TRELLIS-EN-"
+	IngressTailPrefix = "TRELLIS-IN-"
+	EgressTailPrefix  = "TRELLIS-EN-"
 )
 
 // tiers are what applies to one pod for one direction.
@@ -153,9 +153,9 @@ func (c *compiler) readSubject(p *policyv1beta1.ClusterNetworkPolicy) (subjectSe
 // dropped) or, when no NetworkPolicy isolates the pod, the Baseline tier's rules (what
 // they don't decide is allowed).
 func (c *compiler) podChains(pod *Pod, ep Endpoint, t tiers, dir Direction) ([]Chain, PodChain) {
-	prefix, tailPrefix := ingressPrefix, ingressTailPrefix
+	prefix, tailPrefix := IngressPrefix, IngressTailPrefix
 	if dir == Egress {
-		prefix, tailPrefix = egressPrefix, egressTailPrefix
+		prefix, tailPrefix = EgressPrefix, EgressTailPrefix
 	}
 	pc := PodChain{Pod: ep.Pod, Direction: dir, Chain: podChainName(prefix, ep.Pod), Policies: policyNames(t.nps)}
 	var tail []Rule
@@ -373,7 +373,7 @@ func (c *compiler) nodeSet(sel labels.Selector) string {
 			ips = slices.Concat(ips, nn.Addrs)
 		}
 		for _, ip := range ips {
-			if ipam.FamilyOf(ip) == c.family {
+			if ipfamily.Of(ip) == c.family {
 				members = append(members, ip.Unmap().String())
 			}
 		}
@@ -502,8 +502,8 @@ type ClusterPolicyState struct {
 	Problems []string
 }
 
-// clusterPolicyStates are the states of st's ClusterNetworkPolicies once rs is applied.
-func clusterPolicyStates(st State, rs *Ruleset) []ClusterPolicyState {
+// ClusterPolicyStates are the states of st's ClusterNetworkPolicies once rs is applied.
+func ClusterPolicyStates(st State, rs *Ruleset) []ClusterPolicyState {
 	problems := map[string][]string{}
 	for _, p := range rs.Problems {
 		if p.ClusterPolicy != "" {

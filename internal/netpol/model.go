@@ -21,7 +21,7 @@
 // ipBlocks and named ports of remote pods are ipsets, so a packet's cost depends on the
 // rules of the policies selecting its pod, never on the number of policies in the cluster,
 // and a pod coming, going or changing labels changes set members, not chains.
-package policy
+package netpol
 
 import (
 	"net/netip"
@@ -31,7 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Port is a container port a pod declares (named ports resolve against these).
@@ -88,8 +88,8 @@ func (p *Pod) Addressable() bool {
 }
 
 // Addr is the pod's address of family f (invalid when it has none).
-func (p *Pod) Addr(f ipam.Family) netip.Addr {
-	if f == ipam.IPv6 {
+func (p *Pod) Addr(f ipfamily.Family) netip.Addr {
+	if f == ipfamily.IPv6 {
 		return p.IPv6
 	}
 	return p.IP
@@ -154,8 +154,8 @@ type Endpoint struct {
 }
 
 // Addr is the endpoint's address of family f.
-func (ep Endpoint) Addr(f ipam.Family) netip.Addr {
-	if f == ipam.IPv6 {
+func (ep Endpoint) Addr(f ipfamily.Family) netip.Addr {
+	if f == ipfamily.IPv6 {
 		return ep.IPv6
 	}
 	return ep.IP
@@ -182,6 +182,6 @@ type State struct {
 	// IPv6: the node's pods may have IPv6 addresses (the cluster has an IPv6 pod range):
 	// Compile also makes the IPv6 ruleset (Ruleset.IPv6).
 	IPv6 bool
-	// peers, when set, is Peers(Pods), computed once by the engine.
-	peers []*Pod
+	// KnownPeers, when set, is Peers(Pods), computed once by the engine.
+	KnownPeers []*Pod
 }

@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"cmp"
@@ -8,7 +8,7 @@ import (
 
 	netutils "k8s.io/utils/net"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // maxIPBlockPrefixes bounds the set entries one ipBlock becomes. By construction an
@@ -31,7 +31,7 @@ const maxIPBlockPrefixes = 1 << 16
 // bits are masked off, and an IPv4-mapped IPv6 prefix of /96 or longer is the IPv4 prefix
 // it maps (what net.IPNet.Contains, the API's "except inside cidr" check, makes of it). An
 // except of the other family, or outside the cidr, excludes nothing.
-func ipBlockPrefixes(f ipam.Family, cidr string, except []string) ([]netip.Prefix, error) {
+func ipBlockPrefixes(f ipfamily.Family, cidr string, except []string) ([]netip.Prefix, error) {
 	block, err := parseBlockCIDR(cidr)
 	if err != nil {
 		return nil, fmt.Errorf("cidr %q: %w", cidr, err)
@@ -51,7 +51,7 @@ func ipBlockPrefixes(f ipam.Family, cidr string, except []string) ([]netip.Prefi
 			holes = append(holes, e)
 		}
 	}
-	if block.Addr().Is4() != (f == ipam.IPv4) || covered {
+	if block.Addr().Is4() != (f == ipfamily.IPv4) || covered {
 		return nil, nil
 	}
 	// Sorted by address then length, a hole inside an earlier one comes right after it

@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"fmt"
@@ -7,8 +7,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// isolatedPods are the pods that have chains of their own (in either family's rules).
-func (rs *Ruleset) isolatedPods() map[types.NamespacedName]bool {
+// IsolatedPods are the pods that have chains of their own (in either family's rules).
+func (rs *Ruleset) IsolatedPods() map[types.NamespacedName]bool {
 	out := map[types.NamespacedName]bool{}
 	for r := rs; r != nil; r = r.IPv6 {
 		for _, pc := range r.PodChains {
@@ -18,13 +18,13 @@ func (rs *Ruleset) isolatedPods() map[types.NamespacedName]bool {
 	return out
 }
 
-// cutOff is rs with the chains of pods replaced by a single DROP: those pods' traffic (for
+// CutOff is rs with the chains of pods replaced by a single DROP: those pods' traffic (for
 // the directions a policy isolates them in) is dropped, whatever their policies allow,
 // and the sets only their rules used are left out. It is how a pod whose own rules can't
 // be programmed fails closed without holding up anyone else's. The pods are cut off in
 // both families: a pod whose IPv6 rules the kernel refuses loses its IPv4 policy's allows
 // too (which of its rules failed is not told apart).
-func (rs *Ruleset) cutOff(pods map[types.NamespacedName]bool) *Ruleset {
+func (rs *Ruleset) CutOff(pods map[types.NamespacedName]bool) *Ruleset {
 	if len(pods) == 0 {
 		return rs
 	}
@@ -35,7 +35,7 @@ func (rs *Ruleset) cutOff(pods map[types.NamespacedName]bool) *Ruleset {
 	return out
 }
 
-// cutOffFamily is cutOff of rs's own family.
+// cutOffFamily is CutOff of rs's own family.
 func (rs *Ruleset) cutOffFamily(pods map[types.NamespacedName]bool) *Ruleset {
 	cut := map[string]types.NamespacedName{}
 	for _, pc := range rs.PodChains {

@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"crypto/sha256"
@@ -7,9 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	agentconfig "github.com/trellis-net/trellis/agent/config"
-	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/agentconfig"
 )
 
 // Deny logs: where a pod's namespace asks for them, each DROP rule of the pod's chains is
@@ -25,7 +24,7 @@ import (
 // denied packets in one namespace empties its own bucket, never another namespace's; it
 // costs the node a hash lookup per packet, and the kernel passes the agent at most
 // LinesPerSecond messages a second in all. The agent splits its own bound the same way
-// (denylog.Limiter). Where logging is off, the chains are what they are without this
+// (agent/denylog's Limiter). Where logging is off, the chains are what they are without this
 // feature.
 //
 // The IPv6 chains (ip6tables) get the same NFLOG rules, to the same group with the same
@@ -50,11 +49,11 @@ const (
 // DefaultNFLOGGroup is the netlink log group the NFLOG rules send to and the agent reads.
 const DefaultNFLOGGroup = 7425
 
-// denyLogCopy is how many bytes of each denied packet the kernel copies to the agent: an
+// DenyLogCopy is how many bytes of each denied packet the kernel copies to the agent: an
 // IPv4 header with options (60), or IPv6's (40) with the extension headers a pod's packet
 // usually has (none, or a fragment header's 8), and the first bytes of TCP/UDP/SCTP
 // (ports, flags).
-const denyLogCopy = 128
+const DenyLogCopy = 128
 
 // DenyLog configures deny logs (ClusterNetwork spec.networkPolicy.denyLogs).
 type DenyLog struct {
@@ -103,7 +102,7 @@ func (d DenyLog) On(ns *Namespace) bool {
 	}
 }
 
-func (d DenyLog) group() uint16 {
+func (d DenyLog) NFLOGGroup() uint16 {
 	if d.Group == 0 {
 		return DefaultNFLOGGroup
 	}
@@ -130,10 +129,10 @@ func (d DenyLog) limitName(namespace string) string {
 
 // shareRate is a namespace's share of LinesPerSecond split between d.shares namespaces,
 // as hashlimit's rate (in the first of /sec, /min, /hour that says it exactly, else per
-// hour rounded down) and burst (one second's worth, at least 1; denylog.Share).
+// hour rounded down) and burst (one second's worth, at least 1; DenyLogShare).
 func (d DenyLog) shareRate() (string, int) {
 	perSecond, n := max(d.LinesPerSecond, 1), max(d.shares, 1)
-	_, burst := denylog.Share(perSecond, n)
+	_, burst := DenyLogShare(perSecond, n)
 	switch {
 	case perSecond%n == 0:
 		return fmt.Sprintf("%d/sec", perSecond/n), burst
@@ -193,7 +192,7 @@ func (c *compiler) withDenyLogs(chains []Chain, pc PodChain) []Chain {
 				prefix := fmt.Sprintf("%s %d", ch.Name, len(rules))
 				log := r
 				log.Limit = c.denyLog.limit(pc.Pod.Namespace)
-				log.Verdict, log.Log = Log, &LogTarget{Prefix: prefix, Group: c.denyLog.group(), Size: denyLogCopy}
+				log.Verdict, log.Log = Log, &LogTarget{Prefix: prefix, Group: c.denyLog.NFLOGGroup(), Size: DenyLogCopy}
 				rules = append(rules, log)
 				if c.rs.DenyLogRules == nil {
 					c.rs.DenyLogRules = map[string]DenyLogRule{}
@@ -218,4 +217,39 @@ func denyLogRule(pc PodChain, r *Rule) DenyLogRule {
 		d.ClusterPolicy = o.Rules[0].ClusterPolicy
 	}
 	return d
+}
+
+// DenyLogShare is one namespace's part of perSecond lines a second split between n
+// namespaces: its rate and its burst (one second's worth, at least 1). The kernel's
+// per-namespace limit (the rules' hashlimit) and the agent's (agent/denylog's Limiter) use
+// it alike.
+func DenyLogShare(perSecond, n int) (perSec float64, burst int) {
+	perSecond, n = max(perSecond, 1), max(n, 1)
+	return float64(perSecond) / float64(n), max(1, perSecond/n)
+}
+
+// WithoutDenyLogs is rs with no deny log rule, in either family: its chains are exactly
+// what they are compiled without deny logs (withDenyLogs only adds the NFLOG rules).
+func (rs *Ruleset) WithoutDenyLogs() *Ruleset {
+	if rs == nil {
+		return nil
+	}
+	v6 := rs.IPv6.WithoutDenyLogs()
+	if len(rs.DenyLogRules) == 0 && v6 == rs.IPv6 {
+		return rs
+	}
+	out := *rs
+	out.IPv6 = v6
+	out.DenyLogRules = nil
+	out.Chains = make([]Chain, len(rs.Chains))
+	for i, c := range rs.Chains {
+		rules := make([]Rule, 0, len(c.Rules))
+		for _, r := range c.Rules {
+			if r.Verdict != Log {
+				rules = append(rules, r)
+			}
+		}
+		out.Chains[i] = Chain{Name: c.Name, Rules: rules}
+	}
+	return &out
 }

@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"fmt"
@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // What `kubectl trellis explain` needs: a node's rules compiled as that node's agent
@@ -22,7 +22,7 @@ import (
 
 // NodeView is one node's policy rules as its agent computes them from st: its endpoints
 // are the pods the API server shows on the node with an address of their own (the agent
-// attributes a veth without the plugin's announcement the same way), each given an
+// attributes a veth without the plugin's Announcement the same way), each given an
 // interface name of its own (the real veth names are the runtime's; the rules depend on
 // them only as names).
 type NodeView struct {
@@ -45,8 +45,8 @@ func CompileNode(st State, node string) *NodeView {
 			}
 		}
 	}
-	st.Endpoints, st.Pods = endpoints(node, st.Pods, wired, nil, time.Time{}, 0)
-	st.peers = nil
+	st.Endpoints, st.Pods = Endpoints(node, st.Pods, wired, nil, time.Time{}, 0)
+	st.KnownPeers = nil
 	v := &NodeView{Node: node, st: st, ifs: map[types.NamespacedName]string{}, pods: map[types.NamespacedName]*Pod{}}
 	for _, ep := range st.Endpoints {
 		v.ifs[ep.Pod] = ep.Interface
@@ -173,7 +173,7 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 		return side, fmt.Errorf("evaluating the rules of node %s: %w", v.Node, err)
 	}
 	side.Allowed = tr.Allowed
-	c := newCompiler(v.st, nil, ipam.FamilyOf(p.Src))
+	c := newCompiler(v.st, nil, ipfamily.Of(p.Src))
 	podObj := v.pods[pod]
 	var nps []*networkingv1.NetworkPolicy
 	if podObj != nil {
@@ -198,7 +198,7 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 	}
 	own := map[string]bool{}
 	rs := v.Rules
-	if c.family == ipam.IPv6 && rs.IPv6 != nil {
+	if c.family == ipfamily.IPv6 && rs.IPv6 != nil {
 		// An IPv6 packet goes through the IPv6 chains (Trace judges it there too).
 		rs = rs.IPv6
 	}
