@@ -31,10 +31,10 @@ import (
 
 	"github.com/trellis-net/trellis/agent/cniinstall"
 	"github.com/trellis-net/trellis/agent/datapath"
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/diagreport"
 	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
@@ -57,7 +57,7 @@ type Collector struct {
 	busy chan struct{}
 }
 
-// Handler serves GET report.Path with the node's Report as JSON. One collection runs at a
+// Handler serves GET diagreport.Path with the node's Report as JSON. One collection runs at a
 // time per node; a second caller waits for it (or its own deadline).
 func (c *Collector) Handler() http.Handler {
 	c.busy = make(chan struct{}, 1)
@@ -84,10 +84,10 @@ func (c *Collector) Handler() http.Handler {
 }
 
 // Collect reads every item; an item that fails says why in its Error.
-func (c *Collector) Collect(ctx context.Context) report.Report {
-	rep := report.Report{Node: c.NodeName, Version: c.Version, CollectedAt: time.Now().UTC()}
+func (c *Collector) Collect(ctx context.Context) diagreport.Report {
+	rep := diagreport.Report{Node: c.NodeName, Version: c.Version, CollectedAt: time.Now().UTC()}
 	add := func(file string, content string, err error) {
-		it := report.Item{File: file, Content: content}
+		it := diagreport.Item{File: file, Content: content}
 		if len(it.Content) > MaxItemBytes {
 			it.Content, it.Truncated = it.Content[:MaxItemBytes], true
 		}

@@ -21,8 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/diagreport"
 )
 
 // Server serves the diagnostics on the node's loopback (127.0.0.1:Port; the agent is
@@ -120,7 +120,7 @@ func (s *Server) Start(ctx context.Context) error {
 
 func (s *Server) mux() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(report.Path, s.Handler)
+	mux.Handle(diagreport.Path, s.Handler)
 	return mux
 }
 
@@ -159,7 +159,7 @@ func (s *Server) publish(ctx context.Context, want v1alpha1.NodeDiagnosticsStatu
 }
 
 // SelfSigned makes a new ECDSA P-256 key and a self-signed certificate for it, and
-// returns the certificate's fingerprint (report.Fingerprint). The key lives in memory
+// returns the certificate's fingerprint (diagreport.Fingerprint). The key lives in memory
 // only: a restarted agent has a new one. Clients pin the fingerprint, so names and
 // validity don't matter; the validity is long so a clock step never breaks it.
 func SelfSigned(node string) (tls.Certificate, string, error) {
@@ -185,5 +185,5 @@ func SelfSigned(node string) (tls.Certificate, string, error) {
 	if err != nil {
 		return tls.Certificate{}, "", fmt.Errorf("making the diagnostics certificate: %w", err)
 	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, report.Fingerprint(der), nil
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, diagreport.Fingerprint(der), nil
 }

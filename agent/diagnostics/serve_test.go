@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/trellis-net/trellis/agent/diagnostics"
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/diagreport"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/testenv"
 )
@@ -92,10 +92,10 @@ func TestServerPublishesItsCertificate(t *testing.T) {
 	var seen string
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true, // the fingerprint is what is checked
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			seen = report.Fingerprint(cs.PeerCertificates[0].Raw)
+			seen = diagreport.Fingerprint(cs.PeerCertificates[0].Raw)
 			return nil
 		}}}}
-	resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d%s", port, report.Path))
+	resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d%s", port, diagreport.Path))
 	if err != nil {
 		t.Fatal(err)
 	}

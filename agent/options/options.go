@@ -15,9 +15,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/diagreport"
 	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/metricsserving"
 )
@@ -67,7 +67,7 @@ func New() *Options {
 		ConfigPath:      "/etc/trellis/config.json",
 		HealthAddr:      "127.0.0.1:9799",
 		Metrics:         metricsserving.Options{Addr: ":9798", Secure: true},
-		DiagnosticsPort: report.DefaultPort,
+		DiagnosticsPort: diagreport.DefaultPort,
 		CNIBinDir:       "/host/opt/cni/bin",
 		CNIConfDir:      "/host/etc/cni/net.d",
 		ReadyFile:       cnicontract.DefaultReadyFile,

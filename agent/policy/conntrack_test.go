@@ -1,10 +1,11 @@
 package policy
 
 import (
-	"github.com/trellis-net/trellis/internal/netpol"
 	"net"
 	"net/netip"
 	"testing"
+
+	"github.com/trellis-net/trellis/internal/netpol"
 
 	"github.com/vishvananda/netlink"
 	networkingv1 "k8s.io/api/networking/v1"

@@ -29,6 +29,7 @@ import (
 	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
@@ -77,10 +78,10 @@ func TestDenyLogsKernel(t *testing.T) {
 				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
 				Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntstr("echo")}},
 			}})
-			state := func(annotation string) policy.State {
+			state := func(annotation string) netpol.State {
 				st := n.state(webPolicy)
 				st.Namespaces[0].DenyLogs = annotation
-				st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
+				st.DenyLog = netpol.DenyLog{Mode: netpol.DenyLogAnnotated, LinesPerSecond: rate}
 				return st
 			}
 			var got lines
@@ -90,7 +91,7 @@ func TestDenyLogsKernel(t *testing.T) {
 			apply := func(annotation string) {
 				t.Helper()
 				st := state(annotation)
-				rs := policy.Compile(st)
+				rs := netpol.Compile(st)
 				check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 				d.SetRules(rs)
 			}
@@ -185,7 +186,7 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 			}})
 			st := n.state(webPolicy)
 			st.Namespaces[0].DenyLogs = "true"
-			st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
+			st.DenyLog = netpol.DenyLog{Mode: netpol.DenyLogAnnotated, LinesPerSecond: rate}
 			var got lines
 			reg := prometheus.NewRegistry()
 			d := startDenyLogger(t, n, rate, reg, &got)
@@ -196,7 +197,7 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 			}, logr.Discard())
 			check.Must(t, m.Register(reg))
 
-			rs := policy.Compile(st)
+			rs := netpol.Compile(st)
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 			d.SetRules(rs)
 			m.Observe(policy.Status{Enforced: true}, rs, 0)
@@ -284,12 +285,12 @@ func TestDenyLogsKernelNamespaceShares(t *testing.T) {
 			apiDeny.Namespace = "bank"
 			st := n.state(webDeny, apiDeny)
 			st.Namespaces[0].DenyLogs = "true"
-			st.Namespaces = append(st.Namespaces, &policy.Namespace{Name: "bank", Labels: map[string]string{"kubernetes.io/metadata.name": "bank"}, DenyLogs: "true"})
-			st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
+			st.Namespaces = append(st.Namespaces, &netpol.Namespace{Name: "bank", Labels: map[string]string{"kubernetes.io/metadata.name": "bank"}, DenyLogs: "true"})
+			st.DenyLog = netpol.DenyLog{Mode: netpol.DenyLogAnnotated, LinesPerSecond: rate}
 			var got lines
 			reg := prometheus.NewRegistry()
 			d := startDenyLogger(t, n, rate, reg, &got)
-			rs := policy.Compile(st)
+			rs := netpol.Compile(st)
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 			d.SetRules(rs)
 			waitReader(t, d, &got)
@@ -368,11 +369,11 @@ func TestDenyLogsKernelIgnoresMessagesNotFromKernel(t *testing.T) {
 	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
 	st := n.state(policyFor("web", map[string]string{"app": "web"}, nil))
 	st.Namespaces[0].DenyLogs = "true"
-	st.DenyLog = policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: rate}
+	st.DenyLog = netpol.DenyLog{Mode: netpol.DenyLogAnnotated, LinesPerSecond: rate}
 	var got lines
 	reg := prometheus.NewRegistry()
 	d, opened := startDenyLoggerReader(t, n, rate, reg, &got)
-	rs := policy.Compile(st)
+	rs := netpol.Compile(st)
 	check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 	d.SetRules(rs)
 	waitReader(t, d, &got)
@@ -453,7 +454,7 @@ func forgedNFLOG(prefix string, src, dst netip.Addr, sport, dport uint16) []byte
 	binary.BigEndian.PutUint16(ip[22:], dport)
 	ip[32], ip[33] = 5<<4, 0x02 // data offset, SYN
 	body := []byte{unix.AF_INET, 0, 0, 0}
-	binary.BigEndian.PutUint16(body[2:], policy.DefaultNFLOGGroup)
+	binary.BigEndian.PutUint16(body[2:], netpol.DefaultNFLOGGroup)
 	for _, a := range []*nl.RtAttr{
 		nl.NewRtAttr(1, []byte{0x08, 0x00, 2, 0}),   // NFULA_PACKET_HDR: IPv4, FORWARD
 		nl.NewRtAttr(10, append([]byte(prefix), 0)), // NFULA_PREFIX

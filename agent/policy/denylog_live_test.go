@@ -24,6 +24,7 @@ import (
 	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/testenv"
 )
@@ -79,13 +80,13 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 	e := &policy.Engine{
 		Reader: mgr.GetCache(), ListPods: policy.InformerPods(mgr.GetCache()), NodeName: "node1",
 		Applier: applied, Log: testr.New(t), SetupTimeout: 5 * time.Second,
-		DenyLog:        policy.DenyLog{Mode: policy.DenyLogAnnotated, LinesPerSecond: 100},
+		DenyLog:        netpol.DenyLog{Mode: netpol.DenyLogAnnotated, LinesPerSecond: 100},
 		DenyLogSetting: policy.ClusterDenyLog(mgr.GetCache()),
 		Wired: func() (map[netip.Addr]string, error) {
 			return map[netip.Addr]string{pods["shop"]: "veth-shop", pods["bank"]: "veth-bank"}, nil
 		},
-		DeleteDenied: func(*policy.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
-		OnSync:       func(st policy.Status, rs *policy.Ruleset, _ time.Duration) { d.Synced(st, rs) },
+		DeleteDenied: func(*netpol.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
+		OnSync:       func(st policy.Status, rs *netpol.Ruleset, _ time.Duration) { d.Synced(st, rs) },
 	}
 	check.Must(t, mgr.Add(e))
 	check.Must(t, policy.Watch(mgr, e))
@@ -97,7 +98,7 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 	// logged sends the logger, as the kernel would, attempts denied at each namespace's pod
 	// through its deny log rule, if the rules have one, and counts the lines by namespace.
 	sport := uint16(0)
-	logged := func(rs *policy.Ruleset, attempts int) map[string]int {
+	logged := func(rs *netpol.Ruleset, attempts int) map[string]int {
 		linesMu.Lock()
 		lines = nil
 		linesMu.Unlock()
@@ -142,7 +143,7 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 			cur.Spec.NetworkPolicy.DenyLogs = v1alpha1.DenyLogsSpec{Mode: step.mode, LinesPerSecond: step.lines}
 			check.Must(t, c.Patch(ctx, cur, client.MergeFrom(orig)))
 		}
-		var rs *policy.Ruleset
+		var rs *netpol.Ruleset
 		check.Eventually(t, 10*time.Second, name+": the rules the engine applies", func() error {
 			rs = applied.ruleset()
 			if rs == nil {
@@ -160,7 +161,7 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 			// A rate edit alone leaves the same pods logged: wait for the rate too.
 			for _, ch := range rs.Chains {
 				for _, r := range ch.Rules {
-					if r.Verdict == policy.Log && (r.Limit == nil || r.Limit.Rate != step.rate) {
+					if r.Verdict == netpol.Log && (r.Limit == nil || r.Limit.Rate != step.rate) {
 						return fmt.Errorf("deny log rule %s, want the rate %s", r, step.rate)
 					}
 				}
@@ -176,10 +177,10 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 // lastApplied is an Applier that keeps the last Ruleset it was given (no kernel).
 type lastApplied struct {
 	mu sync.Mutex
-	rs *policy.Ruleset
+	rs *netpol.Ruleset
 }
 
-func (a *lastApplied) Apply(rs *policy.Ruleset, _ bool) (bool, error) {
+func (a *lastApplied) Apply(rs *netpol.Ruleset, _ bool) (bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.rs = rs
@@ -188,7 +189,7 @@ func (a *lastApplied) Apply(rs *policy.Ruleset, _ bool) (bool, error) {
 
 func (a *lastApplied) Remove() error { return nil }
 
-func (a *lastApplied) ruleset() *policy.Ruleset {
+func (a *lastApplied) ruleset() *netpol.Ruleset {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.rs

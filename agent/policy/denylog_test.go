@@ -46,11 +46,11 @@ func TestDenyLogsOffChangeNothing(t *testing.T) {
 		{"mode Off, namespace annotated true", "true", netpol.DenyLogOff},
 		{"mode Annotated, namespace not annotated", "", netpol.DenyLogAnnotated},
 		{"mode Annotated, namespace annotated false", "false", netpol.DenyLogAnnotated},
-		{"mode All, namespace annotated false", "false", DenyLogAll},
-		{"mode Annotated, namespace annotated yes (only true switches on)", "yes", DenyLogAnnotated},
+		{"mode All, namespace annotated false", "false", netpol.DenyLogAll},
+		{"mode Annotated, namespace annotated yes (only true switches on)", "yes", netpol.DenyLogAnnotated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rs := Compile(denyLogWorld(tc.annotation, tc.mode))
+			rs := netpol.Compile(denyLogWorld(tc.annotation, tc.mode))
 			if !reflect.DeepEqual(rs.Chains, plain.Chains) {
 				t.Errorf("chains differ from the chains without deny logs:\n%s\nwant\n%s", dump(rs), dump(plain))
 			}
@@ -70,17 +70,17 @@ func TestDenyLogsRendering(t *testing.T) {
 		burst  int
 		shares int
 	}{
-		{"mode Annotated, namespace annotated true", "true", DenyLogAnnotated, "100/sec", 100, 1},
-		{"mode All, namespace not annotated (x, y, z split the bound)", "", DenyLogAll, "2000/min", 33, 3},
+		{"mode Annotated, namespace annotated true", "true", netpol.DenyLogAnnotated, "100/sec", 100, 1},
+		{"mode All, namespace not annotated (x, y, z split the bound)", "", netpol.DenyLogAll, "2000/min", 33, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := denyLogWorld(tc.annotation, tc.mode)
-			rs := Compile(st)
-			plain := Compile(denyLogWorld("", DenyLogOff))
+			rs := netpol.Compile(st)
+			plain := netpol.Compile(denyLogWorld("", netpol.DenyLogOff))
 			// Each DROP of x's pod chains has an NFLOG twin right before it; nothing else changes.
 			var logs int
 			for i, c := range rs.Chains {
-				var without []Rule
+				var without []netpol.Rule
 				rules := texts(c.Rules)
 				for j, r := range rules {
 					if !strings.Contains(r, "-j NFLOG") {
@@ -88,7 +88,7 @@ func TestDenyLogsRendering(t *testing.T) {
 						continue
 					}
 					logs++
-					if !strings.HasPrefix(c.Name, ingressPrefix) && !strings.HasPrefix(c.Name, egressPrefix) {
+					if !strings.HasPrefix(c.Name, netpol.IngressPrefix) && !strings.HasPrefix(c.Name, netpol.EgressPrefix) {
 						t.Errorf("chain %s: a deny log outside a pod chain: %s", c.Name, r)
 					}
 					if j+1 >= len(rules) || !strings.HasSuffix(rules[j+1], "-j DROP") {
@@ -103,14 +103,14 @@ func TestDenyLogsRendering(t *testing.T) {
 						t.Errorf("chain %s rule %d:\n%s\nwant\n%s", c.Name, j, r, want)
 					}
 				}
-				if !reflect.DeepEqual(Chain{Name: c.Name, Rules: without}, plain.Chains[i]) {
+				if !reflect.DeepEqual(netpol.Chain{Name: c.Name, Rules: without}, plain.Chains[i]) {
 					t.Errorf("chain %s without its deny logs is not the chain without deny logs:\n%q\n%q", c.Name, texts(without), texts(plain.Chains[i].Rules))
 				}
 			}
 			if logs != 2 || len(rs.DenyLogRules) != 2 {
 				t.Fatalf("%d deny log rules, %d resolvable, want 2 (x/a's NetworkPolicy drop, x/b's Admin Deny):\n%s", logs, len(rs.DenyLogRules), dump(rs))
 			}
-			got := map[types.NamespacedName]DenyLogRule{}
+			got := map[types.NamespacedName]netpol.DenyLogRule{}
 			for _, d := range rs.DenyLogRules {
 				got[d.Pod] = d
 				if d.Shares != tc.shares {
@@ -118,17 +118,17 @@ func TestDenyLogsRendering(t *testing.T) {
 				}
 			}
 			a, b := got[types.NamespacedName{Namespace: "x", Name: "a"}], got[types.NamespacedName{Namespace: "x", Name: "b"}]
-			if a.Direction != Ingress || a.Rule != "not allowed by NetworkPolicy" || a.ClusterPolicy != "" ||
+			if a.Direction != netpol.Ingress || a.Rule != "not allowed by NetworkPolicy" || a.ClusterPolicy != "" ||
 				!reflect.DeepEqual(a.Policies, []types.NamespacedName{{Namespace: "x", Name: "web"}}) {
 				t.Errorf("x/a's deny log stands for %+v, want ingress, NetworkPolicy x/web", a)
 			}
-			if b.Direction != Ingress || b.ClusterPolicy != "no-z" || b.Rule != "admin/no-z ingress[0] Deny" {
+			if b.Direction != netpol.Ingress || b.ClusterPolicy != "no-z" || b.Rule != "admin/no-z ingress[0] Deny" {
 				t.Errorf("x/b's deny log stands for %+v, want ingress, admin/no-z ingress[0] Deny", b)
 			}
 			// The evaluator reads every rule and gives the verdicts it gives without logs.
 			for _, from := range []string{"y/a", "z/a", "x/c"} {
 				for _, to := range []string{"x/a", "x/b"} {
-					p := Packet{Src: podIP(st, from), Dst: podIP(st, to), Protocol: "tcp", DstPort: 80,
+					p := netpol.Packet{Src: podIP(st, from), Dst: podIP(st, to), Protocol: "tcp", DstPort: 80,
 						InInterface: iface(st, podIP(st, from)), OutInterface: iface(st, podIP(st, to))}
 					on, err := rs.Allowed(p)
 					if err != nil {
@@ -154,12 +154,12 @@ var limitName = regexp.MustCompile(`\btd[0-9a-f]{13}\b`)
 // namespaces that log and have pods on the node, and it changes only when one comes or
 // goes.
 func TestDenyLogsPerNamespaceLimit(t *testing.T) {
-	st := denyLogWorld("", DenyLogAll)
+	st := denyLogWorld("", netpol.DenyLogAll)
 	// y/a and z/a are isolated too (deny all ingress).
 	st.Policies = append(st.Policies,
 		np("y", "deny", map[string]string{"pod": "a"}, nil, nil, nil),
 		np("z", "deny", map[string]string{"pod": "a"}, nil, nil, nil))
-	tables := func(rs *Ruleset) map[string]string { // namespace -> table
+	tables := func(rs *netpol.Ruleset) map[string]string { // namespace -> table
 		out := map[string]string{}
 		for _, c := range rs.Chains {
 			for j, r := range texts(c.Rules) {
@@ -168,7 +168,7 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 				}
 				d, ok := rs.DenyLogRules[c.Name+" "+strconv.Itoa(j)]
 				if !ok {
-					t.Fatalf("chain %s rule %d: no DenyLogRule", c.Name, j)
+					t.Fatalf("chain %s rule %d: no netpol.DenyLogRule", c.Name, j)
 				}
 				name := limitName.FindString(r)
 				if name == "" {
@@ -185,20 +185,20 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 		}
 		return out
 	}
-	all := tables(Compile(st))
+	all := tables(netpol.Compile(st))
 	if len(all) != 3 || all["x"] == all["y"] || all["y"] == all["z"] || all["x"] == all["z"] {
 		t.Fatalf("tables by namespace %v, want x, y and z each its own", all)
 	}
 	// A new isolated pod in a namespace already there: the tables stay.
-	st2 := denyLogWorld("", DenyLogAll)
+	st2 := denyLogWorld("", netpol.DenyLogAll)
 	st2.Policies = append(st2.Policies, np("y", "deny", map[string]string{"pod": "a"}, nil, nil, nil),
 		np("z", "deny", map[string]string{"pod": "a"}, nil, nil, nil), np("z", "deny-b", map[string]string{"pod": "b"}, nil, nil, nil))
-	if got := tables(Compile(st2)); !reflect.DeepEqual(got, all) {
+	if got := tables(netpol.Compile(st2)); !reflect.DeepEqual(got, all) {
 		t.Errorf("another pod of z isolated: tables %v, want them unchanged %v", got, all)
 	}
 	// y stops logging: x and z split the bound (new tables at the new rate).
 	st.Namespaces[1].DenyLogs = "false"
-	rs := Compile(st)
+	rs := netpol.Compile(st)
 	for _, c := range rs.Chains {
 		for _, r := range texts(c.Rules) {
 			if strings.Contains(r, "-j NFLOG") && !strings.Contains(r, "--hashlimit-upto 50/sec --hashlimit-burst 50 ") {
@@ -213,62 +213,19 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 	}
 }
 
-func TestDenyLogShareRate(t *testing.T) {
-	for _, tc := range []struct {
-		perSecond, shares int
-		rate              string
-		burst             int
-	}{
-		{100, 1, "100/sec", 100},
-		{100, 4, "25/sec", 25},
-		{100, 3, "2000/min", 33},
-		{100, 7, "51428/hour", 14},
-		{1, 110, "32/hour", 1},
-		{10000, 1, "10000/sec", 10000},
-	} {
-		rate, burst := DenyLog{LinesPerSecond: tc.perSecond, shares: tc.shares}.shareRate()
-		if rate != tc.rate || burst != tc.burst {
-			t.Errorf("%d lines a second split %d ways: %s burst %d, want %s burst %d", tc.perSecond, tc.shares, rate, burst, tc.rate, tc.burst)
-		}
-	}
-}
-
-func TestDenyLogOn(t *testing.T) {
-	ns := func(v string) *Namespace { return &Namespace{Name: "n", DenyLogs: v} }
-	for _, tc := range []struct {
-		d    DenyLog
-		ns   *Namespace
-		want bool
-	}{
-		{DenyLog{Mode: DenyLogAnnotated, LinesPerSecond: 1}, ns("true"), true},
-		{DenyLog{Mode: DenyLogAnnotated, LinesPerSecond: 1}, ns(""), false},
-		{DenyLog{Mode: DenyLogAnnotated, LinesPerSecond: 1}, nil, false},
-		{DenyLog{Mode: DenyLogAll, LinesPerSecond: 1}, ns(""), true},
-		{DenyLog{Mode: DenyLogAll, LinesPerSecond: 1}, nil, true},
-		{DenyLog{Mode: DenyLogAll, LinesPerSecond: 1}, ns("false"), false},
-		{DenyLog{Mode: DenyLogOff, LinesPerSecond: 1}, ns("true"), false},
-		{DenyLog{Mode: DenyLogAll}, ns("true"), false}, // no bound: nothing
-		{DenyLog{}, ns("true"), false},
-	} {
-		if got := tc.d.On(tc.ns); got != tc.want {
-			t.Errorf("%+v.On(%+v) = %v, want %v", tc.d, tc.ns, got, tc.want)
-		}
-	}
-}
-
 // The IPv6 chains get the same deny logs as the IPv4 ones (each DROP its NFLOG twin, same
 // group and limit), resolved in their own family's rules; off, they change nothing there
 // either; without deny logs (a node that refuses them) neither family keeps one.
 func TestDenyLogsIPv6(t *testing.T) {
-	rs := Compile(dualStack(denyLogWorld("true", DenyLogAnnotated)))
-	plain := Compile(dualStack(denyLogWorld("", DenyLogOff)))
+	rs := netpol.Compile(dualStack(denyLogWorld("true", netpol.DenyLogAnnotated)))
+	plain := netpol.Compile(dualStack(denyLogWorld("", netpol.DenyLogOff)))
 	if rs.IPv6 == nil || plain.IPv6 == nil {
 		t.Fatal("no IPv6 ruleset for a dual-stack state")
 	}
-	if len(plain.IPv6.DenyLogRules) != 0 || !reflect.DeepEqual(rs.withoutDenyLogs().IPv6.Chains, plain.IPv6.Chains) {
-		t.Errorf("the IPv6 chains without deny logs differ from the chains compiled with logging off:\n%s\nwant\n%s", dump(rs.withoutDenyLogs().IPv6), dump(plain.IPv6))
+	if len(plain.IPv6.DenyLogRules) != 0 || !reflect.DeepEqual(rs.WithoutDenyLogs().IPv6.Chains, plain.IPv6.Chains) {
+		t.Errorf("the IPv6 chains without deny logs differ from the chains compiled with logging off:\n%s\nwant\n%s", dump(rs.WithoutDenyLogs().IPv6), dump(plain.IPv6))
 	}
-	if got := rs.withoutDenyLogs(); len(got.DenyLogRules) != 0 || len(got.IPv6.DenyLogRules) != 0 || strings.Contains(dump(got.IPv6), "NFLOG") {
+	if got := rs.WithoutDenyLogs(); len(got.DenyLogRules) != 0 || len(got.IPv6.DenyLogRules) != 0 || strings.Contains(dump(got.IPv6), "NFLOG") {
 		t.Errorf("withoutDenyLogs left deny logs in a family:\n%s", dump(got.IPv6))
 	}
 	var logs int
@@ -280,7 +237,7 @@ func TestDenyLogsIPv6(t *testing.T) {
 			}
 			logs++
 			prefix := c.Name + " " + strconv.Itoa(j)
-			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name "+denyLogWorld("true", DenyLogAnnotated).DenyLog.limitName("x")+" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
+			if !strings.Contains(r, "--hashlimit-upto 100/sec --hashlimit-burst 100 --hashlimit-name "+denyLogWorld("true", netpol.DenyLogAnnotated).DenyLog.LimitName("x")+" --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \""+prefix+"\" --nflog-group 7425") {
 				t.Errorf("IPv6 chain %s rule %d: %s", c.Name, j, r)
 			}
 			if j+1 >= len(rules) || !strings.HasSuffix(rules[j+1], "-j DROP") {
@@ -300,12 +257,12 @@ func TestDenyLogsIPv6(t *testing.T) {
 // may name another rule (another pod) in the other family's chains.
 func TestDenyLoggerResolvesPrefixesPerFamily(t *testing.T) {
 	const prefix = "TRELLIS-I-ABC 3"
-	rule := func(pod string) map[string]DenyLogRule {
-		return map[string]DenyLogRule{prefix: {PodChain: PodChain{Pod: types.NamespacedName{Namespace: "shop", Name: pod}, Direction: Ingress}, Rule: "not allowed by NetworkPolicy"}}
+	rule := func(pod string) map[string]netpol.DenyLogRule {
+		return map[string]netpol.DenyLogRule{prefix: {PodChain: netpol.PodChain{Pod: types.NamespacedName{Namespace: "shop", Name: pod}, Direction: netpol.Ingress}, Rule: "not allowed by NetworkPolicy"}}
 	}
 	var got []string
 	d := &DenyLogger{LinesPerSecond: 100, Log: funcr.New(func(_, args string) { got = append(got, args) }, funcr.Options{})}
-	d.SetRules(&Ruleset{DenyLogRules: rule("v4pod"), IPv6: &Ruleset{DenyLogRules: rule("v6pod")}})
+	d.SetRules(&netpol.Ruleset{DenyLogRules: rule("v4pod"), IPv6: &netpol.Ruleset{DenyLogRules: rule("v6pod")}})
 	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
 	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
 	if len(got) != 2 || !strings.Contains(got[0], `"pod"="shop/v4pod"`) || !strings.Contains(got[1], `"pod"="shop/v6pod"`) || !strings.Contains(got[1], `"src"="fd00::1"`) {
@@ -317,8 +274,8 @@ func TestDenyLoggerResolvesPrefixesPerFamily(t *testing.T) {
 // at shop's pod gets shop's share, bank's attempts all get their lines; what shop's share
 // suppressed is counted by namespace and summarised per namespace.
 func TestDenyLoggerSharesPerNamespace(t *testing.T) {
-	rule := func(ns string) DenyLogRule {
-		return DenyLogRule{PodChain: PodChain{Pod: types.NamespacedName{Namespace: ns, Name: "web"}, Direction: Ingress}, Rule: "not allowed by NetworkPolicy", Shares: 2}
+	rule := func(ns string) netpol.DenyLogRule {
+		return netpol.DenyLogRule{PodChain: netpol.PodChain{Pod: types.NamespacedName{Namespace: ns, Name: "web"}, Direction: netpol.Ingress}, Rule: "not allowed by NetworkPolicy", Shares: 2}
 	}
 	var got []string
 	now := time.Unix(1000, 0)
@@ -327,7 +284,7 @@ func TestDenyLoggerSharesPerNamespace(t *testing.T) {
 	if err := d.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	d.SetRules(&Ruleset{DenyLogRules: map[string]DenyLogRule{"TRELLIS-I-SHOP 1": rule("shop"), "TRELLIS-I-BANK 1": rule("bank")}})
+	d.SetRules(&netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{"TRELLIS-I-SHOP 1": rule("shop"), "TRELLIS-I-BANK 1": rule("bank")}})
 	pkt := func(prefix string, sport uint16) denylog.Packet {
 		return denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "udp", SrcPort: sport, DstPort: 53}
 	}
@@ -381,13 +338,13 @@ func TestDenyLoggerBindsOnceRulesLog(t *testing.T) {
 	go func() { _ = d.Start(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	d.Synced(Status{Enforced: true}, &Ruleset{}) // deny logs off: no rule logs
+	d.Synced(Status{Enforced: true}, &netpol.Ruleset{}) // deny logs off: no rule logs
 	select {
 	case <-opened:
 		t.Fatal("the logger bound its NFLOG group while no rule logs")
 	case <-time.After(200 * time.Millisecond):
 	}
-	d.Synced(Status{Enforced: true}, &Ruleset{DenyLogRules: map[string]DenyLogRule{"TRELLIS-I-ABC 1": {LinesPerSecond: 100, Shares: 1}}})
+	d.Synced(Status{Enforced: true}, &netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{"TRELLIS-I-ABC 1": {LinesPerSecond: 100, Shares: 1}}})
 	select {
 	case <-opened:
 	case <-time.After(5 * time.Second):

@@ -28,7 +28,7 @@ type nflogRefuser struct {
 func (a *nflogRefuser) Apply(rs *netpol.Ruleset, verify bool) (bool, error) {
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
-			if r.Verdict == Log {
+			if r.Verdict == netpol.Log {
 				a.mu.Lock()
 				a.refused++
 				a.mu.Unlock()
@@ -59,11 +59,11 @@ func TestDenyLogsRefusedKeepVerdicts(t *testing.T) {
 			var last Status
 			e, _, _ := newEngine(t, func(e *Engine) {
 				e.Applier = a
-				e.DenyLog = DenyLog{Mode: DenyLogAll, LinesPerSecond: 100}
+				e.DenyLog = netpol.DenyLog{Mode: netpol.DenyLogAll, LinesPerSecond: 100}
 				if tc.probe != nil {
 					e.DenyLogProbe = func() error { probes++; return tc.probe() }
 				}
-				e.OnSync = func(st Status, _ *Ruleset, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
+				e.OnSync = func(st Status, _ *netpol.Ruleset, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
 				wiredAs(map[string]string{dbIP.String(): "trldb", webIP.String(): "trlweb"})(e)
 			}, shopNS(),
 				allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}),
@@ -88,10 +88,10 @@ func TestDenyLogsRefusedKeepVerdicts(t *testing.T) {
 			if s := dump(rs); strings.Contains(s, "NFLOG") || strings.Contains(s, "DROP") && strings.Contains(s, "could not be programmed") {
 				t.Errorf("applied rules carry deny logs or cut a pod off:\n%s", s)
 			}
-			if !allowed(t, rs, Packet{Src: webIP, Dst: dbIP, Protocol: "tcp", DstPort: 5432, OutInterface: "trldb"}) {
+			if !allowed(t, rs, netpol.Packet{Src: webIP, Dst: dbIP, Protocol: "tcp", DstPort: 5432, OutInterface: "trldb"}) {
 				t.Error("web -> db is denied: the policy allows it")
 			}
-			if allowed(t, rs, Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 5432, OutInterface: "trldb"}) {
+			if allowed(t, rs, netpol.Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 5432, OutInterface: "trldb"}) {
 				t.Error("other -> db is allowed: the policy isolates db")
 			}
 			mu.Lock()
@@ -113,12 +113,12 @@ func TestDenyLogsRefusedKeepVerdicts(t *testing.T) {
 	}
 }
 
-// Deny log lines name the rules the kernel holds: a sync that failed (its Ruleset never
+// Deny log lines name the rules the kernel holds: a sync that failed (its netpol.Ruleset never
 // reached the kernel) leaves the rules of the last applied one in force.
 func TestDenyLoggerTakesOnlyAppliedRules(t *testing.T) {
 	const prefix = "TRELLIS-I-ABC 1"
-	applied := &Ruleset{DenyLogRules: map[string]DenyLogRule{prefix: {PodChain: PodChain{Pod: types.NamespacedName{Namespace: "shop", Name: "db"}, Direction: Ingress}, Rule: "not allowed by NetworkPolicy"}}}
-	refused := &Ruleset{DenyLogRules: map[string]DenyLogRule{prefix: {PodChain: PodChain{Pod: types.NamespacedName{Namespace: "shop", Name: "web"}, Direction: Ingress}, Rule: "not allowed by NetworkPolicy"}}}
+	applied := &netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{prefix: {PodChain: netpol.PodChain{Pod: types.NamespacedName{Namespace: "shop", Name: "db"}, Direction: netpol.Ingress}, Rule: "not allowed by NetworkPolicy"}}}
+	refused := &netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{prefix: {PodChain: netpol.PodChain{Pod: types.NamespacedName{Namespace: "shop", Name: "web"}, Direction: netpol.Ingress}, Rule: "not allowed by NetworkPolicy"}}}
 	for _, tc := range []struct {
 		name string
 		then Status

@@ -27,6 +27,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/testenv"
 )
@@ -139,7 +140,7 @@ func TestKernelAdminRulesWaitForDiscovery(t *testing.T) {
 			st := n.state()
 			st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{adminDeny("previous", "web")}
 			check.Must(t, n.ns.Do(func(ns.NetNS) error {
-				_, err := (&policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}).Apply(policy.Compile(st), true)
+				_, err := (&policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}).Apply(netpol.Compile(st), true)
 				return err
 			}))
 			if err := n.dial("web", "db", 7000); err == nil {
@@ -220,7 +221,7 @@ func startAgent(t *testing.T, cfg *rest.Config, s *runtime.Scheme, n *node, back
 	check.Must(t, err)
 	c, err := cache.New(cfg, cache.Options{Scheme: s, ByObject: policy.CacheOptions(), DefaultTransform: policy.CacheTransform})
 	check.Must(t, err)
-	nodes, err := cache.New(cfg, cache.Options{Scheme: s, ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: policy.TrimNode}}})
+	nodes, err := cache.New(cfg, cache.Options{Scheme: s, ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: netpol.TrimNode}}})
 	check.Must(t, err)
 	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	check.Must(t, err)
@@ -236,7 +237,7 @@ func startAgent(t *testing.T, cfg *rest.Config, s *runtime.Scheme, n *node, back
 			})
 			return wired, err
 		},
-		DeleteDenied: func(rs *policy.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
+		DeleteDenied: func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
 			var removed uint
 			err := n.ns.Do(func(ns.NetNS) error {
 				var err error

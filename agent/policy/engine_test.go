@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/events"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/internal/cnicontract"
@@ -61,7 +63,7 @@ func newEngine(t *testing.T, configure func(*Engine), objs ...client.Object) (*E
 	e := &Engine{
 		Reader: c, NodeName: "node1", Applier: rec, Log: testr.New(t), SetupTimeout: 2 * time.Second,
 		Wired:        func() (map[netip.Addr]string, error) { return map[netip.Addr]string{}, nil },
-		DeleteDenied: func(*Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
+		DeleteDenied: func(*netpol.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
 	}
 	if configure != nil {
 		configure(e)
@@ -83,7 +85,7 @@ func pod(ns, name, uid, node, ip string, labels map[string]string) *corev1.Pod {
 }
 
 // A new pod is announced by the plugin before the API server knows its IP: the hook
-// answers only once the pod's chain is in the applied Ruleset, with the announced address
+// answers only once the pod's chain is in the applied netpol.Ruleset, with the announced address
 // in the sets of the policies that select it as a peer.
 func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}
@@ -134,7 +136,7 @@ func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
 	if rs == nil {
 		t.Fatal("nothing applied")
 	}
-	allowed, err := rs.Allowed(Packet{Src: netip.MustParseAddr("10.244.1.7"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 5432, InInterface: "trlweb0", OutInterface: "trldb"})
+	allowed, err := rs.Allowed(netpol.Packet{Src: netip.MustParseAddr("10.244.1.7"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 5432, InInterface: "trlweb0", OutInterface: "trldb"})
 	if err != nil || allowed {
 		t.Errorf("web-0 -> db allowed=%v (%v) in the ruleset applied when the hook answered, want its default-deny egress in force\n%s", allowed, err, dump(rs))
 	}
@@ -217,7 +219,7 @@ func TestUnenforceableRuleIsReported(t *testing.T) {
 		t.Errorf("the same problem was reported again: %q", ev)
 	default:
 	}
-	allowed, err := appl.ruleset().Allowed(Packet{Src: netip.MustParseAddr("10.1.2.3"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 80, OutInterface: "trldb"})
+	allowed, err := appl.ruleset().Allowed(netpol.Packet{Src: netip.MustParseAddr("10.1.2.3"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 80, OutInterface: "trldb"})
 	if err != nil || allowed {
 		t.Errorf("traffic the broken rule was meant to allow: allowed=%v (%v), want denied (fail closed)", allowed, err)
 	}
@@ -272,7 +274,7 @@ func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
 		{only6, "trlweb1", db6, "trldb", false, "web-1's default-deny egress in force"},
 		{web4, "trlweb0", db4, "trldb", false, "web-0's default-deny egress in force over IPv4"},
 	} {
-		allowed, err := rs.Allowed(Packet{Src: c.src, Dst: c.dst, Protocol: "tcp", DstPort: 5432, InInterface: c.in, OutInterface: c.out})
+		allowed, err := rs.Allowed(netpol.Packet{Src: c.src, Dst: c.dst, Protocol: "tcp", DstPort: 5432, InInterface: c.in, OutInterface: c.out})
 		if err != nil || allowed != c.allowed {
 			t.Errorf("%s -> %s allowed=%v (%v) when the hook answered, want %s\n%s", c.src, c.dst, allowed, err, c.whatWant, dump(rs.IPv6))
 		}
@@ -307,4 +309,61 @@ func TestEnsurePodRefusesUnenforcedIPv6(t *testing.T) {
 			t.Errorf("EnsurePod of a pod with an IPv6 address (request ip %s) on an IPv4-only node: %v", ip, err)
 		}
 	}
+}
+
+// A pod wired under an Admin Deny is under it when the CNI hook answers (policy before the
+// first packet), the sync's status names the policy at its generation, and nodes are only
+// listed for a policy with a node peer.
+func TestEngineClusterPolicies(t *testing.T) {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"ns": "shop"}}}
+	src := &staticSource{policies: []*cnp.ClusterNetworkPolicy{
+		cnpolicy("deny-egress", admin, 1, nsSubject("shop"), nil, []cnp.ClusterNetworkPolicyEgressRule{
+			out(deny, []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{"0.0.0.0/0"}}}),
+		}),
+	}}
+	src.policies[0].Generation = 3
+	var mu sync.Mutex
+	var last Status
+	e, rec, c := newEngine(t, func(e *Engine) {
+		e.Cluster = src
+		e.OnSync = func(st Status, _ *netpol.Ruleset, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
+	}, ns)
+	if err := c.Create(context.Background(), pod("shop", "web", "u-web", "node1", "", map[string]string{"app": "web"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+		Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web", PodUID: "u-web", IP: "10.244.1.7", HostInterface: "trlweb",
+	}); err != nil {
+		t.Fatalf("the hook refused the pod: %v", err)
+	}
+	rs := rec.ruleset()
+	allowed, err := rs.Allowed(netpol.Packet{Src: netip.MustParseAddr("10.244.1.7"), Dst: netip.MustParseAddr("198.51.100.1"), Protocol: "tcp", DstPort: 443, InInterface: "trlweb"})
+	if err != nil || allowed {
+		t.Errorf("web -> 198.51.100.1 allowed=%v (%v) when the hook answered, want the Admin Deny in force\n%s", allowed, err, dump(rs))
+	}
+	mu.Lock()
+	got := last.ClusterPolicies
+	mu.Unlock()
+	if len(got) != 1 || got[0].Name != "deny-egress" || got[0].Generation != 3 || len(got[0].Problems) != 0 {
+		t.Errorf("status ClusterPolicies %+v, want deny-egress at generation 3", got)
+	}
+	if n := src.nodeCalls.Load(); n != 0 {
+		t.Errorf("nodes listed %d times with no node peer", n)
+	}
+}
+
+// staticSource is a ClusterPolicySource with fixed contents that counts node listings.
+type staticSource struct {
+	policies  []*cnp.ClusterNetworkPolicy
+	nodes     []*netpol.Node
+	nodeCalls atomic.Int32
+}
+
+func (s *staticSource) ClusterPolicies(context.Context) ([]*cnp.ClusterNetworkPolicy, error) {
+	return s.policies, nil
+}
+
+func (s *staticSource) Nodes(context.Context) ([]*netpol.Node, error) {
+	s.nodeCalls.Add(1)
+	return s.nodes, nil
 }

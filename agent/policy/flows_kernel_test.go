@@ -20,6 +20,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/craft"
 )
@@ -213,7 +214,7 @@ func TestKernelDenyStopsEveryProtocol(t *testing.T) {
 		}
 	}
 	allow := n.state()
-	if removed := n.deleteDenied(allow, policy.Compile(allow)); removed != 0 {
+	if removed := n.deleteDenied(allow, netpol.Compile(allow)); removed != 0 {
 		t.Errorf("the clean-up under a policy that allows everything removed %d entries", removed)
 	}
 	for _, f := range flows {
@@ -224,7 +225,7 @@ func TestKernelDenyStopsEveryProtocol(t *testing.T) {
 	}
 
 	st := n.state(denyAll())
-	rs := policy.Compile(st)
+	rs := netpol.Compile(st)
 	check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 	// The rules alone don't stop them: their packets are an established flow's.
 	for _, f := range flows {
@@ -253,7 +254,7 @@ func TestKernelFailedConntrackCleanupIsRetried(t *testing.T) {
 	answered(t, f)
 
 	st := n.state(denyAll())
-	rs := policy.Compile(st)
+	rs := netpol.Compile(st)
 	check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 	ifaces := map[netip.Addr]string{}
 	for _, e := range st.Endpoints {
@@ -266,7 +267,7 @@ func TestKernelFailedConntrackCleanupIsRetried(t *testing.T) {
 	)
 	// The kernel's refusal is injected in front of the real clean-up: twice, then the
 	// real one runs.
-	del := func(rs *policy.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
+	del := func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
 		mu.Lock()
 		calls = append(calls, time.Now())
 		attempt := len(calls)

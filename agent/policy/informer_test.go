@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/testenv"
 )
@@ -39,7 +40,7 @@ func TestInformerPods(t *testing.T) {
 			Annotations: map[string]string{"big": "dropped by the trim"}},
 			Spec: corev1.PodSpec{NodeName: "node1", Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
 		if name == "etcd-node1" {
-			p.Annotations[policy.MirrorAnnotation] = "c0ffee"
+			p.Annotations[netpol.MirrorAnnotation] = "c0ffee"
 		}
 		if err := c.Create(ctx, p); err != nil {
 			t.Fatal(err)
@@ -74,7 +75,7 @@ func TestInformerPods(t *testing.T) {
 		if _, ok := p.Annotations["big"]; ok {
 			t.Errorf("pod %s is not the trimmed copy: %v", p.Name, p.Annotations)
 		}
-		if got := policy.PodFrom(p).RuntimeUID(); p.Name == "etcd-node1" && got != "c0ffee" || p.Name == "web" && got != p.UID {
+		if got := netpol.PodFrom(p).RuntimeUID(); p.Name == "etcd-node1" && got != "c0ffee" || p.Name == "web" && got != p.UID {
 			t.Errorf("pod %s: runtime UID %q", p.Name, got)
 		}
 	}

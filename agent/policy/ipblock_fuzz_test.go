@@ -27,6 +27,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/internal/test/testenv"
 )
@@ -202,14 +203,14 @@ func (e *ipBlockEnv) check(t *testing.T, cidr, except string, gen []byte) bool {
 		t.Fatalf("creating %s: %v", describe(np), err)
 	}
 	// From here on the policy as the agent gets it: defaulted by the API server.
-	st := policy.State{
-		Namespaces: []*policy.Namespace{{Name: "default"}, {Name: "peers"}},
-		Pods: []*policy.Pod{
+	st := netpol.State{
+		Namespaces: []*netpol.Namespace{{Name: "default"}, {Name: "peers"}},
+		Pods: []*netpol.Pod{
 			{Namespace: "default", Name: "target", Labels: map[string]string{"app": "target"}, IP: targetIP, NodeName: "node1",
-				Ports: []policy.Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
+				Ports: []netpol.Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}}},
 			{Namespace: "default", Name: "other", Labels: map[string]string{"app": "other"}, IP: otherIP, NodeName: "node1"},
 		},
-		Endpoints: []policy.Endpoint{
+		Endpoints: []netpol.Endpoint{
 			{Pod: types.NamespacedName{Namespace: "default", Name: "target"}, IP: targetIP, Interface: "trlfz0"},
 			{Pod: types.NamespacedName{Namespace: "default", Name: "other"}, IP: otherIP, Interface: "trlfz1"},
 		},
@@ -217,9 +218,9 @@ func (e *ipBlockEnv) check(t *testing.T, cidr, except string, gen []byte) bool {
 	}
 	samples = slices.DeleteFunc(samples, func(a netip.Addr) bool { return a == targetIP || a == otherIP })
 	for i, a := range samples[:min(len(samples), 3)] { // peers elsewhere at some of the sampled addresses
-		st.Pods = append(st.Pods, &policy.Pod{Namespace: "peers", Name: fmt.Sprintf("p%d", i), IP: a, NodeName: "node2"})
+		st.Pods = append(st.Pods, &netpol.Pod{Namespace: "peers", Name: fmt.Sprintf("p%d", i), IP: a, NodeName: "node2"})
 	}
-	rs := policy.Compile(st)
+	rs := netpol.Compile(st)
 	if len(rs.Problems) > 0 {
 		t.Errorf("%s: problems %v", describe(got), rs.Problems)
 	}
@@ -228,7 +229,7 @@ func (e *ipBlockEnv) check(t *testing.T, cidr, except string, gen []byte) bool {
 	}
 	var set string
 	for _, s := range rs.Sets {
-		if s.Type == policy.SetNet {
+		if s.Type == netpol.SetNet {
 			if set != "" {
 				t.Fatalf("%s: two hash:net sets for one ipBlock\n%s", describe(got), setsOf(rs))
 			}
@@ -255,10 +256,10 @@ func (e *ipBlockEnv) check(t *testing.T, cidr, except string, gen []byte) bool {
 		}
 		for _, dir := range []struct {
 			on  bool
-			pkt policy.Packet
+			pkt netpol.Packet
 		}{
-			{in, policy.Packet{Src: a, Dst: targetIP, OutInterface: "trlfz0"}},
-			{out, policy.Packet{Src: targetIP, Dst: a, InInterface: "trlfz0"}},
+			{in, netpol.Packet{Src: a, Dst: targetIP, OutInterface: "trlfz0"}},
+			{out, netpol.Packet{Src: targetIP, Dst: a, InInterface: "trlfz0"}},
 		} {
 			if !dir.on {
 				continue
@@ -356,7 +357,7 @@ func describe(np *networkingv1.NetworkPolicy) string {
 	return string(b)
 }
 
-func setsOf(rs *policy.Ruleset) string {
+func setsOf(rs *netpol.Ruleset) string {
 	var b strings.Builder
 	for _, s := range rs.Sets {
 		fmt.Fprintf(&b, "  set %s %s %v\n", s.Name, s.Type, s.Members)

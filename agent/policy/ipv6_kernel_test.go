@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 )
 
@@ -128,7 +129,7 @@ func TestEstablishedConnectionDeniedIPv6(t *testing.T) {
 			// db now admits cache only.
 			st := n.state(policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{
 				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "cache"}}}}}}))
-			rs := policy.Compile(st)
+			rs := netpol.Compile(st)
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(rs, true); return err }))
 			if removed := n.deleteDenied(st, rs); removed == 0 {
 				t.Error("no conntrack entry removed for the denied IPv6 connection")

@@ -25,6 +25,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
@@ -44,7 +45,7 @@ type kpod struct {
 	ns   ns.NetNS
 	ip   netip.Addr
 	ip6  netip.Addr // dual-stack nodes only
-	pod  *policy.Pod
+	pod  *netpol.Pod
 }
 
 func newNode(t *testing.T, backend netfilter.Backend, names ...string) *node {
@@ -83,8 +84,8 @@ func buildNode(t *testing.T, backend netfilter.Backend, v6 bool, names []string)
 			_, err := veth.Setup(p.ns, veth.HostName(name, "eth0"), "eth0", ips, 1500)
 			return err
 		}))
-		p.pod = &policy.Pod{Namespace: "shop", Name: name, Labels: map[string]string{"app": name}, IP: p.ip, IPv6: p.ip6, NodeName: "node1",
-			Ports: []policy.Port{{Name: "echo", Protocol: corev1.ProtocolTCP, Port: 7000}}}
+		p.pod = &netpol.Pod{Namespace: "shop", Name: name, Labels: map[string]string{"app": name}, IP: p.ip, IPv6: p.ip6, NodeName: "node1",
+			Ports: []netpol.Port{{Name: "echo", Protocol: corev1.ProtocolTCP, Port: 7000}}}
 		echo(t, p.ns, 7000)
 		echo(t, p.ns, 7001)
 		n.pods[name] = p
@@ -129,8 +130,8 @@ func waitIPv6Up(t *testing.T, netns ns.NetNS, what string) {
 }
 
 // state is the Compile input for the node's pods with policies.
-func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
-	st := policy.State{Namespaces: []*policy.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies, IPv6: n.v6}
+func (n *node) state(policies ...*networkingv1.NetworkPolicy) netpol.State {
+	st := netpol.State{Namespaces: []*netpol.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies, IPv6: n.v6}
 	var wired map[netip.Addr]string
 	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
@@ -140,7 +141,7 @@ func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
 	for _, p := range n.pods {
 		st.Pods = append(st.Pods, p.pod)
 		if iface := wired[p.ip]; iface != "" {
-			ep := policy.Endpoint{Pod: p.pod.Key(), IP: p.ip, Interface: iface}
+			ep := netpol.Endpoint{Pod: p.pod.Key(), IP: p.ip, Interface: iface}
 			if n.v6 {
 				if wired[p.ip6] != iface {
 					n.t.Fatalf("WiredPods found %v, want %s's IPv6 address %s on %s", wired, p.name, p.ip6, iface)
@@ -156,12 +157,12 @@ func (n *node) state(policies ...*networkingv1.NetworkPolicy) policy.State {
 	return st
 }
 
-func (n *node) apply(a *policy.KernelApplier, st policy.State) bool {
+func (n *node) apply(a *policy.KernelApplier, st netpol.State) bool {
 	n.t.Helper()
 	var changed bool
 	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
-		changed, err = a.Apply(policy.Compile(st), true)
+		changed, err = a.Apply(netpol.Compile(st), true)
 		return err
 	}))
 	return changed
@@ -307,7 +308,7 @@ func TestEstablishedConnectionDenied(t *testing.T) {
 	}
 	deny := policyFor("deny", map[string]string{"app": "db"}, nil)
 	st := n.state(deny)
-	rs := policy.Compile(st)
+	rs := netpol.Compile(st)
 	check.Must(t, n.ns.Do(func(ns.NetNS) error {
 		_, err := a.Apply(rs, true)
 		return err
@@ -324,7 +325,7 @@ func TestEstablishedConnectionDenied(t *testing.T) {
 
 // deleteDenied runs the conntrack clean-up of rs on the node and returns how many entries
 // it removed.
-func (n *node) deleteDenied(st policy.State, rs *policy.Ruleset) uint {
+func (n *node) deleteDenied(st netpol.State, rs *netpol.Ruleset) uint {
 	n.t.Helper()
 	ifaces := map[netip.Addr]string{}
 	for _, e := range st.Endpoints {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
@@ -220,13 +221,13 @@ func TestUnknownPodInterfaceIsDropped(t *testing.T) {
 		nodeIP, _ := n.underlay(t)
 		a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: v6}
 		st := n.state()
-		st.Endpoints = slices.DeleteFunc(st.Endpoints, func(e policy.Endpoint) bool { return e.Pod.Name == "ghost" })
+		st.Endpoints = slices.DeleteFunc(st.Endpoints, func(e netpol.Endpoint) bool { return e.Pod.Name == "ghost" })
 		for i := range st.Endpoints {
 			if st.Endpoints[i].Pod.Name == "half" {
 				st.Endpoints[i].IPv6 = netip.Addr{}
 			}
 		}
-		check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(policy.Compile(st), true); return err }))
+		check.Must(t, n.ns.Do(func(ns.NetNS) error { _, err := a.Apply(netpol.Compile(st), true); return err }))
 		if err := n.dialAddr("web", n.addr("db"), 7000); err != nil {
 			t.Fatalf("web -> db between known pods without policy: %v", err)
 		}

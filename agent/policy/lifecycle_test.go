@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/trellis-net/trellis/internal/netpol"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/trellis-net/trellis/internal/netpol"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -59,7 +60,7 @@ func wiredAs(m map[string]string) func(*Engine) {
 
 func waitRuleset(t *testing.T, rec *recorder, cond func(*netpol.Ruleset) bool) *netpol.Ruleset {
 	t.Helper()
-	var rs *Ruleset
+	var rs *netpol.Ruleset
 	check.Eventually(t, 5*time.Second, "an applied ruleset meeting the condition", func() error {
 		switch rs = rec.ruleset(); {
 		case rs == nil:
@@ -104,17 +105,17 @@ func TestTerminatingPodsKeepTheirRules(t *testing.T) {
 	done.Status.Phase = corev1.PodSucceeded
 	_, rec, _ := newEngine(t, wiredAs(map[string]string{dbIP.String(): "trldb", webIP.String(): "trlweb"}),
 		shopNS(), allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}), db, web, done)
-	rs := waitRuleset(t, rec, func(rs *Ruleset) bool { return len(rs.PodChains) > 0 })
+	rs := waitRuleset(t, rec, func(rs *netpol.Ruleset) bool { return len(rs.PodChains) > 0 })
 	if !hasEndpoint(rs, "shop/db", dbIP.String()) {
 		t.Errorf("the deleting pod db lost its endpoint\n%s", dump(rs))
 	}
-	if allowed(t, rs, Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
+	if allowed(t, rs, netpol.Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
 		t.Error("a stranger reaches db while db is being deleted: its ingress policy must hold until its sandbox is gone")
 	}
-	if !allowed(t, rs, Packet{Src: webIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, InInterface: "trlweb", OutInterface: "trldb"}) {
+	if !allowed(t, rs, netpol.Packet{Src: webIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, InInterface: "trlweb", OutInterface: "trldb"}) {
 		t.Error("web, being deleted, lost the access it drains its connections with")
 	}
-	if allowed(t, rs, Packet{Src: netip.MustParseAddr("10.244.2.8"), Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
+	if allowed(t, rs, netpol.Packet{Src: netip.MustParseAddr("10.244.2.8"), Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
 		t.Error("a Succeeded pod (its IP may be another's now) still counts as app=web")
 	}
 }
@@ -127,8 +128,8 @@ func TestNewPodWinsAnIPFromADeletingPod(t *testing.T) {
 	_, rec, _ := newEngine(t, wiredAs(map[string]string{dbIP.String(): "trldb"}), shopNS(),
 		allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}),
 		pod("shop", "db", "u-db", "node1", dbIP.String(), map[string]string{"app": "db"}), old, newer)
-	rs := waitRuleset(t, rec, func(rs *Ruleset) bool { return len(rs.PodChains) > 0 })
-	if allowed(t, rs, Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
+	rs := waitRuleset(t, rec, func(rs *netpol.Ruleset) bool { return len(rs.PodChains) > 0 })
+	if allowed(t, rs, netpol.Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
 		t.Errorf("%s, now the address of app=stranger, is still allowed as the deleting app=web pod's\n%s", otherIP, dump(rs))
 	}
 }
@@ -154,15 +155,15 @@ func TestRecreatedSandboxAnnouncementIsAuthoritative(t *testing.T) {
 	if err != nil {
 		t.Fatalf("EnsurePod of the re-created sandbox: %v", err)
 	}
-	check := func(rs *Ruleset, who string) {
+	check := func(rs *netpol.Ruleset, who string) {
 		t.Helper()
 		if !hasEndpoint(rs, "shop/db", fresh.String()) {
 			t.Errorf("%s: db's new address %s on trldbnew has no endpoint\n%s", who, fresh, dump(rs))
 		}
-		if allowed(t, rs, Packet{Src: otherIP, Dst: fresh, Protocol: "tcp", DstPort: 80, OutInterface: "trldbnew"}) {
+		if allowed(t, rs, netpol.Packet{Src: otherIP, Dst: fresh, Protocol: "tcp", DstPort: 80, OutInterface: "trldbnew"}) {
 			t.Errorf("%s: db's default-deny ingress is not in force on its new veth", who)
 		}
-		if !allowed(t, rs, Packet{Src: fresh, Dst: webIP, Protocol: "tcp", DstPort: 80, InInterface: "trldbnew", OutInterface: "trlweb"}) {
+		if !allowed(t, rs, netpol.Packet{Src: fresh, Dst: webIP, Protocol: "tcp", DstPort: 80, InInterface: "trldbnew", OutInterface: "trlweb"}) {
 			t.Errorf("%s: db's new address is not in web's app=db set (the stale API address is)", who)
 		}
 	}
@@ -170,7 +171,7 @@ func TestRecreatedSandboxAnnouncementIsAuthoritative(t *testing.T) {
 
 	// A new agent on the same node: no ADD comes, the netpol.Announcement on disk decides.
 	_, rec2, _ := newEngine(t, configure, toObjects(objs)...)
-	check(waitRuleset(t, rec2, func(rs *Ruleset) bool { return len(rs.PodChains) > 0 }), "after an agent restart")
+	check(waitRuleset(t, rec2, func(rs *netpol.Ruleset) bool { return len(rs.PodChains) > 0 }), "after an agent restart")
 }
 
 // The engine never answers OK for a pod it programmed no endpoint for (here: the cache
@@ -189,9 +190,9 @@ func TestEnsurePodRefusesPodWithoutEndpoint(t *testing.T) {
 // API server has only as the mirror pod's kubernetes.io/config.mirror annotation.
 func TestStaticPodIsMatchedByItsMirror(t *testing.T) {
 	mirror := pod("kube-system", "etcd-node1", "u-mirror", "node1", "", map[string]string{"component": "etcd"})
-	mirror.Annotations = map[string]string{MirrorAnnotation: "c0ffee", "kubernetes.io/config.source": "file"}
-	trimmed, _ := TrimPod(mirror)
-	if got := PodFrom(trimmed.(*corev1.Pod)).RuntimeUID(); got != "c0ffee" {
+	mirror.Annotations = map[string]string{netpol.MirrorAnnotation: "c0ffee", "kubernetes.io/config.source": "file"}
+	trimmed, _ := netpol.TrimPod(mirror)
+	if got := netpol.PodFrom(trimmed.(*corev1.Pod)).RuntimeUID(); got != "c0ffee" {
 		t.Fatalf("the trimmed mirror pod's runtime UID is %q, want the mirror annotation's c0ffee", got)
 	}
 	e, _, _ := newEngine(t, func(e *Engine) { e.SetupTimeout = time.Second },
@@ -258,7 +259,7 @@ func TestOnePolicysFailureBlocksOnlyItsPods(t *testing.T) {
 	if rs == nil {
 		t.Fatal("nothing applied")
 	}
-	if allowed(t, rs, Packet{Src: otherIP, Dst: webIP, Protocol: "tcp", DstPort: 80, OutInterface: "trlweb"}) {
+	if allowed(t, rs, netpol.Packet{Src: otherIP, Dst: webIP, Protocol: "tcp", DstPort: 80, OutInterface: "trlweb"}) {
 		t.Error("the cut-off pod is open: it must fail closed")
 	}
 	var found bool
@@ -285,7 +286,7 @@ func nextEvent(rec *events.FakeRecorder) (string, bool) {
 	}
 }
 
-// The incremental engine computes exactly what a fresh Compile does, over random
+// The incremental engine computes exactly what a fresh netpol.Compile does, over random
 // sequences of pod, namespace and policy changes; in dual-stack worlds (odd seeds) for both
 // families, with the sets of both in one memo.
 func TestIncrementalCompileMatchesCompile(t *testing.T) {
@@ -294,18 +295,18 @@ func TestIncrementalCompileMatchesCompile(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			dualWorld = seed%2 == 1
 			r := rand.New(rand.NewPCG(seed, 7))
-			memo := newSetMemo()
-			var view podView
+			memo := netpol.NewSetMemo()
+			var view netpol.PodView
 			st := randomWorld(r)
 			for step := range 40 {
 				mutate(r, &st)
-				changes := view.peerChanges(Peers(st.Pods))
-				memo.update(changes, view.namespacesChanged(st.Namespaces), st.NamespaceMap())
+				changes := view.PeerChanges(netpol.Peers(st.Pods))
+				memo.Update(changes, view.NamespacesChanged(st.Namespaces), st.NamespaceMap())
 				got := netpol.CompileIncremental(st, memo)
-				memo.sweep()
-				want := Compile(st)
+				memo.Sweep()
+				want := netpol.Compile(st)
 				if !reflect.DeepEqual(got, want) {
-					t.Fatalf("step %d: incremental compile differs from Compile\ngot:\n%s\nwant:\n%s", step, dump(got), dump(want))
+					t.Fatalf("step %d: incremental compile differs from netpol.Compile\ngot:\n%s\nwant:\n%s", step, dump(got), dump(want))
 				}
 				if dualWorld && got.IPv6 == nil {
 					t.Fatalf("step %d: a dual-stack world has no IPv6 rules", step)
@@ -330,9 +331,9 @@ func randomLabels(r *rand.Rand) map[string]string {
 var dualWorld bool
 
 func randomWorld(r *rand.Rand) netpol.State {
-	st := State{IPv6: dualWorld}
+	st := netpol.State{IPv6: dualWorld}
 	for _, ns := range []string{"x", "y"} {
-		st.Namespaces = append(st.Namespaces, &Namespace{Name: ns, Labels: map[string]string{"team": labelValues[r.IntN(3)]}})
+		st.Namespaces = append(st.Namespaces, &netpol.Namespace{Name: ns, Labels: map[string]string{"team": labelValues[r.IntN(3)]}})
 	}
 	for range 12 {
 		mutate(r, &st)
@@ -342,16 +343,16 @@ func randomWorld(r *rand.Rand) netpol.State {
 
 var nextPod int
 
-// mutate makes one random change, never modifying a *Pod in place (the engine's pods
+// mutate makes one random change, never modifying a *netpol.Pod in place (the engine's pods
 // are immutable snapshots).
 func mutate(r *rand.Rand, st *netpol.State) {
 	nss := []string{"x", "y"}
 	switch k := r.IntN(8); {
 	case k <= 1 || len(st.Pods) == 0: // a new pod
 		nextPod++
-		p := &Pod{Namespace: nss[r.IntN(2)], Name: fmt.Sprintf("p%d", nextPod), UID: types.UID(fmt.Sprint(nextPod)),
+		p := &netpol.Pod{Namespace: nss[r.IntN(2)], Name: fmt.Sprintf("p%d", nextPod), UID: types.UID(fmt.Sprint(nextPod)),
 			Labels: randomLabels(r), IP: netip.AddrFrom4([4]byte{10, 244, byte(1 + r.IntN(2)), byte(1 + r.IntN(20))}),
-			NodeName: fmt.Sprintf("node%d", 1+r.IntN(2)), Ports: []Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: int32(80 + r.IntN(2))}}}
+			NodeName: fmt.Sprintf("node%d", 1+r.IntN(2)), Ports: []netpol.Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: int32(80 + r.IntN(2))}}}
 		if dualWorld {
 			p.IPv6 = to6(p.IP)
 			if nextPod%3 == 0 {
@@ -360,7 +361,7 @@ func mutate(r *rand.Rand, st *netpol.State) {
 		}
 		st.Pods = append(st.Pods, p)
 		if p.NodeName == "node1" && r.IntN(2) == 0 {
-			st.Endpoints = append(st.Endpoints, Endpoint{Pod: p.Key(), IP: p.IP, IPv6: p.IPv6, Interface: "trl" + p.Name})
+			st.Endpoints = append(st.Endpoints, netpol.Endpoint{Pod: p.Key(), IP: p.IP, IPv6: p.IPv6, Interface: "trl" + p.Name})
 		}
 	case k == 2: // a pod goes
 		i := r.IntN(len(st.Pods))
@@ -384,12 +385,12 @@ func mutate(r *rand.Rand, st *netpol.State) {
 				p.IP = ip
 			}
 		}
-		st.Pods = append(st.Pods[:i:i], append([]*Pod{&p}, st.Pods[i+1:]...)...)
+		st.Pods = append(st.Pods[:i:i], append([]*netpol.Pod{&p}, st.Pods[i+1:]...)...)
 	case k == 5: // a namespace relabelled
 		i := r.IntN(len(st.Namespaces))
 		n := *st.Namespaces[i]
 		n.Labels = map[string]string{"team": labelValues[r.IntN(3)]}
-		st.Namespaces = append(st.Namespaces[:i:i], append([]*Namespace{&n}, st.Namespaces[i+1:]...)...)
+		st.Namespaces = append(st.Namespaces[:i:i], append([]*netpol.Namespace{&n}, st.Namespaces[i+1:]...)...)
 	default: // a policy
 		if len(st.Policies) > 4 {
 			st.Policies = st.Policies[1:]
@@ -407,12 +408,12 @@ func mutate(r *rand.Rand, st *netpol.State) {
 		st.Policies = append(st.Policies, np(nss[r.IntN(2)], fmt.Sprintf("np%d", nextPod), randomLabels(r), both,
 			[]networkingv1.NetworkPolicyIngressRule{rule}, []networkingv1.NetworkPolicyEgressRule{out}))
 	}
-	// Endpoints of pods that went or finished go too (their veths are removed).
+	// netpol.Endpoints of pods that went or finished go too (their veths are removed).
 	live := map[types.NamespacedName]bool{}
 	for _, p := range st.Pods {
 		live[p.Key()] = !p.Finished
 	}
-	var eps []Endpoint
+	var eps []netpol.Endpoint
 	for _, ep := range st.Endpoints {
 		if live[ep.Pod] {
 			eps = append(eps, ep)
@@ -438,10 +439,10 @@ func TestDualStackEndpoints(t *testing.T) {
 	a4, a6 := netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("fd00::7")
 	b4, b6 := netip.MustParseAddr("10.244.1.8"), netip.MustParseAddr("fd00::8")
 	c4, c6 := netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00::9")
-	p := func(name string, ip, ip6 netip.Addr) *Pod {
-		return &Pod{Namespace: "shop", Name: name, UID: types.UID(name), IP: ip, IPv6: ip6, NodeName: "node1"}
+	p := func(name string, ip, ip6 netip.Addr) *netpol.Pod {
+		return &netpol.Pod{Namespace: "shop", Name: name, UID: types.UID(name), IP: ip, IPv6: ip6, NodeName: "node1"}
 	}
-	pods := []*Pod{
+	pods := []*netpol.Pod{
 		p("a", a4, netip.Addr{}),                    // the API server doesn't show its IPv6 address yet
 		p("b", b4, b6),                              // no netpol.Announcement: by the API server's copy
 		p("c", c4, netip.MustParseAddr("fd00::99")), // its veth's IPv6 address is another pod's
@@ -450,7 +451,7 @@ func TestDualStackEndpoints(t *testing.T) {
 	wired := map[netip.Addr]string{a4: "trla", a6: "trla", b4: "trlb", b6: "trlb", c4: "trlc", c6: "trlc"}
 	announced := map[string]netpol.Announcement{"trla": {Pod: types.NamespacedName{Namespace: "shop", Name: "a"}, UID: "a", IP: a4, Iface: "trla", At: time.Now()}}
 	eps, got := netpol.Endpoints("node1", pods, wired, announced, time.Now(), time.Minute)
-	byPod := map[string]Endpoint{}
+	byPod := map[string]netpol.Endpoint{}
 	for _, ep := range eps {
 		byPod[ep.Pod.Name] = ep
 	}

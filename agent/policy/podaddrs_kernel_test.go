@@ -25,6 +25,7 @@ import (
 	"github.com/trellis-net/trellis/agent/nodenet"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/testenv"
 )
@@ -36,7 +37,7 @@ type nsApplier struct {
 	a  *policy.KernelApplier
 }
 
-func (n nsApplier) Apply(rs *policy.Ruleset, verify bool) (changed bool, err error) {
+func (n nsApplier) Apply(rs *netpol.Ruleset, verify bool) (changed bool, err error) {
 	err = n.ns.Do(func(ns.NetNS) error {
 		var aerr error
 		changed, aerr = n.a.Apply(rs, verify)
@@ -114,9 +115,9 @@ func TestPodAddressesOutsideNodeBlocksAreIgnored(t *testing.T) {
 			})
 			return wired, err
 		},
-		DeleteDenied: func(*policy.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
+		DeleteDenied: func(*netpol.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
 		Recorder:     mgr.GetEventRecorder("trellis-agent"),
-		OnSync: func(st policy.Status, _ *policy.Ruleset, _ time.Duration) {
+		OnSync: func(st policy.Status, _ *netpol.Ruleset, _ time.Duration) {
 			mu.Lock()
 			last = st
 			mu.Unlock()

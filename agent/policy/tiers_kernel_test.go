@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 )
 
@@ -97,7 +98,7 @@ func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
 			defer conn.Close()
 			cluster[0].Spec.Ingress = append(cluster[0].Spec.Ingress, cnp.ClusterNetworkPolicyIngressRule{Action: cnp.ClusterNetworkPolicyRuleActionDeny, From: fromApp("cache")})
 			cluster[0].Generation++
-			rs := policy.Compile(st)
+			rs := netpol.Compile(st)
 			check.Must(t, n.ns.Do(func(ns.NetNS) error {
 				_, err := restarted.Apply(rs, true)
 				return err
@@ -144,7 +145,7 @@ func TestKernelClusterPolicyOwnNode(t *testing.T) {
 				t.Fatalf("web under default-deny egress and cluster egress rules can't reach its own node %s: %v", nodeIP, err)
 			}
 			defer conn.Close()
-			if removed := n.deleteDenied(st, policy.Compile(st)); removed != 0 {
+			if removed := n.deleteDenied(st, netpol.Compile(st)); removed != 0 {
 				t.Errorf("the conntrack clean-up removed %d entries: the connection to the node is allowed", removed)
 			}
 			// An Admin Deny of the node's own address.
@@ -227,7 +228,7 @@ func TestKernelOwnNodeConnectionNotPickedUpByTheNode(t *testing.T) {
 	})
 	st.ClusterPolicies[0].Spec.Egress[0].To[0].Networks = []cnp.CIDR{cnp.CIDR(nodeIP.String() + "/32")}
 	n.apply(a, st)
-	if n.deleteDenied(st, policy.Compile(st)) == 0 {
+	if n.deleteDenied(st, netpol.Compile(st)) == 0 {
 		t.Fatal("no conntrack entry removed for the connection the Deny denies")
 	}
 	cleaned := time.Now()

@@ -22,21 +22,21 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/trellis-net/trellis/agent/policy"
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Snapshot is what explain reads from the API server, converted as the agent converts it.
 type Snapshot struct {
-	Pods            []*policy.Pod
-	Namespaces      []*policy.Namespace
+	Pods            []*netpol.Pod
+	Namespaces      []*netpol.Namespace
 	Policies        []*networkingv1.NetworkPolicy
 	ClusterPolicies []*policyv1beta1.ClusterNetworkPolicy
-	Nodes           []*policy.Node
+	Nodes           []*netpol.Node
 	Services        []corev1.Service
 	EndpointSlices  []discoveryv1.EndpointSlice
 	// NodeNets are the NodeNetworks by node name (nil: not readable).
-	NodeNets map[string]*policy.NodeNet
+	NodeNets map[string]*netpol.NodeNet
 	// PolicyDisabled: the ClusterNetwork switches NetworkPolicy enforcement off.
 	PolicyDisabled bool
 	// Notes say what could not be read and what that leaves out (RBAC, an API not
@@ -44,24 +44,24 @@ type Snapshot struct {
 	Notes []string
 
 	mu    sync.Mutex
-	views map[string]*policy.NodeView
-	state *policy.State
+	views map[string]*netpol.NodeView
+	state *netpol.State
 }
 
 // view compiles node's rules once.
-func (s *Snapshot) view(node string) *policy.NodeView {
+func (s *Snapshot) view(node string) *netpol.NodeView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.views == nil {
-		s.views = map[string]*policy.NodeView{}
-		s.state = &policy.State{Pods: s.Pods, Namespaces: s.Namespaces, Policies: s.Policies, ClusterPolicies: s.ClusterPolicies, Nodes: s.Nodes, NodeNets: s.NodeNets}
+		s.views = map[string]*netpol.NodeView{}
+		s.state = &netpol.State{Pods: s.Pods, Namespaces: s.Namespaces, Policies: s.Policies, ClusterPolicies: s.ClusterPolicies, Nodes: s.Nodes, NodeNets: s.NodeNets}
 		// The agents compile the IPv6 rules when the cluster has an IPv6 pod range; for
 		// explain, pods with IPv6 addresses say so.
-		s.state.IPv6 = slices.ContainsFunc(s.Pods, func(p *policy.Pod) bool { return p.IPv6.IsValid() })
+		s.state.IPv6 = slices.ContainsFunc(s.Pods, func(p *netpol.Pod) bool { return p.IPv6.IsValid() })
 	}
 	v, ok := s.views[node]
 	if !ok {
-		v = policy.CompileNode(*s.state, node)
+		v = netpol.CompileNode(*s.state, node)
 		s.views[node] = v
 	}
 	return v
@@ -134,16 +134,16 @@ type Path struct {
 	// Egress is the source pod's side, Ingress the destination pod's; nil when that end
 	// is not a pod with an address of its own (EgressNote/IngressNote say why nothing
 	// applies there).
-	Egress      *policy.Side `json:"egress,omitempty"`
+	Egress      *netpol.Side `json:"egress,omitempty"`
 	EgressNote  string       `json:"egressNote,omitempty"`
-	Ingress     *policy.Side `json:"ingress,omitempty"`
+	Ingress     *netpol.Side `json:"ingress,omitempty"`
 	IngressNote string       `json:"ingressNote,omitempty"`
 }
 
 // end is a resolved endpoint: what the packet's address belongs to.
 type end struct {
 	Endpoint
-	pod  *policy.Pod // a pod with an address of its own
+	pod  *netpol.Pod // a pod with an address of its own
 	addr netip.Addr
 }
 
@@ -192,7 +192,7 @@ func protocolOr(p, def string) string {
 }
 
 // resolve finds what r names; a pod is taken at its address of family f.
-func (s *Snapshot) resolve(r Ref, f ipam.Family, what string) (end, error) {
+func (s *Snapshot) resolve(r Ref, f ipfamily.Family, what string) (end, error) {
 	if r.Kind == KindPod {
 		for _, p := range s.Pods {
 			if p.Namespace == r.Namespace && p.Name == r.Name {
@@ -204,37 +204,37 @@ func (s *Snapshot) resolve(r Ref, f ipam.Family, what string) (end, error) {
 	return s.byIP(r.IP), nil
 }
 
-func (s *Snapshot) podEnd(p *policy.Pod, f ipam.Family, what string) (end, error) {
+func (s *Snapshot) podEnd(p *netpol.Pod, f ipfamily.Family, what string) (end, error) {
 	key := p.Namespace + "/" + p.Name
 	a := p.Addr(f)
 	switch {
 	case p.Finished:
 		return end{}, fmt.Errorf("%s: pod %s has finished (Succeeded or Failed): it has no network any more", what, key)
-	case !a.IsValid() && f == ipam.IPv4 && p.IPv6.IsValid():
+	case !a.IsValid() && f == ipfamily.IPv4 && p.IPv6.IsValid():
 		return end{}, fmt.Errorf("%s: pod %s has no IPv4 address, only the IPv6 address %s: ask with --ip-family ipv6 (or give that address)", what, key, p.IPv6)
-	case !a.IsValid() && f == ipam.IPv6 && p.IP.IsValid():
+	case !a.IsValid() && f == ipfamily.IPv6 && p.IP.IsValid():
 		return end{}, fmt.Errorf("%s: pod %s has no IPv6 address (the cluster or its node has no IPv6 pod range, or the pod started before there was one): no IPv6 connection can reach it or leave it", what, key)
 	case !a.IsValid():
 		return end{}, fmt.Errorf("%s: pod %s has no %s address yet (not running, or its network is not set up): nothing can reach it or leave it; ask again once it runs", what, key, f)
 	case p.HostNetwork:
 		return end{Endpoint: Endpoint{Kind: EndpointHostNetwork, Name: key, IP: a.String(), Node: p.NodeName}, addr: a}, nil
 	}
-	// The agent's rules know an address by one pod only (policy.Peers): a stale status
+	// The agent's rules know an address by one pod only (netpol.Peers): a stale status
 	// sharing it with another pod is refused rather than guessed.
-	if !slices.Contains(policy.Peers(s.Pods), p) {
+	if !slices.Contains(netpol.Peers(s.Pods), p) {
 		return end{}, fmt.Errorf("%s: pod %s's address %s is claimed by another pod too (a stale status?): the rules attribute it to neither; ask again in a moment", what, key, a)
 	}
 	return end{Endpoint: Endpoint{Kind: EndpointPod, Name: key, IP: a.String(), Node: p.NodeName}, pod: p, addr: a}, nil
 }
 
 // hasAddr: a is one of the pod's addresses.
-func hasAddr(p *policy.Pod, a netip.Addr) bool {
+func hasAddr(p *netpol.Pod, a netip.Addr) bool {
 	return a.IsValid() && (p.IP == a || p.IPv6 == a)
 }
 
 // byIP finds what an address belongs to: a pod, a node, or nothing in the cluster.
 func (s *Snapshot) byIP(a netip.Addr) end {
-	for _, p := range policy.Peers(s.Pods) {
+	for _, p := range netpol.Peers(s.Pods) {
 		if hasAddr(p, a) {
 			return end{Endpoint: Endpoint{Kind: EndpointPod, Name: p.Namespace + "/" + p.Name, IP: a.String(), Node: p.NodeName}, pod: p, addr: a}
 		}
@@ -399,9 +399,9 @@ func (s *Snapshot) explainService(q Query, from end, res *Result) (*Result, erro
 }
 
 // clusterIP is the Service's cluster IP of family f (its first one when it has none of f).
-func clusterIP(svc *corev1.Service, f ipam.Family) string {
+func clusterIP(svc *corev1.Service, f ipfamily.Family) string {
 	for _, ip := range svc.Spec.ClusterIPs {
-		if a, err := netip.ParseAddr(ip); err == nil && ipam.FamilyOf(a) == f {
+		if a, err := netip.ParseAddr(ip); err == nil && ipfamily.Of(a) == f {
 			return ip
 		}
 	}
@@ -409,8 +409,8 @@ func clusterIP(svc *corev1.Service, f ipam.Family) string {
 }
 
 // sliceType is the EndpointSlice address type of family f.
-func sliceType(f ipam.Family) discoveryv1.AddressType {
-	if f == ipam.IPv6 {
+func sliceType(f ipfamily.Family) discoveryv1.AddressType {
+	if f == ipfamily.IPv6 {
 		return discoveryv1.AddressTypeIPv6
 	}
 	return discoveryv1.AddressTypeIPv4
@@ -444,7 +444,7 @@ const (
 // path judges one packet from -> to on the nodes it crosses.
 func (s *Snapshot) path(from, to end, proto string, port int) (Path, error) {
 	p := Path{To: to.Endpoint, Port: port}
-	pkt := policy.Packet{Src: from.addr, Dst: to.addr, Protocol: proto, DstPort: port}
+	pkt := netpol.Packet{Src: from.addr, Dst: to.addr, Protocol: proto, DstPort: port}
 	switch {
 	case s.PolicyDisabled:
 		p.EgressNote = "NetworkPolicy enforcement is off (ClusterNetwork spec.networkPolicy.enabled: false)"
@@ -466,9 +466,9 @@ func (s *Snapshot) path(from, to end, proto string, port int) (Path, error) {
 
 // judge evaluates each side on its node, and the whole packet as the kernel meets it: on
 // one node when both ends are there, else the source's node and then the destination's.
-func (s *Snapshot) judge(p *Path, from, to end, pkt policy.Packet) error {
+func (s *Snapshot) judge(p *Path, from, to end, pkt netpol.Packet) error {
 	allowed := true
-	var srcView, dstView *policy.NodeView
+	var srcView, dstView *netpol.NodeView
 	srcIf, dstIf := "", ""
 	if from.pod != nil {
 		srcView = s.view(from.pod.NodeName)
@@ -487,7 +487,7 @@ func (s *Snapshot) judge(p *Path, from, to end, pkt policy.Packet) error {
 	case from.pod != nil:
 		e := pkt
 		e.InInterface, e.ToHost = srcIf, toOwnNode
-		side, err := srcView.Explain(e, from.pod.Key(), policy.Egress)
+		side, err := srcView.Explain(e, from.pod.Key(), netpol.Egress)
 		if err != nil {
 			return err
 		}
@@ -506,7 +506,7 @@ func (s *Snapshot) judge(p *Path, from, to end, pkt policy.Packet) error {
 	case to.pod != nil:
 		in := pkt
 		in.OutInterface = dstIf
-		side, err := dstView.Explain(in, to.pod.Key(), policy.Ingress)
+		side, err := dstView.Explain(in, to.pod.Key(), netpol.Ingress)
 		if err != nil {
 			return err
 		}
@@ -519,7 +519,7 @@ func (s *Snapshot) judge(p *Path, from, to end, pkt policy.Packet) error {
 		if from.pod != nil && !toOwnNode {
 			// Another node's own address: its INPUT path, where only pods of that node
 			// are looked at.
-			if ok, err := s.view(to.Node).Allowed(policy.Packet{Src: pkt.Src, Dst: pkt.Dst, Protocol: pkt.Protocol, DstPort: pkt.DstPort, ToHost: true}); err != nil {
+			if ok, err := s.view(to.Node).Allowed(netpol.Packet{Src: pkt.Src, Dst: pkt.Dst, Protocol: pkt.Protocol, DstPort: pkt.DstPort, ToHost: true}); err != nil {
 				return fmt.Errorf("internal error: node %s's rules judge its own address: %w", to.Node, err)
 			} else if !ok {
 				return fmt.Errorf("internal error: node %s's rules deny its own address", to.Node)

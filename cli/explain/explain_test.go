@@ -5,21 +5,20 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trellis-net/trellis/internal/netpol"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
-
-	"github.com/trellis-net/trellis/agent/policy"
 )
 
 // The cluster of the table: node1 holds x/a and x/c, node2 x/b, y/a and a host-network
 // pod; z/p has no address yet.
 func snapshot(nps []*networkingv1.NetworkPolicy, cnps []*policyv1beta1.ClusterNetworkPolicy) *Snapshot {
-	pod := func(ns, name, node, ip string, labels map[string]string, ports ...policy.Port) *policy.Pod {
-		p := &policy.Pod{Namespace: ns, Name: name, NodeName: node, Labels: labels, Ports: ports}
+	pod := func(ns, name, node, ip string, labels map[string]string, ports ...netpol.Port) *netpol.Pod {
+		p := &netpol.Pod{Namespace: ns, Name: name, NodeName: node, Labels: labels, Ports: ports}
 		if ip != "" {
 			p.IP = netip.MustParseAddr(ip)
 		}
@@ -27,24 +26,24 @@ func snapshot(nps []*networkingv1.NetworkPolicy, cnps []*policyv1beta1.ClusterNe
 	}
 	host := pod("kube-system", "agent", "node2", "198.51.100.12", nil)
 	host.HostNetwork = true
-	ns := func(name string) *policy.Namespace {
-		return &policy.Namespace{Name: name, Labels: map[string]string{"kubernetes.io/metadata.name": name}}
+	ns := func(name string) *netpol.Namespace {
+		return &netpol.Namespace{Name: name, Labels: map[string]string{"kubernetes.io/metadata.name": name}}
 	}
 	ready, notReady := true, false
 	name, proto, port := "web", corev1.ProtocolTCP, int32(80)
 	return &Snapshot{
-		Pods: []*policy.Pod{
+		Pods: []*netpol.Pod{
 			pod("x", "a", "node1", "10.244.1.2", map[string]string{"app": "a"}),
-			pod("x", "b", "node2", "10.244.2.2", map[string]string{"app": "b"}, policy.Port{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}),
-			pod("x", "c", "node1", "10.244.1.3", map[string]string{"app": "c"}, policy.Port{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}),
+			pod("x", "b", "node2", "10.244.2.2", map[string]string{"app": "b"}, netpol.Port{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}),
+			pod("x", "c", "node1", "10.244.1.3", map[string]string{"app": "c"}, netpol.Port{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}),
 			pod("y", "a", "node2", "10.244.2.3", map[string]string{"app": "a"}),
 			pod("z", "p", "node1", "", nil),
 			host,
 		},
-		Namespaces:      []*policy.Namespace{ns("x"), ns("y"), ns("z"), ns("kube-system")},
+		Namespaces:      []*netpol.Namespace{ns("x"), ns("y"), ns("z"), ns("kube-system")},
 		Policies:        nps,
 		ClusterPolicies: cnps,
-		Nodes: []*policy.Node{
+		Nodes: []*netpol.Node{
 			{Name: "node1", IPs: []netip.Addr{netip.MustParseAddr("198.51.100.11")}},
 			{Name: "node2", IPs: []netip.Addr{netip.MustParseAddr("198.51.100.12")}},
 		},
@@ -133,71 +132,71 @@ func TestExplain(t *testing.T) {
 		paths    int
 	}{
 		{name: "no policy, across nodes", from: "x/a", to: "x/b:80", verdict: Allowed,
-			egress:  &side{allowed: true, reason: policy.WhyNotIsolated},
-			ingress: &side{allowed: true, reason: policy.WhyNotIsolated}},
+			egress:  &side{allowed: true, reason: netpol.WhyNotIsolated},
+			ingress: &side{allowed: true, reason: netpol.WhyNotIsolated}},
 		{name: "default deny and an allow rule: the allowed peer", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
 			from: "x/a", to: "x/b:80/tcp", verdict: Allowed,
-			egress: &side{allowed: true, reason: policy.WhyNotIsolated},
-			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, policies: "x/allow-a,x/default-deny",
+			egress: &side{allowed: true, reason: netpol.WhyNotIsolated},
+			ingress: &side{allowed: true, reason: netpol.WhyAllowedByRule, policies: "x/allow-a,x/default-deny",
 				source: "NetworkPolicy x/allow-a spec.ingress[0].from[1].ports[0]", peer: "pods of namespace x matching {app=a}"}},
 		{name: "default deny and an allow rule: another port", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
 			from: "x/a", to: "x/b:81", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows, policies: "x/allow-a,x/default-deny"}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows, policies: "x/allow-a,x/default-deny"}},
 		{name: "default deny: a peer no rule names, same node as nothing", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
 			from: "y/a", to: "x/b:80", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "same node, a named port", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
 			from: "x/a", to: "x/c:http", verdict: Allowed,
-			egress:  &side{allowed: true, reason: policy.WhyNotIsolated},
-			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, policies: "x/allow-http,x/default-deny", source: "x/allow-http spec.ingress[0].ports[0]"}},
+			egress:  &side{allowed: true, reason: netpol.WhyNotIsolated},
+			ingress: &side{allowed: true, reason: netpol.WhyAllowedByRule, policies: "x/allow-http,x/default-deny", source: "x/allow-http spec.ingress[0].ports[0]"}},
 		{name: "same node, denied", nps: []*networkingv1.NetworkPolicy{denyIngress},
 			from: "x/a", to: "pod/x/c:80", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows, policies: "x/default-deny"}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows, policies: "x/default-deny"}},
 		{name: "egress denied, ingress explained anyway", nps: []*networkingv1.NetworkPolicy{denyEgress, denyIngress},
 			from: "y/a", to: "x/b:80", verdict: Denied,
-			egress:  &side{allowed: false, reason: policy.WhyNoRuleAllows, policies: "y/deny-egress"},
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows, policies: "x/default-deny"}},
+			egress:  &side{allowed: false, reason: netpol.WhyNoRuleAllows, policies: "y/deny-egress"},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows, policies: "x/default-deny"}},
 		{name: "egress to an ipBlock outside the cluster", nps: []*networkingv1.NetworkPolicy{allowEgressToNet},
 			from: "y/a", to: "203.0.113.9:443/tcp", verdict: Allowed,
-			egress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "y/to-net spec.egress[0].to[0]", peer: "ipBlock 203.0.113.0/24"},
+			egress: &side{allowed: true, reason: netpol.WhyAllowedByRule, source: "y/to-net spec.egress[0].to[0]", peer: "ipBlock 203.0.113.0/24"},
 			notes:  []string{noteExternalDst}},
 		{name: "egress to another address outside", nps: []*networkingv1.NetworkPolicy{allowEgressToNet},
 			from: "y/a", to: "192.0.2.1:443", verdict: Denied,
-			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			egress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "egress-isolated pod to its own node", nps: []*networkingv1.NetworkPolicy{denyEgress},
 			from: "y/a", to: "198.51.100.12:10250", verdict: Allowed,
-			egress: &side{allowed: true, reason: policy.WhyOwnNode}, notes: []string{noteHost}},
+			egress: &side{allowed: true, reason: netpol.WhyOwnNode}, notes: []string{noteHost}},
 		{name: "egress-isolated pod to another node", nps: []*networkingv1.NetworkPolicy{denyEgress},
 			from: "y/a", to: "198.51.100.11:10250", verdict: Denied,
-			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			egress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "from outside the cluster", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
 			from: "192.0.2.50", to: "x/b:80", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows}, notes: []string{noteExternalSrc}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}, notes: []string{noteExternalSrc}},
 		{name: "host network to a pod of its node", nps: []*networkingv1.NetworkPolicy{denyIngress},
 			from: "kube-system/agent", to: "x/b:80", verdict: Allowed, notes: []string{noteHostSrc, noteOwnNode}},
 		{name: "host network to a pod of another node", nps: []*networkingv1.NetworkPolicy{denyIngress},
 			from: "kube-system/agent", to: "x/c:80", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "a pod to itself", nps: []*networkingv1.NetworkPolicy{denyIngress},
 			from: "x/b", to: "x/b:80", verdict: Allowed, notes: []string{noteSelf}},
 		{name: "an Admin Deny before an allowing NetworkPolicy", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
 			cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("no-x", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionDeny, "x")},
 			from: "x/a", to: "x/b:80", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyClusterDeny, source: "ClusterNetworkPolicy no-x (Admin tier) spec.ingress[0], action Deny"}},
+			ingress: &side{allowed: false, reason: netpol.WhyClusterDeny, source: "ClusterNetworkPolicy no-x (Admin tier) spec.ingress[0], action Deny"}},
 		{name: "an Admin Accept over a default deny", nps: []*networkingv1.NetworkPolicy{denyIngress},
 			cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("from-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionAccept, "y")},
 			from: "y/a", to: "x/b:80", verdict: Allowed,
-			ingress: &side{allowed: true, reason: policy.WhyClusterAccept, source: "from-y"}},
+			ingress: &side{allowed: true, reason: netpol.WhyClusterAccept, source: "from-y"}},
 		{name: "an Admin Pass to the NetworkPolicies", nps: []*networkingv1.NetworkPolicy{denyIngress},
 			cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("pass-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionPass, "y")},
 			from: "y/a", to: "x/b:80", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows, policies: "x/default-deny"}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows, policies: "x/default-deny"}},
 		{name: "an Admin Pass with nothing after it", cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("pass-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionPass, "y")},
 			from: "y/a", to: "x/b:80", verdict: Allowed,
-			ingress: &side{allowed: true, reason: policy.WhyClusterPass}},
+			ingress: &side{allowed: true, reason: netpol.WhyClusterPass}},
 		{name: "Admin rules that don't match", cnps: []*policyv1beta1.ClusterNetworkPolicy{admin("no-y", 10, "x", policyv1beta1.ClusterNetworkPolicyRuleActionDeny, "y")},
 			from: "x/a", to: "x/b:80", verdict: Allowed,
-			ingress: &side{allowed: true, reason: policy.WhyNoClusterRule}},
+			ingress: &side{allowed: true, reason: netpol.WhyNoClusterRule}},
 		{name: "a Service: one endpoint allowed, one denied, one not ready", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
 			from: "y/a", to: "svc/x/web", verdict: Partial, paths: 3},
 		{name: "a Service's cluster IP", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
@@ -271,10 +270,10 @@ func checkService(t *testing.T, res *Result) {
 			t.Errorf("endpoint %s: port %d, want the target port 80", p.To, p.Port)
 		}
 	}
-	if p := got["x/b10.244.2.2"]; p.Allowed || !p.Ready || p.Ingress == nil || p.Ingress.Decision.Reason != policy.WhyNoRuleAllows {
+	if p := got["x/b10.244.2.2"]; p.Allowed || !p.Ready || p.Ingress == nil || p.Ingress.Decision.Reason != netpol.WhyNoRuleAllows {
 		t.Errorf("endpoint x/b: %+v", p)
 	}
-	if p := got["x/c10.244.1.3"]; !p.Allowed || !p.Ready || p.Ingress == nil || p.Ingress.Decision.Reason != policy.WhyAllowedByRule {
+	if p := got["x/c10.244.1.3"]; !p.Allowed || !p.Ready || p.Ingress == nil || p.Ingress.Decision.Reason != netpol.WhyAllowedByRule {
 		t.Errorf("endpoint x/c: %+v", p)
 	}
 	if p := got["10.244.1.9"]; p.Ready || p.To.Kind != EndpointExternal {
@@ -282,7 +281,7 @@ func checkService(t *testing.T, res *Result) {
 	}
 }
 
-func checkSide(t *testing.T, dir string, got *policy.Side, want *side) {
+func checkSide(t *testing.T, dir string, got *netpol.Side, want *side) {
 	t.Helper()
 	if want == nil {
 		return
@@ -378,7 +377,7 @@ func dualStack(nps []*networkingv1.NetworkPolicy) *Snapshot {
 			p.IPv6 = netip.MustParseAddr(a)
 		}
 	}
-	s.Pods = append(s.Pods, &policy.Pod{Namespace: "y", Name: "old", NodeName: "node1", IP: netip.MustParseAddr("10.244.1.7")})
+	s.Pods = append(s.Pods, &netpol.Pod{Namespace: "y", Name: "old", NodeName: "node1", IP: netip.MustParseAddr("10.244.1.7")})
 	s.Nodes[0].IPs = append(s.Nodes[0].IPs, netip.MustParseAddr("2001:db8::11"))
 	s.Nodes[1].IPs = append(s.Nodes[1].IPs, netip.MustParseAddr("2001:db8::12"))
 	s.Services[0].Spec.ClusterIPs = []string{"10.96.0.20", "fd00:10:96::20"}
@@ -417,53 +416,53 @@ func TestExplainIPv6(t *testing.T) {
 		paths           int
 	}{
 		{name: "no policy, a pod's IPv6 address", from: "x/a", to: "[fd00:10:244:2::2]:80", verdict: Allowed, toIP: "fd00:10:244:2::2",
-			egress: &side{allowed: true, reason: policy.WhyNotIsolated}, ingress: &side{allowed: true, reason: policy.WhyNotIsolated}},
+			egress: &side{allowed: true, reason: netpol.WhyNotIsolated}, ingress: &side{allowed: true, reason: netpol.WhyNotIsolated}},
 		{name: "pods by name over IPv6: the allowed peer", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
 			from: "x/a", to: "x/b:80/tcp", family: "ipv6", verdict: Allowed, toIP: "fd00:10:244:2::2",
-			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, policies: "x/allow-a,x/default-deny",
+			ingress: &side{allowed: true, reason: netpol.WhyAllowedByRule, policies: "x/allow-a,x/default-deny",
 				source: "NetworkPolicy x/allow-a spec.ingress[0].from[1].ports[0]", peer: "pods of namespace x matching {app=a}"}},
 		{name: "pods by name over IPv6: another port", nps: []*networkingv1.NetworkPolicy{denyIngress, allowFromA},
 			from: "x/a", to: "x/b:81", family: "ipv6", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "a named port over IPv6, same node", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
 			from: "x/a", to: "x/c:http", family: "ipv6", verdict: Allowed, toIP: "fd00:10:244:1::3",
-			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "x/allow-http spec.ingress[0].ports[0]"}},
+			ingress: &side{allowed: true, reason: netpol.WhyAllowedByRule, source: "x/allow-http spec.ingress[0].ports[0]"}},
 		{name: "a named port by the IPv6 address", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
 			from: "y/a", to: "[fd00:10:244:1::3]:80", verdict: Allowed,
-			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "x/allow-http spec.ingress[0].ports[0]"}},
+			ingress: &side{allowed: true, reason: netpol.WhyAllowedByRule, source: "x/allow-http spec.ingress[0].ports[0]"}},
 		{name: "egress to an IPv6 ipBlock", nps: []*networkingv1.NetworkPolicy{toBothNets},
 			from: "y/a", to: "[2001:db8:feed::9]:443/tcp", verdict: Allowed,
-			egress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "y/to-nets spec.egress[0].to[1]", peer: "ipBlock 2001:db8:feed::/64 2001:db8:feed:2::/63"}},
+			egress: &side{allowed: true, reason: netpol.WhyAllowedByRule, source: "y/to-nets spec.egress[0].to[1]", peer: "ipBlock 2001:db8:feed::/64 2001:db8:feed:2::/63"}},
 		{name: "egress to the IPv6 ipBlock's except", nps: []*networkingv1.NetworkPolicy{toBothNets},
 			from: "y/a", to: "[2001:db8:feed:1::9]:443/tcp", verdict: Denied,
-			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows, policies: "y/to-nets"}},
+			egress: &side{allowed: false, reason: netpol.WhyNoRuleAllows, policies: "y/to-nets"}},
 		{name: "egress to the IPv4 ipBlock of the same rule", nps: []*networkingv1.NetworkPolicy{toBothNets},
 			from: "y/a", to: "203.0.113.9:443", verdict: Allowed,
-			egress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "y/to-nets spec.egress[0].to[0]", peer: "203.0.113.0/24"}},
+			egress: &side{allowed: true, reason: netpol.WhyAllowedByRule, source: "y/to-nets spec.egress[0].to[0]", peer: "203.0.113.0/24"}},
 		{name: "an IPv4 ipBlock allows no IPv6 address", nps: []*networkingv1.NetworkPolicy{allowEgressToNet},
 			from: "y/a", to: "[2001:db8:feed::9]:443", verdict: Denied,
-			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			egress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "an IPv6 ipBlock made of a pod's address: the pod in the block", nps: []*networkingv1.NetworkPolicy{toB6},
 			from: "y/a", to: "[fd00:10:244:2::12]:80", verdict: Allowed,
-			egress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "y/to-b6 spec.egress[0].to[0]"}},
+			egress: &side{allowed: true, reason: netpol.WhyAllowedByRule, source: "y/to-b6 spec.egress[0].to[0]"}},
 		{name: "an IPv6 ipBlock made of a pod's address: the pod in the except", nps: []*networkingv1.NetworkPolicy{toB6},
 			from: "y/a", to: "x/b:80", family: "ipv6", verdict: Denied,
-			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			egress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "the same pods over IPv4: the IPv6 block doesn't apply", nps: []*networkingv1.NetworkPolicy{toB6},
 			from: "y/a", to: "x/b:80", verdict: Denied, toIP: "10.244.2.2",
-			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			egress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "ingress from an IPv6 ipBlock outside", nps: []*networkingv1.NetworkPolicy{fromNet6},
 			from: "2001:db8:beef::7", to: "x/b:80", verdict: Allowed, toIP: "fd00:10:244:2::2",
-			ingress: &side{allowed: true, reason: policy.WhyAllowedByRule, source: "x/from-net6 spec.ingress[0].from[0]"}},
+			ingress: &side{allowed: true, reason: netpol.WhyAllowedByRule, source: "x/from-net6 spec.ingress[0].from[0]"}},
 		{name: "ingress from another IPv6 address outside", nps: []*networkingv1.NetworkPolicy{fromNet6},
 			from: "2001:db8:dead::7", to: "x/b:80", verdict: Denied,
-			ingress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			ingress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "egress-isolated pod to its own node's IPv6 address", nps: []*networkingv1.NetworkPolicy{denyEgress},
 			from: "y/a", to: "[2001:db8::12]:10250", verdict: Allowed,
-			egress: &side{allowed: true, reason: policy.WhyOwnNode}},
+			egress: &side{allowed: true, reason: netpol.WhyOwnNode}},
 		{name: "egress-isolated pod to another node's IPv6 address", nps: []*networkingv1.NetworkPolicy{denyEgress},
 			from: "y/a", to: "[2001:db8::11]:10250", verdict: Denied,
-			egress: &side{allowed: false, reason: policy.WhyNoRuleAllows}},
+			egress: &side{allowed: false, reason: netpol.WhyNoRuleAllows}},
 		{name: "a Service's IPv6 cluster IP: its IPv6 endpoints", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
 			from: "y/a", to: "[fd00:10:96::20]:8080", verdict: Partial, paths: 3},
 		{name: "a Service over IPv6 by name", nps: []*networkingv1.NetworkPolicy{denyIngress, allowHTTPFromAll},
@@ -548,7 +547,7 @@ func TestExplainNodeNetworkAddresses(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := snapshot(nil, []*policyv1beta1.ClusterNetworkPolicy{denyNodes})
-			s.NodeNets = map[string]*policy.NodeNet{
+			s.NodeNets = map[string]*netpol.NodeNet{
 				"node1": {Name: "node1", Blocks: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, Addrs: []netip.Addr{netip.MustParseAddr("198.51.100.11"), netip.MustParseAddr("10.244.1.1")}},
 				"node2": {Name: "node2", Blocks: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/24")}, Addrs: []netip.Addr{netip.MustParseAddr("198.51.100.12"), netip.MustParseAddr("10.244.2.1")}},
 			}

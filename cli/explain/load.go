@@ -10,9 +10,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
-	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cli"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Load reads, with the user's credentials, what the agents compile their rules from: pods,
@@ -38,14 +38,14 @@ func Load(ctx context.Context, f *cli.Factory) (*Snapshot, error) {
 		return nil, fmt.Errorf("listing pods (explain needs get/list on pods in every namespace): %w", err)
 	}
 	for i := range pods.Items {
-		s.Pods = append(s.Pods, policy.PodFrom(&pods.Items[i]))
+		s.Pods = append(s.Pods, netpol.PodFrom(&pods.Items[i]))
 	}
 	nss, err := cs.CoreV1().Namespaces().List(ctx, list)
 	if err != nil {
 		return nil, fmt.Errorf("listing namespaces (explain needs list on namespaces): %w", err)
 	}
 	for i := range nss.Items {
-		s.Namespaces = append(s.Namespaces, policy.NamespaceFrom(&nss.Items[i]))
+		s.Namespaces = append(s.Namespaces, netpol.NamespaceFrom(&nss.Items[i]))
 	}
 	nps, err := cs.NetworkingV1().NetworkPolicies("").List(ctx, list)
 	if err != nil {
@@ -72,7 +72,7 @@ func Load(ctx context.Context, f *cli.Factory) (*Snapshot, error) {
 		s.Notes = append(s.Notes, fmt.Sprintf("could not list nodes (%v): node addresses are not recognised, and ClusterNetworkPolicy node peers match nothing", reason(err)))
 	} else {
 		for i := range nodes.Items {
-			s.Nodes = append(s.Nodes, policy.NodeFrom(&nodes.Items[i]))
+			s.Nodes = append(s.Nodes, netpol.NodeFrom(&nodes.Items[i]))
 		}
 	}
 
@@ -82,12 +82,12 @@ func Load(ctx context.Context, f *cli.Factory) (*Snapshot, error) {
 	if err := c.List(ctx, &nns); err != nil {
 		s.Notes = append(s.Notes, fmt.Sprintf("could not list nodenetworks (%v): pods' addresses are not checked against their nodes' pod blocks as the agents check them, and nodes' tunnel addresses are not recognised", reason(err)))
 	} else {
-		s.NodeNets = map[string]*policy.NodeNet{}
+		s.NodeNets = map[string]*netpol.NodeNet{}
 		for i := range nns.Items {
-			s.NodeNets[nns.Items[i].Name] = policy.NodeNetFrom(&nns.Items[i])
+			s.NodeNets[nns.Items[i].Name] = netpol.NodeNetFrom(&nns.Items[i])
 		}
-		var dropped []policy.DroppedPodAddr
-		s.Pods, dropped = policy.TrustedPods(s.Pods, s.NodeNets)
+		var dropped []netpol.DroppedPodAddr
+		s.Pods, dropped = netpol.TrustedPods(s.Pods, s.NodeNets)
 		for _, d := range dropped {
 			s.Notes = append(s.Notes, fmt.Sprintf("pod %s: the address %s is outside the pod blocks of node %s (its NodeNetwork): the agents ignore it", d.Pod, d.Addr, d.Node))
 		}

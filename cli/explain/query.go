@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Kinds of what a query names.
@@ -44,13 +44,13 @@ type Query struct {
 	Protocol string
 	// Family is the connection's address family: that of the address given for either
 	// end, or --ip-family; 0 when neither says (IPv4, the family every pod has).
-	Family ipam.Family
+	Family ipfamily.Family
 }
 
 // family is the connection's address family, IPv4 unless the query says otherwise.
-func (q Query) family() ipam.Family {
+func (q Query) family() ipfamily.Family {
 	if q.Family == 0 {
-		return ipam.IPv4
+		return ipfamily.IPv4
 	}
 	return q.Family
 }
@@ -58,14 +58,14 @@ func (q Query) family() ipam.Family {
 // SetFamily applies --ip-family (ipv4 or ipv6; "" changes nothing): which of a pod's
 // addresses the connection uses when no address names the family.
 func (q *Query) SetFamily(s string) error {
-	var f ipam.Family
+	var f ipfamily.Family
 	switch strings.ToLower(s) {
 	case "":
 		return nil
 	case "ipv4", "4":
-		f = ipam.IPv4
+		f = ipfamily.IPv4
 	case "ipv6", "6":
-		f = ipam.IPv6
+		f = ipfamily.IPv6
 	default:
 		return fmt.Errorf("--ip-family %q: want ipv4 or ipv6", s)
 	}
@@ -104,7 +104,7 @@ func ParseQuery(from, to, port, protocol, namespace string) (Query, error) {
 		if r.Kind != KindIP {
 			continue
 		}
-		f := ipam.FamilyOf(r.IP)
+		f := ipfamily.Of(r.IP)
 		if q.Family != 0 && q.Family != f {
 			return q, fmt.Errorf("source %s and destination %s: addresses of different families never talk to each other", q.From, q.To)
 		}

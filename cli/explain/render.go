@@ -5,7 +5,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Render writes r for people.
@@ -37,7 +37,7 @@ func Render(w io.Writer, r *Result) {
 	fmt.Fprintf(w, "Verdict: %s\n", r.Verdict)
 }
 
-func renderSide(w io.Writer, title string, e Endpoint, s *policy.Side, note string) {
+func renderSide(w io.Writer, title string, e Endpoint, s *netpol.Side, note string) {
 	if s == nil {
 		fmt.Fprintf(w, "%s: %s\n", title, note)
 		return
@@ -70,28 +70,28 @@ func renderSide(w io.Writer, title string, e Endpoint, s *policy.Side, note stri
 	}
 }
 
-func decisionText(s *policy.Side) string {
+func decisionText(s *netpol.Side) string {
 	dir := string(s.Direction)
 	switch s.Decision.Reason {
-	case policy.WhyNotIsolated:
+	case netpol.WhyNotIsolated:
 		return fmt.Sprintf("no policy selects the pod for %s", dir)
-	case policy.WhyAllowedByRule:
+	case netpol.WhyAllowedByRule:
 		return "a NetworkPolicy rule allows it"
-	case policy.WhyNoRuleAllows:
+	case netpol.WhyNoRuleAllows:
 		return "no rule of the NetworkPolicies isolating the pod allows it"
-	case policy.WhyClusterAccept:
+	case netpol.WhyClusterAccept:
 		return "a ClusterNetworkPolicy Accept rule"
-	case policy.WhyClusterDeny:
+	case netpol.WhyClusterDeny:
 		return "a ClusterNetworkPolicy Deny rule"
-	case policy.WhyClusterPass:
+	case netpol.WhyClusterPass:
 		return "a ClusterNetworkPolicy Pass rule, and no NetworkPolicy or Baseline rule after it"
-	case policy.WhyNoClusterRule:
+	case netpol.WhyNoClusterRule:
 		return "no ClusterNetworkPolicy rule matches and no NetworkPolicy isolates the pod"
-	case policy.WhySelf:
+	case netpol.WhySelf:
 		return "a pod is never blocked from itself"
-	case policy.WhyOwnNode:
+	case netpol.WhyOwnNode:
 		return "a pod and its own node always reach each other (NetworkPolicy)"
-	case policy.WhyUnknownInterface:
+	case netpol.WhyUnknownInterface:
 		return "the rules don't know the pod's interface"
 	}
 	return s.Decision.Reason

@@ -24,9 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/cli"
+	"github.com/trellis-net/trellis/internal/diagreport"
 )
 
 // agentSelector selects the agent pods (config/agent/daemonset.yaml).
@@ -356,11 +356,11 @@ func (c *collector) node(ctx context.Context, node, pod string, nn *v1alpha1.Nod
 	}
 	d := nn.Status.Diagnostics
 	if d.CertificateSHA256 == "" {
-		return &unverifiedError{fmt.Errorf("NodeNetwork %s has no status.diagnostics.certificateSHA256: the agent is not serving its diagnostics (its log says why: port %d on the node's loopback taken by another process, --diagnostics-port=0, or an agent older than this plugin)", node, report.DefaultPort)}
+		return &unverifiedError{fmt.Errorf("NodeNetwork %s has no status.diagnostics.certificateSHA256: the agent is not serving its diagnostics (its log says why: port %d on the node's loopback taken by another process, --diagnostics-port=0, or an agent older than this plugin)", node, diagreport.DefaultPort)}
 	}
 	port := int(d.Port)
 	if port == 0 {
-		port = report.DefaultPort
+		port = diagreport.DefaultPort
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.o.NodeTimeout)
 	defer cancel()
@@ -370,7 +370,7 @@ func (c *collector) node(ctx context.Context, node, pod string, nn *v1alpha1.Nod
 	}
 	defer stop()
 	hc, verified := agentClient(local, d.CertificateSHA256)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", local, report.Path), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d%s", local, diagreport.Path), nil)
 	if err != nil {
 		return err
 	}
@@ -397,7 +397,7 @@ func (c *collector) node(ctx context.Context, node, pod string, nn *v1alpha1.Nod
 	default:
 		return fmt.Errorf("the agent answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
-	var rep report.Report
+	var rep diagreport.Report
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return fmt.Errorf("reading the agent's answer: %w", err)
 	}

@@ -18,8 +18,8 @@ import (
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
 
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/cli"
+	"github.com/trellis-net/trellis/internal/diagreport"
 )
 
 // forward opens a port-forward through the API server to port of pod (in trellis-system)
@@ -101,7 +101,7 @@ func agentClient(local uint16, want string) (hc *http.Client, verified func() bo
 				if len(cs.PeerCertificates) == 0 {
 					return errors.New("the endpoint presented no certificate")
 				}
-				if got := report.Fingerprint(cs.PeerCertificates[0].Raw); got != want {
+				if got := diagreport.Fingerprint(cs.PeerCertificates[0].Raw); got != want {
 					return &mismatchError{got: got, want: want}
 				}
 				ok.Store(true)

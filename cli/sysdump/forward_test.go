@@ -25,8 +25,8 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/trellis-net/trellis/agent/diagnostics"
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/diagreport"
 )
 
 // The secrets of the user's kubeconfig in these tests: none may reach the node.
@@ -53,8 +53,8 @@ func newRecorder(t *testing.T, cert tls.Certificate, node string) *recorder {
 		r.requests = append(r.requests, string(dump))
 		r.peerCerts += len(req.TLS.PeerCertificates)
 		r.mu.Unlock()
-		_ = json.NewEncoder(w).Encode(report.Report{Node: node, Version: "test", CollectedAt: time.Now(),
-			Items: []report.Item{{File: "routes.txt", Content: "answered by " + node}}})
+		_ = json.NewEncoder(w).Encode(diagreport.Report{Node: node, Version: "test", CollectedAt: time.Now(),
+			Items: []diagreport.Item{{File: "routes.txt", Content: "answered by " + node}}})
 	}))
 	// Ask for a client certificate, as the old diagnostics endpoint did: a client that has
 	// one at hand would send it.
@@ -126,7 +126,7 @@ func testCollector(t *testing.T, cfg *rest.Config, local uint16) (*collector, *A
 
 func published(node string, fingerprint string) *v1alpha1.NodeNetwork {
 	return &v1alpha1.NodeNetwork{ObjectMeta: metav1.ObjectMeta{Name: node},
-		Status: v1alpha1.NodeNetworkStatus{Diagnostics: v1alpha1.NodeDiagnosticsStatus{Port: report.DefaultPort, CertificateSHA256: fingerprint}}}
+		Status: v1alpha1.NodeNetworkStatus{Diagnostics: v1alpha1.NodeDiagnosticsStatus{Port: diagreport.DefaultPort, CertificateSHA256: fingerprint}}}
 }
 
 // TestAgentRequestCarriesNoCredential: whatever the user's kubeconfig holds (a bearer

@@ -29,6 +29,7 @@ import (
 	"github.com/trellis-net/trellis/agent/uninstall"
 	"github.com/trellis-net/trellis/internal/agentconfig"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/netpol"
 	trellisscheme "github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/version"
 )
@@ -175,7 +176,7 @@ func run(o *options.Options, node uninstall.Node) error {
 	if err := policy.Setup(mgr, policy.Options{
 		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
 		Socket: cnicontract.DefaultPolicySocket, StateDir: cnicontract.DefaultEndpointsDir,
-		DenyLog: policy.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
+		DenyLog: netpol.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
 		IPv6:    cfg.HasIPv6(),
 	}, ctrl.Log.WithName("policy")); err != nil {
 		return err

@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
+	"github.com/trellis-net/trellis/internal/diagreport"
 	"github.com/trellis-net/trellis/internal/metricsserving"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/testenv"
@@ -77,7 +77,7 @@ func TestDelegatedAuth(t *testing.T) {
 	agentCfg := rest.AnonymousClientConfig(cfg)
 	agentCfg.BearerToken = token("trellis-system", "trellis-agent")
 	addr := startServer(ctx, t, agentCfg,
-		map[string]http.Handler{report.Path: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "diagnostics") })})
+		map[string]http.Handler{diagreport.Path: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "diagnostics") })})
 
 	// Callers.
 	userCert := func(name string, groups ...string) tls.Certificate {
@@ -135,7 +135,7 @@ func TestDelegatedAuth(t *testing.T) {
 	up, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	check.EventuallyCtx(up, t, 200*time.Millisecond, "alice's certificate accepted", func(context.Context) error {
-		if code, body := get(caller{name: "alice", cert: &alice}, report.Path); code != http.StatusOK {
+		if code, body := get(caller{name: "alice", cert: &alice}, diagreport.Path); code != http.StatusOK {
 			return fmt.Errorf("%d %s", code, body)
 		}
 		return nil
@@ -159,7 +159,7 @@ func TestDelegatedAuth(t *testing.T) {
 		{caller{name: "system:masters impersonating bob (--as bob)", cert: &root, headers: map[string]string{"Impersonate-User": "bob"}}, 403, `user "bob"`},
 		{caller{name: "system:masters impersonating alice (--as alice)", cert: &root, headers: map[string]string{"Impersonate-User": "alice"}}, 200, ""},
 	} {
-		for _, path := range []string{report.Path, "/metrics"} {
+		for _, path := range []string{diagreport.Path, "/metrics"} {
 			code, body := get(c.who, path)
 			if code != c.want || !strings.Contains(body, c.body) {
 				t.Errorf("%s, GET %s: %d %q, want %d with %q", c.who.name, path, code, trim(body), c.want, c.body)

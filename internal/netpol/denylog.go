@@ -117,11 +117,11 @@ func (d DenyLog) NFLOGGroup() uint16 {
 // (the default is up to 8,192 buckets, 64 KiB, per table).
 func (d DenyLog) limit(namespace string) *RateLimit {
 	rate, burst := d.shareRate()
-	return &RateLimit{Rate: rate, Burst: burst, Name: d.limitName(namespace)}
+	return &RateLimit{Rate: rate, Burst: burst, Name: d.LimitName(namespace)}
 }
 
 // limitName is namespace's hashlimit table at its share: "td" and 13 hex digits.
-func (d DenyLog) limitName(namespace string) string {
+func (d DenyLog) LimitName(namespace string) string {
 	rate, burst := d.shareRate()
 	sum := sha256.Sum256([]byte(namespace + "\x00" + rate + "\x00" + strconv.Itoa(burst)))
 	return "td" + hex.EncodeToString(sum[:])[:13]

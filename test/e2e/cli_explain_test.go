@@ -13,8 +13,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cli/explain"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/test/cluster/images"
 	"github.com/trellis-net/trellis/test/framework"
 )
@@ -132,10 +132,10 @@ spec:
 			t.Fatalf("verdict %s to %+v with %d paths, want DENIED to pod %s/db", res.Verdict, res.To, len(res.Paths), explainNS)
 		}
 		in := res.Paths[0].Ingress
-		if in == nil || in.Decision.Reason != policy.WhyNoRuleAllows || in.Node != node2 || strings.Join(in.Policies, ",") != explainNS+"/db-from-web,"+explainNS+"/default-deny" {
+		if in == nil || in.Decision.Reason != netpol.WhyNoRuleAllows || in.Node != node2 || strings.Join(in.Policies, ",") != explainNS+"/db-from-web,"+explainNS+"/default-deny" {
 			t.Errorf("ingress side %+v, want NoRuleAllows on %s by both policies", in, node2)
 		}
-		if eg := res.Paths[0].Egress; eg == nil || !eg.Allowed || eg.Decision.Reason != policy.WhyNotIsolated {
+		if eg := res.Paths[0].Egress; eg == nil || !eg.Allowed || eg.Decision.Reason != netpol.WhyNotIsolated {
 			t.Errorf("egress side %+v, want allowed, not isolated", eg)
 		}
 		if !strings.Contains(r.Stderr, "reading pods") {

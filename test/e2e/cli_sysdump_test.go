@@ -31,8 +31,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/trellis-net/trellis/agent/diagnostics"
-	"github.com/trellis-net/trellis/agent/diagnostics/report"
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/diagreport"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 	"github.com/trellis-net/trellis/test/cluster"
@@ -144,8 +144,8 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 	// the dump says which certificate answered.
 	for _, n := range nns.Items {
 		d := diagnosticsStatus(ctx, t, c, n.Name)
-		if d.Port != report.DefaultPort || len(d.CertificateSHA256) != 64 {
-			t.Errorf("NodeNetwork %s status.diagnostics %+v, want port %d and a SHA-256", n.Name, d, report.DefaultPort)
+		if d.Port != diagreport.DefaultPort || len(d.CertificateSHA256) != 64 {
+			t.Errorf("NodeNetwork %s status.diagnostics %+v, want port %d and a SHA-256", n.Name, d, diagreport.DefaultPort)
 		}
 		if !strings.Contains(files["nodes/"+n.Name+"/agent.txt"], "agent certificate sha256: "+d.CertificateSHA256) {
 			t.Errorf("nodes/%s/agent.txt doesn't name the published certificate %s", n.Name, d.CertificateSHA256)
@@ -343,7 +343,7 @@ func startImpostor(t *testing.T, n cluster.Node) *impostor {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
 			return check.Until(ctx, 2*time.Millisecond, "listening on the diagnostics port", func(context.Context) error {
-				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", report.DefaultPort))
+				l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", diagreport.DefaultPort))
 				ln = l
 				return err
 			})
@@ -352,15 +352,15 @@ func startImpostor(t *testing.T, n cluster.Node) *impostor {
 			t.Fatalf("taking %s's diagnostics port before the restarted agent: %v", n.Name, err)
 		}
 	}
-	t.Logf("impostor listening on 127.0.0.1:%d in %s, certificate sha256 %s", report.DefaultPort, n.Name, fp)
+	t.Logf("impostor listening on 127.0.0.1:%d in %s, certificate sha256 %s", diagreport.DefaultPort, n.Name, fp)
 	imp.srv = &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			dump, _ := httputil.DumpRequest(r, true)
 			imp.mu.Lock()
 			imp.reqs = append(imp.reqs, string(dump))
 			imp.mu.Unlock()
-			_ = json.NewEncoder(w).Encode(report.Report{Node: n.Name, Version: impostorAnswer, CollectedAt: time.Now(),
-				Items: []report.Item{{File: "routes.txt", Content: impostorAnswer}}})
+			_ = json.NewEncoder(w).Encode(diagreport.Report{Node: n.Name, Version: impostorAnswer, CollectedAt: time.Now(),
+				Items: []diagreport.Item{{File: "routes.txt", Content: impostorAnswer}}})
 		}),
 		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequestClientCert},
 		ReadHeaderTimeout: 10 * time.Second,

@@ -25,10 +25,11 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // compiledKube is cyclonus's in-memory cluster whose "probes" are answered by Compile and
-// the policy.Ruleset evaluator instead of a network: every pod is on this node. cyclonus's
+// the netpol.Ruleset evaluator instead of a network: every pod is on this node. cyclonus's
 // interpreter replays each generated case against it and compares every probe with its own
 // model of NetworkPolicy (the oracle, code nobody here wrote). The real-kernel, real-cluster
 // run of the same cases is test/conformance; this one checks the compile step alone, in
@@ -40,10 +41,10 @@ type compiledKube struct {
 	v6       bool
 	mu       sync.Mutex
 	gen, at  int
-	compiled *policy.Ruleset
+	compiled *netpol.Ruleset
 	// eval indexes compiled once: a case's probes (81 pod pairs, 2 ports, 3 protocols)
 	// would each split every rule again.
-	eval   *policy.Evaluator
+	eval   *netpol.Evaluator
 	ifaces map[netip.Addr]string
 	// output is what the compiles of the current case rendered (iptables-restore and ipset
 	// notation, both families), for the golden pin.
@@ -125,26 +126,26 @@ func (k *compiledKube) DeletePod(ns, pod string) error {
 }
 
 // ruleset compiles the mock cluster's current state, once per change, and indexes it.
-func (k *compiledKube) ruleset() (*policy.Evaluator, map[netip.Addr]string) {
+func (k *compiledKube) ruleset() (*netpol.Evaluator, map[netip.Addr]string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.compiled != nil && k.at == k.gen {
 		return k.eval, k.ifaces
 	}
-	st := policy.State{}
+	st := netpol.State{}
 	k.ifaces = map[netip.Addr]string{}
 	for name, ns := range k.Namespaces {
 		obj, _ := k.GetNamespace(name) // with kubernetes.io/metadata.name, as the API server sets it
-		st.Namespaces = append(st.Namespaces, policy.NamespaceFrom(obj))
+		st.Namespaces = append(st.Namespaces, netpol.NamespaceFrom(obj))
 		for _, np := range ns.Netpols {
 			st.Policies = append(st.Policies, np)
 		}
 		for _, p := range ns.Pods {
-			pod := policy.PodFrom(p)
+			pod := netpol.PodFrom(p)
 			pod.NodeName = "node1"
 			st.Pods = append(st.Pods, pod)
 			iface := "trl" + pod.Namespace + pod.Name
-			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: pod.Key(), IP: pod.IP, Interface: iface})
+			st.Endpoints = append(st.Endpoints, netpol.Endpoint{Pod: pod.Key(), IP: pod.IP, Interface: iface})
 			k.ifaces[pod.IP] = iface
 			if k.v6 {
 				k.ifaces[to6(pod.IP)] = iface
@@ -154,7 +155,7 @@ func (k *compiledKube) ruleset() (*policy.Evaluator, map[netip.Addr]string) {
 	if k.v6 {
 		st = mirror6(st)
 	}
-	k.compiled, k.at = policy.Compile(st), k.gen
+	k.compiled, k.at = netpol.Compile(st), k.gen
 	k.eval = k.compiled.Evaluator()
 	k.output.WriteString(rendered(k.compiled))
 	return k.eval, k.ifaces
@@ -190,7 +191,7 @@ func (k *compiledKube) ExecuteRemoteCommand(namespace, pod, container string, co
 		src, dst = to6(src), to6(dst)
 	}
 	ev, ifaces := k.ruleset()
-	allowed, err := ev.Allowed(policy.Packet{Src: src, Dst: dst, Protocol: proto, DstPort: dport, InInterface: ifaces[src], OutInterface: ifaces[dst]})
+	allowed, err := ev.Allowed(netpol.Packet{Src: src, Dst: dst, Protocol: proto, DstPort: dport, InInterface: ifaces[src], OutInterface: ifaces[dst]})
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -310,7 +311,7 @@ func golden(t *testing.T, v6 bool, got string) {
 }
 
 // rendered is rs (and its IPv6 ruleset) as iptables-restore and ipset restore would read it.
-func rendered(rs *policy.Ruleset) string {
+func rendered(rs *netpol.Ruleset) string {
 	var b strings.Builder
 	for r, family := rs, "inet"; r != nil; r, family = r.IPv6, "inet6" {
 		fmt.Fprintf(&b, "# %s\n*filter\n", family)
@@ -361,8 +362,8 @@ func cidr6(s string) string {
 	return netip.PrefixFrom(to6(p.Addr()), p.Bits()+96).Masked().String()
 }
 
-// dualStack is st with pods and endpoints given their IPv6 images, and policy.State.IPv6.
-func dualStack(st policy.State) policy.State {
+// dualStack is st with pods and endpoints given their IPv6 images, and netpol.State.IPv6.
+func dualStack(st netpol.State) netpol.State {
 	out := st
 	out.IPv6 = true
 	out.Pods = nil
@@ -380,7 +381,7 @@ func dualStack(st policy.State) policy.State {
 }
 
 // mirror6 is st made dual-stack with its policies' ipBlocks made IPv6.
-func mirror6(st policy.State) policy.State {
+func mirror6(st netpol.State) netpol.State {
 	out := dualStack(st)
 	out.Policies = nil
 	for _, np := range st.Policies {

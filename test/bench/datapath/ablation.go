@@ -18,6 +18,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
 
@@ -27,7 +28,7 @@ const benchPodNamespace = "bench"
 
 // policyDispatch programs n as the agent's policy engine does on a node where no
 // NetworkPolicy (nor ClusterNetworkPolicy) exists, with NetworkPolicy enabled (the
-// ClusterNetwork default): policy.Compile over the node's pods, found as the engine finds
+// ClusterNetwork default): netpol.Compile over the node's pods, found as the engine finds
 // them (policy.WiredPods: the plugin's /32 routes), written by policy.KernelApplier. That
 // is the static part only: the FORWARD/INPUT/OUTPUT jumps into TRELLIS-FORWARD and friends
 // (conntrack ESTABLISHED accept, the mid-stream pickup drops, the per-veth RETURNs) and
@@ -40,17 +41,17 @@ func policyDispatch(n *node) error {
 		}
 		// A dual-stack cluster's policy is enforced for IPv6 too (ip6tables, inet6 sets).
 		dual := n.block6.IsValid()
-		st := policy.State{Namespaces: []*policy.Namespace{{Name: benchPodNamespace}}, IPv6: dual}
+		st := netpol.State{Namespaces: []*netpol.Namespace{{Name: benchPodNamespace}}, IPv6: dual}
 		for _, p := range n.pods {
 			iface := wired[p.ip]
 			if iface == "" || dual && wired[p.ip6] != iface {
 				return fmt.Errorf("policy dispatch on %s: no wired veth for pod %s (%s, %s) among %v", n.netns, p.netns, p.ip, p.ip6, wired)
 			}
-			pod := &policy.Pod{Namespace: benchPodNamespace, Name: p.netns, UID: types.UID(p.netns), IP: p.ip, IPv6: p.ip6, NodeName: n.name}
+			pod := &netpol.Pod{Namespace: benchPodNamespace, Name: p.netns, UID: types.UID(p.netns), IP: p.ip, IPv6: p.ip6, NodeName: n.name}
 			st.Pods = append(st.Pods, pod)
-			st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: pod.Key(), IP: p.ip, IPv6: p.ip6, Interface: iface})
+			st.Endpoints = append(st.Endpoints, netpol.Endpoint{Pod: pod.Key(), IP: p.ip, IPv6: p.ip6, Interface: iface})
 		}
-		rs := policy.Compile(st)
+		rs := netpol.Compile(st)
 		if len(rs.Endpoints) != len(n.pods) || len(rs.PodChains) != 0 || len(rs.Problems) != 0 {
 			return fmt.Errorf("policy dispatch on %s: compiled %d endpoints, %d pod chains, problems %v; want %d, 0, none",
 				n.netns, len(rs.Endpoints), len(rs.PodChains), rs.Problems, len(n.pods))

@@ -30,6 +30,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
@@ -69,11 +70,11 @@ type agentOptions struct {
 
 // denyLog is the engine's deny logging: on in every namespace, unless the flood row's
 // other side asks for it off.
-func denyLog(o agentOptions) policy.DenyLog {
+func denyLog(o agentOptions) netpol.DenyLog {
 	if o.denyLogsOff {
-		return policy.DenyLog{}
+		return netpol.DenyLog{}
 	}
-	return policy.DenyLog{Mode: policy.DenyLogAll, LinesPerSecond: benchDenyLogLines}
+	return netpol.DenyLog{Mode: netpol.DenyLogAll, LinesPerSecond: benchDenyLogLines}
 }
 
 // hookTimeout is the agent's SetupTimeout and bounds one hook call on both sides.
@@ -119,7 +120,7 @@ func runAgent(o agentOptions, node string) (err error) {
 	// The ClusterNetworkPolicies and nodes as Setup reads them for trellis-agent.
 	nodes, err := cache.New(mgr.GetConfig(), cache.Options{
 		Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper(),
-		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: policy.TrimNode}},
+		ByObject: map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: netpol.TrimNode}},
 	})
 	if err != nil {
 		return fmt.Errorf("making the node cache: %w", err)
@@ -138,7 +139,7 @@ func runAgent(o agentOptions, node string) (err error) {
 		SetupTimeout: hookTimeout,
 		// Deny logs on everywhere: the flood row measures the allowed path beside them.
 		DenyLog: denyLog(o),
-		OnSync: func(st policy.Status, rs *policy.Ruleset, took time.Duration) {
+		OnSync: func(st policy.Status, rs *netpol.Ruleset, took time.Duration) {
 			denyLogs.SetRules(rs)
 			ev := event{Kind: "sync", OK: st.Err == nil, Seconds: took.Seconds(), Rules: st.Rules, Sets: st.Sets,
 				SetEntries: st.SetMembers, Isolated: st.IsolatedIngress + st.IsolatedEgress}

@@ -7,11 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/trellis-net/trellis/internal/netpol"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
-
-	"github.com/trellis-net/trellis/agent/policy"
 )
 
 // The ClusterNetworkPolicies are the mix the README describes: both tiers, priorities
@@ -128,7 +127,7 @@ func udpOf(p policyv1beta1.ClusterNetworkPolicyProtocol) *policyv1beta1.Port {
 // benchState is what the agent sees at rest: the generated pods and namespaces, the
 // NetworkPolicies, the ClusterNetworkPolicies and the real pods on the node, client
 // labelled access=granted (as the throughput runs have it); change alters it.
-func benchState(change func(*[]*networkingv1.NetworkPolicy, *[]*policyv1beta1.ClusterNetworkPolicy, map[string]*corev1.Pod)) policy.State {
+func benchState(change func(*[]*networkingv1.NetworkPolicy, *[]*policyv1beta1.ClusterNetworkPolicy, map[string]*corev1.Pod)) netpol.State {
 	real := map[string]*corev1.Pod{}
 	for i, name := range realPods {
 		real[name] = realPod(i)
@@ -140,18 +139,18 @@ func benchState(change func(*[]*networkingv1.NetworkPolicy, *[]*policyv1beta1.Cl
 	if change != nil {
 		change(&nps, &cnps, real)
 	}
-	var st policy.State
+	var st netpol.State
 	for _, ns := range syntheticNamespaces() {
-		st.Namespaces = append(st.Namespaces, policy.NamespaceFrom(ns))
+		st.Namespaces = append(st.Namespaces, netpol.NamespaceFrom(ns))
 	}
 	for _, p := range syntheticPods(1000) {
-		st.Pods = append(st.Pods, policy.PodFrom(p))
+		st.Pods = append(st.Pods, netpol.PodFrom(p))
 	}
 	n := &node{}
 	for i, name := range realPods {
-		p := policy.PodFrom(real[name])
+		p := netpol.PodFrom(real[name])
 		st.Pods = append(st.Pods, p)
-		st.Endpoints = append(st.Endpoints, policy.Endpoint{Pod: p.Key(), IP: realPodIP(i), Interface: n.hostVeth(name)})
+		st.Endpoints = append(st.Endpoints, netpol.Endpoint{Pod: p.Key(), IP: realPodIP(i), Interface: n.hostVeth(name)})
 	}
 	st.Policies, st.ClusterPolicies = nps, cnps
 	return st
@@ -159,10 +158,10 @@ func benchState(change func(*[]*networkingv1.NetworkPolicy, *[]*policyv1beta1.Cl
 
 // allowed tells whether a TCP connection from real pod from (or, for an address, from
 // outside the node) to real pod to's port is allowed.
-func allowed(t *testing.T, rs *policy.Ruleset, from, to, proto string, port int) bool {
+func allowed(t *testing.T, rs *netpol.Ruleset, from, to, proto string, port int) bool {
 	t.Helper()
 	n := &node{}
-	p := policy.Packet{Dst: realPodIP(slices.Index(realPods, to)), Protocol: proto, DstPort: port, OutInterface: n.hostVeth(to)}
+	p := netpol.Packet{Dst: realPodIP(slices.Index(realPods, to)), Protocol: proto, DstPort: port, OutInterface: n.hostVeth(to)}
 	if a, err := netip.ParseAddr(from); err == nil {
 		p.Src = a
 	} else {
@@ -181,7 +180,7 @@ func allowed(t *testing.T, rs *policy.Ruleset, from, to, proto string, port int)
 // and each change the run makes (label, NetworkPolicy add, CNP add, CNP rule edit, CNP
 // priority edit) cuts client off where it probes. No ClusterNetworkPolicy has a problem.
 func TestProbesUnderClusterPolicies(t *testing.T) {
-	rs := policy.Compile(benchState(nil))
+	rs := netpol.Compile(benchState(nil))
 	for _, p := range rs.Problems {
 		t.Errorf("problem: %+v", p)
 	}
@@ -225,7 +224,7 @@ func TestProbesUnderClusterPolicies(t *testing.T) {
 		},
 	}
 	for name, change := range cases {
-		rs := policy.Compile(benchState(change))
+		rs := netpol.Compile(benchState(change))
 		to := "open"
 		if name == "label revoked" {
 			to = "server"

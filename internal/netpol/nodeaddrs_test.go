@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"net/netip"
@@ -124,16 +124,16 @@ func TestPodViewChecksAddressesAgainstNodeBlocks(t *testing.T) {
 			Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip},
 		}
 	}
-	var nv nodeNetView
-	nets := nv.convert([]*v1alpha1.NodeNetwork{nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node2", "198.51.100.12", "", "10.244.2.0/24")})
+	var nv NodeNetView
+	nets := nv.Convert([]*v1alpha1.NodeNetwork{nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node2", "198.51.100.12", "", "10.244.2.0/24")})
 	pods := []*corev1.Pod{
 		mk("good", "node1", "10.244.1.10", "1"),
 		mk("liar", "node1", "10.244.2.10", "1"), // node2's block
 		mk("external", "node2", "203.0.113.9", "1"),
 		mk("new-node", "node3", "10.244.3.10", "1"), // no NodeNetwork yet
 	}
-	var v podView
-	got, fresh, n := v.pods(pods, nets, true)
+	var v PodView
+	got, fresh, n := v.Pods(pods, nets, true)
 	ips := map[string]netip.Addr{}
 	for _, p := range got {
 		ips[p.Name] = p.IP
@@ -153,28 +153,28 @@ func TestPodViewChecksAddressesAgainstNodeBlocks(t *testing.T) {
 	}
 
 	// Nothing changed: the same pods, nothing reported again, still counted.
-	again, fresh, n := v.pods(pods, nv.convert([]*v1alpha1.NodeNetwork{nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node2", "198.51.100.12", "", "10.244.2.0/24")}), true)
+	again, fresh, n := v.Pods(pods, nv.Convert([]*v1alpha1.NodeNetwork{nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node2", "198.51.100.12", "", "10.244.2.0/24")}), true)
 	if len(fresh) != 0 || n != 3 || !slices.Equal(again, got) {
 		t.Errorf("an unchanged sync: fresh %v, count %d, same pods %v", fresh, n, slices.Equal(again, got))
 	}
 
 	// node3's NodeNetwork arrives: its pod counts now; the others keep their conversion.
-	nets = nv.convert([]*v1alpha1.NodeNetwork{
+	nets = nv.Convert([]*v1alpha1.NodeNetwork{
 		nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node2", "198.51.100.12", "", "10.244.2.0/24"),
 		nodeNetwork("node3", "198.51.100.13", "", "10.244.3.0/24"),
 	})
-	later, fresh, n := v.pods(pods, nets, true)
+	later, fresh, n := v.Pods(pods, nets, true)
 	if len(fresh) != 0 || n != 2 || later[3].IP != netip.MustParseAddr("10.244.3.10") || later[0] != got[0] || later[1] != got[1] {
 		t.Errorf("after node3's NodeNetwork: fresh %v, count %d, new-node %v, others reused %v", fresh, n, later[3].IP, later[0] == got[0])
 	}
 
 	// node2's NodeNetwork is gone: nothing of node2's is trusted any more.
 	pods = append(pods, mk("remote-good", "node2", "10.244.2.7", "1"))
-	nets = nv.convert([]*v1alpha1.NodeNetwork{nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node3", "198.51.100.13", "", "10.244.3.0/24")})
+	nets = nv.Convert([]*v1alpha1.NodeNetwork{nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24"), nodeNetwork("node3", "198.51.100.13", "", "10.244.3.0/24")})
 	if _, ok := nets["node2"]; ok {
 		t.Fatal("node2's NodeNet outlived its NodeNetwork")
 	}
-	last, fresh, _ := v.pods(pods, nets, true)
+	last, fresh, _ := v.Pods(pods, nets, true)
 	if last[4].IP.IsValid() || len(fresh) != 2 { // external (again: its node's NodeNet changed) and remote-good
 		t.Errorf("after node2's NodeNetwork went: remote-good %v, fresh %v", last[4].IP, fresh)
 	}
@@ -209,8 +209,8 @@ func TestNodePeersMatchNodeNetworkAddresses(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := tierWorld()
-			var nv nodeNetView
-			st.NodeNets = nv.convert([]*v1alpha1.NodeNetwork{
+			var nv NodeNetView
+			st.NodeNets = nv.Convert([]*v1alpha1.NodeNetwork{
 				nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24", "fd00:10:244:1::/64"),
 				nodeNetwork("node2", "198.51.100.12", "", "10.244.2.0/24", "fd00:10:244:2::/64"),
 			})

@@ -1,7 +1,7 @@
 // Package report is what the agent's diagnostics endpoint answers and `kubectl trellis
 // sysdump` reads: the wire format and how the endpoint's certificate is recognised, apart
 // from the collectors so the CLI doesn't link them.
-package report
+package diagreport
 
 import (
 	"crypto/sha256"

@@ -1,22 +1,15 @@
-package policy
+package netpol
 
 import (
-	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
-
-	"github.com/trellis-net/trellis/internal/cnicontract"
-	"github.com/trellis-net/trellis/internal/netpol"
 )
 
 // Helpers that write ClusterNetworkPolicies the way an admin does.
@@ -80,7 +73,7 @@ type tierProbe struct {
 	allowed  bool
 }
 
-func tierWorld() netpol.State {
+func tierWorld() State {
 	st := world()
 	st.Nodes = []*Node{
 		{Name: "node1", Labels: map[string]string{"kubernetes.io/os": "linux", "role": "local"}, IPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
@@ -264,76 +257,21 @@ func TestClusterNetworkPolicyChains(t *testing.T) {
 	var toHost []string
 	for _, c := range rs.Chains {
 		if c.Name == ChainPodToHost {
-			toHost = texts(c.Rules)
+			for _, r := range c.Rules {
+				toHost = append(toHost, r.String())
+			}
 		}
 	}
-	want := "-i trlxb -g " + chains["x/b/egress"].Chain
-	if !slices.Contains(toHost, want) {
-		t.Errorf("%s: %q, want %q (cluster egress rules govern the path to the node)", ChainPodToHost, toHost, want)
+	want := Rule{InIface: "trlxb", Verdict: Goto, Target: chains["x/b/egress"].Chain}
+	if !slices.Contains(toHost, want.String()) {
+		t.Errorf("%s: %q, want %s (cluster egress rules govern the path to the node)", ChainPodToHost, toHost, want)
 	}
-	if !slices.Contains(toHost, "-i trlxa -j RETURN") {
+	if open := (Rule{InIface: "trlxa", Verdict: Return}); !slices.Contains(toHost, open.String()) {
 		t.Errorf("%s: %q, want x/a's node path left open", ChainPodToHost, toHost)
 	}
-	states := netpol.ClusterPolicyStates(st, rs)
+	states := ClusterPolicyStates(st, rs)
 	if len(states) != 2 || states[0].Name != "deny" || states[0].Generation != 1 {
 		t.Errorf("states %+v", states)
-	}
-}
-
-// staticSource is a ClusterPolicySource with fixed contents that counts node listings.
-type staticSource struct {
-	policies  []*cnp.ClusterNetworkPolicy
-	nodes     []*netpol.Node
-	nodeCalls atomic.Int32
-}
-
-func (s *staticSource) ClusterPolicies(context.Context) ([]*cnp.ClusterNetworkPolicy, error) {
-	return s.policies, nil
-}
-
-func (s *staticSource) Nodes(context.Context) ([]*netpol.Node, error) {
-	s.nodeCalls.Add(1)
-	return s.nodes, nil
-}
-
-// A pod wired under an Admin Deny is under it when the CNI hook answers (policy before the
-// first packet), the sync's status names the policy at its generation, and nodes are only
-// listed for a policy with a node peer.
-func TestEngineClusterPolicies(t *testing.T) {
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"ns": "shop"}}}
-	src := &staticSource{policies: []*cnp.ClusterNetworkPolicy{
-		cnpolicy("deny-egress", admin, 1, nsSubject("shop"), nil, []cnp.ClusterNetworkPolicyEgressRule{
-			out(deny, []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{"0.0.0.0/0"}}}),
-		}),
-	}}
-	src.policies[0].Generation = 3
-	var mu sync.Mutex
-	var last Status
-	e, rec, c := newEngine(t, func(e *Engine) {
-		e.Cluster = src
-		e.OnSync = func(st Status, _ *Ruleset, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
-	}, ns)
-	if err := c.Create(context.Background(), pod("shop", "web", "u-web", "node1", "", map[string]string{"app": "web"})); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
-		Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web", PodUID: "u-web", IP: "10.244.1.7", HostInterface: "trlweb",
-	}); err != nil {
-		t.Fatalf("the hook refused the pod: %v", err)
-	}
-	rs := rec.ruleset()
-	allowed, err := rs.Allowed(Packet{Src: netip.MustParseAddr("10.244.1.7"), Dst: netip.MustParseAddr("198.51.100.1"), Protocol: "tcp", DstPort: 443, InInterface: "trlweb"})
-	if err != nil || allowed {
-		t.Errorf("web -> 198.51.100.1 allowed=%v (%v) when the hook answered, want the Admin Deny in force\n%s", allowed, err, dump(rs))
-	}
-	mu.Lock()
-	got := last.ClusterPolicies
-	mu.Unlock()
-	if len(got) != 1 || got[0].Name != "deny-egress" || got[0].Generation != 3 || len(got[0].Problems) != 0 {
-		t.Errorf("status ClusterPolicies %+v, want deny-egress at generation 3", got)
-	}
-	if n := src.nodeCalls.Load(); n != 0 {
-		t.Errorf("nodes listed %d times with no node peer", n)
 	}
 }
 
@@ -372,11 +310,7 @@ func TestLongNamesFitComments(t *testing.T) {
 	st.Pods[0].Name = strings.Repeat("p", 250)
 	st.Endpoints[0].Pod = st.Pods[0].Key()
 	rs := Compile(st)
-	ks, err := kernelState(rs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ks.Validate(); err != nil {
+	if err := rs.validate(); err != nil {
 		t.Errorf("the kernel would refuse the rules of long names: %v", err)
 	}
 	if err := rs.CutOff(rs.IsolatedPods()).validate(); err != nil {
@@ -384,10 +318,17 @@ func TestLongNamesFitComments(t *testing.T) {
 	}
 }
 
-func (rs *netpol.Ruleset) validate() error {
-	ks, err := kernelState(rs)
-	if err != nil {
-		return err
+// validate checks what iptables refuses: a chain name over 28 bytes, a comment over 255.
+func (rs *Ruleset) validate() error {
+	for _, c := range rs.Chains {
+		if len(c.Name) > 28 {
+			return fmt.Errorf("chain %s: a name of %d bytes", c.Name, len(c.Name))
+		}
+		for _, r := range c.Rules {
+			if len(r.Comment) > 255 {
+				return fmt.Errorf("chain %s: a comment of %d bytes: %s", c.Name, len(r.Comment), r.Comment)
+			}
+		}
 	}
-	return ks.Validate()
+	return nil
 }

@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 func TestIPBlockPrefixes(t *testing.T) {
@@ -51,7 +51,7 @@ func TestIPBlockPrefixes(t *testing.T) {
 		{"invalid except of an IPv6 cidr is still reported", "2001:db8::/32", []string{"nope"}, nil, `except "nope"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ipBlockPrefixes(ipam.IPv4, tc.cidr, tc.except)
+			got, err := ipBlockPrefixes(ipfamily.IPv4, tc.cidr, tc.except)
 			if (tc.err == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.err) {
 				t.Fatalf("error %v, want one containing %q", err, tc.err)
 			}
@@ -85,7 +85,7 @@ func TestIPBlockPrefixesAgainstAddresses(t *testing.T) {
 			holes = append(holes, h)
 			except = append(except, h.String())
 		}
-		got, err := ipBlockPrefixes(ipam.IPv4, cidr.String(), except)
+		got, err := ipBlockPrefixes(ipfamily.IPv4, cidr.String(), except)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +132,7 @@ func TestIPBlockPrefixesCap(t *testing.T) {
 	for i := range 1 << 12 { // scattered /32s across the space: ~32 prefixes each
 		except = append(except, fmt.Sprintf("%d.%d.%d.1/32", 1+i%200, i/200, i%256))
 	}
-	got, err := ipBlockPrefixes(ipam.IPv4, "0.0.0.0/0", except)
+	got, err := ipBlockPrefixes(ipfamily.IPv4, "0.0.0.0/0", except)
 	if err == nil || !strings.Contains(err.Error(), "more than 65536 prefixes") {
 		t.Fatalf("%d prefixes, %v; want the cap's error", len(got), err)
 	}
@@ -178,7 +178,7 @@ func TestIPBlockPrefixesIPv6(t *testing.T) {
 		{"IPv4 except ignored for an IPv6 cidr", "fd00::/8", []string{"0.0.0.0/0"}, []string{"fd00::/8"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ipBlockPrefixes(ipam.IPv6, tc.cidr, tc.except)
+			got, err := ipBlockPrefixes(ipfamily.IPv6, tc.cidr, tc.except)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,8 +1,7 @@
-package policy
+package netpol
 
 import (
 	"fmt"
-	"github.com/trellis-net/trellis/internal/netpol"
 	"net/netip"
 	"testing"
 
@@ -15,7 +14,7 @@ import (
 // syntheticState is a cluster of pods in 20 namespaces with policies that mix pod
 // selectors, namespace selectors, ipBlocks with excepts and named ports; the first local
 // pods run on this node.
-func syntheticState(pods, policies, local int) netpol.State {
+func syntheticState(pods, policies, local int) State {
 	st := State{}
 	for i := range 20 {
 		st.Namespaces = append(st.Namespaces, &Namespace{Name: fmt.Sprintf("ns%d", i), Labels: map[string]string{"team": fmt.Sprintf("t%d", i%5)}})

@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"fmt"
@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/trellis-net/trellis/internal/netpol"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,35 +19,35 @@ import (
 // world is namespaces x, y, z (label ns=<name>) with pods a, b, c (label pod=<name>), all
 // on this node, each serving TCP 80 named "http" and UDP 53 named "dns"; plus a pod on
 // another node (y/remote), a hostNetwork pod and a terminating pod.
-func world() netpol.State {
-	st := netpol.State{}
+func world() State {
+	st := State{}
 	n := 0
 	for _, ns := range []string{"x", "y", "z"} {
-		st.Namespaces = append(st.Namespaces, &netpol.Namespace{Name: ns, Labels: map[string]string{"ns": ns, "kubernetes.io/metadata.name": ns}})
+		st.Namespaces = append(st.Namespaces, &Namespace{Name: ns, Labels: map[string]string{"ns": ns, "kubernetes.io/metadata.name": ns}})
 		for _, name := range []string{"a", "b", "c"} {
 			n++
-			p := &netpol.Pod{
+			p := &Pod{
 				Namespace: ns, Name: name, UID: types.UID(ns + name), Labels: map[string]string{"pod": name},
 				IP: netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + n)}), NodeName: "node1",
-				Ports: []netpol.Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}, {Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}},
+				Ports: []Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 80}, {Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}},
 			}
 			if name == "c" { // same name, other number: named ports resolve per pod
 				p.Ports[0].Port = 8080
 			}
 			st.Pods = append(st.Pods, p)
-			st.Endpoints = append(st.Endpoints, netpol.Endpoint{Pod: p.Key(), IP: p.IP, Interface: fmt.Sprintf("trl%s%s", ns, name)})
+			st.Endpoints = append(st.Endpoints, Endpoint{Pod: p.Key(), IP: p.IP, Interface: fmt.Sprintf("trl%s%s", ns, name)})
 		}
 	}
 	st.Pods = append(st.Pods,
-		&netpol.Pod{Namespace: "y", Name: "remote", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("10.244.2.5"), NodeName: "node2",
-			Ports: []netpol.Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 9090}}},
-		&netpol.Pod{Namespace: "y", Name: "host", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("198.51.100.11"), NodeName: "node1", HostNetwork: true},
-		&netpol.Pod{Namespace: "y", Name: "gone", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("10.244.1.99"), NodeName: "node1", Deleting: true, Finished: true},
+		&Pod{Namespace: "y", Name: "remote", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("10.244.2.5"), NodeName: "node2",
+			Ports: []Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: 9090}}},
+		&Pod{Namespace: "y", Name: "host", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("198.51.100.11"), NodeName: "node1", HostNetwork: true},
+		&Pod{Namespace: "y", Name: "gone", Labels: map[string]string{"pod": "a"}, IP: netip.MustParseAddr("10.244.1.99"), NodeName: "node1", Deleting: true, Finished: true},
 	)
 	return st
 }
 
-func podIP(st netpol.State, key string) netip.Addr {
+func podIP(st State, key string) netip.Addr {
 	for _, p := range st.Pods {
 		if p.Namespace+"/"+p.Name == key {
 			return p.IP
@@ -60,7 +59,7 @@ func podIP(st netpol.State, key string) netip.Addr {
 	panic("no pod " + key)
 }
 
-func iface(st netpol.State, ip netip.Addr) string {
+func iface(st State, ip netip.Addr) string {
 	for _, e := range st.Endpoints {
 		if e.IP == ip || e.IPv6 == ip && ip.IsValid() {
 			return e.Interface
@@ -120,8 +119,8 @@ func TestCompileSemanticsIPv6(t *testing.T) {
 			tc.run(t, true)
 			st := world()
 			st.Policies = tc.policies
-			v4 := netpol.Compile(st)
-			dual := netpol.Compile(dualStack(st))
+			v4 := Compile(st)
+			dual := Compile(dualStack(st))
 			if dual.IPv6 == nil {
 				t.Fatal("no IPv6 ruleset for a dual-stack state")
 			}
@@ -156,7 +155,7 @@ func cidr6(s string) string {
 }
 
 // dualStack is st with pods and endpoints given their IPv6 images, and State.IPv6.
-func dualStack(st netpol.State) netpol.State {
+func dualStack(st State) State {
 	out := st
 	out.IPv6 = true
 	out.Pods = nil
@@ -174,7 +173,7 @@ func dualStack(st netpol.State) netpol.State {
 }
 
 // mirror6 is st made dual-stack with its policies' ipBlocks made IPv6.
-func mirror6(st netpol.State) netpol.State {
+func mirror6(st State) State {
 	out := dualStack(st)
 	out.Policies = nil
 	for _, np := range st.Policies {
@@ -208,13 +207,13 @@ func (tc semanticsCase) run(t *testing.T, v6 bool) {
 	if v6 {
 		st = mirror6(st)
 	}
-	rs := netpol.Compile(st)
+	rs := Compile(st)
 	for _, p := range tc.probes {
 		src, dst := podIP(st, p.from), podIP(st, p.to)
 		if v6 {
 			src, dst = to6(src), to6(dst)
 		}
-		pkt := netpol.Packet{Src: src, Dst: dst, Protocol: p.proto, DstPort: p.port, InInterface: iface(st, src), OutInterface: iface(st, dst)}
+		pkt := Packet{Src: src, Dst: dst, Protocol: p.proto, DstPort: p.port, InInterface: iface(st, src), OutInterface: iface(st, dst)}
 		if pkt.InInterface == "" && pkt.OutInterface == "" {
 			t.Fatalf("probe %v: neither end is on this node", p)
 		}
@@ -413,43 +412,17 @@ func semanticsCases() []semanticsCase {
 	}
 }
 
-// texts are rules as iptables-save prints them.
-func texts(rules []netpol.Rule) []string {
-	out := make([]string, len(rules))
-	for i := range rules {
-		out[i] = IPTablesText(&rules[i])
-	}
-	return out
-}
-
-func dump(rs *netpol.Ruleset) string {
+func dump(rs *Ruleset) string {
 	var b strings.Builder
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
-			fmt.Fprintf(&b, "  -A %s %s\n", c.Name, IPTablesText(&r))
+			fmt.Fprintf(&b, "  %s: %s\n", c.Name, r)
 		}
 	}
 	for _, s := range rs.Sets {
 		fmt.Fprintf(&b, "  set %s %s %v (%s)\n", s.Name, s.Type, s.Members, s.Comment)
 	}
 	return b.String()
-}
-
-func TestDropCounts(t *testing.T) {
-	save := `# Generated by iptables-save
-*filter
-:TRELLIS-I-ABC - [0:0]
-[3:180] -A TRELLIS-I-ABC -s 10.244.1.7/32 -m comment --comment "trellis: a pod is never blocked from itself" -j RETURN
-[12:720] -A TRELLIS-I-ABC -m comment --comment "trellis: ingress of x/a not allowed by policy" -j DROP
-[5:300] -A TRELLIS-E-DEF -m comment --comment "trellis: egress of x/a not allowed by policy" -j DROP
-[9:9] -A TRELLIS-FORWARD -i trl+ -p tcp -j DROP
-[1:1] -A KUBE-FORWARD -j DROP
-COMMIT
-`
-	got := DropCounts(save)
-	if len(got) != 2 || got["TRELLIS-I-ABC"] != 12 || got["TRELLIS-E-DEF"] != 5 {
-		t.Errorf("DropCounts = %v, want the per-pod chains' DROP counters only", got)
-	}
 }
 
 func intstrName(n string) intstr.IntOrString { return intstr.FromString(n) }
@@ -467,7 +440,7 @@ func TestTrimPod(t *testing.T) {
 		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.1.5", PodIPs: []corev1.PodIP{{IP: "10.244.1.5"}},
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 	}
-	obj, err := netpol.TrimPod(full.DeepCopy())
+	obj, err := TrimPod(full.DeepCopy())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -475,8 +448,8 @@ func TestTrimPod(t *testing.T) {
 	if len(trimmed.Annotations) != 0 || len(trimmed.Status.Conditions) != 0 || trimmed.Spec.Containers[0].Env != nil {
 		t.Errorf("trimmed pod keeps what policy doesn't read: %+v", trimmed)
 	}
-	got, want := netpol.PodFrom(trimmed), netpol.PodFrom(full)
-	if ports := []netpol.Port{{Name: "metrics", Protocol: corev1.ProtocolTCP, Port: 9090}, {Name: "http", Protocol: corev1.ProtocolTCP, Port: 8080},
+	got, want := PodFrom(trimmed), PodFrom(full)
+	if ports := []Port{{Name: "metrics", Protocol: corev1.ProtocolTCP, Port: 9090}, {Name: "http", Protocol: corev1.ProtocolTCP, Port: 8080},
 		{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53}}; !reflect.DeepEqual(want.Ports, ports) {
 		t.Errorf("named ports of the pod (sidecars' included) %+v, want %+v", want.Ports, ports)
 	}
@@ -502,7 +475,7 @@ func TestPodFromAddressFamilies(t *testing.T) {
 		for _, ip := range tc.ips {
 			p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
 		}
-		if got := netpol.PodFrom(p); got.IP.String() != tc.v4 || got.IPv6.String() != tc.v6 {
+		if got := PodFrom(p); got.IP.String() != tc.v4 || got.IPv6.String() != tc.v6 {
 			t.Errorf("podIPs %v: IP %s, IPv6 %s; want %s, %s", tc.ips, got.IP, got.IPv6, tc.v4, tc.v6)
 		}
 	}
@@ -537,7 +510,7 @@ func TestCompileIPv6Rules(t *testing.T) {
 			{To: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: pods(nil)}}, Ports: []networkingv1.NetworkPolicyPort{{Port: named("http")}}},
 		}),
 	}
-	rs := netpol.Compile(st)
+	rs := Compile(st)
 	v6 := rs.IPv6
 	if v6 == nil {
 		t.Fatal("no IPv6 ruleset")
@@ -578,20 +551,20 @@ func TestCompileIPv6Rules(t *testing.T) {
 	if m := members["pods with a TCP port named http"]; !slices.Contains(m, to6(podIP(st, "y/c")).String()+",tcp:8080") || slices.Contains(m, "10.244.1.16,tcp:8080") {
 		t.Errorf("the named port set is %v", m)
 	}
-	var toHost, self []string
+	var toHost, self []Rule
 	for _, c := range v6.Chains {
-		if c.Name == netpol.ChainPodToHost {
-			toHost = texts(c.Rules)
+		if c.Name == ChainPodToHost {
+			toHost = c.Rules
 		}
-		if strings.HasPrefix(c.Name, netpol.IngressPrefix) {
-			self = append(self, IPTablesText(&c.Rules[0]))
+		if strings.HasPrefix(c.Name, IngressPrefix) {
+			self = append(self, c.Rules[0])
 		}
 	}
-	if len(toHost) < 2 || toHost[0] != IPTablesText(&netpol.neighbourDiscovery[0]) || toHost[1] != IPTablesText(&netpol.neighbourDiscovery[1]) {
-		t.Errorf("%s doesn't start with the neighbour discovery rules: %q", netpol.ChainPodToHost, toHost)
+	if len(toHost) < 2 || toHost[0].String() != neighbourDiscovery[0].String() || toHost[1].String() != neighbourDiscovery[1].String() {
+		t.Errorf("%s doesn't start with the neighbour discovery rules: %v", ChainPodToHost, toHost)
 	}
-	if xa6 := to6(podIP(st, "x/a")); len(self) != 1 || !strings.HasPrefix(self[0], "-s "+xa6.String()+"/128 ") {
-		t.Errorf("the self rules are %q, want one for %s/128", self, xa6)
+	if xa6 := to6(podIP(st, "x/a")); len(self) != 1 || self[0].Src != netip.PrefixFrom(xa6, 128) || self[0].Origin.Kind != Self {
+		t.Errorf("the self rules are %v, want one for %s/128", self, xa6)
 	}
 	xa, xb := podIP(st, "x/a"), podIP(st, "x/b")
 	for _, c := range []struct {
@@ -609,14 +582,14 @@ func TestCompileIPv6Rules(t *testing.T) {
 		{to6(xa), xc6, "tcp", 8080, true}, // c's port named http
 		{to6(xa), xc6, "tcp", 80, false},
 	} {
-		got, err := rs.Allowed(netpol.Packet{Src: c.src, Dst: c.dst, Protocol: c.proto, DstPort: c.port, InInterface: iface(st, c.src), OutInterface: iface(st, c.dst)})
+		got, err := rs.Allowed(Packet{Src: c.src, Dst: c.dst, Protocol: c.proto, DstPort: c.port, InInterface: iface(st, c.src), OutInterface: iface(st, c.dst)})
 		if err != nil || got != c.allowed {
 			t.Errorf("%s -> %s %s/%d: allowed=%v (%v), want %v\n%s", c.src, c.dst, c.proto, c.port, got, err, c.allowed, dump(v6))
 		}
 	}
 	// x/c has no IPv4 address: its veth is unknown to the IPv4 rules, known to IPv6's.
-	known := func(r *netpol.Ruleset) bool {
-		return slices.ContainsFunc(r.Endpoints, func(ep netpol.Endpoint) bool { return ep.Pod.String() == "x/c" })
+	known := func(r *Ruleset) bool {
+		return slices.ContainsFunc(r.Endpoints, func(ep Endpoint) bool { return ep.Pod.String() == "x/c" })
 	}
 	if known(rs) || !known(v6) {
 		t.Errorf("the IPv6-only pod x/c is an endpoint of the IPv4 rules: %v, of the IPv6 rules: %v", known(rs), known(v6))

@@ -1,4 +1,4 @@
-package policy
+package netpol
 
 import (
 	"net/netip"
@@ -9,21 +9,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/trellis-net/trellis/cni/ipam"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Every rule the NetworkPolicy tier RETURNs on is traced back to a policy rule by
 // npSources: if npRules changes how it writes a rule, explain would lose the policy that
 // allows a connection, and this fails.
 func TestNPSourcesCoverEveryAllowRule(t *testing.T) {
-	for _, f := range ipam.Families {
+	for _, f := range ipfamily.All {
 		t.Run(f.String(), func(t *testing.T) { testNPSourcesCoverEveryAllowRule(t, f) })
 	}
 }
 
 // testNPSourcesCoverEveryAllowRule checks family f's rules (IPv6: the same pods
 // dual-stack, the ipBlocks of both families).
-func testNPSourcesCoverEveryAllowRule(t *testing.T, f ipam.Family) {
+func testNPSourcesCoverEveryAllowRule(t *testing.T, f ipfamily.Family) {
 	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
 	p80, named, end := intstr.FromInt32(80), intstr.FromString("http"), int32(90)
 	peers := []networkingv1.NetworkPolicyPeer{
@@ -53,7 +53,7 @@ func testNPSourcesCoverEveryAllowRule(t *testing.T, f ipam.Family) {
 			mk("same-as-first", []networkingv1.NetworkPolicyIngressRule{{From: peers[:1], Ports: ports[3:]}}, nil),
 		},
 	}
-	if f == ipam.IPv6 {
+	if f == ipfamily.IPv6 {
 		st.IPv6 = true
 		for i, a := range []string{"fd00:10:244:1::2", "fd00:10:244:1::3", "fd00:10:244:2::2"} {
 			st.Pods[i].IPv6 = netip.MustParseAddr(a)
@@ -61,7 +61,7 @@ func testNPSourcesCoverEveryAllowRule(t *testing.T, f ipam.Family) {
 	}
 	v := CompileNode(st, "n1")
 	rs := v.Rules
-	if f == ipam.IPv6 {
+	if f == ipfamily.IPv6 {
 		rs = rs.IPv6
 	}
 	rules := map[string][]Rule{}
