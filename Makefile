@@ -85,7 +85,7 @@ vet: ## go vet (both modules, and the e2e and conformance build tags).
 	go vet ./... && go -C test vet ./... && go -C test vet -tags e2e ./e2e/ && go -C test vet -tags conformance ./conformance/
 
 .PHONY: lint
-lint: ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(TRELLIS_CACHE) by hack/build-golangci-lint.sh).
+lint: lint-cli-portable ## golangci-lint with .golangci.yml (GOLANGCI_LINT_VERSION, built into $(TRELLIS_CACHE) by hack/build-golangci-lint.sh); kubectl-trellis builds for darwin and windows (make lint-cli-portable).
 	bin=$$(hack/build-golangci-lint.sh) && "$$bin/golangci-lint" run ./... && (cd test && "$$bin/golangci-lint" run --config ../.golangci.yml ./...)
 
 # kubectl-trellis is shipped for darwin and windows too (make dist-cli): nothing it links may

@@ -68,13 +68,6 @@ func iface(st netpol.State, ip netip.Addr) string {
 	return ""
 }
 
-type probe struct {
-	from, to string // pod keys or IPs
-	proto    string
-	port     int
-	allowed  bool
-}
-
 func np(ns, name string, sel map[string]string, types []networkingv1.PolicyType, in []networkingv1.NetworkPolicyIngressRule, out []networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
 	return &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -89,7 +82,6 @@ var (
 	onlyEgress  = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 	both        = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
 	udp         = ptr.To(corev1.ProtocolUDP)
-	sctp        = ptr.To(corev1.ProtocolSCTP)
 )
 
 func pods(m map[string]string) *metav1.LabelSelector { return &metav1.LabelSelector{MatchLabels: m} }
@@ -199,10 +191,6 @@ func fromNS(ns string) []cnp.ClusterNetworkPolicyIngressPeer {
 	return []cnp.ClusterNetworkPolicyIngressPeer{{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"ns": ns}}}}
 }
 
-func toNS(ns string) []cnp.ClusterNetworkPolicyEgressPeer {
-	return []cnp.ClusterNetworkPolicyEgressPeer{{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"ns": ns}}}}
-}
-
 func in(action cnp.ClusterNetworkPolicyRuleAction, from []cnp.ClusterNetworkPolicyIngressPeer, protos ...cnp.ClusterNetworkPolicyProtocol) cnp.ClusterNetworkPolicyIngressRule {
 	return cnp.ClusterNetworkPolicyIngressRule{Action: action, From: from, Protocols: protos}
 }
@@ -215,10 +203,6 @@ func tcpPort(n int32) cnp.ClusterNetworkPolicyProtocol {
 	return cnp.ClusterNetworkPolicyProtocol{TCP: &cnp.ClusterNetworkPolicyProtocolTCP{DestinationPort: &cnp.Port{Number: n}}}
 }
 
-func udpRange(lo, hi int32) cnp.ClusterNetworkPolicyProtocol {
-	return cnp.ClusterNetworkPolicyProtocol{UDP: &cnp.ClusterNetworkPolicyProtocolUDP{DestinationPort: &cnp.Port{Range: &cnp.PortRange{Start: lo, End: hi}}}}
-}
-
 const (
 	accept = cnp.ClusterNetworkPolicyRuleActionAccept
 	deny   = cnp.ClusterNetworkPolicyRuleActionDeny
@@ -226,15 +210,6 @@ const (
 	admin  = cnp.AdminTier
 	base   = cnp.BaselineTier
 )
-
-func tierWorld() netpol.State {
-	st := world()
-	st.Nodes = []*netpol.Node{
-		{Name: "node1", Labels: map[string]string{"kubernetes.io/os": "linux", "role": "local"}, IPs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
-		{Name: "node2", Labels: map[string]string{"kubernetes.io/os": "linux"}, IPs: []netip.Addr{netip.MustParseAddr("192.0.2.2")}},
-	}
-	return st
-}
 
 // texts are rules as iptables-save prints them.
 func texts(rules []netpol.Rule) []string {
