@@ -40,23 +40,6 @@ const (
 // ErrExhausted is returned when the block has no free address.
 var ErrExhausted = errors.New("no free address")
 
-// Family, IPv4, IPv6, Families and FamilyOf are internal/ipfamily's, under the names the
-// plugin's IPAM gave them first. They go once agent/policy and cli/explain use
-// internal/ipfamily (nothing else here does).
-type Family = ipfamily.Family
-
-// The families (ipfamily.IPv4, ipfamily.IPv6).
-const (
-	IPv4 = ipfamily.IPv4
-	IPv6 = ipfamily.IPv6
-)
-
-// Families are ipfamily.All.
-var Families = ipfamily.All
-
-// FamilyOf is ipfamily.Of.
-func FamilyOf(addr netip.Addr) Family { return ipfamily.Of(addr) }
-
 // Per-family file names: the index and round-robin hint of each family.
 var (
 	indexPrefixes = ipfamily.Pair[string]{V4: indexPrefix, V6: indexPrefix6}
@@ -248,7 +231,7 @@ func (s *Store) Allocate(block netip.Prefix, containerID, ifname, podUID string)
 // not an error.
 func (s *Store) Release(containerID, ifname string) ([]netip.Addr, error) {
 	var freed []netip.Addr
-	for _, f := range Families {
+	for _, f := range ipfamily.All {
 		ip, ok, err := s.Get(f, containerID, ifname)
 		if err != nil {
 			return freed, err
