@@ -1,16 +1,11 @@
 package netfilter
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"os/exec"
-	"regexp"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -481,40 +476,11 @@ func hashJumpLines(lines []jumpLine) [sha256.Size]byte {
 }
 
 func (s *Syncer) save(ctx context.Context, table Table) ([]byte, error) {
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, s.Backend.Save, "-t", string(table))
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s -t %s: %w: %s", s.Backend.Save, table, err, strings.TrimSpace(stderr.String()))
-	}
-	return stdout.Bytes(), nil
+	return s.Backend.SaveTable(ctx, table, false)
 }
 
-var errorLine = regexp.MustCompile(`line:? (\d+)`)
-
 func (s *Syncer) restore(ctx context.Context, input []byte) error {
-	cmd := exec.CommandContext(ctx, s.Backend.Restore, "--noflush", "--wait")
-	cmd.Stdin = bytes.NewReader(input)
-	out, err := cmd.CombinedOutput()
-	if err == nil {
-		return nil
-	}
-	var lines []string
-	for _, l := range strings.Split(string(out), "\n") {
-		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "Try `") {
-			lines = append(lines, l)
-		}
-	}
-	msg := strings.Join(lines, "; ")
-	// The input may be thousands of lines: quote the one iptables-restore names.
-	if m := errorLine.FindStringSubmatch(msg); m != nil {
-		if n, _ := strconv.Atoi(m[1]); n > 0 {
-			if lines := strings.Split(string(input), "\n"); n <= len(lines) {
-				msg += fmt.Sprintf(" (line %d: %s)", n, lines[n-1])
-			}
-		}
-	}
-	return fmt.Errorf("%s --noflush: %w: %s", s.Backend.Restore, err, msg)
+	return s.Backend.RestoreNoFlush(ctx, input)
 }
 
 // ensureJump appends the Append jump j unless the kernel has it (First jumps are part of

@@ -454,3 +454,56 @@ func TestSyncManyChains(t *testing.T) {
 		})
 	}
 }
+
+// JumpLeads sees another component's rule put in front of trellis's jump (kube-proxy
+// prepends KUBE-FORWARD), and TryChain writes a chain, says whether the kernel took it and
+// leaves nothing behind, in both backends.
+func TestJumpLeadsAndTryChain(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.Mode, func(t *testing.T) {
+			n := netnstest.New(t)
+			var s netfilter.Syncer
+			s.Backend = b
+			st := netfilter.State{Scope: []string{"TRELLIS-LEAD"}, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: {
+				Chains: []netfilter.Chain{{Name: "TRELLIS-LEAD", Rules: []netfilter.Rule{{Target: []string{"-j", "RETURN"}}}}},
+				Jumps:  []netfilter.Jump{{From: "FORWARD", Position: netfilter.First, To: "TRELLIS-LEAD"}},
+			}}}
+			leads := func() bool {
+				t.Helper()
+				var ok bool
+				in(t, n, func() error {
+					var err error
+					ok, err = b.JumpLeads(context.Background(), "FORWARD", "TRELLIS-LEAD")
+					return err
+				})
+				return ok
+			}
+			in(t, n, func() error { _, err := s.Sync(context.Background(), st); return err })
+			if !leads() {
+				t.Errorf("the jump leads FORWARD right after the sync:\n%s", strings.Join(save(t, n, b, netfilter.Filter).lines, "\n"))
+			}
+			in(t, n, func() error { return sh(b.IPTables, "-w", "-I", "FORWARD", "1", "-j", "ACCEPT") })
+			if leads() {
+				t.Error("an ACCEPT put in front of the jump is not seen")
+			}
+
+			try := func(rule netfilter.Rule) error {
+				var err error
+				in(t, n, func() error {
+					err = b.TryChain(context.Background(), netfilter.Filter, netfilter.Chain{Name: "TRELLIS-TRY", Rules: []netfilter.Rule{rule}})
+					return nil
+				})
+				if f := save(t, n, b, netfilter.Filter); f.has(":TRELLIS-TRY") {
+					t.Errorf("TryChain left its chain:\n%s", strings.Join(f.lines, "\n"))
+				}
+				return err
+			}
+			if err := try(netfilter.Rule{Match: []string{"-p", "tcp"}, Comment: "trellis: try", Target: []string{"-j", "RETURN"}}); err != nil {
+				t.Errorf("a rule the kernel takes: %v", err)
+			}
+			if err := try(netfilter.Rule{Match: []string{"-m", "no-such-match"}, Target: []string{"-j", "RETURN"}}); err == nil {
+				t.Error("a rule with a match the kernel doesn't have was taken")
+			}
+		})
+	}
+}

@@ -3,7 +3,6 @@ package policy
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"strings"
 	"time"
 
@@ -141,40 +140,11 @@ func jumpsFirst(b netfilter.Backend) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, j := range netpol.Jumps {
-		out, err := exec.CommandContext(ctx, b.IPTables, "-w", "5", "-t", "filter", "-S", j.Chain).Output()
-		if err != nil {
-			return false, fmt.Errorf("%s -S %s: %w", b.IPTables, j.Chain, err)
-		}
-		if !leads(string(out), j.Chain, j.Target) {
-			return false, nil
+		if ok, err := b.JumpLeads(ctx, j.Chain, j.Target); err != nil || !ok {
+			return false, err
 		}
 	}
 	return true, nil
-}
-
-// leads reports whether, in `iptables -S chain` output, the jump to target comes before
-// any rule that doesn't go to a trellis chain.
-func leads(listing, chain, target string) bool {
-	for _, l := range strings.Split(listing, "\n") {
-		rule, ok := strings.CutPrefix(l, "-A "+chain+" ")
-		if !ok {
-			continue
-		}
-		args := netfilter.SplitRule(rule)
-		to := ""
-		for i := 0; i+1 < len(args); i++ {
-			if args[i] == "-j" || args[i] == "-g" {
-				to = args[i+1]
-			}
-		}
-		switch {
-		case to == target:
-			return true
-		case !strings.HasPrefix(to, netfilter.ChainPrefix):
-			return false
-		}
-	}
-	return false
 }
 
 // Backend is the iptables backend in use ("nft" or "legacy"; "" before the first apply).
@@ -193,9 +163,9 @@ func (a *KernelApplier) FilterCounters() (string, error) {
 		if b.Save == "" {
 			continue
 		}
-		o, err := exec.CommandContext(ctx, b.Save, "-c", "-t", "filter").Output()
+		o, err := b.SaveTable(ctx, netfilter.Filter, true)
 		if err != nil {
-			return "", fmt.Errorf("%s -c -t filter: %w", b.Save, err)
+			return "", err
 		}
 		out = append(out, o...)
 	}

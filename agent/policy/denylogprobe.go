@@ -1,11 +1,8 @@
 package policy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os/exec"
-	"strings"
 	"time"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
@@ -27,34 +24,17 @@ const denyLogProbeChain = netfilter.ChainPrefix + "DENYLOG-PROBE"
 const denyLogRetry = 10 * time.Minute
 
 // ProbeDenyLogs reports whether backend b's iptables and the kernel take a deny log rule
-// (hashlimit match, NFLOG target): it writes one into a scratch chain of the filter table,
-// with a commit of its own (the legacy backend checks matches and targets against the
-// kernel only when it commits), then removes the chain.
+// (hashlimit match, NFLOG target): the rule a namespace's deny logs get (withDenyLogs, its
+// own limit table), rendered as the applier renders it, tried in a scratch chain
+// (netfilter's TryChain).
 func ProbeDenyLogs(ctx context.Context, b netfilter.Backend) error {
-	// The options of a namespace's deny log rule (DenyLog.limit), in a table of its own.
-	rule := fmt.Sprintf("-m hashlimit --hashlimit-upto 1/sec --hashlimit-burst 1 --hashlimit-name trl-deny-probe --hashlimit-htable-size 1 --hashlimit-htable-max 4 -j NFLOG --nflog-prefix \"probe\" --nflog-group %d --nflog-size %d",
-		netpol.DefaultNFLOGGroup, netpol.DenyLogCopy)
-	add := fmt.Sprintf("*filter\n:%s - [0:0]\n-A %s %s\nCOMMIT\n", denyLogProbeChain, denyLogProbeChain, rule)
-	perr := restore(ctx, b, add)
-	// Declaring the chain again flushes it (even if the add failed half way or a crashed
-	// probe left it), so the delete always applies.
-	rerr := restore(ctx, b, fmt.Sprintf("*filter\n:%s - [0:0]\n-X %s\nCOMMIT\n", denyLogProbeChain, denyLogProbeChain))
-	if perr != nil {
-		return fmt.Errorf("the node's iptables (%s) refuses a deny log rule (hashlimit match, NFLOG target): %w", b.Mode, perr)
+	rule := netpol.Rule{
+		Limit:   &netpol.RateLimit{Rate: "1/sec", Burst: 1, Name: "trl-deny-probe"},
+		Verdict: netpol.Log, Log: &netpol.LogTarget{Prefix: "probe", Group: netpol.DefaultNFLOGGroup, Size: netpol.DenyLogCopy},
 	}
-	if rerr != nil {
-		return fmt.Errorf("removing the deny log probe chain %s: %w", denyLogProbeChain, rerr)
-	}
-	return nil
-}
-
-func restore(ctx context.Context, b netfilter.Backend, input string) error {
-	cmd := exec.CommandContext(ctx, b.Restore, "--noflush", "--wait")
-	cmd.Stdin = strings.NewReader(input)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s: %w: %s", b.Restore, err, strings.TrimSpace(out.String()))
+	err := b.TryChain(ctx, netfilter.Filter, netfilter.Chain{Name: denyLogProbeChain, Rules: []netfilter.Rule{iptablesRule(&rule)}})
+	if err != nil {
+		return fmt.Errorf("the node's iptables (%s) refuses a deny log rule (hashlimit match, NFLOG target): %w", b.Mode, err)
 	}
 	return nil
 }
