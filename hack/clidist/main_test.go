@@ -159,8 +159,8 @@ func testConfig(t *testing.T, ps []platform) config {
 		platforms:  ps,
 		binDir:     filepath.Join(dir, "bin"),
 		outDir:     filepath.Join(dir, "dist"),
-		version:    "v0.1.0",
-		releaseURL: "https://example.com/releases/download/v0.1.0/",
+		version:    "v9.8.7",
+		releaseURL: "https://example.com/releases/download/v9.8.7/",
 		homepage:   "https://example.com/trellis",
 		license:    license,
 		mtime:      time.Unix(1765000000, 0).UTC(),
@@ -254,7 +254,7 @@ func TestRun(t *testing.T) {
 		t.Fatalf("trellis.yaml: %v\n%s", err, b)
 	}
 	if m.APIVersion != "krew.googlecontainertools.github.com/v1alpha2" || m.Kind != "Plugin" || m.Metadata.Name != "trellis" ||
-		m.Spec.Version != "v0.1.0" || m.Spec.Homepage != c.homepage || m.Spec.ShortDescription == "" || strings.Contains(m.Spec.ShortDescription, "\n") {
+		m.Spec.Version != "v9.8.7" || m.Spec.Homepage != c.homepage || m.Spec.ShortDescription == "" || strings.Contains(m.Spec.ShortDescription, "\n") {
 		t.Errorf("trellis.yaml: header or spec wrong:\n%s", b)
 	}
 	if len(m.Spec.Platforms) != len(ps) {
@@ -288,7 +288,7 @@ func TestRun(t *testing.T) {
 			got := m.Spec.Platforms[i]
 			wantPlatform := krewPlatform{
 				Selector: krewSelector{MatchLabels: map[string]string{"os": p.os, "arch": p.arch}},
-				URI:      "https://example.com/releases/download/v0.1.0/" + p.archive(),
+				URI:      "https://example.com/releases/download/v9.8.7/" + p.archive(),
 				Sha256:   sha,
 				Files:    []krewFile{{p.exe(), "."}, {"LICENSE", "."}},
 				Bin:      p.exe(),
