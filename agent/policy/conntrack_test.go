@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/trellis-net/trellis/internal/netpol"
+	"github.com/trellis-net/trellis/internal/netpol/netpoltest"
 
 	"github.com/vishvananda/netlink"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -87,7 +88,7 @@ func TestConntrackCleanupJudgesEveryProtocol(t *testing.T) {
 				st.Policies, st.ClusterPolicies = tc.policies, tc.cluster
 				local := node
 				if v6 {
-					st, local = mirror6(st), to6(node)
+					st, local = netpoltest.Mirror6(st), netpoltest.To6(node)
 				}
 				rs := netpol.Compile(st)
 				f := &conntrackFilter{ev: rs.Evaluator(), ifaces: map[netip.Addr]string{}, local: map[netip.Addr]bool{local: true}}
@@ -101,7 +102,7 @@ func TestConntrackCleanupJudgesEveryProtocol(t *testing.T) {
 					src, dst := podIP(st, fl.from), podIP(st, fl.to)
 					proto := fl.proto
 					if v6 {
-						src, dst = to6(src), to6(dst)
+						src, dst = netpoltest.To6(src), netpoltest.To6(dst)
 						if proto == icmp {
 							proto = icmp6
 						}
@@ -120,11 +121,11 @@ func TestConntrackCleanupJudgesEveryProtocol(t *testing.T) {
 // everything, its entry is removed.
 func TestConntrackCleanupPingToOwnNodeIPv6(t *testing.T) {
 	node := netip.MustParseAddr("fd00::198:51:100:11")
-	st := mirror6(world())
+	st := netpoltest.Mirror6(world())
 	st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{cnpolicy("deny-out", cnp.AdminTier, 10, podSubject("x", "a"), nil,
 		[]cnp.ClusterNetworkPolicyEgressRule{out(cnp.ClusterNetworkPolicyRuleActionDeny, []cnp.ClusterNetworkPolicyEgressPeer{{Networks: []cnp.CIDR{"::/0"}}})})}
 	rs := netpol.Compile(st)
-	a := to6(podIP(st, "x/a"))
+	a := netpoltest.To6(podIP(st, "x/a"))
 	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: map[netip.Addr]string{a: iface(st, a)}, local: map[netip.Addr]bool{node: true}}
 	if !f.MatchConntrackFlow(flowOf(a, node, 58, 0)) || f.err != nil {
 		t.Errorf("x/a's ping to its node under an egress Deny of ::/0 kept its entry (%v)\n%s", f.err, dump(rs.IPv6))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/internal/netpol"
+	"github.com/trellis-net/trellis/internal/netpol/netpoltest"
 )
 
 // denyLogWorld is world() with x/a isolated for ingress by a NetworkPolicy that lets only
@@ -217,8 +218,8 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 // group and limit), resolved in their own family's rules; off, they change nothing there
 // either; without deny logs (a node that refuses them) neither family keeps one.
 func TestDenyLogsIPv6(t *testing.T) {
-	rs := netpol.Compile(dualStack(denyLogWorld("true", netpol.DenyLogAnnotated)))
-	plain := netpol.Compile(dualStack(denyLogWorld("", netpol.DenyLogOff)))
+	rs := netpol.Compile(netpoltest.DualStack(denyLogWorld("true", netpol.DenyLogAnnotated)))
+	plain := netpol.Compile(netpoltest.DualStack(denyLogWorld("", netpol.DenyLogOff)))
 	if rs.IPv6 == nil || plain.IPv6 == nil {
 		t.Fatal("no IPv6 ruleset for a dual-stack state")
 	}

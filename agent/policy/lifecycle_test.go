@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/trellis-net/trellis/internal/netpol"
+	"github.com/trellis-net/trellis/internal/netpol/netpoltest"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -354,7 +355,7 @@ func mutate(r *rand.Rand, st *netpol.State) {
 			Labels: randomLabels(r), IP: netip.AddrFrom4([4]byte{10, 244, byte(1 + r.IntN(2)), byte(1 + r.IntN(20))}),
 			NodeName: fmt.Sprintf("node%d", 1+r.IntN(2)), Ports: []netpol.Port{{Name: "http", Protocol: corev1.ProtocolTCP, Port: int32(80 + r.IntN(2))}}}
 		if dualWorld {
-			p.IPv6 = to6(p.IP)
+			p.IPv6 = netpoltest.To6(p.IP)
 			if nextPod%3 == 0 {
 				p.IP = netip.Addr{}
 			}
@@ -379,7 +380,7 @@ func mutate(r *rand.Rand, st *netpol.State) {
 		case 3:
 			ip := netip.AddrFrom4([4]byte{10, 244, 1, byte(1 + r.IntN(20))})
 			if dualWorld {
-				p.IPv6 = to6(ip)
+				p.IPv6 = netpoltest.To6(ip)
 			}
 			if p.IP.IsValid() || !dualWorld {
 				p.IP = ip

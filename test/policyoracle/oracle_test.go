@@ -26,6 +26,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/internal/netpol"
+	"github.com/trellis-net/trellis/internal/netpol/netpoltest"
 )
 
 // compiledKube is cyclonus's in-memory cluster whose "probes" are answered by Compile and
@@ -148,12 +149,12 @@ func (k *compiledKube) ruleset() (*netpol.Evaluator, map[netip.Addr]string) {
 			st.Endpoints = append(st.Endpoints, netpol.Endpoint{Pod: pod.Key(), IP: pod.IP, Interface: iface})
 			k.ifaces[pod.IP] = iface
 			if k.v6 {
-				k.ifaces[to6(pod.IP)] = iface
+				k.ifaces[netpoltest.To6(pod.IP)] = iface
 			}
 		}
 	}
 	if k.v6 {
-		st = mirror6(st)
+		st = netpoltest.Mirror6(st)
 	}
 	k.compiled, k.at = netpol.Compile(st), k.gen
 	k.eval = k.compiled.Evaluator()
@@ -188,7 +189,7 @@ func (k *compiledKube) ExecuteRemoteCommand(namespace, pod, container string, co
 	}
 	src := netip.MustParseAddr(from.Status.PodIP)
 	if k.v6 {
-		src, dst = to6(src), to6(dst)
+		src, dst = netpoltest.To6(src), netpoltest.To6(dst)
 	}
 	ev, ifaces := k.ruleset()
 	allowed, err := ev.Allowed(netpol.Packet{Src: src, Dst: dst, Protocol: proto, DstPort: dport, InInterface: ifaces[src], OutInterface: ifaces[dst]})
@@ -335,74 +336,4 @@ func rendered(rs *netpol.Ruleset) string {
 		}
 	}
 	return b.String()
-}
-
-// The IPv6 images of the IPv4 world, as agent/policy's own compile tests make them.
-
-// to6 is the IPv6 image of an IPv4 address: fd00::a.b.c.d.
-func to6(a netip.Addr) netip.Addr {
-	b := [16]byte{0: 0xfd}
-	v4 := a.As4()
-	copy(b[12:], v4[:])
-	return netip.AddrFrom16(b)
-}
-
-// cidr6 is the IPv6 image of an ipBlock value: an IPv4 prefix maps into fd00::/96 (/0 to
-// ::/0), an IPv6 one to 0.0.0.0/0, which no IPv6 address is in.
-func cidr6(s string) string {
-	p, err := netip.ParsePrefix(s)
-	switch {
-	case err != nil:
-		return s
-	case !p.Addr().Is4():
-		return "0.0.0.0/0"
-	case p.Bits() == 0:
-		return "::/0"
-	}
-	return netip.PrefixFrom(to6(p.Addr()), p.Bits()+96).Masked().String()
-}
-
-// dualStack is st with pods and endpoints given their IPv6 images, and netpol.State.IPv6.
-func dualStack(st netpol.State) netpol.State {
-	out := st
-	out.IPv6 = true
-	out.Pods = nil
-	for _, p := range st.Pods {
-		cp := *p
-		cp.IPv6 = to6(p.IP)
-		out.Pods = append(out.Pods, &cp)
-	}
-	out.Endpoints = nil
-	for _, ep := range st.Endpoints {
-		ep.IPv6 = to6(ep.IP)
-		out.Endpoints = append(out.Endpoints, ep)
-	}
-	return out
-}
-
-// mirror6 is st made dual-stack with its policies' ipBlocks made IPv6.
-func mirror6(st netpol.State) netpol.State {
-	out := dualStack(st)
-	out.Policies = nil
-	for _, np := range st.Policies {
-		np = np.DeepCopy()
-		blocks := func(peers []networkingv1.NetworkPolicyPeer) {
-			for _, p := range peers {
-				if b := p.IPBlock; b != nil {
-					b.CIDR = cidr6(b.CIDR)
-					for i := range b.Except {
-						b.Except[i] = cidr6(b.Except[i])
-					}
-				}
-			}
-		}
-		for _, r := range np.Spec.Ingress {
-			blocks(r.From)
-		}
-		for _, r := range np.Spec.Egress {
-			blocks(r.To)
-		}
-		out.Policies = append(out.Policies, np)
-	}
-	return out
 }
