@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -43,6 +42,14 @@ import (
 const (
 	MaxItemBytes   = 4 << 20
 	RequestTimeout = 30 * time.Second
+)
+
+// commandTimeout bounds each command a collection runs (iptables-save, ipset list), so
+// that one wedged command leaves time for the other items; maxSaveBytes bounds a whole
+// iptables-save, read before it is filtered down to trellis's.
+const (
+	commandTimeout = 10 * time.Second
+	maxSaveBytes   = 64 << 20
 )
 
 // Collector reads the node's state.
@@ -195,8 +202,8 @@ func readBounded(root *os.Root, name string) ([]byte, error) {
 // iptables: the backend trellis writes to, and per table trellis's chains and the jumps
 // into them, IPv4's (iptables/) and IPv6's (ip6tables/: the kernel keeps them apart, and
 // an IPv6 or dual-stack node's IPv6 rules are there). Every table is listed in one
-// iptables-save run without -t (with -t, the legacy variant would load a table that
-// isn't there).
+// iptables-save run without -t (Backend.SaveAll: with -t, the legacy variant would load a
+// table that isn't there).
 func (c *Collector) iptables(ctx context.Context, add func(string, string, error)) {
 	b, err := netfilter.DetectBackend()
 	if err != nil {
@@ -205,14 +212,14 @@ func (c *Collector) iptables(ctx context.Context, add func(string, string, error
 	}
 	var summary strings.Builder
 	fmt.Fprintf(&summary, "backend: %s (%s)\n", b.Mode, b.Save)
-	save, err := run(ctx, b.Save)
+	save, err := saveAll(ctx, b)
 	tables, byTable := FilterIPTablesSave(save)
 	fmt.Fprintf(&summary, "tables with trellis chains: %s\n", strings.Join(tables, ", "))
 	v6 := b.IPv6()
 	var tables6 []string
 	var byTable6 map[string]string
-	if _, lerr := exec.LookPath(v6.Save); lerr == nil {
-		save6, err6 := run(ctx, v6.Save)
+	if v6.Installed() {
+		save6, err6 := saveAll(ctx, v6)
 		err = errors.Join(err, err6)
 		tables6, byTable6 = FilterIPTablesSave(save6)
 		fmt.Fprintf(&summary, "ip6tables tables with trellis chains: %s\n", strings.Join(tables6, ", "))
@@ -228,33 +235,31 @@ func (c *Collector) iptables(ctx context.Context, add func(string, string, error
 	}
 }
 
-func (c *Collector) ipsets(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+func saveAll(ctx context.Context, b netfilter.Backend) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "ipset", "list")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", err
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		return "", fmt.Errorf("ipset list: %w", err)
-	}
+	out, err := b.SaveAll(ctx, maxSaveBytes)
+	return string(out), err
+}
+
+// ipsets: trellis's sets, filtered as `ipset list` streams (other components' sets may be
+// big), cut one byte past MaxItemBytes so that Collect marks the item cut.
+func (c *Collector) ipsets(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
+	defer cancel()
 	var b bytes.Buffer
-	ferr := FilterIPSetList(out, &capped{w: &b, left: MaxItemBytes}, ipset.Prefix)
-	_, _ = io.Copy(io.Discard, out)
-	if err := cmd.Wait(); err != nil {
-		return b.String(), fmt.Errorf("ipset list: %w: %s", err, strings.TrimSpace(stderr.String()))
+	err := ipset.List(ctx, func(r io.Reader) error {
+		return FilterIPSetList(r, &capped{w: &b, left: MaxItemBytes + 1}, ipset.Prefix)
+	})
+	if errors.Is(err, errCapped) {
+		err = nil
 	}
-	if errors.Is(ferr, errCapped) {
-		ferr = nil
-	}
-	return b.String(), ferr
+	return b.String(), err
 }
 
 var errCapped = errors.New("output cut at the size bound")
 
+// capped writes to w until left bytes are written, then fails.
 type capped struct {
 	w    io.Writer
 	left int
@@ -269,18 +274,6 @@ func (c *capped) Write(p []byte) (int, error) {
 	}
 	c.left -= len(p)
 	return c.w.Write(p)
-}
-
-func run(ctx context.Context, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var out, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Stdout, cmd.Stderr = &capped{w: &out, left: 64 << 20}, &stderr
-	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(stderr.String()))
-	}
-	return out.String(), nil
 }
 
 // linkNames maps interface indexes to names.

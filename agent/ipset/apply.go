@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"maps"
 	"os/exec"
 	"regexp"
@@ -348,17 +349,45 @@ func restore(ctx context.Context, script []string) error {
 	return err
 }
 
-func command(ctx context.Context, stdin *strings.Reader, args ...string) ([]byte, error) {
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, "ipset", args...)
-	if stdin != nil {
-		cmd.Stdin = stdin
-	}
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("ipset %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+// List runs `ipset list` and hands its output to read as it comes: a node's sets (other
+// components' too, kube-proxy's) may hold hundreds of thousands of entries, which a reader
+// keeping a few sets needn't hold. What read leaves unread is drained, so ipset finishes
+// its listing; read's error is returned as it is.
+func List(ctx context.Context, read func(io.Reader) error) error {
+	return stream(ctx, nil, read, "list")
+}
+
+func command(ctx context.Context, stdin io.Reader, args ...string) ([]byte, error) {
+	var stdout bytes.Buffer
+	err := stream(ctx, stdin, func(r io.Reader) error {
+		_, err := stdout.ReadFrom(r)
+		return err
+	}, args...)
+	if err != nil {
+		return nil, err
 	}
 	return stdout.Bytes(), nil
+}
+
+// stream runs ipset with args, handing its output to read; every ipset exec is here.
+func stream(ctx context.Context, stdin io.Reader, read func(io.Reader) error, args ...string) error {
+	name := "ipset " + strings.Join(args, " ")
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "ipset", args...)
+	cmd.Stdin, cmd.Stderr = stdin, &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	rerr := read(out)
+	_, _ = io.Copy(io.Discard, out) // Wait closes the pipe: it must come after every read
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(stderr.String()))
+	}
+	return rerr
 }
 
 // Cleanup destroys every ipset whose name starts with Prefix and nothing else. Run it

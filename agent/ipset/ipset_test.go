@@ -1,8 +1,11 @@
 package ipset_test
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"slices"
@@ -378,6 +381,81 @@ func TestApplyInvalidSetDoesNotHoldBackTheOthers(t *testing.T) {
 			}
 			if got := members(t, n, "trellis-kept"); !slices.Equal(got, []string{"10.1.0.0/16", "10.3.0.0/16"}) {
 				t.Errorf("trellis-kept holds %v", got)
+			}
+		})
+	}
+}
+
+// List streams every set's `ipset list` block to its reader, anyone's (filtering is the
+// caller's); a reader that stops early gets its error back, and the listing past what it
+// read (beyond a pipe's buffer here) is drained rather than left to block ipset.
+func TestList(t *testing.T) {
+	n := newNS(t)
+	big := ipset.Set{Name: "trellis-big", Type: "hash:ip", MaxElem: 1 << 16}
+	for i := range 20000 {
+		big.Entries = append(big.Entries, ipset.Entry{Member: fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&0xff, i&0xff)})
+	}
+	mustApply(t, n, big, ipset.Set{Name: "trellis-small", Type: "hash:net", Entries: []ipset.Entry{{Member: "10.1.0.0/16"}}})
+	in(t, n, func() error { _, err := run("ipset", "create", "other", "hash:ip"); return err })
+
+	errStop := errors.New("stop")
+	for _, c := range []struct {
+		name     string
+		ctx      func() context.Context
+		read     func(r io.Reader, got *strings.Builder) error
+		want     []string // lines the reader saw
+		wantErr  error    // errors.Is
+		wantText string   // in the error
+	}{
+		{
+			name: "read to the end",
+			ctx:  context.Background,
+			read: func(r io.Reader, got *strings.Builder) error { _, err := io.Copy(got, r); return err },
+			want: []string{"Name: trellis-big", "Name: trellis-small", "Name: other", "10.1.0.0/16", "10.0.78.31"},
+		},
+		{
+			name: "reader stops at the first line",
+			ctx:  context.Background,
+			read: func(r io.Reader, got *strings.Builder) error {
+				sc := bufio.NewScanner(r)
+				if sc.Scan() {
+					got.WriteString(sc.Text() + "\n")
+				}
+				return errStop
+			},
+			want:    []string{"Name: "},
+			wantErr: errStop,
+		},
+		{
+			name: "cancelled",
+			ctx: func() context.Context {
+				ctx, cancel := context.WithCancel(context.Background())
+				cancel()
+				return ctx
+			},
+			read:     func(r io.Reader, got *strings.Builder) error { _, err := io.Copy(got, r); return err },
+			wantText: "ipset list: ",
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var got strings.Builder
+			var err error
+			in(t, n, func() error {
+				err = ipset.List(c.ctx(), func(r io.Reader) error { return c.read(r, &got) })
+				return nil
+			})
+			switch {
+			case c.wantErr != nil && !errors.Is(err, c.wantErr):
+				t.Errorf("error %v, want %v", err, c.wantErr)
+			case c.wantText != "" && (err == nil || !strings.Contains(err.Error(), c.wantText)):
+				t.Errorf("error %v, want one saying %q", err, c.wantText)
+			case c.wantErr == nil && c.wantText == "" && err != nil:
+				t.Error(err)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(got.String(), w) {
+					t.Errorf("the reader didn't see %q (%d bytes seen)", w, got.Len())
+				}
 			}
 		})
 	}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 )
 
@@ -20,7 +19,7 @@ import (
 func Cleanup() ([]string, error) {
 	var backends []Backend
 	for _, b := range []Backend{Legacy, NFT} {
-		if found(b.Save) {
+		if b.Installed() {
 			backends = append(backends, b)
 		}
 	}
@@ -32,7 +31,7 @@ func Cleanup() ([]string, error) {
 		backends = append(backends, plain)
 	}
 	for _, b := range backends {
-		if v6 := b.IPv6(); found(v6.Save) {
+		if v6 := b.IPv6(); v6.Installed() {
 			backends = append(backends, v6)
 		}
 	}
@@ -50,16 +49,14 @@ func Cleanup() ([]string, error) {
 
 func cleanup(b Backend) ([]string, error) {
 	s := Syncer{Backend: b}
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(b.Save)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s: %w: %s", b.Save, err, strings.TrimSpace(stderr.String()))
+	out, err := b.SaveAll(context.Background(), 0)
+	if err != nil {
+		return nil, err
 	}
 	ours := func(chain string) bool { return strings.HasPrefix(chain, ChainPrefix) }
 	var removed []string
 	var errs []error
-	for table, dump := range splitTables(stdout.Bytes()) {
+	for table, dump := range splitTables(out) {
 		d := parseSave(dump, ours)
 		var p restorePlan
 		for _, c := range d.scoped {

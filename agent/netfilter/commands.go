@@ -3,7 +3,9 @@ package netfilter
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -11,7 +13,8 @@ import (
 )
 
 // The backend's commands, for what a Syncer doesn't do itself: every iptables exec of the
-// agent is here (the policy engine's jump check, its counters, the deny-log probe).
+// agent is here (the policy engine's jump check, its counters, the deny-log probe, the
+// diagnostics' listing of every table).
 
 // SaveTable is iptables-save of table, with the rules' packet and byte counters when
 // counters is set.
@@ -20,13 +23,66 @@ func (b Backend) SaveTable(ctx context.Context, table Table, counters bool) ([]b
 	if counters {
 		args = append([]string{"-c"}, args...)
 	}
+	return b.save(ctx, 0, args...)
+}
+
+// SaveAll is iptables-save of every table the kernel holds, in one run without -t: named
+// with -t, a legacy table that isn't there would be created (its module loaded), and a
+// reader must not change the node. With limit > 0 the output is bounded: past limit bytes
+// the command is stopped, and the first limit bytes come with an error saying so.
+func (b Backend) SaveAll(ctx context.Context, limit int) ([]byte, error) {
+	return b.save(ctx, limit)
+}
+
+// Installed reports whether b's iptables-save is on the node: a node may have the iptables
+// commands without the ip6tables ones, and a reader of b runs iptables-save first.
+func (b Backend) Installed() bool {
+	return found(b.Save)
+}
+
+// save runs iptables-save with args, its output bounded by limit when limit > 0.
+func (b Backend) save(ctx context.Context, limit int, args ...string) ([]byte, error) {
 	var stdout, stderr bytes.Buffer
+	out := &bounded{w: &stdout, left: limit}
+	if limit <= 0 {
+		out.left = -1
+	}
 	cmd := exec.CommandContext(ctx, b.Save, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %s", b.Save, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	cmd.Stdout, cmd.Stderr = out, &stderr
+	name := strings.Join(append([]string{b.Save}, args...), " ")
+	err := cmd.Run()
+	switch {
+	case out.cut:
+		// Stopping the copy ended the command (broken pipe): that is not its failure.
+		return stdout.Bytes(), fmt.Errorf("%s: output longer than %d bytes: cut there", name, limit)
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil
+}
+
+// errCut stops the copy of a command's output at its bound.
+var errCut = errors.New("output bound reached")
+
+// bounded writes to w until left bytes are written (left < 0: no bound), then keeps the
+// rest out and fails, which closes the pipe and so ends the command.
+type bounded struct {
+	w    io.Writer
+	left int
+	cut  bool
+}
+
+func (o *bounded) Write(p []byte) (int, error) {
+	if o.left < 0 {
+		return o.w.Write(p)
+	}
+	if len(p) > o.left {
+		n, _ := o.w.Write(p[:o.left])
+		o.left, o.cut = 0, true
+		return n, errCut
+	}
+	o.left -= len(p)
+	return o.w.Write(p)
 }
 
 var errorLine = regexp.MustCompile(`line:? (\d+)`)

@@ -507,3 +507,99 @@ func TestJumpLeadsAndTryChain(t *testing.T) {
 		})
 	}
 }
+
+// SaveAll lists every table in one run and only reads: the tables nobody wrote stay
+// absent (the legacy variant creates a table named with -t), in both variants and both
+// families. A bound cuts the output and says so; a failure names the command.
+func TestSaveAll(t *testing.T) {
+	var all []netfilter.Backend
+	for _, b := range backends(t) {
+		if !b.IPv6().Installed() {
+			t.Fatalf("%s is missing: both families are tested; install iptables (it ships ip6tables)", b.IPv6().Save)
+		}
+		all = append(all, b, b.IPv6())
+	}
+	for _, b := range all {
+		name := b.Mode
+		if b.V6 {
+			name += "-ipv6"
+		}
+		t.Run(name, func(t *testing.T) {
+			n := netnstest.New(t)
+			chain := func(name string) netfilter.Chain {
+				return netfilter.Chain{Name: name, Rules: []netfilter.Rule{{Target: []string{"-j", "RETURN"}}}}
+			}
+			st := netfilter.State{Scope: []string{"TRELLIS-SAVE-"}, Tables: map[netfilter.Table]netfilter.TableState{
+				netfilter.Filter: {Chains: []netfilter.Chain{chain("TRELLIS-SAVE-F")}, Jumps: []netfilter.Jump{{From: "FORWARD", To: "TRELLIS-SAVE-F"}}},
+				netfilter.NAT:    {Chains: []netfilter.Chain{chain("TRELLIS-SAVE-N")}, Jumps: []netfilter.Jump{{From: "POSTROUTING", To: "TRELLIS-SAVE-N"}}},
+			}}
+			s := netfilter.Syncer{Backend: b}
+			in(t, n, func() error { _, err := s.Sync(context.Background(), st); return err })
+
+			saveAll := func(limit int) (string, error) {
+				var out []byte
+				var err error
+				in(t, n, func() error { out, err = b.SaveAll(context.Background(), limit); return nil })
+				return string(out), err
+			}
+			tables := func(out string) []string {
+				var ts []string
+				for _, l := range strings.Split(out, "\n") {
+					if name, ok := strings.CutPrefix(l, "*"); ok {
+						ts = append(ts, name)
+					}
+				}
+				slices.Sort(ts)
+				return ts
+			}
+			whole, err := saveAll(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range []string{":TRELLIS-SAVE-F - [0:0]", ":TRELLIS-SAVE-N - [0:0]", "-A FORWARD -j TRELLIS-SAVE-F", "-A POSTROUTING -j TRELLIS-SAVE-N"} {
+				if !strings.Contains(whole, w+"\n") {
+					t.Errorf("missing %q in\n%s", w, whole)
+				}
+			}
+			if got := tables(whole); !slices.Equal(got, []string{"filter", "nat"}) {
+				t.Errorf("tables %v, want [filter nat]: the ones written, and none the read created\n%s", got, whole)
+			}
+
+			for _, c := range []struct {
+				name    string
+				limit   int
+				wantLen int    // 0: the whole output
+				wantErr string // "": none
+			}{
+				{name: "unbounded"},
+				{name: "bound above the output", limit: 1 << 20},
+				{name: "bound below the output", limit: 16, wantLen: 16, wantErr: b.Save + ": output longer than 16 bytes: cut there"},
+			} {
+				out, err := saveAll(c.limit)
+				switch {
+				case c.wantErr == "" && err != nil:
+					t.Errorf("%s: %v", c.name, err)
+				case c.wantErr != "" && (err == nil || err.Error() != c.wantErr):
+					t.Errorf("%s: error %v, want %q", c.name, err, c.wantErr)
+				case c.wantLen != 0 && len(out) != c.wantLen:
+					t.Errorf("%s: %d bytes, want %d", c.name, len(out), c.wantLen)
+				case c.wantLen == 0 && !slices.Equal(tables(out), tables(whole)):
+					t.Errorf("%s: tables %v, want %v (a read created one)", c.name, tables(out), tables(whole))
+				}
+			}
+		})
+	}
+}
+
+// A backend whose iptables-save isn't on the node is not Installed, and SaveAll's error
+// names the command.
+func TestSaveAllMissingCommand(t *testing.T) {
+	b := netfilter.Backend{Mode: "legacy", Save: "trellis-no-such-iptables-save"}
+	if b.Installed() {
+		t.Errorf("%s is Installed", b.Save)
+	}
+	// No namespace needed: the command is never started.
+	if _, err := b.SaveAll(context.Background(), 0); err == nil || !strings.HasPrefix(err.Error(), b.Save+": ") {
+		t.Errorf("error %v, want one naming %s", err, b.Save)
+	}
+}
