@@ -22,6 +22,15 @@ type Backend struct {
 	V6 bool
 }
 
+// IPv4 is the iptables variant of b, of the same mode (b unless b is an IPv6 one).
+func (b Backend) IPv4() Backend {
+	if !b.V6 {
+		return b
+	}
+	v4 := func(cmd string) string { return strings.Replace(cmd, "ip6tables", "iptables", 1) }
+	return Backend{Mode: b.Mode, IPTables: v4(b.IPTables), Save: v4(b.Save), Restore: v4(b.Restore)}
+}
+
 // IPv6 is the ip6tables variant of b, of the same mode: the kernel keeps IPv6 rules apart
 // from IPv4's, so a node's IPv6 chains are written with these commands.
 func (b Backend) IPv6() Backend {

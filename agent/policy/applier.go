@@ -8,6 +8,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 )
 
@@ -19,46 +20,64 @@ var Scope = []string{netpol.ChainForward, netpol.ChainInput, netpol.ChainOutput,
 const applyTimeout = 60 * time.Second
 
 // KernelApplier writes Rulesets into the kernel with agent/ipset and agent/netfilter:
-// sets first (every set a new rule names exists, of both families: one `ipset restore`),
-// then the chains (iptables, then ip6tables for the IPv6 rules), then the sets no rule uses
-// any more are destroyed. Between verifying applies it writes only what differs from what
-// it wrote last, without reading the kernel back.
+// sets first (every set a new rule names exists, of every family: one `ipset restore`),
+// then each family's chains (iptables for IPv4's, ip6tables for IPv6's), then the sets no
+// rule uses any more are destroyed. Between verifying applies it writes only what differs
+// from what it wrote last, without reading the kernel back. It writes nothing for a
+// family the Rulesets don't have.
 type KernelApplier struct {
-	// Syncer writes the chains; its zero value detects the node's iptables backend.
-	Syncer netfilter.Syncer
-	// Syncer6 writes the IPv6 chains; its zero value takes the ip6tables variant of the
-	// backend Syncer uses (Backend.IPv6), so both families are written where the node's
-	// other iptables users write.
-	Syncer6 netfilter.Syncer
-	// IPv6: the node's rules may hold IPv6 chains (Remove takes them away too).
-	IPv6 bool
-	sets ipset.Cache
+	// Syncer writes the IPv4 chains, Syncer6 the IPv6 ones. A zero one takes its family's
+	// variant of the other's backend, or of the node's detected backend when neither has
+	// one, so both families are written where the node's other iptables users write.
+	Syncer, Syncer6 netfilter.Syncer
+	// Families are the families of the node's rules (Remove takes their chains away).
+	// Empty is IPv4 alone.
+	Families []ipfamily.Family
+	sets     ipset.Cache
+	// written are the families whose chains an apply wrote (JumpsFirst and
+	// FilterCounters read those alone); cleared, whether IPv4's stale chains were looked for.
+	written ipfamily.Pair[bool]
+	cleared bool
 }
 
 // Apply implements Applier.
-func (a *KernelApplier) Apply(rs *netpol.Ruleset, verify bool) (bool, error) {
+func (a *KernelApplier) Apply(rs netpol.Rulesets, verify bool) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
-	sets := kernelSets(rs, "inet")
-	if rs.IPv6 != nil {
-		sets = append(sets, kernelSets(rs.IPv6, "inet6")...)
+	if err := a.decideBackends(); err != nil {
+		return false, err
+	}
+	var sets []ipset.Set
+	for f, r := range rs.All() {
+		sets = append(sets, kernelSets(r, f.SetFamily())...)
 	}
 	sr, err := a.sets.Apply(ctx, sets, verify)
 	if err != nil {
 		return sr.Restored, fmt.Errorf("ipsets: %w", err)
 	}
-	nr, err := syncChains(ctx, &a.Syncer, rs, verify)
-	if err != nil {
-		return true, fmt.Errorf("iptables: %w", err)
-	}
-	changed := sr.Restored || nr.Changed()
-	if rs.IPv6 != nil {
-		a.deriveSyncer6()
-		nr6, err := syncChains(ctx, &a.Syncer6, rs.IPv6, verify)
-		if err != nil {
-			return true, fmt.Errorf("ip6tables: %w", err)
+	changed := sr.Restored
+	for _, f := range ipfamily.All {
+		s, r := a.syncer(f), rs.Get(f)
+		if r == nil {
+			if f == ipfamily.IPv4 && !a.cleared {
+				// An IPv6-only node: IPv4 chains an older agent wrote (it compiled IPv4 on
+				// every node) go, once. IPv4's iptables is always there (the datapath's
+				// anti-spoofing, which drops any IPv4 packet a pod sends here, is in it);
+				// an IPv4-only node's ip6tables is never touched.
+				nr, err := s.Sync(ctx, noPolicy())
+				if err != nil {
+					return true, fmt.Errorf("iptables: removing the IPv4 policy chains of an IPv6-only node: %w", err)
+				}
+				a.cleared, changed = true, changed || nr.Changed()
+			}
+			continue
 		}
-		changed = changed || nr6.Changed()
+		nr, err := syncChains(ctx, s, r, verify)
+		if err != nil {
+			return true, fmt.Errorf("%s: %w", s.Backend.IPTables, err)
+		}
+		a.written.Set(f, true)
+		changed = changed || nr.Changed()
 	}
 	if len(sr.InUse) > 0 { // sets the old rules used until now
 		sr2, err := a.sets.Apply(ctx, sets, verify)
@@ -83,31 +102,62 @@ func syncChains(ctx context.Context, s *netfilter.Syncer, rs *netpol.Ruleset, ve
 	return s.SyncCached(ctx, st)
 }
 
-// deriveSyncer6 gives Syncer6 the ip6tables variant of Syncer's backend unless it has
-// one (Syncer has synced, so its backend is decided).
-func (a *KernelApplier) deriveSyncer6() {
-	if a.Syncer6.Backend.Mode != "" {
-		return
+// syncer is the syncer of family f's chains.
+func (a *KernelApplier) syncer(f ipfamily.Family) *netfilter.Syncer {
+	if f == ipfamily.IPv6 {
+		return &a.Syncer6
 	}
-	b := a.Syncer.ActiveBackend()
-	if b.Mode == "" {
-		b = a.Syncer.Backend
-	}
-	a.Syncer6.Backend = b.IPv6()
+	return &a.Syncer
 }
 
-// Remove implements Applier: no policy chain, jump or set is left.
+// decideBackends gives each syncer without a backend its family's variant of the other's,
+// or of the node's detected one.
+func (a *KernelApplier) decideBackends() error {
+	if a.Syncer.Backend.Mode != "" && a.Syncer6.Backend.Mode != "" {
+		return nil
+	}
+	b := a.Syncer.Backend
+	if b.Mode == "" {
+		b = a.Syncer6.Backend
+	}
+	if b.Mode == "" {
+		var err error
+		if b, err = netfilter.DetectBackend(); err != nil {
+			return fmt.Errorf("detecting the iptables backend: %w", err)
+		}
+	}
+	if a.Syncer.Backend.Mode == "" {
+		a.Syncer.Backend = b.IPv4()
+	}
+	if a.Syncer6.Backend.Mode == "" {
+		a.Syncer6.Backend = b.IPv6()
+	}
+	return nil
+}
+
+// noPolicy is the state of a family without policy chains.
+func noPolicy() netfilter.State {
+	return netfilter.State{Scope: Scope, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: {}}}
+}
+
+// families are Families, IPv4 alone when empty.
+func (a *KernelApplier) families() []ipfamily.Family {
+	if len(a.Families) == 0 {
+		return []ipfamily.Family{ipfamily.IPv4}
+	}
+	return a.Families
+}
+
+// Remove implements Applier: no policy chain, jump or set is left, of any of Families.
 func (a *KernelApplier) Remove() error {
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
-	none := netfilter.State{Scope: Scope, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: {}}}
-	if _, err := a.Syncer.Sync(ctx, none); err != nil {
-		return fmt.Errorf("removing the policy chains: %w", err)
+	if err := a.decideBackends(); err != nil {
+		return err
 	}
-	if a.IPv6 {
-		a.deriveSyncer6()
-		if _, err := a.Syncer6.Sync(ctx, none); err != nil {
-			return fmt.Errorf("removing the IPv6 policy chains: %w", err)
+	for _, f := range a.families() {
+		if _, err := a.syncer(f).Sync(ctx, noPolicy()); err != nil {
+			return fmt.Errorf("removing the %s policy chains: %w", f, err)
 		}
 	}
 	if _, err := ipset.Apply(ctx, nil); err != nil {
@@ -116,15 +166,26 @@ func (a *KernelApplier) Remove() error {
 	return nil
 }
 
+// writtenBackends are the backends of the families an apply wrote chains of.
+func (a *KernelApplier) writtenBackends() []netfilter.Backend {
+	var out []netfilter.Backend
+	for _, f := range ipfamily.All {
+		if a.written.Get(f) {
+			out = append(out, a.syncer(f).ActiveBackend())
+		}
+	}
+	return out
+}
+
 // JumpsFirst reports whether trellis's policy jumps still lead their built-in chains (only
 // other trellis jumps may come before them). It reads just those chains (`iptables -S`),
 // cheap enough to run every second: another component inserting a rule in front (kube-proxy
 // prepends KUBE-FORWARD, which accepts NodePort traffic) is seen at once, not at the next
 // resync. Before the first apply it reports true.
 //
-// The IPv6 jumps are checked too once IPv6 rules were applied (ip6tables -S).
+// Each family's jumps are checked once its rules were applied (iptables -S, ip6tables -S).
 func (a *KernelApplier) JumpsFirst() (bool, error) {
-	for _, b := range []netfilter.Backend{a.Syncer.ActiveBackend(), a.Syncer6.ActiveBackend()} {
+	for _, b := range a.writtenBackends() {
 		if ok, err := jumpsFirst(b); err != nil || !ok {
 			return ok, err
 		}
@@ -149,20 +210,20 @@ func jumpsFirst(b netfilter.Backend) (bool, error) {
 
 // Backend is the iptables backend in use ("nft" or "legacy"; "" before the first apply).
 func (a *KernelApplier) Backend() string {
-	return a.Syncer.ActiveBackend().Mode
+	for _, b := range a.writtenBackends() {
+		return b.Mode
+	}
+	return ""
 }
 
-// FilterCounters is iptables-save -c of the filter table, with the backend in use, and
-// ip6tables-save's after it once IPv6 rules were applied (for the denied-packets metric: a
-// pod's chains have the same names in both families, so their drops add up).
+// FilterCounters is iptables-save -c of the filter table of each family whose rules were
+// applied, with the backend in use (for the denied-packets metric: a pod's chains have the
+// same names in both families, so their drops add up).
 func (a *KernelApplier) FilterCounters() (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var out []byte
-	for _, b := range []netfilter.Backend{a.Syncer.ActiveBackend(), a.Syncer6.ActiveBackend()} {
-		if b.Save == "" {
-			continue
-		}
+	for _, b := range a.writtenBackends() {
 		o, err := b.SaveTable(ctx, netfilter.Filter, true)
 		if err != nil {
 			return "", err

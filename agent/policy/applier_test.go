@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 )
 
@@ -14,11 +15,11 @@ import (
 // only take packets of pods' veths, the only ones their chains act on. The same for the
 // IPv6 rules, whose neighbour discovery rules every packet of a pod to its node passes.
 func TestPerPacketRulesCarryNoComment(t *testing.T) {
-	rs := netpol.Compile(netpol.State{IPv6: true})
-	for _, r := range []*netpol.Ruleset{rs, rs.IPv6} {
+	rs := netpol.Compile(netpol.State{Families: ipfamily.All})
+	for _, r := range []*netpol.Ruleset{rs.V4, rs.V6} {
 		perPacketRulesCarryNoComment(t, r)
 	}
-	for _, c := range rs.IPv6.Chains {
+	for _, c := range rs.V6.Chains {
 		if c.Name == netpol.ChainPodToHost && (len(c.Rules) < 2 || c.Rules[0].Comment+c.Rules[1].Comment != "" || c.Rules[0].Origin.Kind != netpol.NeighbourDiscovery) {
 			t.Errorf("%s: %q, want the neighbour discovery rules first, without a comment", c.Name, c.Rules)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 )
 
@@ -92,17 +93,17 @@ func (f *conntrackFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 
 // DeleteDeniedConnections removes the conntrack entries of connections to or from this
 // node's pods that rs denies, so a new denial also stops established connections of every
-// protocol (their next packet is NEW, and dropped): IPv4 flows, and IPv6 flows when rs has
-// IPv6 rules (ifaces holds the pods' addresses of both families). It returns how many it
-// removed; an error when an entry could not be removed (the others are).
-func DeleteDeniedConnections(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
+// protocol (their next packet is NEW, and dropped): the flows of each family rs has rules
+// of (ifaces holds the pods' addresses of every family). It returns how many it removed;
+// an error when an entry could not be removed (the others are).
+func DeleteDeniedConnections(rs netpol.Rulesets, ifaces map[netip.Addr]string) (uint, error) {
 	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: ifaces, local: map[netip.Addr]bool{}}
-	families := []netlink.InetFamily{unix.AF_INET}
-	if rs.IPv6 != nil {
-		families = append(families, unix.AF_INET6)
-	}
 	var total uint
-	for _, family := range families {
+	for fam := range rs.All() {
+		family := netlink.InetFamily(unix.AF_INET)
+		if fam == ipfamily.IPv6 {
+			family = unix.AF_INET6
+		}
 		addrs, err := netlinksafe.AddrList(nil, int(family))
 		if err != nil {
 			return total, fmt.Errorf("listing the node's addresses: %w", err)

@@ -128,6 +128,6 @@ func TestConntrackCleanupPingToOwnNodeIPv6(t *testing.T) {
 	a := netpoltest.To6(podIP(st, "x/a"))
 	f := &conntrackFilter{ev: rs.Evaluator(), ifaces: map[netip.Addr]string{a: iface(st, a)}, local: map[netip.Addr]bool{node: true}}
 	if !f.MatchConntrackFlow(flowOf(a, node, 58, 0)) || f.err != nil {
-		t.Errorf("x/a's ping to its node under an egress Deny of ::/0 kept its entry (%v)\n%s", f.err, dump(rs.IPv6))
+		t.Errorf("x/a's ping to its node under an egress Deny of ::/0 kept its entry (%v)\n%s", f.err, dump(netpol.Rulesets{V6: rs.V6}))
 	}
 }

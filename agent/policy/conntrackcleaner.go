@@ -19,7 +19,7 @@ import (
 // maxCleanupBackoff: a connection a policy denies must not go on because one walk failed,
 // and a kernel that keeps refusing must not be asked in a busy loop.
 type conntrackCleaner struct {
-	delete func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error)
+	delete func(rs netpol.Rulesets, ifaces map[netip.Addr]string) (uint, error)
 	log    logr.Logger
 	wake   chan struct{}
 	// minBackoff and maxBackoff bound the wait before a failed clean-up is tried again
@@ -27,7 +27,7 @@ type conntrackCleaner struct {
 	minBackoff, maxBackoff time.Duration
 
 	mu     sync.Mutex
-	rs     *netpol.Ruleset
+	rs     *netpol.Rulesets // the latest request, nil when taken
 	ifaces map[netip.Addr]string
 }
 
@@ -47,9 +47,9 @@ var (
 	})
 )
 
-func (c *conntrackCleaner) submit(rs *netpol.Ruleset, ifaces map[netip.Addr]string) {
+func (c *conntrackCleaner) submit(rs netpol.Rulesets, ifaces map[netip.Addr]string) {
 	c.mu.Lock()
-	c.rs, c.ifaces = rs, ifaces
+	c.rs, c.ifaces = &rs, ifaces
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -67,7 +67,7 @@ func (c *conntrackCleaner) run(ctx context.Context) {
 	}
 	backoff := minB
 	var (
-		rs     *netpol.Ruleset // the clean-up to do (a failed one until it succeeds or a newer one replaces it)
+		rs     *netpol.Rulesets // the clean-up to do (a failed one until it succeeds or a newer one replaces it)
 		ifaces map[netip.Addr]string
 		retry  <-chan time.Time
 	)
@@ -94,7 +94,7 @@ func (c *conntrackCleaner) run(ctx context.Context) {
 		if rs == nil {
 			continue
 		}
-		n, err := c.delete(rs, ifaces)
+		n, err := c.delete(*rs, ifaces)
 		conntrackRemoved.Add(float64(n))
 		if err != nil {
 			conntrackCleanupErrors.Inc()

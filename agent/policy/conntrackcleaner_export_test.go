@@ -13,7 +13,7 @@ import (
 // StartConntrackCleaner runs the engine's conntrack clean-up worker with del as its
 // delete (the kernel tests wrap DeleteDeniedConnections to make it fail) and backoffs
 // from minBackoff to 4*minBackoff; it returns the worker's submit.
-func StartConntrackCleaner(ctx context.Context, del func(*netpol.Ruleset, map[netip.Addr]string) (uint, error), minBackoff time.Duration, log logr.Logger) func(*netpol.Ruleset, map[netip.Addr]string) {
+func StartConntrackCleaner(ctx context.Context, del func(netpol.Rulesets, map[netip.Addr]string) (uint, error), minBackoff time.Duration, log logr.Logger) func(netpol.Rulesets, map[netip.Addr]string) {
 	c := &conntrackCleaner{delete: del, log: log, wake: make(chan struct{}, 1), minBackoff: minBackoff, maxBackoff: 4 * minBackoff}
 	go c.run(ctx)
 	return c.submit

@@ -29,6 +29,7 @@ import (
 	"github.com/trellis-net/trellis/agent/denylog"
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
@@ -179,7 +180,7 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 		t.Run(backend.Mode, func(t *testing.T) {
 			const rate = 20
 			n := newDualNode(t, backend, "web", "client", "other")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
 			webPolicy := policyFor("web", map[string]string{"app": "web"}, []networkingv1.NetworkPolicyIngressRule{{
 				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
 				Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntstr("echo")}},
@@ -387,13 +388,13 @@ func TestDenyLogsKernelIgnoresMessagesNotFromKernel(t *testing.T) {
 	// A forged message: what the kernel would send for a SYN from other to web:7000, by
 	// web's own deny log rule, from a socket of the test's in the same namespace.
 	var prefix string
-	for p, rule := range rs.DenyLogRules {
+	for p, rule := range rs.V4.DenyLogRules {
 		if rule.Pod.Name == "web" {
 			prefix = p
 		}
 	}
 	if prefix == "" {
-		t.Fatalf("no deny log rule of web: %v", rs.DenyLogRules)
+		t.Fatalf("no deny log rule of web: %v", rs.V4.DenyLogRules)
 	}
 	var sock *nl.NetlinkSocket
 	check.Must(t, netnstest.EnterPath(n.ns.Path(), func() error {
@@ -642,7 +643,7 @@ func TestDenyLogProbeKernel(t *testing.T) {
 				t.Errorf("KernelApplier.ProbeDenyLogs on %s = %v, want nil", backend.Mode, err)
 			}
 			// One writing IPv6 rules asks ip6tables too, which leaves nothing behind either.
-			a6 := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			a6 := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { err = a6.ProbeDenyLogs(); return nil }))
 			if err != nil {
 				t.Errorf("KernelApplier{IPv6}.ProbeDenyLogs on %s = %v, want nil", backend.Mode, err)

@@ -85,8 +85,8 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 		Wired: func() (map[netip.Addr]string, error) {
 			return map[netip.Addr]string{pods["shop"]: "veth-shop", pods["bank"]: "veth-bank"}, nil
 		},
-		DeleteDenied: func(*netpol.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
-		OnSync:       func(st policy.Status, rs *netpol.Ruleset, _ time.Duration) { d.Synced(st, rs) },
+		DeleteDenied: func(netpol.Rulesets, map[netip.Addr]string) (uint, error) { return 0, nil },
+		OnSync:       func(st policy.Status, rs netpol.Rulesets, _ time.Duration) { d.Synced(st, rs) },
 	}
 	check.Must(t, mgr.Add(e))
 	check.Must(t, policy.Watch(mgr, e))
@@ -98,11 +98,11 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 	// logged sends the logger, as the kernel would, attempts denied at each namespace's pod
 	// through its deny log rule, if the rules have one, and counts the lines by namespace.
 	sport := uint16(0)
-	logged := func(rs *netpol.Ruleset, attempts int) map[string]int {
+	logged := func(rs netpol.Rulesets, attempts int) map[string]int {
 		linesMu.Lock()
 		lines = nil
 		linesMu.Unlock()
-		for prefix, r := range rs.DenyLogRules {
+		for prefix, r := range rs.V4.DenyLogRules {
 			for range attempts {
 				sport++
 				d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.244.9.9"), Dst: pods[r.Pod.Namespace], Protocol: "tcp", SrcPort: sport, DstPort: 80})
@@ -143,14 +143,14 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 			cur.Spec.NetworkPolicy.DenyLogs = v1alpha1.DenyLogsSpec{Mode: step.mode, LinesPerSecond: step.lines}
 			check.Must(t, c.Patch(ctx, cur, client.MergeFrom(orig)))
 		}
-		var rs *netpol.Ruleset
+		var rs netpol.Rulesets
 		check.Eventually(t, 10*time.Second, name+": the rules the engine applies", func() error {
 			rs = applied.ruleset()
-			if rs == nil {
+			if len(rs.Families()) == 0 {
 				return fmt.Errorf("no sync yet")
 			}
 			var ns []string
-			for _, r := range rs.DenyLogRules {
+			for _, r := range rs.V4.DenyLogRules {
 				if !slices.Contains(ns, r.Pod.Namespace) {
 					ns = append(ns, r.Pod.Namespace)
 				}
@@ -159,7 +159,7 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 				return fmt.Errorf("deny log rules for the pods of %v, want %v", ns, slices.Sorted(maps.Keys(step.want)))
 			}
 			// A rate edit alone leaves the same pods logged: wait for the rate too.
-			for _, ch := range rs.Chains {
+			for _, ch := range rs.V4.Chains {
 				for _, r := range ch.Rules {
 					if r.Verdict == netpol.Log && (r.Limit == nil || r.Limit.Rate != step.rate) {
 						return fmt.Errorf("deny log rule %s, want the rate %s", r, step.rate)
@@ -177,10 +177,10 @@ func TestDenyLogSettingAppliesLive(t *testing.T) {
 // lastApplied is an Applier that keeps the last Ruleset it was given (no kernel).
 type lastApplied struct {
 	mu sync.Mutex
-	rs *netpol.Ruleset
+	rs netpol.Rulesets
 }
 
-func (a *lastApplied) Apply(rs *netpol.Ruleset, _ bool) (bool, error) {
+func (a *lastApplied) Apply(rs netpol.Rulesets, _ bool) (bool, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.rs = rs
@@ -189,7 +189,7 @@ func (a *lastApplied) Apply(rs *netpol.Ruleset, _ bool) (bool, error) {
 
 func (a *lastApplied) Remove() error { return nil }
 
-func (a *lastApplied) ruleset() *netpol.Ruleset {
+func (a *lastApplied) ruleset() netpol.Rulesets {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.rs

@@ -42,7 +42,7 @@ func denyLogWorld(annotation string, mode string) netpol.State {
 // Off, the chains are exactly what they are without deny logs: no rule in any packet's path.
 func TestDenyLogsOffChangeNothing(t *testing.T) {
 	plain := netpol.Compile(denyLogWorld("", ""))
-	plain.DenyLogRules = nil
+	plain.V4.DenyLogRules = nil
 	for _, tc := range []struct{ name, annotation, mode string }{
 		{"mode Off, namespace annotated true", "true", netpol.DenyLogOff},
 		{"mode Annotated, namespace not annotated", "", netpol.DenyLogAnnotated},
@@ -52,11 +52,11 @@ func TestDenyLogsOffChangeNothing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := netpol.Compile(denyLogWorld(tc.annotation, tc.mode))
-			if !reflect.DeepEqual(rs.Chains, plain.Chains) {
+			if !reflect.DeepEqual(rs.V4.Chains, plain.V4.Chains) {
 				t.Errorf("chains differ from the chains without deny logs:\n%s\nwant\n%s", dump(rs), dump(plain))
 			}
-			if len(rs.DenyLogRules) != 0 {
-				t.Errorf("DenyLogRules = %v, want none", rs.DenyLogRules)
+			if len(rs.V4.DenyLogRules) != 0 {
+				t.Errorf("DenyLogRules = %v, want none", rs.V4.DenyLogRules)
 			}
 		})
 	}
@@ -80,7 +80,7 @@ func TestDenyLogsRendering(t *testing.T) {
 			plain := netpol.Compile(denyLogWorld("", netpol.DenyLogOff))
 			// Each DROP of x's pod chains has an NFLOG twin right before it; nothing else changes.
 			var logs int
-			for i, c := range rs.Chains {
+			for i, c := range rs.V4.Chains {
 				var without []netpol.Rule
 				rules := texts(c.Rules)
 				for j, r := range rules {
@@ -104,15 +104,15 @@ func TestDenyLogsRendering(t *testing.T) {
 						t.Errorf("chain %s rule %d:\n%s\nwant\n%s", c.Name, j, r, want)
 					}
 				}
-				if !reflect.DeepEqual(netpol.Chain{Name: c.Name, Rules: without}, plain.Chains[i]) {
-					t.Errorf("chain %s without its deny logs is not the chain without deny logs:\n%q\n%q", c.Name, texts(without), texts(plain.Chains[i].Rules))
+				if !reflect.DeepEqual(netpol.Chain{Name: c.Name, Rules: without}, plain.V4.Chains[i]) {
+					t.Errorf("chain %s without its deny logs is not the chain without deny logs:\n%q\n%q", c.Name, texts(without), texts(plain.V4.Chains[i].Rules))
 				}
 			}
-			if logs != 2 || len(rs.DenyLogRules) != 2 {
-				t.Fatalf("%d deny log rules, %d resolvable, want 2 (x/a's NetworkPolicy drop, x/b's Admin Deny):\n%s", logs, len(rs.DenyLogRules), dump(rs))
+			if logs != 2 || len(rs.V4.DenyLogRules) != 2 {
+				t.Fatalf("%d deny log rules, %d resolvable, want 2 (x/a's NetworkPolicy drop, x/b's Admin Deny):\n%s", logs, len(rs.V4.DenyLogRules), dump(rs))
 			}
 			got := map[types.NamespacedName]netpol.DenyLogRule{}
-			for _, d := range rs.DenyLogRules {
+			for _, d := range rs.V4.DenyLogRules {
 				got[d.Pod] = d
 				if d.Shares != tc.shares {
 					t.Errorf("%s's deny log rule says %d namespaces split the bound, want %d", d.Pod, d.Shares, tc.shares)
@@ -186,7 +186,7 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 		}
 		return out
 	}
-	all := tables(netpol.Compile(st))
+	all := tables(netpol.Compile(st).V4)
 	if len(all) != 3 || all["x"] == all["y"] || all["y"] == all["z"] || all["x"] == all["z"] {
 		t.Fatalf("tables by namespace %v, want x, y and z each its own", all)
 	}
@@ -194,20 +194,20 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 	st2 := denyLogWorld("", netpol.DenyLogAll)
 	st2.Policies = append(st2.Policies, np("y", "deny", map[string]string{"pod": "a"}, nil, nil, nil),
 		np("z", "deny", map[string]string{"pod": "a"}, nil, nil, nil), np("z", "deny-b", map[string]string{"pod": "b"}, nil, nil, nil))
-	if got := tables(netpol.Compile(st2)); !reflect.DeepEqual(got, all) {
+	if got := tables(netpol.Compile(st2).V4); !reflect.DeepEqual(got, all) {
 		t.Errorf("another pod of z isolated: tables %v, want them unchanged %v", got, all)
 	}
 	// y stops logging: x and z split the bound (new tables at the new rate).
 	st.Namespaces[1].DenyLogs = "false"
 	rs := netpol.Compile(st)
-	for _, c := range rs.Chains {
+	for _, c := range rs.V4.Chains {
 		for _, r := range texts(c.Rules) {
 			if strings.Contains(r, "-j NFLOG") && !strings.Contains(r, "--hashlimit-upto 50/sec --hashlimit-burst 50 ") {
 				t.Errorf("with two namespaces logging: %s, want 50/sec", r)
 			}
 		}
 	}
-	for _, d := range rs.DenyLogRules {
+	for _, d := range rs.V4.DenyLogRules {
 		if d.Shares != 2 || d.Pod.Namespace == "y" {
 			t.Errorf("%+v, want x's and z's rules, split by 2", d)
 		}
@@ -220,17 +220,17 @@ func TestDenyLogsPerNamespaceLimit(t *testing.T) {
 func TestDenyLogsIPv6(t *testing.T) {
 	rs := netpol.Compile(netpoltest.DualStack(denyLogWorld("true", netpol.DenyLogAnnotated)))
 	plain := netpol.Compile(netpoltest.DualStack(denyLogWorld("", netpol.DenyLogOff)))
-	if rs.IPv6 == nil || plain.IPv6 == nil {
+	if rs.V6 == nil || plain.V6 == nil {
 		t.Fatal("no IPv6 ruleset for a dual-stack state")
 	}
-	if len(plain.IPv6.DenyLogRules) != 0 || !reflect.DeepEqual(rs.WithoutDenyLogs().IPv6.Chains, plain.IPv6.Chains) {
-		t.Errorf("the IPv6 chains without deny logs differ from the chains compiled with logging off:\n%s\nwant\n%s", dump(rs.WithoutDenyLogs().IPv6), dump(plain.IPv6))
+	if len(plain.V6.DenyLogRules) != 0 || !reflect.DeepEqual(rs.WithoutDenyLogs().V6.Chains, plain.V6.Chains) {
+		t.Errorf("the IPv6 chains without deny logs differ from the chains compiled with logging off:\n%s\nwant\n%s", dump(netpol.Rulesets{V6: rs.WithoutDenyLogs().V6}), dump(netpol.Rulesets{V6: plain.V6}))
 	}
-	if got := rs.WithoutDenyLogs(); len(got.DenyLogRules) != 0 || len(got.IPv6.DenyLogRules) != 0 || strings.Contains(dump(got.IPv6), "NFLOG") {
-		t.Errorf("withoutDenyLogs left deny logs in a family:\n%s", dump(got.IPv6))
+	if got := rs.WithoutDenyLogs(); len(got.V4.DenyLogRules) != 0 || len(got.V6.DenyLogRules) != 0 || strings.Contains(dump(netpol.Rulesets{V6: got.V6}), "NFLOG") {
+		t.Errorf("withoutDenyLogs left deny logs in a family:\n%s", dump(netpol.Rulesets{V6: got.V6}))
 	}
 	var logs int
-	for _, c := range rs.IPv6.Chains {
+	for _, c := range rs.V6.Chains {
 		rules := texts(c.Rules)
 		for j, r := range rules {
 			if !strings.Contains(r, "-j NFLOG") {
@@ -244,13 +244,13 @@ func TestDenyLogsIPv6(t *testing.T) {
 			if j+1 >= len(rules) || !strings.HasSuffix(rules[j+1], "-j DROP") {
 				t.Errorf("IPv6 chain %s rule %d: the deny log is not followed by its DROP", c.Name, j)
 			}
-			if _, ok := rs.IPv6.DenyLogRules[prefix]; !ok {
-				t.Errorf("IPv6 prefix %q not in the IPv6 ruleset's DenyLogRules %v", prefix, rs.IPv6.DenyLogRules)
+			if _, ok := rs.V6.DenyLogRules[prefix]; !ok {
+				t.Errorf("IPv6 prefix %q not in the IPv6 ruleset's DenyLogRules %v", prefix, rs.V6.DenyLogRules)
 			}
 		}
 	}
-	if logs != 2 || len(rs.IPv6.DenyLogRules) != 2 {
-		t.Fatalf("%d IPv6 deny log rules, %d resolvable, want 2:\n%s", logs, len(rs.IPv6.DenyLogRules), dump(rs.IPv6))
+	if logs != 2 || len(rs.V6.DenyLogRules) != 2 {
+		t.Fatalf("%d IPv6 deny log rules, %d resolvable, want 2:\n%s", logs, len(rs.V6.DenyLogRules), dump(netpol.Rulesets{V6: rs.V6}))
 	}
 }
 
@@ -263,7 +263,7 @@ func TestDenyLoggerResolvesPrefixesPerFamily(t *testing.T) {
 	}
 	var got []string
 	d := &DenyLogger{LinesPerSecond: 100, Log: funcr.New(func(_, args string) { got = append(got, args) }, funcr.Options{})}
-	d.SetRules(&netpol.Ruleset{DenyLogRules: rule("v4pod"), IPv6: &netpol.Ruleset{DenyLogRules: rule("v6pod")}})
+	d.SetRules(netpol.Rulesets{V4: &netpol.Ruleset{DenyLogRules: rule("v4pod")}, V6: &netpol.Ruleset{DenyLogRules: rule("v6pod")}})
 	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
 	d.Handle(denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("fd00::1"), Dst: netip.MustParseAddr("fd00::2"), Protocol: "tcp", SrcPort: 1, DstPort: 80})
 	if len(got) != 2 || !strings.Contains(got[0], `"pod"="shop/v4pod"`) || !strings.Contains(got[1], `"pod"="shop/v6pod"`) || !strings.Contains(got[1], `"src"="fd00::1"`) {
@@ -285,7 +285,7 @@ func TestDenyLoggerSharesPerNamespace(t *testing.T) {
 	if err := d.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	d.SetRules(&netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{"TRELLIS-I-SHOP 1": rule("shop"), "TRELLIS-I-BANK 1": rule("bank")}})
+	d.SetRules(netpol.Rulesets{V4: &netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{"TRELLIS-I-SHOP 1": rule("shop"), "TRELLIS-I-BANK 1": rule("bank")}}})
 	pkt := func(prefix string, sport uint16) denylog.Packet {
 		return denylog.Packet{Prefix: prefix, Src: netip.MustParseAddr("10.0.0.1"), Dst: netip.MustParseAddr("10.0.0.2"), Protocol: "udp", SrcPort: sport, DstPort: 53}
 	}
@@ -339,13 +339,13 @@ func TestDenyLoggerBindsOnceRulesLog(t *testing.T) {
 	go func() { _ = d.Start(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 
-	d.Synced(Status{Enforced: true}, &netpol.Ruleset{}) // deny logs off: no rule logs
+	d.Synced(Status{Enforced: true}, netpol.Rulesets{V4: &netpol.Ruleset{}}) // deny logs off: no rule logs
 	select {
 	case <-opened:
 		t.Fatal("the logger bound its NFLOG group while no rule logs")
 	case <-time.After(200 * time.Millisecond):
 	}
-	d.Synced(Status{Enforced: true}, &netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{"TRELLIS-I-ABC 1": {LinesPerSecond: 100, Shares: 1}}})
+	d.Synced(Status{Enforced: true}, netpol.Rulesets{V4: &netpol.Ruleset{DenyLogRules: map[string]netpol.DenyLogRule{"TRELLIS-I-ABC 1": {LinesPerSecond: 100, Shares: 1}}}})
 	select {
 	case <-opened:
 	case <-time.After(5 * time.Second):

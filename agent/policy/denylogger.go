@@ -113,7 +113,7 @@ func (d *DenyLogger) Register(r prometheus.Registerer) error {
 // Synced is the engine's OnSync: it takes the deny log rules of rs only when the sync put
 // rs in the kernel. A failed sync's Ruleset never reached the kernel, whose NFLOG prefixes
 // are still the last applied ones: its rules would name the wrong pod or policy.
-func (d *DenyLogger) Synced(st Status, rs *netpol.Ruleset) {
+func (d *DenyLogger) Synced(st Status, rs netpol.Rulesets) {
 	if st.Err != nil || !st.Enforced {
 		return
 	}
@@ -122,29 +122,32 @@ func (d *DenyLogger) Synced(st Status, rs *netpol.Ruleset) {
 
 // SetRules takes the deny log rules of the Ruleset the kernel now holds, and with them
 // the bound and how many namespaces split it.
-func (d *DenyLogger) SetRules(rs *netpol.Ruleset) {
-	if rs == nil {
+func (d *DenyLogger) SetRules(rs netpol.Rulesets) {
+	if len(rs.Families()) == 0 {
 		return
 	}
 	d.init()
-	var rules6 map[string]netpol.DenyLogRule
-	if rs.IPv6 != nil {
-		rules6 = rs.IPv6.DenyLogRules
+	var rules, rules6 map[string]netpol.DenyLogRule
+	if rs.V4 != nil {
+		rules = rs.V4.DenyLogRules
+	}
+	if rs.V6 != nil {
+		rules6 = rs.V6.DenyLogRules
 	}
 	shares, perSecond := 1, 0
-	for _, rules := range []map[string]netpol.DenyLogRule{rs.DenyLogRules, rules6} {
+	for _, rules := range []map[string]netpol.DenyLogRule{rules, rules6} {
 		for _, r := range rules {
 			shares, perSecond = max(shares, r.Shares), max(perSecond, r.LinesPerSecond)
 		}
 	}
 	d.mu.Lock()
-	d.rules, d.rules6 = rs.DenyLogRules, rules6
+	d.rules, d.rules6 = rules, rules6
 	if perSecond > 0 { // without rules (deny logs off) the bound stays as it was
 		d.perSecond = perSecond
 	}
 	d.limiter.SetBound(d.perSecond, shares)
 	d.mu.Unlock()
-	if len(rs.DenyLogRules) > 0 || len(rules6) > 0 {
+	if rs.DenyLogging() {
 		d.wantedOnce.Do(func() { close(d.wanted) })
 	}
 }

@@ -39,29 +39,18 @@ func ProbeDenyLogs(ctx context.Context, b netfilter.Backend) error {
 	return nil
 }
 
-// ProbeDenyLogs asks the node's iptables backend (the one the applier writes with)
-// whether it takes deny log rules (the Engine's DenyLogProbe), and its ip6tables variant
-// too where the applier writes IPv6 rules: the IPv6 chains carry them as well.
+// ProbeDenyLogs asks the node's iptables backend (the one the applier writes with), in
+// the variant of each of the applier's families, whether it takes deny log rules (the
+// Engine's DenyLogProbe): each family's chains carry them.
 func (a *KernelApplier) ProbeDenyLogs() error {
-	b := a.Syncer.ActiveBackend()
-	if b.Mode == "" {
-		b = a.Syncer.Backend
-	}
-	if b.Mode == "" {
-		// Before the first apply: the backend the Syncer will detect.
-		var err error
-		if b, err = netfilter.DetectBackend(); err != nil {
-			return fmt.Errorf("detecting the iptables backend: %w", err)
-		}
+	if err := a.decideBackends(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := ProbeDenyLogs(ctx, b); err != nil {
-		return err
-	}
-	if a.IPv6 {
-		if err := ProbeDenyLogs(ctx, b.IPv6()); err != nil {
-			return fmt.Errorf("IPv6: %w", err)
+	for _, f := range a.families() {
+		if err := ProbeDenyLogs(ctx, a.syncer(f).Backend); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
 		}
 	}
 	return nil

@@ -25,8 +25,8 @@ type nflogRefuser struct {
 	refused int
 }
 
-func (a *nflogRefuser) Apply(rs *netpol.Ruleset, verify bool) (bool, error) {
-	for _, c := range rs.Chains {
+func (a *nflogRefuser) Apply(rs netpol.Rulesets, verify bool) (bool, error) {
+	for _, c := range rs.V4.Chains {
 		for _, r := range c.Rules {
 			if r.Verdict == netpol.Log {
 				a.mu.Lock()
@@ -63,7 +63,7 @@ func TestDenyLogsRefusedKeepVerdicts(t *testing.T) {
 				if tc.probe != nil {
 					e.DenyLogProbe = func() error { probes++; return tc.probe() }
 				}
-				e.OnSync = func(st Status, _ *netpol.Ruleset, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
+				e.OnSync = func(st Status, _ netpol.Rulesets, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
 				wiredAs(map[string]string{dbIP.String(): "trldb", webIP.String(): "trlweb"})(e)
 			}, shopNS(),
 				allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}),
@@ -82,7 +82,7 @@ func TestDenyLogsRefusedKeepVerdicts(t *testing.T) {
 				t.Errorf("not ready: %v", err)
 			}
 			rs := a.ruleset()
-			if rs == nil {
+			if len(rs.Families()) == 0 {
 				t.Fatal("nothing applied")
 			}
 			if s := dump(rs); strings.Contains(s, "NFLOG") || strings.Contains(s, "DROP") && strings.Contains(s, "could not be programmed") {
@@ -139,8 +139,8 @@ func TestDenyLoggerTakesOnlyAppliedRules(t *testing.T) {
 					mu.Unlock()
 				}
 			}, funcr.Options{})}
-			d.Synced(Status{Enforced: true}, applied)
-			d.Synced(tc.then, refused)
+			d.Synced(Status{Enforced: true}, netpol.Rulesets{V4: applied})
+			d.Synced(tc.then, netpol.Rulesets{V4: refused})
 			d.Handle(denylog.Packet{Prefix: prefix, Src: otherIP, Dst: dbIP, Protocol: "tcp", SrcPort: 40000, DstPort: 80, SYN: true})
 			mu.Lock()
 			defer mu.Unlock()

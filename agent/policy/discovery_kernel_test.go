@@ -237,7 +237,7 @@ func startAgent(t *testing.T, cfg *rest.Config, s *runtime.Scheme, n *node, back
 			})
 			return wired, err
 		},
-		DeleteDenied: func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
+		DeleteDenied: func(rs netpol.Rulesets, ifaces map[netip.Addr]string) (uint, error) {
 			var removed uint
 			err := n.ns.Do(func(ns.NetNS) error {
 				var err error

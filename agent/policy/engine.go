@@ -24,6 +24,7 @@ import (
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 )
 
@@ -33,7 +34,7 @@ type Applier interface {
 	// verify it reads the kernel and repairs whatever differs (drift, others' rules moved
 	// in front of trellis's jumps); without, it may trust its memory of what it wrote last
 	// and write only the difference. changed reports whether anything was written.
-	Apply(rs *netpol.Ruleset, verify bool) (changed bool, err error)
+	Apply(rs netpol.Rulesets, verify bool) (changed bool, err error)
 	// Remove takes every policy chain, jump and set away (policy disabled).
 	Remove() error
 }
@@ -102,9 +103,9 @@ type Engine struct {
 	Wired func() (map[netip.Addr]string, error)
 	// DeleteDenied removes the connections a Ruleset denies (DeleteDeniedConnections). It
 	// runs beside the sync loop, never on the path a pod's ADD waits for.
-	DeleteDenied func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error)
+	DeleteDenied func(rs netpol.Rulesets, ifaces map[netip.Addr]string) (uint, error)
 	// OnSync, when set, is told each sync's outcome (status reporting, metrics).
-	OnSync func(Status, *netpol.Ruleset, time.Duration)
+	OnSync func(Status, netpol.Rulesets, time.Duration)
 	// DenyLog says whose denied packets are logged (off when zero), until DenyLogSetting
 	// says otherwise.
 	DenyLog netpol.DenyLog
@@ -119,10 +120,11 @@ type Engine struct {
 	// Recorder, when set, gets a warning event on a NetworkPolicy whose rule can't be
 	// enforced as written (once per distinct problem).
 	Recorder events.EventRecorder
-	// IPv6: the cluster has an IPv6 pod range, so pods may have IPv6 addresses: the
-	// engine enforces policy for IPv6 too (State.IPv6). Without it a pod with an IPv6
-	// address is refused (nothing would enforce its IPv6 traffic).
-	IPv6 bool
+	// Families are the families of the cluster's pod ranges, of which pods have addresses:
+	// the engine compiles and applies rules for these (State.Families) and no other. A
+	// pod with an address of another family is refused (nothing would enforce that
+	// traffic). Empty is IPv4 alone.
+	Families []ipfamily.Family
 
 	mu        sync.Mutex
 	cond      *sync.Cond
@@ -320,8 +322,8 @@ func (e *Engine) EnsurePod(ctx context.Context, req cnicontract.PolicyRequest) e
 	if err != nil || ip.Zone() != "" || ip.Is4In6() {
 		return fmt.Errorf("ip %q is not an IPv4 or IPv6 address", req.IP)
 	}
-	if ip.Is6() && !e.IPv6 {
-		return fmt.Errorf("ip %s is IPv6, and this node enforces NetworkPolicy for IPv4 only (the cluster has no IPv6 pod range)", ip)
+	if f := ipfamily.Of(ip); !e.enforces(f) {
+		return fmt.Errorf("ip %s is %s, and %s: refusing the pod rather than leaving its traffic unenforced", ip, f, e.familiesWhy())
 	}
 	key := types.NamespacedName{Namespace: req.Namespace, Name: req.Pod}
 	a := netpol.Announcement{Pod: key, UID: types.UID(req.PodUID), IP: ip, Iface: req.HostInterface, At: time.Now()}
@@ -368,15 +370,38 @@ func (e *Engine) EnsurePod(ctx context.Context, req cnicontract.PolicyRequest) e
 		// Never answer OK for a pod the kernel holds no rules for.
 		return fmt.Errorf("pod %s with %s on %s is not an endpoint of this node's rules (the agent's cache says otherwise); the runtime will retry", key, ip, req.HostInterface)
 	}
-	if w := e.veths[key]; w.IPv6.IsValid() && got.IPv6 != w.IPv6 {
-		// Its veth carries an IPv6 address no rule knows: that traffic would bypass policy.
-		why := "the runtime will retry"
-		if !e.IPv6 {
-			why = "this node enforces NetworkPolicy for IPv4 only (the cluster has no IPv6 pod range)"
+	for _, f := range ipfamily.All {
+		w := e.veths[key]
+		if a := w.Addr(f); a.IsValid() && got.Addr(f) != a {
+			// Its veth carries an address no rule knows: that traffic would bypass policy.
+			why := "the runtime will retry"
+			if !e.enforces(f) {
+				why = e.familiesWhy()
+			}
+			return fmt.Errorf("pod %s has the %s address %s on %s, which is not in this node's rules: %s", key, f, a, req.HostInterface, why)
 		}
-		return fmt.Errorf("pod %s has the IPv6 address %s on %s, which is not in this node's rules: %s", key, w.IPv6, req.HostInterface, why)
 	}
 	return nil
+}
+
+// families are the families the engine enforces (Families; IPv4 alone when empty).
+func (e *Engine) families() []ipfamily.Family {
+	if len(e.Families) == 0 {
+		return []ipfamily.Family{ipfamily.IPv4}
+	}
+	return e.Families
+}
+
+// enforces tells whether the engine has rules of family f.
+func (e *Engine) enforces(f ipfamily.Family) bool { return slices.Contains(e.families(), f) }
+
+// familiesWhy says which families the node enforces NetworkPolicy for, and why only those.
+func (e *Engine) familiesWhy() string {
+	fs := e.families()
+	if len(fs) == len(ipfamily.All) {
+		return "this node enforces NetworkPolicy for both families"
+	}
+	return fmt.Sprintf("this node enforces NetworkPolicy for %s only (the cluster has no %s pod range)", fs[0], fs[0].Other())
 }
 
 func (e *Engine) waitForPod(ctx context.Context, key types.NamespacedName, uid types.UID) error {
@@ -403,7 +428,7 @@ func (e *Engine) sync(ctx context.Context) error {
 	start := time.Now()
 	st, ifaces, changes, nsChanged, err := e.state(ctx)
 	if err != nil {
-		e.report(Status{Err: err}, nil, time.Since(start))
+		e.report(Status{Err: err}, netpol.Rulesets{}, time.Since(start))
 		return err
 	}
 	e.memo.Update(changes, nsChanged, st.NamespaceMap())
@@ -413,19 +438,18 @@ func (e *Engine) sync(ctx context.Context) error {
 	if err != nil {
 		e.reportProblems(st, rs)
 		err = fmt.Errorf("applying network policy rules: %w", err)
-		e.report(Status{Err: err, Problems: rs.Problems, DenyLogsOff: e.denyLogsOff}, rs, time.Since(start))
+		e.report(Status{Err: err, Problems: rs.Problems(), DenyLogsOff: e.denyLogsOff}, rs, time.Since(start))
 		return err
 	}
 	e.verify = false
 	e.reportProblems(st, applied) // with the pods cut off for rules the kernel refused
-	programmed := make(map[types.NamespacedName]netpol.Endpoint, len(applied.Endpoints))
-	for _, ep := range applied.Endpoints {
-		programmed[ep.Pod] = netpol.Endpoint{Pod: ep.Pod, IP: ep.IP, Interface: ep.Interface}
-	}
-	if applied.IPv6 != nil {
-		for _, ep := range applied.IPv6.Endpoints {
+	// Each family's rules know a pod by its address of that family alone.
+	programmed := map[types.NamespacedName]netpol.Endpoint{}
+	for f, r := range applied.All() {
+		for _, ep := range r.Endpoints {
 			p := programmed[ep.Pod]
-			p.Pod, p.IPv6, p.Interface = ep.Pod, ep.IPv6, ep.Interface
+			p.Pod, p.Interface = ep.Pod, ep.Interface
+			p.SetAddr(f, ep.Addr(f))
 			programmed[ep.Pod] = p
 		}
 	}
@@ -441,14 +465,14 @@ func (e *Engine) sync(ctx context.Context) error {
 		// the loop, so that a pod's ADD doesn't wait for a walk over the conntrack table.
 		e.cleaner.submit(applied, ifaces)
 	}
-	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems, ClusterPolicies: netpol.ClusterPolicyStates(st, applied), DenyLogsOff: e.denyLogsOff}
+	status := Status{Enforced: true, Synced: time.Now(), Problems: applied.Problems(), ClusterPolicies: netpol.ClusterPolicyStates(st, applied), DenyLogsOff: e.denyLogsOff}
 	status.IgnoredPodAddrs = e.ignoredAddrs
 	type podDirection struct {
 		pod types.NamespacedName
 		dir netpol.Direction
 	}
 	isolated := map[podDirection]bool{} // a pod isolated in both families counts once
-	for r := applied; r != nil; r = r.IPv6 {
+	for _, r := range applied.All() {
 		for _, pc := range r.PodChains {
 			if key := (podDirection{pc.Pod, pc.Direction}); !isolated[key] {
 				isolated[key] = true
@@ -475,12 +499,12 @@ func (e *Engine) sync(ctx context.Context) error {
 // every isolated pod is first cut off (its chains drop everything), which must apply, then
 // each pod's real rules are added back one at a time; those that fail stay cut off and
 // their policies get a problem. Only a failure of the node's own rules is an error.
-func (e *Engine) apply(rs *netpol.Ruleset) (*netpol.Ruleset, map[types.NamespacedName]error, bool, error) {
+func (e *Engine) apply(rs netpol.Rulesets) (netpol.Rulesets, map[types.NamespacedName]error, bool, error) {
 	changed, err := e.Applier.Apply(rs, e.verify)
 	if err == nil {
 		return rs, nil, changed, nil
 	}
-	if len(rs.DenyLogRules) > 0 {
+	if rs.DenyLogging() {
 		// Perhaps the deny log rules are what the kernel refuses: a log must not cut a pod
 		// off, so the same rules without them come first.
 		plain := rs.WithoutDenyLogs()
@@ -494,11 +518,11 @@ func (e *Engine) apply(rs *netpol.Ruleset) (*netpol.Ruleset, map[types.Namespace
 	}
 	pods := rs.IsolatedPods()
 	if len(pods) == 0 {
-		return nil, nil, changed, err
+		return netpol.Rulesets{}, nil, changed, err
 	}
 	e.Log.Error(err, "applying the node's policy rules failed; finding the pods whose rules the kernel refuses")
 	if _, lerr := e.Applier.Apply(rs.CutOff(pods), true); lerr != nil {
-		return nil, nil, true, errors.Join(err, lerr)
+		return netpol.Rulesets{}, nil, true, errors.Join(err, lerr)
 	}
 	good := map[types.NamespacedName]bool{}
 	cutOff := map[types.NamespacedName]error{}
@@ -521,18 +545,19 @@ func (e *Engine) apply(rs *netpol.Ruleset) (*netpol.Ruleset, map[types.Namespace
 	}
 	final := rs.CutOff(bad)
 	if _, ferr := e.Applier.Apply(final, true); ferr != nil {
-		return nil, nil, true, errors.Join(err, ferr)
+		return netpol.Rulesets{}, nil, true, errors.Join(err, ferr)
 	}
-	for p, perr := range cutOff {
-		for r := rs; r != nil; r = r.IPv6 { // a pod isolated in IPv6 only has chains there only
+	for f, r := range rs.All() { // a pod isolated in one family only has chains there only
+		out := final.Get(f)
+		for p, perr := range cutOff {
 			for _, pc := range r.PodChains {
 				if pc.Pod != p {
 					continue
 				}
 				msg := fmt.Sprintf("the rules it gives pod %s could not be programmed, so the pod's %s traffic is dropped: %v", p, pc.Direction, perr)
 				for _, pr := range podChainProblems(pc, msg) {
-					if !slices.Contains(final.Problems, pr) {
-						final.Problems = append(final.Problems, pr)
+					if !slices.Contains(out.Problems, pr) {
+						out.Problems = append(slices.Clip(out.Problems), pr)
 					}
 				}
 			}
@@ -605,9 +630,9 @@ func (e *Engine) turnDenyLogsOff(err error) {
 
 // reportProblems raises an event for each problem not reported before, and forgets
 // problems that are gone (a fixed policy that breaks again is reported again).
-func (e *Engine) reportProblems(st netpol.State, rs *netpol.Ruleset) {
+func (e *Engine) reportProblems(st netpol.State, rs netpol.Rulesets) {
 	seen := map[netpol.Problem]bool{}
-	for _, p := range rs.Problems {
+	for _, p := range rs.Problems() {
 		seen[p] = true
 		if e.reported[p] {
 			continue
@@ -630,7 +655,7 @@ func (e *Engine) reportProblems(st netpol.State, rs *netpol.Ruleset) {
 	e.reported = seen
 }
 
-func (e *Engine) report(st Status, rs *netpol.Ruleset, took time.Duration) {
+func (e *Engine) report(st Status, rs netpol.Rulesets, took time.Duration) {
 	if e.OnSync != nil {
 		e.OnSync(st, rs, took)
 	}
@@ -688,7 +713,7 @@ func (e *Engine) state(ctx context.Context) (netpol.State, map[netip.Addr]string
 	st.Pods, ignored, e.ignoredAddrs = e.view.Pods(pods, st.NodeNets, e.NodeNetworks != nil)
 	e.reportIgnored(ctx, ignored)
 	st.DenyLog = e.denyLog(ctx)
-	st.IPv6 = e.IPv6
+	st.Families = e.families()
 
 	e.mu.Lock()
 	now := time.Now()

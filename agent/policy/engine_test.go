@@ -25,6 +25,7 @@ import (
 
 	"github.com/trellis-net/trellis/cni/policyhook"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/scheme"
 	"github.com/trellis-net/trellis/internal/test/check"
@@ -33,11 +34,11 @@ import (
 // recorder is an Applier that keeps what it was given.
 type recorder struct {
 	mu   sync.Mutex
-	last *netpol.Ruleset
+	last netpol.Rulesets
 	n    int
 }
 
-func (r *recorder) Apply(rs *netpol.Ruleset, _ bool) (bool, error) {
+func (r *recorder) Apply(rs netpol.Rulesets, _ bool) (bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.last, r.n = rs, r.n+1
@@ -46,7 +47,7 @@ func (r *recorder) Apply(rs *netpol.Ruleset, _ bool) (bool, error) {
 
 func (r *recorder) Remove() error { return nil }
 
-func (r *recorder) ruleset() *netpol.Ruleset {
+func (r *recorder) ruleset() netpol.Rulesets {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.last
@@ -63,7 +64,7 @@ func newEngine(t *testing.T, configure func(*Engine), objs ...client.Object) (*E
 	e := &Engine{
 		Reader: c, NodeName: "node1", Applier: rec, Log: testr.New(t), SetupTimeout: 2 * time.Second,
 		Wired:        func() (map[netip.Addr]string, error) { return map[netip.Addr]string{}, nil },
-		DeleteDenied: func(*netpol.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
+		DeleteDenied: func(netpol.Rulesets, map[netip.Addr]string) (uint, error) { return 0, nil },
 	}
 	if configure != nil {
 		configure(e)
@@ -133,7 +134,7 @@ func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
 		t.Errorf("the hook answered after %v, before the pod was in the cache", time.Since(start))
 	}
 	rs := rec.ruleset()
-	if rs == nil {
+	if len(rs.Families()) == 0 {
 		t.Fatal("nothing applied")
 	}
 	allowed, err := rs.Allowed(netpol.Packet{Src: netip.MustParseAddr("10.244.1.7"), Dst: netip.MustParseAddr("10.244.1.9"), Protocol: "tcp", DstPort: 5432, InInterface: "trlweb0", OutInterface: "trldb"})
@@ -141,7 +142,7 @@ func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
 		t.Errorf("web-0 -> db allowed=%v (%v) in the ruleset applied when the hook answered, want its default-deny egress in force\n%s", allowed, err, dump(rs))
 	}
 	inSet := false
-	for _, s := range rs.Sets {
+	for _, s := range rs.V4.Sets {
 		if strings.Contains(s.Comment, "{app=web}") && len(s.Members) == 1 && s.Members[0] == "10.244.1.7" {
 			inSet = true
 		}
@@ -200,7 +201,7 @@ func TestUnenforceableRuleIsReported(t *testing.T) {
 		}
 	}, bad, pod("shop", "db", "u-db", "node1", "10.244.1.9", map[string]string{"app": "db"}))
 	check.Eventually(t, 5*time.Second, "a ruleset applied", func() error {
-		if appl.ruleset() == nil {
+		if len(appl.ruleset().Families()) == 0 {
 			return errors.New("none yet")
 		}
 		return nil
@@ -237,7 +238,7 @@ func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
 	web4, web6 := netip.MustParseAddr("10.244.1.7"), netip.MustParseAddr("fd00:10:244:1::7")
 	only6 := netip.MustParseAddr("fd00:10:244:1::8")
 	wired := func(e *Engine) {
-		e.IPv6 = true
+		e.Families = ipfamily.All
 		e.Wired = func() (map[netip.Addr]string, error) { // the plugin routes every address before it asks
 			return map[netip.Addr]string{db4: "trldb", db6: "trldb", web4: "trlweb0", web6: "trlweb0", only6: "trlweb1"}, nil
 		}
@@ -259,7 +260,7 @@ func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
 		}
 	}
 	rs := rec.ruleset()
-	if rs == nil || rs.IPv6 == nil {
+	if len(rs.Families()) == 0 || rs.V6 == nil {
 		t.Fatalf("no IPv6 rules applied: %+v", rs)
 	}
 	for _, c := range []struct {
@@ -276,38 +277,50 @@ func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
 	} {
 		allowed, err := rs.Allowed(netpol.Packet{Src: c.src, Dst: c.dst, Protocol: "tcp", DstPort: 5432, InInterface: c.in, OutInterface: c.out})
 		if err != nil || allowed != c.allowed {
-			t.Errorf("%s -> %s allowed=%v (%v) when the hook answered, want %s\n%s", c.src, c.dst, allowed, err, c.whatWant, dump(rs.IPv6))
+			t.Errorf("%s -> %s allowed=%v (%v) when the hook answered, want %s\n%s", c.src, c.dst, allowed, err, c.whatWant, dump(netpol.Rulesets{V6: rs.V6}))
 		}
 	}
 	var members []string
-	for _, s := range rs.IPv6.Sets {
+	for _, s := range rs.V6.Sets {
 		if strings.Contains(s.Comment, "{app=web}") {
 			members = s.Members
 		}
 	}
 	if !slices.Equal(members, []string{web6.String(), only6.String()}) {
-		t.Errorf("the IPv6 app=web selector set holds %v, want web-0's and web-1's IPv6 addresses\n%s", members, dump(rs.IPv6))
+		t.Errorf("the IPv6 app=web selector set holds %v, want web-0's and web-1's IPv6 addresses\n%s", members, dump(netpol.Rulesets{V6: rs.V6}))
 	}
 }
 
-// Where the cluster has no IPv6 pod range, nothing enforces policy for IPv6: a pod with an
-// IPv6 address (announced, or routed through its veth) is refused, not started with IPv6
-// traffic that bypasses its policies.
-func TestEnsurePodRefusesUnenforcedIPv6(t *testing.T) {
-	wired := func(e *Engine) {
-		e.Wired = func() (map[netip.Addr]string, error) {
-			return map[netip.Addr]string{netip.MustParseAddr("10.244.1.7"): "trlweb0", netip.MustParseAddr("fd00::7"): "trlweb0"}, nil
-		}
-	}
-	web := pod("shop", "web-0", "u-web", "node1", "", map[string]string{"app": "web"})
-	e, _, _ := newEngine(t, wired, web)
-	for _, ip := range []string{"10.244.1.7", "fd00::7"} {
-		err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
-			Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web-0", PodUID: "u-web", IP: ip, HostInterface: "trlweb0",
+// Where the cluster has no pod range of a family, nothing enforces policy for it: a pod
+// with an address of that family (announced, or routed through its veth) is refused, not
+// started with traffic that bypasses its policies. An IPv6-only node has no IPv4 rules.
+func TestEnsurePodRefusesUnenforcedFamily(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		families []ipfamily.Family
+		want     string
+	}{
+		{"IPv4-only node, a pod with an IPv6 address", []ipfamily.Family{ipfamily.IPv4}, "IPv4 only"},
+		{"IPv6-only node, a pod with an IPv4 address", []ipfamily.Family{ipfamily.IPv6}, "IPv6 only"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wired := func(e *Engine) {
+				e.Families = tc.families
+				e.Wired = func() (map[netip.Addr]string, error) {
+					return map[netip.Addr]string{netip.MustParseAddr("10.244.1.7"): "trlweb0", netip.MustParseAddr("fd00::7"): "trlweb0"}, nil
+				}
+			}
+			web := pod("shop", "web-0", "u-web", "node1", "", map[string]string{"app": "web"})
+			e, _, _ := newEngine(t, wired, web)
+			for _, ip := range []string{"10.244.1.7", "fd00::7"} {
+				err := e.EnsurePod(context.Background(), cnicontract.PolicyRequest{
+					Op: cnicontract.PolicyOpAdd, Namespace: "shop", Pod: "web-0", PodUID: "u-web", IP: ip, HostInterface: "trlweb0",
+				})
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("EnsurePod (request ip %s): %v, want a refusal saying the node enforces %s", ip, err, tc.want)
+				}
+			}
 		})
-		if err == nil || !strings.Contains(err.Error(), "IPv4 only") {
-			t.Errorf("EnsurePod of a pod with an IPv6 address (request ip %s) on an IPv4-only node: %v", ip, err)
-		}
 	}
 }
 
@@ -326,7 +339,7 @@ func TestEngineClusterPolicies(t *testing.T) {
 	var last Status
 	e, rec, c := newEngine(t, func(e *Engine) {
 		e.Cluster = src
-		e.OnSync = func(st Status, _ *netpol.Ruleset, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
+		e.OnSync = func(st Status, _ netpol.Rulesets, _ time.Duration) { mu.Lock(); last = st; mu.Unlock() }
 	}, ns)
 	if err := c.Create(context.Background(), pod("shop", "web", "u-web", "node1", "", map[string]string{"app": "web"})); err != nil {
 		t.Fatal(err)

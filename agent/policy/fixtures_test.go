@@ -88,15 +88,19 @@ func pods(m map[string]string) *metav1.LabelSelector { return &metav1.LabelSelec
 func port(p int) *intstr.IntOrString                 { v := intstr.FromInt32(int32(p)); return &v }
 func named(n string) *intstr.IntOrString             { v := intstr.FromString(n); return &v }
 
-func dump(rs *netpol.Ruleset) string {
+// dump lists each family's chains and sets.
+func dump(rs netpol.Rulesets) string {
 	var b strings.Builder
-	for _, c := range rs.Chains {
-		for _, r := range c.Rules {
-			fmt.Fprintf(&b, "  %s: %s\n", c.Name, r)
+	for f, r := range rs.All() {
+		fmt.Fprintf(&b, " %s:\n", f)
+		for _, c := range r.Chains {
+			for _, r := range c.Rules {
+				fmt.Fprintf(&b, "  %s: %s\n", c.Name, r)
+			}
 		}
-	}
-	for _, s := range rs.Sets {
-		fmt.Fprintf(&b, "  set %s %s %v (%s)\n", s.Name, s.Type, s.Members, s.Comment)
+		for _, s := range r.Sets {
+			fmt.Fprintf(&b, "  set %s %s %v (%s)\n", s.Name, s.Type, s.Members, s.Comment)
+		}
 	}
 	return b.String()
 }

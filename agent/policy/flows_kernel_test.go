@@ -20,6 +20,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/craft"
@@ -199,7 +200,7 @@ func denyAll() *networkingv1.NetworkPolicy {
 func TestKernelDenyStopsEveryProtocol(t *testing.T) {
 	backend := netfilter.NFT
 	n := newDualNode(t, backend, "web", "db")
-	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+	a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
 	n.apply(a, n.state())
 	web, db := n.pods["web"], n.pods["db"]
 	flows := []*rawFlow{
@@ -267,7 +268,7 @@ func TestKernelFailedConntrackCleanupIsRetried(t *testing.T) {
 	)
 	// The kernel's refusal is injected in front of the real clean-up: twice, then the
 	// real one runs.
-	del := func(rs *netpol.Ruleset, ifaces map[netip.Addr]string) (uint, error) {
+	del := func(rs netpol.Rulesets, ifaces map[netip.Addr]string) (uint, error) {
 		mu.Lock()
 		calls = append(calls, time.Now())
 		attempt := len(calls)

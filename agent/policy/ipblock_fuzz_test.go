@@ -221,14 +221,14 @@ func (e *ipBlockEnv) check(t *testing.T, cidr, except string, gen []byte) bool {
 		st.Pods = append(st.Pods, &netpol.Pod{Namespace: "peers", Name: fmt.Sprintf("p%d", i), IP: a, NodeName: "node2"})
 	}
 	rs := netpol.Compile(st)
-	if len(rs.Problems) > 0 {
-		t.Errorf("%s: problems %v", describe(got), rs.Problems)
+	if len(rs.Problems()) > 0 {
+		t.Errorf("%s: problems %v", describe(got), rs.Problems())
 	}
 	if err := e.node.Do(func(ns.NetNS) error { _, err := e.applier.Apply(rs, true); return err }); err != nil {
 		t.Fatalf("%s: the node's apply failed: %v\n%s", describe(got), err, setsOf(rs))
 	}
 	var set string
-	for _, s := range rs.Sets {
+	for _, s := range rs.V4.Sets {
 		if s.Type == netpol.SetNet {
 			if set != "" {
 				t.Fatalf("%s: two hash:net sets for one ipBlock\n%s", describe(got), setsOf(rs))
@@ -357,10 +357,12 @@ func describe(np *networkingv1.NetworkPolicy) string {
 	return string(b)
 }
 
-func setsOf(rs *netpol.Ruleset) string {
+func setsOf(rs netpol.Rulesets) string {
 	var b strings.Builder
-	for _, s := range rs.Sets {
-		fmt.Fprintf(&b, "  set %s %s %v\n", s.Name, s.Type, s.Members)
+	for _, r := range rs.All() {
+		for _, s := range r.Sets {
+			fmt.Fprintf(&b, "  set %s %s %v\n", s.Name, s.Type, s.Members)
+		}
 	}
 	return b.String()
 }

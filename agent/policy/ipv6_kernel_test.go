@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 )
@@ -31,7 +32,7 @@ func TestKernelEnforcementIPv6(t *testing.T) {
 	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
 		t.Run(backend.Mode, func(t *testing.T) {
 			n := newDualNode(t, backend, "web", "db", "cache", "batch")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
 			// db admits frontends on its named port, and batch's IPv6 address by an ipBlock;
 			// cache's IPv4 address by an ipBlock, which says nothing of its IPv6 traffic.
 			dbPolicy := policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{
@@ -69,7 +70,7 @@ func TestKernelEnforcementIPv6(t *testing.T) {
 			if n.apply(a, n.state(dbPolicy)) {
 				t.Error("a second apply of the same state wrote")
 			}
-			restarted := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			restarted := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
 			if n.apply(restarted, n.state(dbPolicy)) {
 				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, n.save(backend.IPv6()))
 			}
@@ -114,7 +115,7 @@ func TestEstablishedConnectionDeniedIPv6(t *testing.T) {
 	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
 		t.Run(backend.Mode, func(t *testing.T) {
 			n := newDualNode(t, backend, "web", "db", "cache")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
 			n.apply(a, n.state())
 			open := func(from, to string) (net.Conn, *bufio.Reader) {
 				conn, err := n.dialIn(t, from, netip.AddrPortFrom(n.pods[to].ip6, 7000))
@@ -154,7 +155,7 @@ func TestNeighbourDiscoveryUnderClusterEgressDeny(t *testing.T) {
 	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
 		t.Run(backend.Mode, func(t *testing.T) {
 			n := newDualNode(t, backend, "web", "db")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: true}
+			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
 			st := n.state()
 			st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "cut-off"}, Spec: cnp.ClusterNetworkPolicySpec{
 				Tier: cnp.AdminTier, Priority: 10, Subject: shopPods("web"),
@@ -171,6 +172,62 @@ func TestNeighbourDiscoveryUnderClusterEgressDeny(t *testing.T) {
 				if err := dial("web", "db", 7000); err == nil {
 					t.Error("web reached db through its Admin Deny")
 				}
+			}
+		})
+	}
+}
+
+// An IPv6-only node compiles and applies IPv6 rules alone: the first apply removes the
+// IPv4 policy chains an older agent left (it compiled IPv4 on every node), IPv4's filter
+// table holds no policy chain or jump afterwards, IPv6 is enforced, a second apply writes
+// nothing (the clean-up is not redone), and the jump check looks at ip6tables alone (no
+// IPv4 jump to miss, so no endless repair).
+func TestKernelIPv6OnlyNodeHasNoIPv4Rules(t *testing.T) {
+	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
+		t.Run(backend.Mode, func(t *testing.T) {
+			n := newDualNode(t, backend, "web", "db")
+			dbPolicy := policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntstr("echo")}},
+			}})
+			older := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
+			n.apply(older, n.state(dbPolicy))
+			if !strings.Contains(n.save(backend), "TRELLIS-") {
+				t.Fatal("the older agent's apply left no IPv4 chain to clean up")
+			}
+
+			only6 := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: []ipfamily.Family{ipfamily.IPv6}}
+			st := n.state(dbPolicy)
+			st.Families = []ipfamily.Family{ipfamily.IPv6}
+			if rs := netpol.Compile(st); rs.V4 != nil || rs.V6 == nil {
+				t.Fatalf("an IPv6-only state compiled IPv4 rules %v, IPv6 rules %v; want IPv6 alone", rs.V4 != nil, rs.V6 != nil)
+			}
+			if !n.apply(only6, st) {
+				t.Error("the IPv6-only agent's first apply wrote nothing, though the older agent's IPv4 chains were there")
+			}
+			if left := n.save(backend); strings.Contains(left, "TRELLIS-") {
+				t.Errorf("IPv4 policy chains or jumps on an IPv6-only node:\n%s", left)
+			}
+			if !strings.Contains(n.save(backend.IPv6()), "TRELLIS-") {
+				t.Error("no IPv6 policy chains on an IPv6-only node")
+			}
+			if err := n.dial6("web", "db", 7001); err == nil {
+				t.Errorf("web -> db:7001 over IPv6 allowed; the policy admits the named port only\n%s", n.save(backend.IPv6()))
+			}
+			if err := n.dial6("web", "db", 7000); err != nil {
+				t.Errorf("web -> db:7000 over IPv6: %v", err)
+			}
+			if n.apply(only6, st) {
+				t.Error("a second apply of the same IPv6-only state wrote")
+			}
+			var first bool
+			check.Must(t, n.ns.Do(func(ns.NetNS) error {
+				var err error
+				first, err = only6.JumpsFirst()
+				return err
+			}))
+			if !first {
+				t.Error("JumpsFirst = false on an IPv6-only node whose IPv6 jumps lead (it looked for IPv4 jumps, which are rightly gone)")
 			}
 		})
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/cni/veth"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
@@ -131,7 +132,10 @@ func waitIPv6Up(t *testing.T, netns ns.NetNS, what string) {
 
 // state is the Compile input for the node's pods with policies.
 func (n *node) state(policies ...*networkingv1.NetworkPolicy) netpol.State {
-	st := netpol.State{Namespaces: []*netpol.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies, IPv6: n.v6}
+	st := netpol.State{Namespaces: []*netpol.Namespace{{Name: "shop", Labels: map[string]string{"kubernetes.io/metadata.name": "shop"}}}, Policies: policies}
+	if n.v6 {
+		st.Families = ipfamily.All
+	}
 	var wired map[netip.Addr]string
 	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
 		var err error
@@ -325,7 +329,7 @@ func TestEstablishedConnectionDenied(t *testing.T) {
 
 // deleteDenied runs the conntrack clean-up of rs on the node and returns how many entries
 // it removed.
-func (n *node) deleteDenied(st netpol.State, rs *netpol.Ruleset) uint {
+func (n *node) deleteDenied(st netpol.State, rs netpol.Rulesets) uint {
 	n.t.Helper()
 	ifaces := map[netip.Addr]string{}
 	for _, e := range st.Endpoints {

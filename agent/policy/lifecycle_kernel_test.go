@@ -16,6 +16,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
@@ -90,7 +91,7 @@ func (n *node) addr(pod string) netip.Addr {
 func TestIdleConnectionAfterConntrackExpiry(t *testing.T) {
 	families(t, func(t *testing.T, backend netfilter.Backend, v6 bool) {
 		n := buildNode(t, backend, v6, []string{"web", "db"})
-		a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: v6}
+		a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: familiesOf(v6)}
 		n.apply(a, n.state())
 		conn, err := n.dialIn(t, "web", netip.AddrPortFrom(n.addr("db"), 7000))
 		check.Must(t, err)
@@ -183,7 +184,7 @@ func TestPodReachesItsOwnNodeUnderEgressIsolation(t *testing.T) {
 	families(t, func(t *testing.T, backend netfilter.Backend, v6 bool) {
 		n := buildNode(t, backend, v6, []string{"web"})
 		nodeIP, otherIP := n.underlay(t)
-		a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: v6}
+		a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: familiesOf(v6)}
 		denyOut := policyFor("deny-out", map[string]string{"app": "web"}, nil)
 		denyOut.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 		n.apply(a, n.state(denyOut))
@@ -219,7 +220,7 @@ func TestUnknownPodInterfaceIsDropped(t *testing.T) {
 		}
 		n := buildNode(t, backend, v6, names)
 		nodeIP, _ := n.underlay(t)
-		a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, IPv6: v6}
+		a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: familiesOf(v6)}
 		st := n.state()
 		st.Endpoints = slices.DeleteFunc(st.Endpoints, func(e netpol.Endpoint) bool { return e.Pod.Name == "ghost" })
 		for i := range st.Endpoints {
@@ -249,4 +250,12 @@ func TestUnknownPodInterfaceIsDropped(t *testing.T) {
 			}
 		}
 	})
+}
+
+// familiesOf is IPv4 alone, or both families with v6.
+func familiesOf(v6 bool) []ipfamily.Family {
+	if v6 {
+		return ipfamily.All
+	}
+	return []ipfamily.Family{ipfamily.IPv4}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/netpol/netpoltest"
 
@@ -59,12 +60,12 @@ func wiredAs(m map[string]string) func(*Engine) {
 	}
 }
 
-func waitRuleset(t *testing.T, rec *recorder, cond func(*netpol.Ruleset) bool) *netpol.Ruleset {
+func waitRuleset(t *testing.T, rec *recorder, cond func(netpol.Rulesets) bool) netpol.Rulesets {
 	t.Helper()
-	var rs *netpol.Ruleset
+	var rs netpol.Rulesets
 	check.Eventually(t, 5*time.Second, "an applied ruleset meeting the condition", func() error {
 		switch rs = rec.ruleset(); {
-		case rs == nil:
+		case len(rs.Families()) == 0:
 			return errors.New("none applied yet")
 		case !cond(rs):
 			return fmt.Errorf("the last does not:\n%s", dump(rs))
@@ -74,8 +75,8 @@ func waitRuleset(t *testing.T, rec *recorder, cond func(*netpol.Ruleset) bool) *
 	return rs
 }
 
-func hasEndpoint(rs *netpol.Ruleset, pod, ip string) bool {
-	for _, ep := range rs.Endpoints {
+func hasEndpoint(rs netpol.Rulesets, pod, ip string) bool {
+	for _, ep := range rs.V4.Endpoints {
 		if ep.Pod.String() == pod && ep.IP.String() == ip {
 			return true
 		}
@@ -83,7 +84,7 @@ func hasEndpoint(rs *netpol.Ruleset, pod, ip string) bool {
 	return false
 }
 
-func allowed(t *testing.T, rs *netpol.Ruleset, p netpol.Packet) bool {
+func allowed(t *testing.T, rs netpol.Rulesets, p netpol.Packet) bool {
 	t.Helper()
 	ok, err := rs.Allowed(p)
 	if err != nil {
@@ -106,7 +107,7 @@ func TestTerminatingPodsKeepTheirRules(t *testing.T) {
 	done.Status.Phase = corev1.PodSucceeded
 	_, rec, _ := newEngine(t, wiredAs(map[string]string{dbIP.String(): "trldb", webIP.String(): "trlweb"}),
 		shopNS(), allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}), db, web, done)
-	rs := waitRuleset(t, rec, func(rs *netpol.Ruleset) bool { return len(rs.PodChains) > 0 })
+	rs := waitRuleset(t, rec, func(rs netpol.Rulesets) bool { return len(rs.PodChains()) > 0 })
 	if !hasEndpoint(rs, "shop/db", dbIP.String()) {
 		t.Errorf("the deleting pod db lost its endpoint\n%s", dump(rs))
 	}
@@ -129,7 +130,7 @@ func TestNewPodWinsAnIPFromADeletingPod(t *testing.T) {
 	_, rec, _ := newEngine(t, wiredAs(map[string]string{dbIP.String(): "trldb"}), shopNS(),
 		allowFrom("db", map[string]string{"app": "db"}, map[string]string{"app": "web"}),
 		pod("shop", "db", "u-db", "node1", dbIP.String(), map[string]string{"app": "db"}), old, newer)
-	rs := waitRuleset(t, rec, func(rs *netpol.Ruleset) bool { return len(rs.PodChains) > 0 })
+	rs := waitRuleset(t, rec, func(rs netpol.Rulesets) bool { return len(rs.PodChains()) > 0 })
 	if allowed(t, rs, netpol.Packet{Src: otherIP, Dst: dbIP, Protocol: "tcp", DstPort: 80, OutInterface: "trldb"}) {
 		t.Errorf("%s, now the address of app=stranger, is still allowed as the deleting app=web pod's\n%s", otherIP, dump(rs))
 	}
@@ -156,7 +157,7 @@ func TestRecreatedSandboxAnnouncementIsAuthoritative(t *testing.T) {
 	if err != nil {
 		t.Fatalf("EnsurePod of the re-created sandbox: %v", err)
 	}
-	check := func(rs *netpol.Ruleset, who string) {
+	check := func(rs netpol.Rulesets, who string) {
 		t.Helper()
 		if !hasEndpoint(rs, "shop/db", fresh.String()) {
 			t.Errorf("%s: db's new address %s on trldbnew has no endpoint\n%s", who, fresh, dump(rs))
@@ -172,7 +173,7 @@ func TestRecreatedSandboxAnnouncementIsAuthoritative(t *testing.T) {
 
 	// A new agent on the same node: no ADD comes, the netpol.Announcement on disk decides.
 	_, rec2, _ := newEngine(t, configure, toObjects(objs)...)
-	check(waitRuleset(t, rec2, func(rs *netpol.Ruleset) bool { return len(rs.PodChains) > 0 }), "after an agent restart")
+	check(waitRuleset(t, rec2, func(rs netpol.Rulesets) bool { return len(rs.PodChains()) > 0 }), "after an agent restart")
 }
 
 // The engine never answers OK for a pod it programmed no endpoint for (here: the cache
@@ -213,16 +214,16 @@ type failingApplier struct {
 	bad string
 }
 
-func (f *failingApplier) Apply(rs *netpol.Ruleset, verify bool) (bool, error) {
+func (f *failingApplier) Apply(rs netpol.Rulesets, verify bool) (bool, error) {
 	used := map[string]bool{}
-	for _, c := range rs.Chains {
+	for _, c := range rs.V4.Chains {
 		for _, r := range c.Rules {
 			for _, m := range r.Sets {
 				used[m.Set] = true
 			}
 		}
 	}
-	for _, s := range rs.Sets {
+	for _, s := range rs.V4.Sets {
 		if used[s.Name] && strings.Contains(s.Comment, f.bad) {
 			return false, fmt.Errorf("iptables-restore: line 7 failed (set %s)", s.Name)
 		}
@@ -257,18 +258,18 @@ func TestOnePolicysFailureBlocksOnlyItsPods(t *testing.T) {
 		t.Errorf("the node is not ready because of one pod's policy: %v", err)
 	}
 	rs := fa.ruleset()
-	if rs == nil {
+	if len(rs.Families()) == 0 {
 		t.Fatal("nothing applied")
 	}
 	if allowed(t, rs, netpol.Packet{Src: otherIP, Dst: webIP, Protocol: "tcp", DstPort: 80, OutInterface: "trlweb"}) {
 		t.Error("the cut-off pod is open: it must fail closed")
 	}
 	var found bool
-	for _, p := range rs.Problems {
+	for _, p := range rs.Problems() {
 		found = found || p.Policy.Name == "evil" && strings.Contains(p.Message, "could not be programmed")
 	}
 	if !found {
-		t.Errorf("no problem reported on policy evil: %v", rs.Problems)
+		t.Errorf("no problem reported on policy evil: %v", rs.Problems())
 	}
 	if ev, ok := nextEvent(warnings); !ok {
 		t.Error("no RuleNotEnforced event on the policy whose rules the kernel refused")
@@ -309,7 +310,7 @@ func TestIncrementalCompileMatchesCompile(t *testing.T) {
 				if !reflect.DeepEqual(got, want) {
 					t.Fatalf("step %d: incremental compile differs from netpol.Compile\ngot:\n%s\nwant:\n%s", step, dump(got), dump(want))
 				}
-				if dualWorld && got.IPv6 == nil {
+				if dualWorld && got.V6 == nil {
 					t.Fatalf("step %d: a dual-stack world has no IPv6 rules", step)
 				}
 			}
@@ -332,7 +333,10 @@ func randomLabels(r *rand.Rand) map[string]string {
 var dualWorld bool
 
 func randomWorld(r *rand.Rand) netpol.State {
-	st := netpol.State{IPv6: dualWorld}
+	st := netpol.State{}
+	if dualWorld {
+		st.Families = ipfamily.All
+	}
 	for _, ns := range []string{"x", "y"} {
 		st.Namespaces = append(st.Namespaces, &netpol.Namespace{Name: ns, Labels: map[string]string{"team": labelValues[r.IntN(3)]}})
 	}

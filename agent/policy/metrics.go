@@ -82,7 +82,7 @@ func (m *Metrics) Register(r prometheus.Registerer) error {
 }
 
 // Observe records a sync (the engine's OnSync).
-func (m *Metrics) Observe(st Status, rs *netpol.Ruleset, took time.Duration) {
+func (m *Metrics) Observe(st Status, rs netpol.Rulesets, took time.Duration) {
 	m.syncDuration.Observe(took.Seconds())
 	if st.Err != nil {
 		m.syncErrors.Inc()
@@ -96,14 +96,12 @@ func (m *Metrics) Observe(st Status, rs *netpol.Ruleset, took time.Duration) {
 	m.ignoredAddrs.Set(float64(st.IgnoredPodAddrs))
 	m.isolated.WithLabelValues(string(netpol.Ingress)).Set(float64(st.IsolatedIngress))
 	m.isolated.WithLabelValues(string(netpol.Egress)).Set(float64(st.IsolatedEgress))
-	if rs != nil {
-		chains := make(map[string]netpol.PodChain, len(rs.PodChains))
-		for r := rs; r != nil; r = r.IPv6 { // a pod's chains have the same names in both families
-			for _, pc := range r.PodChains {
-				chains[pc.Chain] = pc
-				if pc.TailChain != "" {
-					chains[pc.TailChain] = pc
-				}
+	if len(rs.Families()) > 0 {
+		chains := map[string]netpol.PodChain{}
+		for _, pc := range rs.PodChains() { // a pod's chains have the same names in both families
+			chains[pc.Chain] = pc
+			if pc.TailChain != "" {
+				chains[pc.TailChain] = pc
 			}
 		}
 		m.mu.Lock()

@@ -37,7 +37,7 @@ type nsApplier struct {
 	a  *policy.KernelApplier
 }
 
-func (n nsApplier) Apply(rs *netpol.Ruleset, verify bool) (changed bool, err error) {
+func (n nsApplier) Apply(rs netpol.Rulesets, verify bool) (changed bool, err error) {
 	err = n.ns.Do(func(ns.NetNS) error {
 		var aerr error
 		changed, aerr = n.a.Apply(rs, verify)
@@ -115,9 +115,9 @@ func TestPodAddressesOutsideNodeBlocksAreIgnored(t *testing.T) {
 			})
 			return wired, err
 		},
-		DeleteDenied: func(*netpol.Ruleset, map[netip.Addr]string) (uint, error) { return 0, nil },
+		DeleteDenied: func(netpol.Rulesets, map[netip.Addr]string) (uint, error) { return 0, nil },
 		Recorder:     mgr.GetEventRecorder("trellis-agent"),
-		OnSync: func(st policy.Status, _ *netpol.Ruleset, _ time.Duration) {
+		OnSync: func(st policy.Status, _ netpol.Rulesets, _ time.Duration) {
 			mu.Lock()
 			last = st
 			mu.Unlock()

@@ -24,6 +24,7 @@ import (
 	policyv1beta1 "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 )
 
@@ -44,9 +45,10 @@ type Options struct {
 	// DenyLog is spec.networkPolicy.denyLogs as the agent configuration had it at start;
 	// the engine follows the ClusterNetwork's from then on (ClusterDenyLog).
 	DenyLog netpol.DenyLog
-	// IPv6: the cluster has an IPv6 pod range (pods may have IPv6 addresses): policy is
-	// enforced for IPv6 too, with ip6tables and inet6 sets.
-	IPv6 bool
+	// Families are the families of the cluster's pod ranges (agentconfig's Families): policy
+	// is enforced for each (iptables and inet sets for IPv4, ip6tables and inet6 for IPv6)
+	// and nothing is compiled or applied for another.
+	Families []ipfamily.Family
 }
 
 // CacheOptions trims what the agent's cache keeps of the objects policy reads: pods,
@@ -75,7 +77,7 @@ func CacheTransform(obj any) (any, error) {
 // Setup adds the policy engine, its CNI hook server, metrics and status reporting to the
 // agent's manager; with policy disabled, a runnable that removes every policy rule.
 func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
-	applier := &KernelApplier{IPv6: o.IPv6}
+	applier := &KernelApplier{Families: o.Families}
 	reporter := &statusReporter{client: mgr.GetClient(), node: o.NodeName, log: log.WithName("status"), backend: applier.Backend}
 	if err := mgr.Add(reporter); err != nil {
 		return err
@@ -112,9 +114,9 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 	e := &Engine{
 		Cluster: src,
 		Reader:  mgr.GetCache(), ListPods: InformerPods(mgr.GetCache()), NodeName: o.NodeName, Applier: applier, Log: log, SetupTimeout: o.SetupTimeout,
-		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogSetting: ClusterDenyLog(mgr.GetCache()), DenyLogProbe: applier.ProbeDenyLogs, IPv6: o.IPv6,
+		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogSetting: ClusterDenyLog(mgr.GetCache()), DenyLogProbe: applier.ProbeDenyLogs, Families: o.Families,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
-		OnSync: func(st Status, rs *netpol.Ruleset, took time.Duration) {
+		OnSync: func(st Status, rs netpol.Rulesets, took time.Duration) {
 			m.Observe(st, rs, took)
 			denyLogs.Synced(st, rs)
 			reporter.set(st)

@@ -55,9 +55,13 @@ func (s *Snapshot) view(node string) *netpol.NodeView {
 	if s.views == nil {
 		s.views = map[string]*netpol.NodeView{}
 		s.state = &netpol.State{Pods: s.Pods, Namespaces: s.Namespaces, Policies: s.Policies, ClusterPolicies: s.ClusterPolicies, Nodes: s.Nodes, NodeNets: s.NodeNets}
-		// The agents compile the IPv6 rules when the cluster has an IPv6 pod range; for
-		// explain, pods with IPv6 addresses say so.
-		s.state.IPv6 = slices.ContainsFunc(s.Pods, func(p *netpol.Pod) bool { return p.IPv6.IsValid() })
+		// The agents compile the rules of each family of the cluster's pod ranges; for
+		// explain, the pods' addresses say which (IPv4 when no pod has one yet).
+		for _, f := range ipfamily.All {
+			if slices.ContainsFunc(s.Pods, func(p *netpol.Pod) bool { return p.Addr(f).IsValid() }) {
+				s.state.Families = append(s.state.Families, f)
+			}
+		}
 	}
 	v, ok := s.views[node]
 	if !ok {

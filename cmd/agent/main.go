@@ -176,8 +176,8 @@ func run(o *options.Options, node uninstall.Node) error {
 	if err := policy.Setup(mgr, policy.Options{
 		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
 		Socket: cnicontract.DefaultPolicySocket, StateDir: cnicontract.DefaultEndpointsDir,
-		DenyLog: netpol.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
-		IPv6:    cfg.HasIPv6(),
+		DenyLog:  netpol.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
+		Families: cfg.Families(),
 	}, ctrl.Log.WithName("policy")); err != nil {
 		return err
 	}

@@ -73,18 +73,31 @@ const (
 	DefaultDenyLogLines = 100
 )
 
-// HasIPv6 tells whether the cluster's pod ranges include an IPv6 one: pods may then get
-// IPv6 addresses, and policy is enforced for IPv6 too. A range that doesn't parse counts
-// as IPv6 (enforcing a family with no pods costs little; missing one would let it
-// through); an IPv4-mapped one is IPv4 (internal/ipfamily's rule).
-func (c *Config) HasIPv6() bool {
+// Families are the families of the cluster's pod ranges, IPv4 first: pods get addresses
+// of these, and policy is enforced for these and compiled for no other. A range that
+// doesn't parse counts as both, and no range at all as IPv4 (enforcing a family with no
+// pods costs little; missing one would let it through); an IPv4-mapped range is IPv4
+// (internal/ipfamily's rule).
+func (c *Config) Families() []ipfamily.Family {
+	var has ipfamily.Pair[bool]
 	for _, s := range c.PodCIDRs {
 		p, err := netip.ParsePrefix(s)
-		if err != nil || ipfamily.OfPrefix(p) == ipfamily.IPv6 {
-			return true
+		if err != nil {
+			has = ipfamily.Pair[bool]{V4: true, V6: true}
+			break
+		}
+		has.Set(ipfamily.OfPrefix(p), true)
+	}
+	if !has.V4 && !has.V6 {
+		has.V4 = true
+	}
+	var out []ipfamily.Family
+	for _, f := range ipfamily.All {
+		if has.Get(f) {
+			out = append(out, f)
 		}
 	}
-	return false
+	return out
 }
 
 // PolicySetupTimeout is NetworkPolicy.SetupTimeout parsed (validated by Load).

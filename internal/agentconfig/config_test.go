@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // consumers names, for every field of Config (by JSON path), the test that shows the
@@ -137,22 +139,25 @@ func TestZapLevelCoversTheAPI(t *testing.T) {
 	}
 }
 
-func TestHasIPv6(t *testing.T) {
+func TestFamilies(t *testing.T) {
+	v4, v6 := ipfamily.IPv4, ipfamily.IPv6
 	for _, tc := range []struct {
 		podCIDRs []string
-		want     bool
+		want     []ipfamily.Family
 	}{
-		{[]string{"10.244.0.0/16"}, false},
-		{[]string{"10.244.0.0/16", "10.245.0.0/16"}, false},
-		{[]string{"10.244.0.0/16", "fd00:10:244::/56"}, true},
-		{[]string{"fd00:10:244::/56"}, true},
-		{[]string{"10.244.0.0/16", "nonsense"}, true}, // fail closed: enforce a family too many
+		{[]string{"10.244.0.0/16"}, []ipfamily.Family{v4}},
+		{[]string{"10.244.0.0/16", "10.245.0.0/16"}, []ipfamily.Family{v4}},
+		{[]string{"10.244.0.0/16", "fd00:10:244::/56"}, []ipfamily.Family{v4, v6}},
+		{[]string{"fd00:10:244::/56", "10.244.0.0/16"}, []ipfamily.Family{v4, v6}},
+		// An IPv6-only cluster: no IPv4 rules are compiled or applied.
+		{[]string{"fd00:10:244::/56"}, []ipfamily.Family{v6}},
+		{[]string{"fd00:10:244::/56", "nonsense"}, []ipfamily.Family{v4, v6}}, // fail closed: enforce a family too many
 		// An IPv4-mapped range is IPv4 (internal/ipfamily); this check once took it for IPv6.
-		{[]string{"::ffff:10.244.0.0/112"}, false},
-		{nil, false},
+		{[]string{"::ffff:10.244.0.0/112"}, []ipfamily.Family{v4}},
+		{nil, []ipfamily.Family{v4}},
 	} {
-		if got := (&Config{PodCIDRs: tc.podCIDRs}).HasIPv6(); got != tc.want {
-			t.Errorf("HasIPv6(%v) = %v, want %v", tc.podCIDRs, got, tc.want)
+		if got := (&Config{PodCIDRs: tc.podCIDRs}).Families(); !slices.Equal(got, tc.want) {
+			t.Errorf("Families(%v) = %v, want %v", tc.podCIDRs, got, tc.want)
 		}
 	}
 }

@@ -35,6 +35,14 @@ func (f Family) String() string {
 	return fmt.Sprintf("Family(%d)", int(f))
 }
 
+// Other is the other family: IPv6 for IPv4, IPv4 for IPv6.
+func (f Family) Other() Family {
+	if f == IPv6 {
+		return IPv4
+	}
+	return IPv6
+}
+
 // Bits is the length of the family's addresses: 32 or 128.
 func (f Family) Bits() int {
 	if f == IPv6 {

@@ -115,10 +115,6 @@ type Ruleset struct {
 	// DenyLogRules are the deny log rules by NFLOG prefix (nil when no pod's denied
 	// packets are logged).
 	DenyLogRules map[string]DenyLogRule
-	// IPv6 is the IPv6 ruleset of the same state (State.IPv6; nil otherwise), for
-	// ip6tables and sets of family inet6: the same chains compiled from the same rules with
-	// the pods' IPv6 addresses and the other ipBlocks, its sets named apart from these.
-	IPv6 *Ruleset
 }
 
 // Jumps are the rules trellis puts into the built-in chains, first in each. INPUT and
@@ -135,23 +131,19 @@ var Jumps = []struct {
 }
 
 // Compile computes the filter-table chains and ipsets that enforce st's policies on st's
-// endpoints. It is pure and deterministic: the same state gives the same Ruleset.
-func Compile(st State) *Ruleset {
+// endpoints, for each of st's families. It is pure and deterministic: the same state gives
+// the same Rulesets.
+func Compile(st State) Rulesets {
 	return CompileIncremental(st, nil)
 }
 
-// CompileIncremental is Compile, through memo when set: the IPv4 ruleset and, when st.IPv6,
-// the IPv6 one, each by a compiler of its family over the same state.
-func CompileIncremental(st State, memo *SetMemo) *Ruleset {
-	rs := newCompiler(st, memo, ipfamily.IPv4).compile(st)
-	if st.IPv6 {
-		rs.IPv6 = newCompiler(st, memo, ipfamily.IPv6).compile(st)
-		// Reported once: a rule that can't be read can't be in either family.
-		for _, p := range rs.IPv6.Problems {
-			if !slices.Contains(rs.Problems, p) {
-				rs.Problems = append(rs.Problems, p)
-			}
-		}
+// CompileIncremental is Compile, through memo when set: each family's ruleset by a
+// compiler of that family over the same state (the same chains compiled from the same
+// rules with the pods' addresses and the ipBlocks of the family).
+func CompileIncremental(st State, memo *SetMemo) Rulesets {
+	var rs Rulesets
+	for _, f := range st.families() {
+		rs.set(f, newCompiler(st, memo, f).compile(st))
 	}
 	return rs
 }

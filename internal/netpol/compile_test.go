@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // world is namespaces x, y, z (label ns=<name>) with pods a, b, c (label pod=<name>), all
@@ -119,13 +121,13 @@ func TestCompileSemanticsIPv6(t *testing.T) {
 			tc.run(t, true)
 			st := world()
 			st.Policies = tc.policies
-			v4 := Compile(st)
+			v4 := Compile(st).V4
 			dual := Compile(dualStack(st))
-			if dual.IPv6 == nil {
-				t.Fatal("no IPv6 ruleset for a dual-stack state")
+			if dual.V4 == nil || dual.V6 == nil {
+				t.Fatal("a dual-stack state did not give a ruleset of each family")
 			}
-			if !reflect.DeepEqual(v4.Chains, dual.Chains) || !reflect.DeepEqual(v4.Sets, dual.Sets) || !reflect.DeepEqual(v4.PodChains, dual.PodChains) {
-				t.Errorf("the IPv4 rules of the dual-stack world differ:\n%s\nwant\n%s", dump(dual), dump(v4))
+			if !reflect.DeepEqual(v4.Chains, dual.V4.Chains) || !reflect.DeepEqual(v4.Sets, dual.V4.Sets) || !reflect.DeepEqual(v4.PodChains, dual.V4.PodChains) {
+				t.Errorf("the IPv4 rules of the dual-stack world differ:\n%s\nwant\n%s", dump(dual.V4), dump(v4))
 			}
 		})
 	}
@@ -154,10 +156,10 @@ func cidr6(s string) string {
 	return netip.PrefixFrom(to6(p.Addr()), p.Bits()+96).Masked().String()
 }
 
-// dualStack is st with pods and endpoints given their IPv6 images, and State.IPv6.
+// dualStack is st with pods and endpoints given their IPv6 images, and both families.
 func dualStack(st State) State {
 	out := st
-	out.IPv6 = true
+	out.Families = ipfamily.All
 	out.Pods = nil
 	for _, p := range st.Pods {
 		cp := *p
@@ -225,9 +227,9 @@ func (tc semanticsCase) run(t *testing.T, v6 bool) {
 			t.Fatalf("evaluating %v: %v", p, err)
 		}
 		if got != p.allowed {
-			rules := rs
+			rules := rs.V4
 			if v6 {
-				rules = rs.IPv6
+				rules = rs.V6
 			}
 			t.Errorf("%s -> %s %s/%d (%s -> %s): allowed=%v, want %v\n%s", p.from, p.to, p.proto, p.port, src, dst, got, p.allowed, dump(rules))
 		}
@@ -414,6 +416,9 @@ func semanticsCases() []semanticsCase {
 
 func dump(rs *Ruleset) string {
 	var b strings.Builder
+	if rs == nil {
+		return "  (no ruleset)\n"
+	}
 	for _, c := range rs.Chains {
 		for _, r := range c.Rules {
 			fmt.Fprintf(&b, "  %s: %s\n", c.Name, r)
@@ -510,10 +515,10 @@ func TestCompileIPv6Rules(t *testing.T) {
 			{To: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: pods(nil)}}, Ports: []networkingv1.NetworkPolicyPort{{Port: named("http")}}},
 		}),
 	}
-	rs := Compile(st)
-	v6 := rs.IPv6
-	if v6 == nil {
-		t.Fatal("no IPv6 ruleset")
+	rules := Compile(st)
+	rs, v6 := rules.V4, rules.V6
+	if rs == nil || v6 == nil {
+		t.Fatal("a dual-stack state did not give a ruleset of each family")
 	}
 	names := map[string]bool{}
 	for _, s := range rs.Sets {
@@ -582,7 +587,7 @@ func TestCompileIPv6Rules(t *testing.T) {
 		{to6(xa), xc6, "tcp", 8080, true}, // c's port named http
 		{to6(xa), xc6, "tcp", 80, false},
 	} {
-		got, err := rs.Allowed(Packet{Src: c.src, Dst: c.dst, Protocol: c.proto, DstPort: c.port, InInterface: iface(st, c.src), OutInterface: iface(st, c.dst)})
+		got, err := rules.Allowed(Packet{Src: c.src, Dst: c.dst, Protocol: c.proto, DstPort: c.port, InInterface: iface(st, c.src), OutInterface: iface(st, c.dst)})
 		if err != nil || got != c.allowed {
 			t.Errorf("%s -> %s %s/%d: allowed=%v (%v), want %v\n%s", c.src, c.dst, c.proto, c.port, got, err, c.allowed, dump(v6))
 		}
@@ -593,5 +598,41 @@ func TestCompileIPv6Rules(t *testing.T) {
 	}
 	if known(rs) || !known(v6) {
 		t.Errorf("the IPv6-only pod x/c is an endpoint of the IPv4 rules: %v, of the IPv6 rules: %v", known(rs), known(v6))
+	}
+}
+
+// Compile makes a ruleset for each of the state's families and none for another (an
+// IPv6-only node compiles no IPv4 rules), and the evaluator refuses a packet of a family
+// the node has no rules of rather than judge it by another family's.
+func TestCompileOnlyTheStatesFamilies(t *testing.T) {
+	v4, v6 := ipfamily.IPv4, ipfamily.IPv6
+	for _, tc := range []struct {
+		name     string
+		families []ipfamily.Family
+		want     []ipfamily.Family
+	}{
+		{"none given: IPv4 alone", nil, []ipfamily.Family{v4}},
+		{"IPv4", []ipfamily.Family{v4}, []ipfamily.Family{v4}},
+		{"IPv6 only", []ipfamily.Family{v6}, []ipfamily.Family{v6}},
+		{"dual-stack, any order", []ipfamily.Family{v6, v4, v6}, []ipfamily.Family{v4, v6}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := dualStack(world())
+			st.Families = tc.families
+			rs := Compile(st)
+			if got := rs.Families(); !slices.Equal(got, tc.want) {
+				t.Fatalf("rulesets of %v, want %v", got, tc.want)
+			}
+			for _, f := range ipfamily.All {
+				a, b := podIP(st, "x/a"), podIP(st, "y/b")
+				if f == v6 {
+					a, b = to6(a), to6(b)
+				}
+				_, err := rs.Allowed(Packet{Src: b, Dst: a, Protocol: "tcp", DstPort: 80, OutInterface: iface(st, podIP(st, "x/a"))})
+				if has := slices.Contains(tc.want, f); (err == nil) != has {
+					t.Errorf("%s packet: error %v, want one only when the node has no %s rules", f, err, f)
+				}
+			}
+		})
 	}
 }

@@ -228,18 +228,13 @@ func DenyLogShare(perSecond, n int) (perSec float64, burst int) {
 	return float64(perSecond) / float64(n), max(1, perSecond/n)
 }
 
-// WithoutDenyLogs is rs with no deny log rule, in either family: its chains are exactly
-// what they are compiled without deny logs (withDenyLogs only adds the NFLOG rules).
+// WithoutDenyLogs is rs with no deny log rule: its chains are exactly what they are
+// compiled without deny logs (withDenyLogs only adds the NFLOG rules).
 func (rs *Ruleset) WithoutDenyLogs() *Ruleset {
-	if rs == nil {
-		return nil
-	}
-	v6 := rs.IPv6.WithoutDenyLogs()
-	if len(rs.DenyLogRules) == 0 && v6 == rs.IPv6 {
+	if len(rs.DenyLogRules) == 0 {
 		return rs
 	}
 	out := *rs
-	out.IPv6 = v6
 	out.DenyLogRules = nil
 	out.Chains = make([]Chain, len(rs.Chains))
 	for i, c := range rs.Chains {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // Packet is the first packet of a connection as the filter table sees it on this node.
@@ -25,22 +27,26 @@ type Packet struct {
 	ToHost bool
 }
 
-// Allowed evaluates the Ruleset for the first packet of a connection, as the kernel would:
-// from TRELLIS-FORWARD (or TRELLIS-INPUT), RETURN meaning "not denied here". The agent uses
-// it to find established connections a policy change now denies (their conntrack entries
-// are deleted); the tests use it to check semantics without a kernel. To judge many
-// packets, build an Evaluator once.
-func (rs *Ruleset) Allowed(p Packet) (bool, error) {
+// Allowed evaluates the rules of the packet's family for the first packet of a
+// connection, as the kernel would: from TRELLIS-FORWARD (or TRELLIS-INPUT), RETURN meaning
+// "not denied here". The agent uses it to find established connections a policy change
+// now denies (their conntrack entries are deleted); the tests use it to check semantics
+// without a kernel. To judge many packets, build an Evaluator once.
+func (rs Rulesets) Allowed(p Packet) (bool, error) {
 	return rs.Evaluator().Allowed(p)
 }
 
-// Evaluator judges packets against one Ruleset, with its sets indexed once: a conntrack
-// walk judges 100,000 flows against the same rules. An IPv6 packet is judged by the IPv6
-// rules.
+// Evaluator judges packets against a node's Rulesets, with their sets indexed once: a
+// conntrack walk judges 100,000 flows against the same rules. A packet is judged by the
+// rules of its family.
 type Evaluator struct {
+	families ipfamily.Pair[*familyEvaluator]
+}
+
+// familyEvaluator is one family's Ruleset indexed.
+type familyEvaluator struct {
 	chains map[string][]Rule
 	sets   map[string]*indexedSet
-	v6     *Evaluator
 }
 
 type indexedSet struct {
@@ -55,18 +61,18 @@ type netEntry struct {
 	nomatch bool
 }
 
-// Evaluator indexes the Ruleset (both families) for Allowed.
-func (rs *Ruleset) Evaluator() *Evaluator {
-	ev := rs.familyEvaluator()
-	if rs.IPv6 != nil {
-		ev.v6 = rs.IPv6.familyEvaluator()
+// Evaluator indexes every family's Ruleset for Allowed.
+func (rs Rulesets) Evaluator() *Evaluator {
+	ev := &Evaluator{}
+	for f, r := range rs.All() {
+		ev.families.Set(f, r.familyEvaluator())
 	}
 	return ev
 }
 
-// familyEvaluator indexes rs's own family.
-func (rs *Ruleset) familyEvaluator() *Evaluator {
-	ev := &Evaluator{chains: make(map[string][]Rule, len(rs.Chains)), sets: make(map[string]*indexedSet, len(rs.Sets))}
+// familyEvaluator indexes rs.
+func (rs *Ruleset) familyEvaluator() *familyEvaluator {
+	ev := &familyEvaluator{chains: make(map[string][]Rule, len(rs.Chains)), sets: make(map[string]*indexedSet, len(rs.Sets))}
 	for _, c := range rs.Chains {
 		ev.chains[c.Name] = c.Rules
 	}
@@ -98,13 +104,13 @@ func (rs *Ruleset) familyEvaluator() *Evaluator {
 	return ev
 }
 
-// Allowed is Ruleset.Allowed.
+// Allowed is Rulesets.Allowed.
 func (ev *Evaluator) Allowed(p Packet) (bool, error) {
-	ev, err := ev.family(p)
+	fe, err := ev.family(p)
 	if err != nil {
 		return false, err
 	}
-	e := &evaluator{chains: ev.chains, sets: ev.sets, p: p}
+	e := &evaluator{chains: fe.chains, sets: fe.sets, p: p}
 	verdict, err := e.run(entryChain(p), 0)
 	return verdict != Drop, err
 }
@@ -117,15 +123,15 @@ func entryChain(p Packet) string {
 	return ChainForward
 }
 
-// family is the evaluator of p's family.
-func (ev *Evaluator) family(p Packet) (*Evaluator, error) {
-	if p.Src.Is4() {
-		return ev, nil
+// family is the evaluator of p's family: an error when the node has no rules of it (its
+// pods have no address of that family, so no such packet is theirs to judge).
+func (ev *Evaluator) family(p Packet) (*familyEvaluator, error) {
+	f := ipfamily.Of(p.Src)
+	fe := ev.families.Get(f)
+	if fe == nil {
+		return nil, fmt.Errorf("%s: the node has no %s rules (its pods have no %s addresses)", p.Src, f, f)
 	}
-	if ev.v6 == nil {
-		return nil, fmt.Errorf("%s: the ruleset has no IPv6 rules", p.Src)
-	}
-	return ev.v6, nil
+	return fe, nil
 }
 
 type evaluator struct {

@@ -27,7 +27,7 @@ import (
 // them only as names).
 type NodeView struct {
 	Node  string
-	Rules *Ruleset
+	Rules Rulesets
 	st    State
 	ev    *Evaluator
 	ifs   map[types.NamespacedName]string
@@ -66,7 +66,7 @@ func (v *NodeView) Interface(pod types.NamespacedName) string { return v.ifs[pod
 // Allowed is the evaluator's verdict on p with this node's rules.
 func (v *NodeView) Allowed(p Packet) (bool, error) { return v.ev.Allowed(p) }
 
-// Trace is Ruleset.Trace with this node's rules.
+// Trace is Rulesets.Trace with this node's rules.
 func (v *NodeView) Trace(p Packet) (Trace, error) { return v.Rules.traceWith(v.ev, p) }
 
 // Why a side of a connection is decided as it is (explain's reasons: not conditions, so
@@ -197,12 +197,12 @@ func (v *NodeView) Explain(p Packet, pod types.NamespacedName, dir Direction) (S
 		}
 	}
 	own := map[string]bool{}
-	rs := v.Rules
-	if c.family == ipfamily.IPv6 && rs.IPv6 != nil {
-		// An IPv6 packet goes through the IPv6 chains (Trace judges it there too).
-		rs = rs.IPv6
+	// A packet goes through its family's chains (Trace judges it there too).
+	var chains []PodChain
+	if rs := v.Rules.Get(c.family); rs != nil {
+		chains = rs.PodChains
 	}
-	for _, pc := range rs.PodChains {
+	for _, pc := range chains {
 		if pc.Pod == pod && pc.Direction == dir {
 			side.Chain = pc.Chain
 			own[pc.Chain] = true

@@ -54,16 +54,13 @@ func testNPSourcesCoverEveryAllowRule(t *testing.T, f ipfamily.Family) {
 		},
 	}
 	if f == ipfamily.IPv6 {
-		st.IPv6 = true
+		st.Families = ipfamily.All
 		for i, a := range []string{"fd00:10:244:1::2", "fd00:10:244:1::3", "fd00:10:244:2::2"} {
 			st.Pods[i].IPv6 = netip.MustParseAddr(a)
 		}
 	}
 	v := CompileNode(st, "n1")
-	rs := v.Rules
-	if f == ipfamily.IPv6 {
-		rs = rs.IPv6
-	}
+	rs := v.Rules.Get(f)
 	rules := map[string][]Rule{}
 	for _, c := range rs.Chains {
 		rules[c.Name] = c.Rules
@@ -102,7 +99,7 @@ func TestExplainIPv6Side(t *testing.T) {
 	tcp := corev1.ProtocolTCP
 	p80 := intstr.FromInt32(80)
 	st := State{
-		IPv6: true,
+		Families: ipfamily.All,
 		Pods: []*Pod{
 			{Namespace: "x", Name: "a", NodeName: "n1", IP: netip.MustParseAddr("10.244.1.2"), IPv6: netip.MustParseAddr("fd00:10:244:1::2"), Labels: map[string]string{"app": "a"}},
 			{Namespace: "x", Name: "b", NodeName: "n1", IP: netip.MustParseAddr("10.244.1.3"), IPv6: netip.MustParseAddr("fd00:10:244:1::3"), Labels: map[string]string{"app": "b"}},

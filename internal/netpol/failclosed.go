@@ -7,36 +7,20 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// IsolatedPods are the pods that have chains of their own (in either family's rules).
-func (rs *Ruleset) IsolatedPods() map[types.NamespacedName]bool {
-	out := map[types.NamespacedName]bool{}
-	for r := rs; r != nil; r = r.IPv6 {
-		for _, pc := range r.PodChains {
-			out[pc.Pod] = true
-		}
-	}
-	return out
-}
-
 // CutOff is rs with the chains of pods replaced by a single DROP: those pods' traffic (for
 // the directions a policy isolates them in) is dropped, whatever their policies allow,
 // and the sets only their rules used are left out. It is how a pod whose own rules can't
-// be programmed fails closed without holding up anyone else's. The pods are cut off in
-// both families: a pod whose IPv6 rules the kernel refuses loses its IPv4 policy's allows
-// too (which of its rules failed is not told apart).
+// be programmed fails closed without holding up anyone else's (Rulesets.CutOff does it
+// in every family).
 func (rs *Ruleset) CutOff(pods map[types.NamespacedName]bool) *Ruleset {
 	if len(pods) == 0 {
 		return rs
 	}
-	out := rs.cutOffFamily(pods)
-	if rs.IPv6 != nil {
-		out.IPv6 = rs.IPv6.cutOffFamily(pods)
-	}
-	return out
+	return rs.cutOff(pods)
 }
 
-// cutOffFamily is CutOff of rs's own family.
-func (rs *Ruleset) cutOffFamily(pods map[types.NamespacedName]bool) *Ruleset {
+// cutOff is CutOff for a non-empty pods.
+func (rs *Ruleset) cutOff(pods map[types.NamespacedName]bool) *Ruleset {
 	cut := map[string]types.NamespacedName{}
 	for _, pc := range rs.PodChains {
 		if pods[pc.Pod] {

@@ -25,6 +25,7 @@ package netpol
 
 import (
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -161,6 +162,15 @@ func (ep Endpoint) Addr(f ipfamily.Family) netip.Addr {
 	return ep.IP
 }
 
+// SetAddr makes a the endpoint's address of family f.
+func (ep *Endpoint) SetAddr(f ipfamily.Family, a netip.Addr) {
+	if f == ipfamily.IPv6 {
+		ep.IPv6 = a
+	} else {
+		ep.IP = a
+	}
+}
+
 // State is everything Compile looks at.
 type State struct {
 	Pods       []*Pod
@@ -179,9 +189,24 @@ type State struct {
 	Endpoints []Endpoint
 	// DenyLog says whose denied packets are logged.
 	DenyLog DenyLog
-	// IPv6: the node's pods may have IPv6 addresses (the cluster has an IPv6 pod range):
-	// Compile also makes the IPv6 ruleset (Ruleset.IPv6).
-	IPv6 bool
+	// Families are the families the node's pods have addresses of (the cluster's pod
+	// ranges'): Compile makes a ruleset for each, none for another. Empty is IPv4 alone,
+	// a single-stack cluster's family as Kubernetes defaults it.
+	Families []ipfamily.Family
 	// KnownPeers, when set, is Peers(Pods), computed once by the engine.
 	KnownPeers []*Pod
+}
+
+// families are st.Families, IPv4 first, each once; IPv4 alone when empty.
+func (st *State) families() []ipfamily.Family {
+	if len(st.Families) == 0 {
+		return []ipfamily.Family{ipfamily.IPv4}
+	}
+	var out []ipfamily.Family
+	for _, f := range ipfamily.All {
+		if slices.Contains(st.Families, f) {
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -11,6 +11,7 @@ import (
 	cnp "sigs.k8s.io/network-policy-api/apis/v1beta1"
 
 	"github.com/trellis-net/trellis/api/v1alpha1"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 func nodeNetwork(name, nodeIP, nodeIPv6 string, blocks ...string) *v1alpha1.NodeNetwork {
@@ -214,7 +215,7 @@ func TestNodePeersMatchNodeNetworkAddresses(t *testing.T) {
 				nodeNetwork("node1", "198.51.100.11", "", "10.244.1.0/24", "fd00:10:244:1::/64"),
 				nodeNetwork("node2", "198.51.100.12", "", "10.244.2.0/24", "fd00:10:244:2::/64"),
 			})
-			st.IPv6 = true
+			st.Families = ipfamily.All
 			xa6 := netip.MustParseAddr("fd00:10:244:1::a")
 			for i, ep := range st.Endpoints {
 				if ep.Pod == (types.NamespacedName{Namespace: "x", Name: "a"}) {
@@ -232,17 +233,16 @@ func TestNodePeersMatchNodeNetworkAddresses(t *testing.T) {
 			rs := Compile(st)
 			for _, p := range tc.probes {
 				src, dst := podIP(st, p.from), podIP(st, p.to)
-				r := rs
 				if dst.Is6() {
 					src = xa6
 				}
 				pkt := Packet{Src: src, Dst: dst, Protocol: p.proto, DstPort: p.port, InInterface: iface(st, podIP(st, p.from)), OutInterface: iface(st, dst), ToHost: p.toHost}
-				got, err := r.Allowed(pkt)
+				got, err := rs.Allowed(pkt)
 				if err != nil {
 					t.Fatalf("evaluating %v: %v", p, err)
 				}
 				if got != p.allowed {
-					t.Errorf("%s -> %s %s/%d (to host %v): allowed=%v, want %v\n%s", p.from, p.to, p.proto, p.port, p.toHost, got, p.allowed, dump(r))
+					t.Errorf("%s -> %s %s/%d (to host %v): allowed=%v, want %v\n%s", p.from, p.to, p.proto, p.port, p.toHost, got, p.allowed, dump(rs.Get(ipfamily.Of(dst))))
 				}
 			}
 		})

@@ -53,8 +53,8 @@ func TestClusterNetworkPolicySamples(t *testing.T) {
 		t.Fatalf("%d samples, want 2", len(st.ClusterPolicies))
 	}
 	rs := Compile(st)
-	if len(rs.Problems) > 0 {
-		t.Errorf("problems: %+v", rs.Problems)
+	if pr := rs.Problems(); len(pr) > 0 {
+		t.Errorf("problems: %+v", pr)
 	}
 	for _, p := range []tierProbe{
 		{"x/a", "169.254.169.254", "tcp", 80, false, false},

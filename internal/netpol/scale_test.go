@@ -59,7 +59,7 @@ func BenchmarkCompile1000Pods1000Policies(b *testing.B) {
 	st := syntheticState(1000, 1000, 30)
 	var rs *Ruleset
 	for b.Loop() {
-		rs = Compile(st)
+		rs = Compile(st).V4
 	}
 	n := 0
 	for _, s := range rs.Sets {

@@ -503,9 +503,9 @@ type ClusterPolicyState struct {
 }
 
 // ClusterPolicyStates are the states of st's ClusterNetworkPolicies once rs is applied.
-func ClusterPolicyStates(st State, rs *Ruleset) []ClusterPolicyState {
+func ClusterPolicyStates(st State, rs Rulesets) []ClusterPolicyState {
 	problems := map[string][]string{}
-	for _, p := range rs.Problems {
+	for _, p := range rs.Problems() {
 		if p.ClusterPolicy != "" {
 			problems[p.ClusterPolicy] = append(problems[p.ClusterPolicy], p.Message)
 		}

@@ -211,11 +211,11 @@ func TestClusterNetworkPolicyTiers(t *testing.T) {
 					t.Fatalf("evaluating %v: %v", p, err)
 				}
 				if got != p.allowed {
-					t.Errorf("%s -> %s %s/%d (to host %v): allowed=%v, want %v\n%s", p.from, p.to, p.proto, p.port, p.toHost, got, p.allowed, dump(rs))
+					t.Errorf("%s -> %s %s/%d (to host %v): allowed=%v, want %v\n%s", p.from, p.to, p.proto, p.port, p.toHost, got, p.allowed, dump(rs.V4))
 				}
 			}
 			var problems []string
-			for _, pr := range rs.Problems {
+			for _, pr := range rs.Problems() {
 				problems = append(problems, pr.ClusterPolicy+": "+pr.Message)
 			}
 			for _, want := range tc.problems {
@@ -242,7 +242,7 @@ func TestClusterNetworkPolicyChains(t *testing.T) {
 	st.Policies = []*networkingv1.NetworkPolicy{np("x", "np", map[string]string{"pod": "a"}, onlyIngress, nil, nil)}
 	rs := Compile(st)
 	chains := map[string]PodChain{}
-	for _, pc := range rs.PodChains {
+	for _, pc := range rs.PodChains() {
 		chains[pc.Pod.String()+"/"+string(pc.Direction)] = pc
 	}
 	if pc := chains["x/a/ingress"]; pc.TailChain == "" || !slices.Equal(pc.ClusterPolicies, []string{"pass"}) {
@@ -255,7 +255,7 @@ func TestClusterNetworkPolicyChains(t *testing.T) {
 		t.Error("x/a has an egress chain though nothing governs its egress")
 	}
 	var toHost []string
-	for _, c := range rs.Chains {
+	for _, c := range rs.V4.Chains {
 		if c.Name == ChainPodToHost {
 			for _, r := range c.Rules {
 				toHost = append(toHost, r.String())
@@ -288,10 +288,10 @@ func TestClusterNetworkPolicyPartlyUnreadableAccept(t *testing.T) {
 	}
 	rs := Compile(st)
 	if ok, err := rs.Allowed(Packet{Src: podIP(st, "y/b"), Dst: podIP(st, "x/a"), Protocol: "tcp", DstPort: 80, InInterface: "trlyb", OutInterface: "trlxa"}); err != nil || ok {
-		t.Errorf("y/b -> x/a allowed=%v (%v): a partly unreadable Accept let it past the Deny\n%s", ok, err, dump(rs))
+		t.Errorf("y/b -> x/a allowed=%v (%v): a partly unreadable Accept let it past the Deny\n%s", ok, err, dump(rs.V4))
 	}
-	if len(rs.Problems) != 1 || rs.Problems[0].ClusterPolicy != "accept" {
-		t.Errorf("problems %+v, want the unreadable peer of accept", rs.Problems)
+	if pr := rs.Problems(); len(pr) != 1 || pr[0].ClusterPolicy != "accept" {
+		t.Errorf("problems %+v, want the unreadable peer of accept", pr)
 	}
 }
 
@@ -310,10 +310,10 @@ func TestLongNamesFitComments(t *testing.T) {
 	st.Pods[0].Name = strings.Repeat("p", 250)
 	st.Endpoints[0].Pod = st.Pods[0].Key()
 	rs := Compile(st)
-	if err := rs.validate(); err != nil {
+	if err := rs.V4.validate(); err != nil {
 		t.Errorf("the kernel would refuse the rules of long names: %v", err)
 	}
-	if err := rs.CutOff(rs.IsolatedPods()).validate(); err != nil {
+	if err := rs.CutOff(rs.IsolatedPods()).V4.validate(); err != nil {
 		t.Errorf("the kernel would refuse the cut-off rules of long names: %v", err)
 	}
 }

@@ -2,6 +2,8 @@ package netpol
 
 import (
 	"slices"
+
+	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
 // TraceStep is one rule that matched a packet, in the order the kernel meets them.
@@ -27,28 +29,26 @@ type Trace struct {
 
 // Trace evaluates the first packet of a connection as Allowed does (the same evaluator)
 // and records every rule that matched on the way.
-func (rs *Ruleset) Trace(p Packet) (Trace, error) {
+func (rs Rulesets) Trace(p Packet) (Trace, error) {
 	return rs.traceWith(rs.Evaluator(), p)
 }
 
-func (rs *Ruleset) traceWith(ev *Evaluator, p Packet) (Trace, error) {
-	ev, err := ev.family(p)
+func (rs Rulesets) traceWith(ev *Evaluator, p Packet) (Trace, error) {
+	fe, err := ev.family(p)
 	if err != nil {
 		return Trace{}, err
 	}
-	if !p.Src.Is4() {
-		rs = rs.IPv6
-	}
+	r := rs.Get(ipfamily.Of(p.Src))
 	var steps []TraceStep
-	e := &evaluator{chains: ev.chains, sets: ev.sets, p: p, matched: func(chain string, i int) {
-		steps = append(steps, TraceStep{Chain: chain, Index: i, Rule: ev.chains[chain][i]})
+	e := &evaluator{chains: fe.chains, sets: fe.sets, p: p, matched: func(chain string, i int) {
+		steps = append(steps, TraceStep{Chain: chain, Index: i, Rule: fe.chains[chain][i]})
 	}}
 	verdict, err := e.run(entryChain(p), 0)
 	if err != nil {
 		return Trace{}, err
 	}
-	comments := make(map[string]string, len(rs.Sets))
-	for _, s := range rs.Sets {
+	comments := make(map[string]string, len(r.Sets))
+	for _, s := range r.Sets {
 		comments[s.Name] = s.Comment
 	}
 	for i := range steps {

@@ -42,7 +42,7 @@ type compiledKube struct {
 	v6       bool
 	mu       sync.Mutex
 	gen, at  int
-	compiled *netpol.Ruleset
+	compiled netpol.Rulesets
 	// eval indexes compiled once: a case's probes (81 pod pairs, 2 ports, 3 protocols)
 	// would each split every rule again.
 	eval   *netpol.Evaluator
@@ -130,7 +130,7 @@ func (k *compiledKube) DeletePod(ns, pod string) error {
 func (k *compiledKube) ruleset() (*netpol.Evaluator, map[netip.Addr]string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.compiled != nil && k.at == k.gen {
+	if k.eval != nil && k.at == k.gen {
 		return k.eval, k.ifaces
 	}
 	st := netpol.State{}
@@ -311,10 +311,11 @@ func golden(t *testing.T, v6 bool, got string) {
 	t.Errorf("%d cases render other rules than %s pins (-update rewrites it when that is meant)", differ, path)
 }
 
-// rendered is rs (and its IPv6 ruleset) as iptables-restore and ipset restore would read it.
-func rendered(rs *netpol.Ruleset) string {
+// rendered is each family's ruleset as iptables-restore and ipset restore would read it.
+func rendered(rs netpol.Rulesets) string {
 	var b strings.Builder
-	for r, family := rs, "inet"; r != nil; r, family = r.IPv6, "inet6" {
+	for f, r := range rs.All() {
+		family := f.SetFamily()
 		fmt.Fprintf(&b, "# %s\n*filter\n", family)
 		for _, c := range r.Chains {
 			fmt.Fprintf(&b, ":%s\n", c.Name)

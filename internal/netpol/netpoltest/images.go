@@ -8,6 +8,7 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 )
 
@@ -34,10 +35,10 @@ func Cidr6(s string) string {
 	return netip.PrefixFrom(To6(p.Addr()), p.Bits()+96).Masked().String()
 }
 
-// DualStack is st with pods and endpoints given their IPv6 images, and netpol.State.IPv6.
+// DualStack is st with pods and endpoints given their IPv6 images, and both families.
 func DualStack(st netpol.State) netpol.State {
 	out := st
-	out.IPv6 = true
+	out.Families = ipfamily.All
 	out.Pods = nil
 	for _, p := range st.Pods {
 		cp := *p

@@ -18,6 +18,7 @@ import (
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
 	"github.com/trellis-net/trellis/internal/cnicontract"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/test/bench/benchrun"
 )
@@ -39,9 +40,8 @@ func policyDispatch(n *node) error {
 		if err != nil {
 			return err
 		}
-		// A dual-stack cluster's policy is enforced for IPv6 too (ip6tables, inet6 sets).
 		dual := n.block6.IsValid()
-		st := netpol.State{Namespaces: []*netpol.Namespace{{Name: benchPodNamespace}}, IPv6: dual}
+		st := netpol.State{Namespaces: []*netpol.Namespace{{Name: benchPodNamespace}}, Families: familiesOf(n)}
 		for _, p := range n.pods {
 			iface := wired[p.ip]
 			if iface == "" || dual && wired[p.ip6] != iface {
@@ -52,11 +52,11 @@ func policyDispatch(n *node) error {
 			st.Endpoints = append(st.Endpoints, netpol.Endpoint{Pod: pod.Key(), IP: p.ip, IPv6: p.ip6, Interface: iface})
 		}
 		rs := netpol.Compile(st)
-		if len(rs.Endpoints) != len(n.pods) || len(rs.PodChains) != 0 || len(rs.Problems) != 0 {
+		if len(rs.V4.Endpoints) != len(n.pods) || len(rs.PodChains()) != 0 || len(rs.Problems()) != 0 {
 			return fmt.Errorf("policy dispatch on %s: compiled %d endpoints, %d pod chains, problems %v; want %d, 0, none",
-				n.netns, len(rs.Endpoints), len(rs.PodChains), rs.Problems, len(n.pods))
+				n.netns, len(rs.V4.Endpoints), len(rs.PodChains()), rs.Problems(), len(n.pods))
 		}
-		a := policy.KernelApplier{IPv6: dual}
+		a := policy.KernelApplier{Families: st.Families}
 		if _, err := a.Apply(rs, true); err != nil {
 			return fmt.Errorf("policy dispatch on %s: %w", n.netns, err)
 		}
@@ -101,7 +101,7 @@ func ablate(ctx context.Context, c *cluster) error {
 			case sideNoAntiSpoof:
 				err = removeChains(ctx, n, netfilter.Raw, datapath.ChainRaw)
 			case sideNoDispatch:
-				err = inNetns(n.netns, func() error { return (&policy.KernelApplier{IPv6: n.block6.IsValid()}).Remove() })
+				err = inNetns(n.netns, func() error { return (&policy.KernelApplier{Families: familiesOf(n)}).Remove() })
 				if err == nil {
 					err = dropEmptyTable(ctx, n, netfilter.Filter)
 				}
@@ -395,4 +395,13 @@ func netfilterSummary(ctx context.Context, n *node) (string, error) {
 		return "none", nil
 	}
 	return strings.Join(parts, ", "), nil
+}
+
+// familiesOf are n's families: IPv4, and IPv6 with an IPv6 block (a dual-stack cluster's
+// policy is enforced for IPv6 too: ip6tables, inet6 sets).
+func familiesOf(n *node) []ipfamily.Family {
+	if n.block6.IsValid() {
+		return ipfamily.All
+	}
+	return []ipfamily.Family{ipfamily.IPv4}
 }

@@ -139,7 +139,7 @@ func runAgent(o agentOptions, node string) (err error) {
 		SetupTimeout: hookTimeout,
 		// Deny logs on everywhere: the flood row measures the allowed path beside them.
 		DenyLog: denyLog(o),
-		OnSync: func(st policy.Status, rs *netpol.Ruleset, took time.Duration) {
+		OnSync: func(st policy.Status, rs netpol.Rulesets, took time.Duration) {
 			denyLogs.SetRules(rs)
 			ev := event{Kind: "sync", OK: st.Err == nil, Seconds: took.Seconds(), Rules: st.Rules, Sets: st.Sets,
 				SetEntries: st.SetMembers, Isolated: st.IsolatedIngress + st.IsolatedEgress}

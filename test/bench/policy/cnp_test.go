@@ -158,7 +158,7 @@ func benchState(change func(*[]*networkingv1.NetworkPolicy, *[]*policyv1beta1.Cl
 
 // allowed tells whether a TCP connection from real pod from (or, for an address, from
 // outside the node) to real pod to's port is allowed.
-func allowed(t *testing.T, rs *netpol.Ruleset, from, to, proto string, port int) bool {
+func allowed(t *testing.T, rs netpol.Rulesets, from, to, proto string, port int) bool {
 	t.Helper()
 	n := &node{}
 	p := netpol.Packet{Dst: realPodIP(slices.Index(realPods, to)), Protocol: proto, DstPort: port, OutInterface: n.hostVeth(to)}
@@ -181,7 +181,7 @@ func allowed(t *testing.T, rs *netpol.Ruleset, from, to, proto string, port int)
 // priority edit) cuts client off where it probes. No ClusterNetworkPolicy has a problem.
 func TestProbesUnderClusterPolicies(t *testing.T) {
 	rs := netpol.Compile(benchState(nil))
-	for _, p := range rs.Problems {
+	for _, p := range rs.Problems() {
 		t.Errorf("problem: %+v", p)
 	}
 	for _, c := range []struct {
@@ -195,7 +195,7 @@ func TestProbesUnderClusterPolicies(t *testing.T) {
 	}
 	// The measured pods are under ClusterNetworkPolicies beside the probes' own.
 	under := map[string]int{}
-	for _, pc := range rs.PodChains {
+	for _, pc := range rs.PodChains() {
 		for _, name := range pc.ClusterPolicies {
 			if strings.HasPrefix(name, "cnp-") {
 				under[fmt.Sprintf("%s %s", pc.Pod.Name, pc.Direction)]++
