@@ -15,6 +15,11 @@ export TRELLIS_CACHE
 KUBEBUILDER_ASSETS ?= $(TRELLIS_CACHE)/k8s/$(K8S_VERSION)
 export KUBEBUILDER_ASSETS
 KUBECTL ?= kubectl
+# Every Go build the targets run — vet, the tests, the binaries the tests build, the local
+# cluster's images — is without cgo, as the release binaries are: one configuration, so
+# each package is compiled once for all of them (a fresh machine's make test compiles the
+# dependencies once, not once per configuration), and the tests run what ships.
+export CGO_ENABLED ?= 0
 GO_TEST_FLAGS ?= -count=1 -timeout=30m
 # The e2e package's cluster suites (TestXCluster: a shared local cluster each) run
 # E2E_PARALLEL at a time.
@@ -99,17 +104,25 @@ lint-cli-portable: ## Build kubectl-trellis for darwin and windows (amd64), as m
 	done; \
 	[ -z "$$failed" ] || { echo "lint-cli-portable: kubectl-trellis does not build for$$failed" >&2; exit 1; }
 
-.PHONY: deps
-deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus, the upstream e2e.test + ginkgo and gotestsum into $(TRELLIS_CACHE)).
+# make deps runs its builds DEPS_JOBS at a time: the Kubernetes chain (the binaries, then
+# e2e.test and agnhost, which reuse their compiled packages, so never beside them) beside
+# the other tools. A fresh machine's builds download and link as much as they compile, and
+# one at a time leaves a CPU idle then. Each build's output is printed when it ends, with
+# its time; a build with everything in place takes no time.
+DEPS_JOBS ?= 2
+DEPS_BUILDS := build-k8s build-olm build-prometheus build-coredns build-runtime-tools build-kwok build-gotestsum build-e2e build-agnhost
+
+.PHONY: deps $(DEPS_BUILDS:%=deps-%)
+deps: ## Install what the tests need (apt packages; k8s binaries, crictl, reference CNI plugins, OLM, opm, kwok, CoreDNS, Prometheus, the upstream e2e.test + ginkgo, agnhost and gotestsum into $(TRELLIS_CACHE)), DEPS_JOBS builds at a time.
 	hack/install-deps.sh
-	hack/build-k8s.sh >/dev/null
-	hack/build-runtime-tools.sh >/dev/null
-	hack/build-olm.sh >/dev/null
-	hack/build-kwok.sh >/dev/null
-	hack/build-coredns.sh >/dev/null
-	hack/build-prometheus.sh >/dev/null
-	hack/build-e2e.sh >/dev/null
-	hack/build-gotestsum.sh >/dev/null
+	@$(MAKE) --no-print-directory -j$(DEPS_JOBS) --output-sync=target $(DEPS_BUILDS:%=deps-%)
+
+$(DEPS_BUILDS:%=deps-%): deps-%:
+	@start=$$(date +%s); hack/$*.sh >/dev/null || exit 1; echo "deps: $* ready ($$(($$(date +%s) - start)) s)"
+
+# e2e.test and agnhost are built from the same Kubernetes module as the binaries: after them,
+# they compile only what the binaries don't share.
+deps-build-e2e deps-build-agnhost: | deps-build-k8s
 
 # The ClusterNetworkPolicy conformance tests make test runs (make conformance-cnp runs all):
 # both tiers with NetworkPolicy, priorities, TCP and UDP rules, the experimental named ports.

@@ -2,8 +2,10 @@
 # make test's stages, timed against their budgets (docs/development.md gives the same
 # table; test/docs checks that it does).
 #
-# First the checks every stage needs, one after another, stopping at the first failure:
-# deps, generate (manifests, deep copies, bundle, catalog), vet, lint. Then two lanes that
+# First the checks, one after another, stopping at the first failure: generate (manifests,
+# deep copies, bundle, catalog), vet, lint; beside them, deps builds what the lanes need
+# (the checks need none of it; on a fresh machine both are mostly builds, and two CPUs
+# carry them together better than one after the other). Then two lanes that
 # run at once (the cluster tests mostly wait on timeouts and probes): the Go tests, fuzz,
 # the bundle, the NetworkPolicy conformance subset's IPv6 pass, the ClusterNetworkPolicy
 # subset and the upstream [sig-network] subset; the e2e suite (its shared clusters
@@ -41,34 +43,24 @@ declare -A BUDGET=(
 # The order of the summary table.
 STAGES=(deps generate vet lint unit fuzz bundle e2e conformance-ipv4 upstream conformance-ipv6 cnp)
 
-# stage NAME CMD...: runs CMD, records its status and time in $STAGE_LOGS/NAME.result.
-# With LIVE=1 the output goes to the terminal as it comes (and to the log); otherwise to
-# the log, printed when CMD ends.
+# stage NAME CMD...: runs CMD, records its status and time in $STAGE_LOGS/NAME.result. The
+# output goes to the log, printed whole when CMD ends.
 stage() {
 	local name=$1 start rc
 	shift
 	[[ -n "${BUDGET[$name]:-}" ]] || { echo "test-stages: stage $name has no budget" >&2; return 1; }
 	start=$(date +%s)
 	echo "==> $name: started $(date -u +%H:%M:%S) (budget ${BUDGET[$name]} s)"
-	if [[ "${LIVE:-0}" == 1 ]]; then
-		"$@" 2>&1 | tee "$STAGE_LOGS/$name.log"
-		rc=${PIPESTATUS[0]}
-	else
-		"$@" >"$STAGE_LOGS/$name.log" 2>&1
-		rc=$?
-	fi
+	"$@" >"$STAGE_LOGS/$name.log" 2>&1
+	rc=$?
 	local took=$(($(date +%s) - start)) verdict=PASS
 	((rc == 0)) || verdict="FAIL (exit $rc)"
 	echo "$verdict $took" >"$STAGE_LOGS/$name.result"
-	if [[ "${LIVE:-0}" != 1 ]]; then
-		flock 9
-		echo "==> $name: output ($STAGE_LOGS/$name.log)"
-		cat "$STAGE_LOGS/$name.log"
-		echo "==> $name: $verdict in $took s (budget ${BUDGET[$name]} s)"
-		flock -u 9
-	else
-		echo "==> $name: $verdict in $took s (budget ${BUDGET[$name]} s)"
-	fi
+	flock 9
+	echo "==> $name: output ($STAGE_LOGS/$name.log)"
+	cat "$STAGE_LOGS/$name.log"
+	echo "==> $name: $verdict in $took s (budget ${BUDGET[$name]} s)"
+	flock -u 9
 	return "$rc"
 }
 
@@ -100,15 +92,25 @@ summary() {
 
 T0=$(date +%s)
 trap 'summary' EXIT
-trap 'trap - EXIT; kill 0; exit 130' INT TERM # the lanes too
+trap 'trap - EXIT; [[ -n "${deps_pid:-}" ]] && kill -- -"$deps_pid" 2>/dev/null; kill 0; exit 130' INT TERM # the lanes and deps too
 
-# The checks, in order; the first failure ends the run.
-LIVE=1 stage deps "$MAKE" --no-print-directory deps || exit 1
-LIVE=1 stage generate "$MAKE" --no-print-directory manifests generate bundle catalog || exit 1
-LIVE=1 stage vet "$MAKE" --no-print-directory vet || exit 1
-LIVE=1 stage lint "$MAKE" --no-print-directory lint || exit 1
-# Built once, before the lanes that use it start at once.
-hack/build-agnhost.sh >/dev/null || exit 1
+# stop ends the run at a failed check or deps: deps's builds stopped (their process group),
+# then the summary (the EXIT trap).
+stop() {
+	kill -- -"$deps_pid" 2>/dev/null
+	exit 1
+}
+
+# deps beside the checks, in order; the first failure of either ends the run. deps runs in
+# a process group of its own (set -m), so that stop ends its builds and nothing else.
+set -m
+stage deps "$MAKE" --no-print-directory deps &
+deps_pid=$!
+set +m
+stage generate "$MAKE" --no-print-directory manifests generate bundle catalog || stop
+stage vet "$MAKE" --no-print-directory vet || stop
+stage lint "$MAKE" --no-print-directory lint || stop
+wait "$deps_pid" || stop
 
 # The lanes: two, so that the machine is never loaded past what timing checks bear (an
 # agent restart's gap under 1 s, a kube-apiserver starting): about three local clusters

@@ -221,7 +221,11 @@ func goBuild(ctx context.Context, root, dir, version string, pkgs []string) erro
 }
 
 func goBuildIn(ctx context.Context, goBin, moduleDir, dir, version string, pkgs []string) error {
-	args := append([]string{"build", "-trimpath",
+	// Not -trimpath, and without cgo as make exports it: the configuration of the tests'
+	// own builds, so the images' packages come out of the build cache the tests filled
+	// (the test bed's binaries need not be reproducible; the released ones are built by
+	// make build).
+	args := append([]string{"build",
 		"-ldflags=-s -w -X github.com/trellis-net/trellis/internal/version.Version=" + version,
 		"-o", dir + "/"}, pkgs...)
 	var out []byte
