@@ -3,7 +3,6 @@ package policy
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/trellis-net/trellis/agent/ipset"
@@ -236,8 +235,9 @@ func (a *KernelApplier) FilterCounters() (string, error) {
 // kernelSets are rs's sets as agent/ipset takes them, of family ("inet" or "inet6").
 func kernelSets(rs *netpol.Ruleset, family string) []ipset.Set {
 	out := make([]ipset.Set, 0, len(rs.Sets))
-	for _, s := range rs.Sets {
-		ks := ipset.Set{Name: s.Name, Type: string(s.Type)}
+	for i := range rs.Sets {
+		s := &rs.Sets[i]
+		ks := ipset.Set{Name: s.Name, Type: string(s.Type), Entries: ipsetEntries(s)}
 		if family != "inet" {
 			ks.Family = family
 		}
@@ -246,10 +246,6 @@ func kernelSets(rs *netpol.Ruleset, family string) []ipset.Set {
 			for ks.MaxElem < 2*n {
 				ks.MaxElem *= 2
 			}
-		}
-		for _, m := range s.Members {
-			member, nomatch := strings.CutSuffix(m, " nomatch")
-			ks.Entries = append(ks.Entries, ipset.Entry{Member: member, NoMatch: nomatch})
 		}
 		out = append(out, ks)
 	}

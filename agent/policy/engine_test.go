@@ -143,7 +143,7 @@ func TestEnsurePodProgramsBeforeAnswering(t *testing.T) {
 	}
 	inSet := false
 	for _, s := range rs.V4.Sets {
-		if strings.Contains(s.Comment, "{app=web}") && len(s.Members) == 1 && s.Members[0] == "10.244.1.7" {
+		if strings.Contains(s.Comment, "{app=web}") && len(s.Members) == 1 && s.Members[0] == (netpol.Member{Addr: netip.MustParseAddr("10.244.1.7")}) {
 			inSet = true
 		}
 	}
@@ -280,13 +280,13 @@ func TestEnsurePodProgramsIPv6BeforeAnswering(t *testing.T) {
 			t.Errorf("%s -> %s allowed=%v (%v) when the hook answered, want %s\n%s", c.src, c.dst, allowed, err, c.whatWant, dump(netpol.Rulesets{V6: rs.V6}))
 		}
 	}
-	var members []string
+	var members []netpol.Member
 	for _, s := range rs.V6.Sets {
 		if strings.Contains(s.Comment, "{app=web}") {
 			members = s.Members
 		}
 	}
-	if !slices.Equal(members, []string{web6.String(), only6.String()}) {
+	if !slices.Equal(members, []netpol.Member{{Addr: web6}, {Addr: only6}}) {
 		t.Errorf("the IPv6 app=web selector set holds %v, want web-0's and web-1's IPv6 addresses\n%s", members, dump(netpol.Rulesets{V6: rs.V6}))
 	}
 }

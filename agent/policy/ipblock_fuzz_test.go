@@ -361,7 +361,7 @@ func setsOf(rs netpol.Rulesets) string {
 	var b strings.Builder
 	for _, r := range rs.All() {
 		for _, s := range r.Sets {
-			fmt.Fprintf(&b, "  set %s %s %v\n", s.Name, s.Type, s.Members)
+			fmt.Fprintf(&b, "  set %s %s %q\n", s.Name, s.Type, policy.IPSetMembers(&s))
 		}
 	}
 	return b.String()

@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
@@ -64,11 +65,69 @@ const (
 type Set struct {
 	Name string
 	Type SetType
-	// Members in ipset's notation, sorted ("10.0.0.0/24", "10.0.0.0/28 nomatch",
-	// "10.1.2.3,tcp:8080").
-	Members []string
+	// Members, each once, in Member.Compare's order.
+	Members []Member
 	// Comment says what the set stands for (for people reading `ipset list`).
 	Comment string
+}
+
+// Member is one member of a Set, of the set's type: an address (SetIP), a network
+// (SetNet) or an address with a protocol and port (SetIPPort). It is in no dataplane's
+// notation: a renderer writes it in its own (agent/policy: ipset's).
+type Member struct {
+	// Addr is a SetIP or SetIPPort member's address.
+	Addr netip.Addr
+	// Prefix is a SetNet member's network.
+	Prefix netip.Prefix
+	// Protocol ("tcp", "udp" or "sctp", as Rule.Protocol names it) and Port are a
+	// SetIPPort member's: a port a pod declares under a name.
+	Protocol string
+	Port     uint16
+	// NoMatch makes a SetNet member an exception: an address whose most specific member
+	// is one is not in the set (an except carved out of a larger prefix; Compile's
+	// ipBlocks need none, they are disjoint prefixes: ipBlockPrefixes). Last, beside
+	// Port: a member is 80 bytes rather than 88, and sets hold thousands.
+	NoMatch bool
+}
+
+// Compare orders members by address, then network (address, then length, an exception
+// after the same prefix matched), then protocol and port: a deterministic order of the
+// typed values (a renderer orders its text as it needs).
+func (m Member) Compare(o Member) int {
+	// Early returns: sets of thousands of pods are sorted on every change.
+	if c := m.Addr.Compare(o.Addr); c != 0 {
+		return c
+	}
+	if m.Prefix != o.Prefix {
+		if c := m.Prefix.Addr().Compare(o.Prefix.Addr()); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(m.Prefix.Bits(), o.Prefix.Bits()); c != 0 {
+			return c
+		}
+	}
+	if m.NoMatch != o.NoMatch {
+		if m.NoMatch {
+			return 1
+		}
+		return -1
+	}
+	return cmp.Or(strings.Compare(m.Protocol, o.Protocol), cmp.Compare(m.Port, o.Port))
+}
+
+// String is the member for people (tests print it), in no dataplane's notation:
+// "10.0.0.1", "10.0.0.0/24", "!10.0.0.0/28" (an exception), "10.0.0.1:8080/tcp".
+func (m Member) String() string {
+	switch {
+	case m.Prefix.IsValid() && m.NoMatch:
+		return "!" + m.Prefix.String()
+	case m.Prefix.IsValid():
+		return m.Prefix.String()
+	case m.Protocol != "":
+		return netip.AddrPortFrom(m.Addr, m.Port).String() + "/" + m.Protocol
+	default:
+		return m.Addr.String()
+	}
 }
 
 // Chain is a desired chain of the filter table and its rules.
@@ -167,7 +226,7 @@ func (c *compiler) compile(st State) *Ruleset {
 	eps := slices.Clone(st.Endpoints)
 	sort.Slice(eps, func(i, j int) bool { return eps[i].Interface < eps[j].Interface })
 	var toPod, fromPod, toHost []Rule
-	var isolated []string
+	var isolated []Member
 	if c.family == ipfamily.IPv6 {
 		toHost = slices.Clone(neighbourDiscovery)
 	}
@@ -211,7 +270,7 @@ func (c *compiler) compile(st State) *Ruleset {
 			fromPod = append(fromPod, Rule{InIface: ep.Interface, Verdict: Return})
 		}
 		if !inTiers.empty() || !outTiers.empty() {
-			isolated = append(isolated, addr.String())
+			isolated = append(isolated, Member{Addr: addr})
 		}
 		c.rs.Endpoints = append(c.rs.Endpoints, ep)
 	}
@@ -611,24 +670,24 @@ func (c *compiler) selectorSet(ns string, nsSel, podSel labels.Selector) string 
 	f := c.family
 	if nsSel == nil { // pods of the policy's own namespace
 		def = podSetDef{namespace: ns, comment: fmt.Sprintf("pods of namespace %s matching {%s}", ns, podSel),
-			entries: func(p *Pod, _ map[string]*Namespace) []string {
+			entries: func(out []Member, p *Pod, _ map[string]*Namespace) []Member {
 				if a := p.Addr(f); a.IsValid() && p.Namespace == ns && podSel.Matches(labels.Set(p.Labels)) {
-					return []string{a.String()}
+					return append(out, Member{Addr: a})
 				}
-				return nil
+				return out
 			}}
 	} else {
 		def = podSetDef{namespaced: true, comment: fmt.Sprintf("pods matching {%s} in namespaces matching {%s}", podSel, nsSel),
-			entries: func(p *Pod, nss map[string]*Namespace) []string {
+			entries: func(out []Member, p *Pod, nss map[string]*Namespace) []Member {
 				a := p.Addr(f)
 				if !a.IsValid() {
-					return nil
+					return out
 				}
 				n := nss[p.Namespace]
 				if n != nil && nsSel.Matches(labels.Set(n.Labels)) && podSel.Matches(labels.Set(p.Labels)) {
-					return []string{a.String()}
+					return append(out, Member{Addr: a})
 				}
-				return nil
+				return out
 			}}
 	}
 	return c.podSet(key, SetIP, def)
@@ -650,15 +709,16 @@ func (c *compiler) ipBlockSet(b *networkingv1.IPBlock) (string, error) {
 // from, for the comment). Named by what it holds: peers written differently that cover
 // the same addresses share one set, and the name doesn't depend on which policy came first.
 func (c *compiler) netSet(what string, prefixes []netip.Prefix) string {
-	members := make([]string, len(prefixes))
+	members := make([]Member, len(prefixes))
+	texts := make([]string, len(prefixes)) // the name's key and the comment
 	for i, p := range prefixes {
-		members[i] = p.String()
+		members[i], texts[i] = Member{Prefix: p}, p.String()
 	}
-	comment := what + " " + strings.Join(members[:min(len(members), 4)], " ")
-	if len(members) > 4 {
-		comment += fmt.Sprintf(" and %d more prefixes", len(members)-4)
+	comment := what + " " + strings.Join(texts[:min(len(texts), 4)], " ")
+	if len(texts) > 4 {
+		comment += fmt.Sprintf(" and %d more prefixes", len(texts)-4)
 	}
-	return c.set("net|"+strings.Join(members, ","), SetNet, members, comment)
+	return c.set("net|"+strings.Join(texts, ","), SetNet, members, comment)
 }
 
 // portMatches are the matches for one NetworkPolicyPort. A named port resolves,
@@ -699,21 +759,24 @@ func (c *compiler) portMatches(np *networkingv1.NetworkPolicy, pod *Pod, port *n
 	}
 	f := c.family
 	set := c.podSet(key, SetIPPort, podSetDef{comment: fmt.Sprintf("pods with a %s port named %s", proto, name),
-		entries: func(peer *Pod, _ map[string]*Namespace) []string {
+		entries: func(out []Member, peer *Pod, _ map[string]*Namespace) []Member {
 			a := peer.Addr(f)
 			if !a.IsValid() {
-				return nil
+				return out
 			}
-			var out []string
 			for _, cp := range peer.Ports {
-				if cp.Name == name && cp.Protocol == proto {
-					out = append(out, fmt.Sprintf("%s,%s:%d", a, p, cp.Port))
+				if cp.Name == name && cp.Protocol == proto && validPort(cp.Port) {
+					out = append(out, Member{Addr: a, Protocol: p, Port: uint16(cp.Port)})
 				}
 			}
 			return out
 		}})
 	return []portMatch{{protocol: p, set: set}}
 }
+
+// validPort tells whether a container port is one the API admits (1-65535): any other
+// value is no port a peer can be reached at, not one cut to 16 bits.
+func validPort(p int32) bool { return p >= 1 && p <= 65535 }
 
 // portRange is the range first..last of ports the API gives as int32 (validated to 1-65535).
 func portRange(first, last int32) *PortRange {
@@ -738,7 +801,7 @@ func (c *compiler) podSet(key string, typ SetType, def podSetDef) string {
 		}
 		peers = c.byNamespace[def.namespace]
 	}
-	var members []string
+	var members []Member
 	if c.memo != nil {
 		members = c.memo.members(c.keyPrefix+key, def, peers, c.namespaces)
 	} else {
@@ -749,12 +812,12 @@ func (c *compiler) podSet(key string, typ SetType, def podSetDef) string {
 }
 
 // set registers a set by its content key and returns its name.
-func (c *compiler) set(key string, typ SetType, members []string, comment string) string {
+func (c *compiler) set(key string, typ SetType, members []Member, comment string) string {
 	name := setPrefix + hashName(c.keyPrefix+key, 20)
 	c.setNames[key] = name
 	if _, ok := c.sets[name]; !ok {
 		m := slices.Clone(members)
-		slices.Sort(m)
+		slices.SortFunc(m, Member.Compare)
 		m = slices.Compact(m)
 		c.sets[name] = &Set{Name: name, Type: typ, Members: m, Comment: comment}
 	}

@@ -520,40 +520,47 @@ func TestCompileIPv6Rules(t *testing.T) {
 	if rs == nil || v6 == nil {
 		t.Fatal("a dual-stack state did not give a ruleset of each family")
 	}
+	// The address of a member of any type.
+	addr := func(m Member) netip.Addr {
+		if m.Prefix.IsValid() {
+			return m.Prefix.Addr()
+		}
+		return m.Addr
+	}
 	names := map[string]bool{}
 	for _, s := range rs.Sets {
 		names[s.Name] = true
 		for _, m := range s.Members {
-			if strings.Contains(m, ":") && !strings.Contains(m, ",") || strings.Contains(m, "::") {
-				t.Errorf("IPv4 set %s (%s) holds %q", s.Name, s.Comment, m)
+			if !addr(m).Is4() {
+				t.Errorf("IPv4 set %s (%s) holds %v", s.Name, s.Comment, m)
 			}
 		}
 	}
-	members := map[string][]string{}
+	members := map[string][]Member{}
 	for _, s := range v6.Sets {
 		if names[s.Name] {
 			t.Errorf("set %s is in both families' rules", s.Name)
 		}
 		for _, m := range s.Members {
-			a, _, _ := strings.Cut(strings.TrimSuffix(m, " nomatch"), ",")
-			a, _, _ = strings.Cut(a, "/")
-			if ip, err := netip.ParseAddr(a); err != nil || !ip.Is6() {
-				t.Errorf("IPv6 set %s (%s) holds %q", s.Name, s.Comment, m)
+			if a := addr(m); !a.Is6() || a.Is4In6() {
+				t.Errorf("IPv6 set %s (%s) holds %v", s.Name, s.Comment, m)
 			}
 		}
 		members[s.Comment] = s.Members
 	}
-	var blocks []string
+	var blocks []Member
 	for c, m := range members {
 		if strings.HasPrefix(c, "ipBlock") {
 			blocks = append(blocks, m...)
 		}
 	}
+	net := func(s string) Member { return Member{Prefix: netip.MustParsePrefix(s)} }
 	// ::/1, and 8000::/1 split around the hole: 15 prefixes from /2 to /16.
-	if len(blocks) != 1+15 || !slices.Contains(blocks, "::/1") || !slices.Contains(blocks, "fe00::/7") || slices.Contains(blocks, "8000::/1") {
+	if len(blocks) != 1+15 || !slices.Contains(blocks, net("::/1")) || !slices.Contains(blocks, net("fe00::/7")) || slices.Contains(blocks, net("8000::/1")) {
 		t.Errorf("::/0 except fd00::/16 is %v; want ::/1 and 8000::/1 minus fd00::/16 (and no IPv4 block)", blocks)
 	}
-	if m := members["pods with a TCP port named http"]; !slices.Contains(m, to6(podIP(st, "y/c")).String()+",tcp:8080") || slices.Contains(m, "10.244.1.16,tcp:8080") {
+	http := func(a netip.Addr) Member { return Member{Addr: a, Protocol: "tcp", Port: 8080} }
+	if m := members["pods with a TCP port named http"]; !slices.Contains(m, http(to6(podIP(st, "y/c")))) || slices.Contains(m, http(podIP(st, "y/c"))) {
 		t.Errorf("the named port set is %v", m)
 	}
 	var toHost, self []Rule

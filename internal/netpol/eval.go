@@ -51,9 +51,17 @@ type familyEvaluator struct {
 
 type indexedSet struct {
 	typ   SetType
-	addrs map[netip.Addr]bool // hash:ip
-	ports map[string]bool     // hash:ip,port ("10.0.0.1,tcp:80")
-	nets  []netEntry
+	addrs map[netip.Addr]bool // SetIP
+	ports map[addrPort]bool   // SetIPPort
+	nets  []netEntry          // SetNet
+}
+
+// addrPort is a SetIPPort member as the evaluator looks a packet up: its destination
+// address, protocol and port.
+type addrPort struct {
+	addr     netip.Addr
+	protocol string
+	port     uint16
 }
 
 type netEntry struct {
@@ -80,23 +88,19 @@ func (rs *Ruleset) familyEvaluator() *familyEvaluator {
 		is := &indexedSet{typ: s.Type}
 		switch s.Type {
 		case SetNet:
+			is.nets = make([]netEntry, 0, len(s.Members))
 			for _, m := range s.Members {
-				cidr, nomatch := strings.CutSuffix(m, " nomatch")
-				if p, err := netip.ParsePrefix(cidr); err == nil {
-					is.nets = append(is.nets, netEntry{p, nomatch})
-				}
+				is.nets = append(is.nets, netEntry{m.Prefix, m.NoMatch})
 			}
 		case SetIP:
 			is.addrs = make(map[netip.Addr]bool, len(s.Members))
 			for _, m := range s.Members {
-				if a, err := netip.ParseAddr(m); err == nil {
-					is.addrs[a] = true
-				}
+				is.addrs[m.Addr] = true
 			}
 		default:
-			is.ports = make(map[string]bool, len(s.Members))
+			is.ports = make(map[addrPort]bool, len(s.Members))
 			for _, m := range s.Members {
-				is.ports[m] = true
+				is.ports[addrPort{m.Addr, m.Protocol, m.Port}] = true
 			}
 		}
 		ev.sets[s.Name] = is
@@ -230,7 +234,8 @@ func (e *evaluator) inSet(set *indexedSet, dir SetDir) bool {
 	case SetIP:
 		return set.addrs[addr]
 	case SetIPPort:
-		return set.ports[fmt.Sprintf("%s,%s:%d", addr, e.p.Protocol, e.p.DstPort)]
+		// A port outside 16 bits is no packet's: in no set.
+		return e.p.DstPort >= 0 && e.p.DstPort <= 65535 && set.ports[addrPort{addr, e.p.Protocol, uint16(e.p.DstPort)}]
 	default:
 		// The most specific entry containing the address decides; nomatch entries say no.
 		best, in := -1, false

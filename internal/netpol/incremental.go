@@ -11,11 +11,12 @@ import (
 	"github.com/trellis-net/trellis/api/v1alpha1"
 )
 
-// podSetDef says which entries a pod contributes to a set: its IP (selector sets) or its
-// ip,proto:port entries (named ports).
+// podSetDef says which members a pod contributes to a set: its address (selector sets) or
+// its address with each protocol and port it declares under a name (named ports).
 type podSetDef struct {
-	// entries are what pod p puts into the set, given the namespaces.
-	entries func(p *Pod, nss map[string]*Namespace) []string
+	// entries appends to out what pod p puts into the set, given the namespaces (no
+	// slice per pod: a set is made of every peer's).
+	entries func(out []Member, p *Pod, nss map[string]*Namespace) []Member
 	// namespace, when set: only pods of this namespace can be members.
 	namespace string
 	// namespaced: membership depends on namespace labels.
@@ -24,12 +25,12 @@ type podSetDef struct {
 }
 
 // computeMembers is a set's sorted, distinct members, computed from every peer.
-func computeMembers(def podSetDef, peers []*Pod, nss map[string]*Namespace) []string {
-	var m []string
+func computeMembers(def podSetDef, peers []*Pod, nss map[string]*Namespace) []Member {
+	var m []Member
 	for _, p := range peers {
-		m = append(m, def.entries(p, nss)...)
+		m = def.entries(m, p, nss)
 	}
-	slices.Sort(m)
+	slices.SortFunc(m, Member.Compare)
 	return slices.Compact(m)
 }
 
@@ -50,8 +51,8 @@ type SetMemo struct {
 type memoSet struct {
 	def podSetDef
 	// counts: how many peers contribute each entry (two pods may briefly share an IP).
-	counts map[string]int
-	sorted []string
+	counts map[Member]int
+	sorted []Member
 	// stale: counts changed since sorted was built.
 	stale bool
 }
@@ -63,6 +64,7 @@ func NewSetMemo() *SetMemo {
 // update applies peer changes to every remembered set; namespacesChanged forgets the sets
 // whose membership depends on namespace labels (recomputed when next used).
 func (m *SetMemo) Update(changes []PeerChange, namespacesChanged bool, nss map[string]*Namespace) {
+	var buf []Member
 	for key, s := range m.sets {
 		if namespacesChanged && s.def.namespaced {
 			delete(m.sets, key)
@@ -73,7 +75,8 @@ func (m *SetMemo) Update(changes []PeerChange, namespacesChanged bool, nss map[s
 				continue
 			}
 			if ch.Old != nil {
-				for _, e := range s.def.entries(ch.Old, nss) {
+				buf = s.def.entries(buf[:0], ch.Old, nss)
+				for _, e := range buf {
 					if s.counts[e]--; s.counts[e] <= 0 {
 						delete(s.counts, e)
 					}
@@ -81,7 +84,8 @@ func (m *SetMemo) Update(changes []PeerChange, namespacesChanged bool, nss map[s
 				}
 			}
 			if ch.New != nil {
-				for _, e := range s.def.entries(ch.New, nss) {
+				buf = s.def.entries(buf[:0], ch.New, nss)
+				for _, e := range buf {
 					s.counts[e]++
 					s.stale = true
 				}
@@ -91,13 +95,15 @@ func (m *SetMemo) Update(changes []PeerChange, namespacesChanged bool, nss map[s
 }
 
 // members returns the set's members, from memory or computed once from the peers.
-func (m *SetMemo) members(key string, def podSetDef, peers []*Pod, nss map[string]*Namespace) []string {
+func (m *SetMemo) members(key string, def podSetDef, peers []*Pod, nss map[string]*Namespace) []Member {
 	m.used[key] = true
 	s := m.sets[key]
 	if s == nil {
-		s = &memoSet{def: def, counts: map[string]int{}, stale: true}
+		s = &memoSet{def: def, counts: map[Member]int{}, stale: true}
+		var buf []Member
 		for _, p := range peers {
-			for _, e := range def.entries(p, nss) {
+			buf = def.entries(buf[:0], p, nss)
+			for _, e := range buf {
 				s.counts[e]++
 			}
 		}
@@ -107,7 +113,7 @@ func (m *SetMemo) members(key string, def podSetDef, peers []*Pod, nss map[strin
 		// A fresh slice each time it changes: rulesets handed out earlier keep theirs.
 		s.sorted, s.stale = nil, false
 		if len(s.counts) > 0 {
-			s.sorted = slices.Sorted(maps.Keys(s.counts))
+			s.sorted = slices.SortedFunc(maps.Keys(s.counts), Member.Compare)
 		}
 	}
 	return s.sorted

@@ -360,7 +360,7 @@ func (c *compiler) nodeSet(sel labels.Selector) string {
 	if name, ok := c.setNames[key]; ok {
 		return name
 	}
-	var members []string
+	var members []Member
 	for _, n := range c.nodes {
 		if !sel.Matches(labels.Set(n.Labels)) {
 			continue
@@ -374,7 +374,7 @@ func (c *compiler) nodeSet(sel labels.Selector) string {
 		}
 		for _, ip := range ips {
 			if ipfamily.Of(ip) == c.family {
-				members = append(members, ip.Unmap().String())
+				members = append(members, Member{Addr: ip.Unmap()})
 			}
 		}
 	}
@@ -470,15 +470,14 @@ func (c *compiler) namedPort(name string, pod *Pod, dir Direction) []portMatch {
 	if !ok {
 		f := c.family
 		set = c.podSet(key, SetIPPort, podSetDef{comment: "pods with a port named " + name,
-			entries: func(peer *Pod, _ map[string]*Namespace) []string {
+			entries: func(out []Member, peer *Pod, _ map[string]*Namespace) []Member {
 				a := peer.Addr(f)
 				if !a.IsValid() {
-					return nil
+					return out
 				}
-				var out []string
 				for _, cp := range peer.Ports {
-					if cp.Name == name {
-						out = append(out, fmt.Sprintf("%s,%s:%d", a, strings.ToLower(string(cp.Protocol)), cp.Port))
+					if cp.Name == name && validPort(cp.Port) {
+						out = append(out, Member{Addr: a, Protocol: strings.ToLower(string(cp.Protocol)), Port: uint16(cp.Port)})
 					}
 				}
 				return out

@@ -328,7 +328,7 @@ func rendered(rs netpol.Rulesets) string {
 		b.WriteString("COMMIT\n")
 		for _, s := range r.Sets {
 			fmt.Fprintf(&b, "create %s %s family %s comment %q\n", s.Name, s.Type, family, s.Comment)
-			for _, m := range s.Members {
+			for _, m := range policy.IPSetMembers(&s) {
 				fmt.Fprintf(&b, "add %s %s\n", s.Name, m)
 			}
 		}
