@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/trellis-net/trellis/agent/ipset"
@@ -147,14 +148,19 @@ func (a *KernelApplier) families() []ipfamily.Family {
 	return a.Families
 }
 
-// Remove implements Applier: no policy chain, jump or set is left, of any of Families.
+// Remove implements Applier: no policy chain, jump or set is left: of each of Families, and
+// of IPv4 always (an IPv6-only node may hold an older agent's IPv4 chains, and IPv4's
+// iptables is on every node).
 func (a *KernelApplier) Remove() error {
 	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
 	if err := a.decideBackends(); err != nil {
 		return err
 	}
-	for _, f := range a.families() {
+	for _, f := range ipfamily.All {
+		if f != ipfamily.IPv4 && !slices.Contains(a.families(), f) {
+			continue
+		}
 		if _, err := a.syncer(f).Sync(ctx, noPolicy()); err != nil {
 			return fmt.Errorf("removing the %s policy chains: %w", f, err)
 		}

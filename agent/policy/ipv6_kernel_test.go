@@ -180,8 +180,8 @@ func TestNeighbourDiscoveryUnderClusterEgressDeny(t *testing.T) {
 // An IPv6-only node compiles and applies IPv6 rules alone: the first apply removes the
 // IPv4 policy chains an older agent left (it compiled IPv4 on every node), IPv4's filter
 // table holds no policy chain or jump afterwards, IPv6 is enforced, a second apply writes
-// nothing (the clean-up is not redone), and the jump check looks at ip6tables alone (no
-// IPv4 jump to miss, so no endless repair).
+// nothing (the clean-up is not redone), the jump check looks at ip6tables alone (no IPv4
+// jump to miss, so no endless repair), and Remove leaves no chain of either family.
 func TestKernelIPv6OnlyNodeHasNoIPv4Rules(t *testing.T) {
 	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
 		t.Run(backend.Mode, func(t *testing.T) {
@@ -228,6 +228,16 @@ func TestKernelIPv6OnlyNodeHasNoIPv4Rules(t *testing.T) {
 			}))
 			if !first {
 				t.Error("JumpsFirst = false on an IPv6-only node whose IPv6 jumps lead (it looked for IPv4 jumps, which are rightly gone)")
+			}
+			// Policy turned off: Remove takes IPv4's chains away too, also for an agent
+			// that never applied (an older agent's IPv4 chains are there again).
+			n.apply(older, n.state(dbPolicy))
+			fresh := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: []ipfamily.Family{ipfamily.IPv6}}
+			check.Must(t, n.ns.Do(func(ns.NetNS) error { return fresh.Remove() }))
+			for _, b := range []netfilter.Backend{backend, backend.IPv6()} {
+				if left := n.save(b); strings.Contains(left, "TRELLIS-") {
+					t.Errorf("policy chains left by Remove on an IPv6-only node (%s):\n%s", b.IPTables, left)
+				}
 			}
 		})
 	}
