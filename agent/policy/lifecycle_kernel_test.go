@@ -2,6 +2,8 @@ package policy_test
 
 import (
 	"bufio"
+	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -34,6 +36,22 @@ func (n *node) dialIn(t *testing.T, from string, addr netip.AddrPort) (net.Conn,
 		return err
 	})
 	return conn, err
+}
+
+// dialAllowed opens and closes a connection from pod from to addr, retrying for a few
+// seconds: a connection the rules allow must get through, but on a loaded machine a first
+// SYN (an IPv6 neighbour still being resolved) can take longer than one dial's timeout.
+func (n *node) dialAllowed(t *testing.T, from string, addr netip.AddrPort) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return check.Until(ctx, check.Interval, fmt.Sprintf("%s connecting to %s", from, addr), func(context.Context) error {
+		c, err := n.dialIn(t, from, addr)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
 }
 
 func roundTrip(conn net.Conn, r *bufio.Reader) error {
@@ -188,10 +206,8 @@ func TestPodReachesItsOwnNodeUnderEgressIsolation(t *testing.T) {
 		denyOut := policyFor("deny-out", map[string]string{"app": "web"}, nil)
 		denyOut.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 		n.apply(a, n.state(denyOut))
-		if c, err := n.dialIn(t, "web", netip.AddrPortFrom(nodeIP, 7000)); err != nil {
+		if err := n.dialAllowed(t, "web", netip.AddrPortFrom(nodeIP, 7000)); err != nil {
 			t.Errorf("web under default-deny egress can't reach its own node %s: %v", nodeIP, err)
-		} else {
-			c.Close()
 		}
 		if c, err := n.dialIn(t, "web", netip.AddrPortFrom(otherIP, 7000)); err == nil {
 			c.Close()
@@ -201,10 +217,8 @@ func TestPodReachesItsOwnNodeUnderEgressIsolation(t *testing.T) {
 		allowOther.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 		allowOther.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: netip.PrefixFrom(otherIP, otherIP.BitLen()).String()}}}}}
 		n.apply(a, n.state(denyOut, allowOther))
-		if c, err := n.dialIn(t, "web", netip.AddrPortFrom(otherIP, 7000)); err != nil {
+		if err := n.dialAllowed(t, "web", netip.AddrPortFrom(otherIP, 7000)); err != nil {
 			t.Errorf("web can't reach %s, which an ipBlock allows: %v", otherIP, err)
-		} else {
-			c.Close()
 		}
 	})
 }
