@@ -7,9 +7,10 @@
 # (the checks need none of it; on a fresh machine both are mostly builds, and two CPUs
 # carry them together better than one after the other). Then two lanes that
 # run at once (the cluster tests mostly wait on timeouts and probes): the Go tests, fuzz,
-# the bundle, the NetworkPolicy conformance subset's IPv6 pass, the ClusterNetworkPolicy
-# subset and the upstream [sig-network] subset; the e2e suite (its shared clusters
-# E2E_PARALLEL at a time) and the conformance subset's IPv4 pass. A stage of a
+# the bundle and the NetworkPolicy conformance subset's IPv6 pass; the e2e suite (its
+# shared clusters E2E_PARALLEL at a time), the conformance subset's IPv4 pass, the
+# ClusterNetworkPolicy subset and the upstream [sig-network] subset (the lanes about even,
+# warm and cold). A stage of a
 # lane writes its output to $STAGE_LOGS/<stage>.log, printed whole when the stage ends
 # (lanes' output never interleaves); a failed stage doesn't stop the others.
 #
@@ -122,14 +123,14 @@ pids=()
 	stage bundle "$MAKE" --no-print-directory validate-bundle
 	stage conformance-ipv6 "$MAKE" --no-print-directory conformance-run CONFORMANCE_MODE=subset \
 		CONFORMANCE_FAMILY=ipv6 CONFORMANCE_CLUSTER=conf6 CONFORMANCE_OUT=_output/conformance-ipv6
-	stage cnp "$MAKE" --no-print-directory conformance-cnp-ci
-	stage upstream "$MAKE" --no-print-directory conformance-upstream-ci
 } &
 pids+=($!)
 {
 	stage e2e "$MAKE" --no-print-directory e2e-run
 	stage conformance-ipv4 "$MAKE" --no-print-directory conformance-run CONFORMANCE_MODE=subset \
 		CONFORMANCE_FAMILY=ipv4 CONFORMANCE_STACK=dual CONFORMANCE_CLUSTER=conf4 CONFORMANCE_OUT=_output/conformance-ipv4
+	stage cnp "$MAKE" --no-print-directory conformance-cnp-ci
+	stage upstream "$MAKE" --no-print-directory conformance-upstream-ci
 } &
 pids+=($!)
 for pid in "${pids[@]}"; do
