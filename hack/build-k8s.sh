@@ -45,7 +45,7 @@ fi
 # --- Kubernetes ----------------------------------------------------------------------------
 mapfile -t missing < <(missing_in "${BIN_DIR}" "${K8S_CMDS[@]}")
 if ((${#missing[@]})); then
-  log "building ${missing[*]} ${K8S_VERSION} (about 25 minutes cold on 2 cores, seconds warm)"
+  log "building ${missing[*]} ${K8S_VERSION} (about 10 minutes cold on 2 cores, seconds warm)"
   cd "${WORK_DIR}"
   minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   write_k8s_module trellis.local/k8s-build
