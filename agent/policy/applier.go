@@ -206,7 +206,7 @@ func jumpsFirst(b netfilter.Backend) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, j := range netpol.Jumps {
-		if ok, err := b.JumpLeads(ctx, j.Chain, j.Target); err != nil || !ok {
+		if ok, err := b.JumpLeads(ctx, string(j.Hook), j.Rule.Target); err != nil || !ok {
 			return false, err
 		}
 	}
@@ -270,7 +270,7 @@ func kernelState(rs *netpol.Ruleset) (netfilter.State, error) {
 	}
 	for _, j := range netpol.Jumps {
 		// No comment: every packet passes these jumps (see compile's established rule).
-		ts.Jumps = append(ts.Jumps, netfilter.Jump{From: j.Chain, Position: netfilter.First, Match: j.Match, To: j.Target})
+		ts.Jumps = append(ts.Jumps, netfilter.Jump{From: string(j.Hook), Position: netfilter.First, Match: matchArgs(&j.Rule), To: j.Rule.Target})
 	}
 	return netfilter.State{Scope: Scope, Tables: map[netfilter.Table]netfilter.TableState{netfilter.Filter: ts}}, nil
 }

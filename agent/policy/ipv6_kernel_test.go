@@ -29,10 +29,11 @@ import (
 // agent's first apply write nothing), change only sets on a relabel, and Remove leaves no
 // IPv6 chain, jump or set.
 func TestKernelEnforcementIPv6(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
+	for _, dp := range dataplanes {
+		backend := dp.backend
+		t.Run(dp.name, func(t *testing.T) {
 			n := newDualNode(t, backend, "web", "db", "cache", "batch")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
+			a := dp.applier(ipfamily.All...)
 			// db admits frontends on its named port, and batch's IPv6 address by an ipBlock;
 			// cache's IPv4 address by an ipBlock, which says nothing of its IPv6 traffic.
 			dbPolicy := policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{
@@ -60,19 +61,19 @@ func TestKernelEnforcementIPv6(t *testing.T) {
 				{"db", "web", 7000, true, true}, {"cache", "web", 7001, true, true},
 			} {
 				if err := n.dial6(c.from, c.to, c.port); (err == nil) != c.ok {
-					t.Errorf("%s -> %s:%d over IPv6: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, n.save(backend.IPv6()))
+					t.Errorf("%s -> %s:%d over IPv6: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, dp.save(n, ipfamily.IPv6))
 				}
 				if err := n.dial(c.from, c.to, c.port); (err == nil) != c.ok4 {
-					t.Errorf("%s -> %s:%d over IPv4: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok4, n.save(backend))
+					t.Errorf("%s -> %s:%d over IPv4: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok4, dp.save(n, ipfamily.IPv4))
 				}
 			}
-			before := n.save(backend.IPv6())
+			before := dp.save(n, ipfamily.IPv6)
 			if n.apply(a, n.state(dbPolicy)) {
 				t.Error("a second apply of the same state wrote")
 			}
-			restarted := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
+			restarted := dp.applier(ipfamily.All...)
 			if n.apply(restarted, n.state(dbPolicy)) {
-				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, n.save(backend.IPv6()))
+				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, dp.save(n, ipfamily.IPv6))
 			}
 			n.pods["cache"].pod.Labels["role"] = "frontend"
 			if !n.apply(restarted, n.state(dbPolicy)) {
@@ -81,11 +82,11 @@ func TestKernelEnforcementIPv6(t *testing.T) {
 			if err := n.dial6("cache", "db", 7000); err != nil {
 				t.Errorf("cache -> db over IPv6 after cache became a frontend: %v", err)
 			}
-			if after := n.save(backend.IPv6()); stripCounters(after) != stripCounters(before) {
+			if after := dp.save(n, ipfamily.IPv6); stripCounters(after) != stripCounters(before) {
 				t.Errorf("relabelling a pod rewrote IPv6 chains:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { return restarted.Remove() }))
-			if left := n.save(backend.IPv6()); strings.Contains(left, "TRELLIS-") {
+			if left := dp.save(n, ipfamily.IPv6); strings.Contains(left, "TRELLIS-") {
 				t.Errorf("IPv6 policy chains left after Remove:\n%s", left)
 			}
 			if sets := n.ipsets(); strings.Contains(sets, "trellis-") {
@@ -112,10 +113,11 @@ func (n *node) ipsets() string {
 // is deleted, and is not picked up again from the other side; one that is still allowed
 // goes on.
 func TestEstablishedConnectionDeniedIPv6(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
+	for _, dp := range dataplanes {
+		backend := dp.backend
+		t.Run(dp.name, func(t *testing.T) {
 			n := newDualNode(t, backend, "web", "db", "cache")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
+			a := dp.applier(ipfamily.All...)
 			n.apply(a, n.state())
 			open := func(from, to string) (net.Conn, *bufio.Reader) {
 				conn, err := n.dialIn(t, from, netip.AddrPortFrom(n.pods[to].ip6, 7000))
@@ -152,10 +154,11 @@ func TestEstablishedConnectionDeniedIPv6(t *testing.T) {
 // its packets to the node go) still answers the node's solicitations, so connections to
 // it, which no rule denies, go on; its own connections don't.
 func TestNeighbourDiscoveryUnderClusterEgressDeny(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
+	for _, dp := range dataplanes {
+		backend := dp.backend
+		t.Run(dp.name, func(t *testing.T) {
 			n := newDualNode(t, backend, "web", "db")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}, Families: ipfamily.All}
+			a := dp.applier(ipfamily.All...)
 			st := n.state()
 			st.ClusterPolicies = []*cnp.ClusterNetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Name: "cut-off"}, Spec: cnp.ClusterNetworkPolicySpec{
 				Tier: cnp.AdminTier, Priority: 10, Subject: shopPods("web"),
@@ -167,7 +170,7 @@ func TestNeighbourDiscoveryUnderClusterEgressDeny(t *testing.T) {
 			n.apply(a, st)
 			for _, dial := range []func(string, string, int) error{n.dial6, n.dial} {
 				if err := dial("db", "web", 7000); err != nil {
-					t.Errorf("db -> web, which no rule denies: %v\n%s", err, n.save(backend.IPv6()))
+					t.Errorf("db -> web, which no rule denies: %v\n%s", err, dp.save(n, ipfamily.IPv6))
 				}
 				if err := dial("web", "db", 7000); err == nil {
 					t.Error("web reached db through its Admin Deny")

@@ -161,7 +161,7 @@ func (n *node) state(policies ...*networkingv1.NetworkPolicy) netpol.State {
 	return st
 }
 
-func (n *node) apply(a *policy.KernelApplier, st netpol.State) bool {
+func (n *node) apply(a policy.Applier, st netpol.State) bool {
 	n.t.Helper()
 	var changed bool
 	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
@@ -194,6 +194,55 @@ func (n *node) dialAddr(from string, to netip.Addr, port int) error {
 	return err
 }
 
+// dataplane is a way to enforce policy: iptables with either backend, or nftables (where
+// the node's own chains, anti-spoofing and NAT, stay in iptables' nft backend).
+type dataplane struct {
+	name    string
+	backend netfilter.Backend
+	nft     bool
+}
+
+var dataplanes = []dataplane{{"nft", netfilter.NFT, false}, {"legacy", netfilter.Legacy, false}, {"nftables", netfilter.NFT, true}}
+
+// applier is a policy applier of the dataplane for the families (IPv4 alone when none).
+func (d dataplane) applier(families ...ipfamily.Family) policy.Applier {
+	if d.nft {
+		return &policy.NFTablesApplier{Families: families}
+	}
+	return &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: d.backend}, Families: families}
+}
+
+// save is family f's policy chains as the kernel holds them, without counters ("" when
+// there are none). nftables': with each rule's handle (a rule written again has a new
+// one), without the sets (iptables' ipsets aren't in iptables-save either).
+func (d dataplane) save(n *node, f ipfamily.Family) string {
+	if !d.nft {
+		b := d.backend
+		if f == ipfamily.IPv6 {
+			b = b.IPv6()
+		}
+		return n.save(b)
+	}
+	var out []byte
+	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
+		out, _ = exec.Command("nft", "-a", "-s", "list", "table", map[ipfamily.Family]string{ipfamily.IPv4: "ip", ipfamily.IPv6: "ip6"}[f], policy.NFTablesTable).Output()
+		return nil
+	}))
+	var chains []string
+	inSet := false
+	for _, l := range strings.Split(string(out), "\n") {
+		switch {
+		case strings.HasPrefix(l, "\tset ") || strings.HasPrefix(l, "\tmap "):
+			inSet = true
+		case inSet && l == "\t}":
+			inSet = false
+		case !inSet:
+			chains = append(chains, l)
+		}
+	}
+	return strings.Join(chains, "\n")
+}
+
 func (n *node) save(backend netfilter.Backend) string {
 	var out []byte
 	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
@@ -216,10 +265,11 @@ func policyFor(name string, sel map[string]string, ingress []networkingv1.Networ
 // apply and a restarted agent's first apply write nothing, a change that only moves a pod
 // between selectors touches sets and not chains, and Remove leaves nothing.
 func TestKernelEnforcement(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
+	for _, dp := range dataplanes {
+		backend := dp.backend
+		t.Run(dp.name, func(t *testing.T) {
 			n := newNode(t, backend, "web", "db", "cache")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			a := dp.applier()
 			// db admits web on its named port only.
 			dbPolicy := policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{
 				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "frontend"}}}},
@@ -238,16 +288,16 @@ func TestKernelEnforcement(t *testing.T) {
 				{"db", "web", 7000, true}, {"cache", "web", 7001, true},
 			} {
 				if err := n.dial(c.from, c.to, c.port); (err == nil) != c.ok {
-					t.Errorf("%s -> %s:%d: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, n.save(backend))
+					t.Errorf("%s -> %s:%d: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, dp.save(n, ipfamily.IPv4))
 				}
 			}
-			before := n.save(backend)
+			before := dp.save(n, ipfamily.IPv4)
 			if n.apply(a, n.state(dbPolicy)) {
 				t.Error("a second apply of the same state wrote")
 			}
-			restarted := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			restarted := dp.applier()
 			if n.apply(restarted, n.state(dbPolicy)) {
-				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, n.save(backend))
+				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, dp.save(n, ipfamily.IPv4))
 			}
 			// cache becomes a frontend: only a set changes.
 			n.pods["cache"].pod.Labels["role"] = "frontend"
@@ -257,12 +307,12 @@ func TestKernelEnforcement(t *testing.T) {
 			if err := n.dial("cache", "db", 7000); err != nil {
 				t.Errorf("cache -> db after cache became a frontend: %v", err)
 			}
-			if after := n.save(backend); stripCounters(after) != stripCounters(before) {
+			if after := dp.save(n, ipfamily.IPv4); stripCounters(after) != stripCounters(before) {
 				t.Errorf("relabelling a pod rewrote chains:\nbefore:\n%s\nafter:\n%s", before, after)
 			}
 			// Remove: no chain, jump or set left; the node's own chains stay.
 			check.Must(t, n.ns.Do(func(ns.NetNS) error { return restarted.Remove() }))
-			left := n.save(backend)
+			left := dp.save(n, ipfamily.IPv4)
 			for _, c := range []string{"TRELLIS-FORWARD", "TRELLIS-INPUT", "TRELLIS-I-", "TRELLIS-E-", "TRELLIS-TO-POD", "TRELLIS-FROM-POD"} {
 				if strings.Contains(left, c) {
 					t.Errorf("%s left after Remove:\n%s", c, left)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/trellis-net/trellis/agent/netfilter"
 	"github.com/trellis-net/trellis/agent/policy"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 	"github.com/trellis-net/trellis/internal/test/check"
 )
@@ -37,10 +38,11 @@ func tcp(port int32) []cnp.ClusterNetworkPolicyProtocol {
 // identical, so a second apply and a restarted agent's first apply write nothing; and
 // an established connection a new Admin Deny denies stops.
 func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
+	for _, dp := range dataplanes {
+		backend := dp.backend
+		t.Run(dp.name, func(t *testing.T) {
 			n := newNode(t, backend, "web", "db", "cache")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			a := dp.applier()
 			// db's NetworkPolicy admits web and cache on 7000 and 7001.
 			dbPolicy := policyFor("db", map[string]string{"app": "db"}, []networkingv1.NetworkPolicyIngressRule{{}})
 			cluster := []*cnp.ClusterNetworkPolicy{
@@ -76,16 +78,16 @@ func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
 				{"web", "cache", 7000, true}, {"web", "cache", 7001, false}, // Baseline egress Deny to 0.0.0.0/0 on 7001
 			} {
 				if err := n.dial(c.from, c.to, c.port); (err == nil) != c.ok {
-					t.Errorf("%s -> %s:%d: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, n.save(backend))
+					t.Errorf("%s -> %s:%d: %v, want allowed=%v\n%s", c.from, c.to, c.port, err, c.ok, dp.save(n, ipfamily.IPv4))
 				}
 			}
-			before := n.save(backend)
+			before := dp.save(n, ipfamily.IPv4)
 			if n.apply(a, st) {
 				t.Error("a second apply of the same state wrote")
 			}
-			restarted := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			restarted := dp.applier()
 			if n.apply(restarted, st) {
-				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, n.save(backend))
+				t.Errorf("a restarted agent's first apply rewrote rules the kernel already held:\nbefore:\n%s\nafter:\n%s", before, dp.save(n, ipfamily.IPv4))
 			}
 
 			// An established cache -> db connection; an Admin Deny of cache ends it.
@@ -125,11 +127,12 @@ func TestKernelClusterNetworkPolicyTiers(t *testing.T) {
 // stays reachable (NetworkPolicy's own-node exception, in its tier), and a conntrack
 // clean-up doesn't cut the pod's established connection to its node.
 func TestKernelClusterPolicyOwnNode(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
+	for _, dp := range dataplanes {
+		backend := dp.backend
+		t.Run(dp.name, func(t *testing.T) {
 			n := newNode(t, backend, "web")
 			nodeIP, otherIP := n.underlay(t)
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			a := dp.applier()
 			denyOut := policyFor("deny-out", map[string]string{"app": "web"}, nil)
 			denyOut.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 			baseline := &cnp.ClusterNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "baseline"}, Spec: cnp.ClusterNetworkPolicySpec{

@@ -176,17 +176,32 @@ type Ruleset struct {
 	DenyLogRules map[string]DenyLogRule
 }
 
-// Jumps are the rules trellis puts into the built-in chains, first in each. INPUT and
-// OUTPUT jump only for packets from or to a pod's veth: their chains do nothing to any
-// other packet, and the node's other traffic (the VXLAN packets between nodes among it)
-// then costs one interface compare instead of the chain's connection-state match.
-var Jumps = []struct {
-	Chain, Target string
-	Match         []string
-}{
-	{"FORWARD", ChainForward, nil},
-	{"INPUT", ChainInput, []string{"-i", cnicontract.HostVethPrefix + "+"}},
-	{"OUTPUT", ChainOutput, []string{"-o", cnicontract.HostVethPrefix + "+"}},
+// Hook is where the kernel runs a chain for a packet: the built-in chain of iptables'
+// filter table, or the hook of a base chain of Trellis's own nftables table.
+type Hook string
+
+const (
+	HookForward Hook = "FORWARD"
+	HookInput   Hook = "INPUT"
+	HookOutput  Hook = "OUTPUT"
+)
+
+// EntryJump is how packets at a hook enter Trellis's chains: Rule (a Jump to its Target)
+// is first in the hook's built-in chain (iptables) or the whole of Trellis's base chain
+// there (nftables).
+type EntryJump struct {
+	Hook Hook
+	Rule Rule
+}
+
+// Jumps are the rules trellis puts at each hook. INPUT and OUTPUT jump only for packets
+// from or to a pod's veth: their chains do nothing to any other packet, and the node's
+// other traffic (the VXLAN packets between nodes among it) then costs one interface
+// compare instead of the chain's connection-state match.
+var Jumps = []EntryJump{
+	{HookForward, Rule{Verdict: Jump, Target: ChainForward}},
+	{HookInput, Rule{InIface: cnicontract.HostVethPrefix + "+", Verdict: Jump, Target: ChainInput}},
+	{HookOutput, Rule{OutIface: cnicontract.HostVethPrefix + "+", Verdict: Jump, Target: ChainOutput}},
 }
 
 // Compile computes the filter-table chains and ipsets that enforce st's policies on st's
