@@ -39,9 +39,11 @@ func conn(netns int) (*nft.Conn, error) {
 	return c, nil
 }
 
-// notFound tells whether err is the kernel saying an object does not exist.
+// notFound tells whether err is the kernel saying an object does not exist (or that it
+// has no nftables at all, so nothing of it can exist).
 func notFound(err error) bool {
-	return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist)
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, os.ErrNotExist) ||
+		errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EAFNOSUPPORT)
 }
 
 // read is the table as the kernel holds it; a table that isn't there is state{}.
@@ -291,4 +293,40 @@ func remove(c *nft.Conn, f ipfamily.Family, name string) (bool, error) {
 		return false, fmt.Errorf("removing table %s %s: %w", familyName(f), name, err)
 	}
 	return true, nil
+}
+
+func dropCounts(c *nft.Conn, f ipfamily.Family, name string, want func(string) bool) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	t, err := c.ListTableOfFamily(name, family(f))
+	if err != nil {
+		if notFound(err) {
+			return out, nil
+		}
+		return nil, fmt.Errorf("reading table %s %s: %w", familyName(f), name, err)
+	}
+	chains, err := c.ListChainsOfTableFamily(family(f))
+	if err != nil {
+		return nil, fmt.Errorf("listing the chains of table %s %s: %w", familyName(f), name, err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name != name || !want(ch.Name) {
+			continue
+		}
+		rules, err := c.GetRules(t, ch)
+		if err != nil {
+			return nil, fmt.Errorf("reading chain %s of table %s %s: %w", ch.Name, familyName(f), name, err)
+		}
+		for _, r := range rules {
+			n := len(r.Exprs)
+			if n < 2 {
+				continue
+			}
+			cnt, ok1 := r.Exprs[n-2].(*expr.Counter)
+			v, ok2 := r.Exprs[n-1].(*expr.Verdict)
+			if ok1 && ok2 && v.Kind == expr.VerdictDrop {
+				out[ch.Name] += cnt.Packets
+			}
+		}
+	}
+	return out, nil
 }

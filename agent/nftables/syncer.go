@@ -95,3 +95,18 @@ func (s *Syncer) Remove(ctx context.Context, f ipfamily.Family, name string) (bo
 	delete(s.last, tableID{f, name})
 	return remove(c, f, name)
 }
+
+// DropCounts are the packets the counted drop rules (a counter, then drop) of family f's
+// table name have dropped, summed by chain, for the chains chain accepts; read over
+// netlink. A table that isn't there has none.
+func (s *Syncer) DropCounts(ctx context.Context, f ipfamily.Family, name string, chain func(string) bool) (map[string]uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := conn(s.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer c.CloseLasting()
+	return dropCounts(c, f, name, chain)
+}

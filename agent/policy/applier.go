@@ -238,6 +238,17 @@ func (a *KernelApplier) FilterCounters() (string, error) {
 	return string(out), nil
 }
 
+// DropCounts implements Dataplane: iptables-save -c of each written family, read for the
+// per-pod chains' DROP rules (a pod's chains have the same names in both families, so
+// their drops add up).
+func (a *KernelApplier) DropCounts() (map[string]uint64, error) {
+	out, err := a.FilterCounters()
+	if err != nil {
+		return nil, err
+	}
+	return DropCounts(out), nil
+}
+
 // kernelSets are rs's sets as agent/ipset takes them, of family ("inet" or "inet6").
 func kernelSets(rs *netpol.Ruleset, family string) []ipset.Set {
 	out := make([]ipset.Set, 0, len(rs.Sets))

@@ -191,9 +191,9 @@ func TestDenyLogsKernelIPv6(t *testing.T) {
 			var got lines
 			reg := prometheus.NewRegistry()
 			d := startDenyLogger(t, n, rate, reg, &got)
-			m := policy.NewMetrics(func() (string, error) {
-				var out string
-				err := n.ns.Do(func(ns.NetNS) error { var err error; out, err = a.FilterCounters(); return err })
+			m := policy.NewMetrics(func() (map[string]uint64, error) {
+				var out map[string]uint64
+				err := n.ns.Do(func(ns.NetNS) error { var err error; out, err = a.DropCounts(); return err })
 				return out, err
 			}, logr.Discard())
 			check.Must(t, m.Register(reg))

@@ -15,10 +15,10 @@ import (
 // Metrics publishes the engine's state for Prometheus. Denied packets come from the
 // counters of the per-pod chains' DROP rules, read when scraped.
 type Metrics struct {
-	// DropCounters returns iptables-save -c output of the filter table (it is parsed for the
-	// per-pod chains' DROP rules).
-	DropCounters func() (string, error)
-	Log          logr.Logger
+	// DropCounts returns the packets the per-pod chains' drop rules dropped, by chain
+	// (Dataplane.DropCounts).
+	DropCounts func() (map[string]uint64, error)
+	Log        logr.Logger
 
 	syncDuration prometheus.Histogram
 	syncErrors   prometheus.Counter
@@ -35,9 +35,9 @@ type Metrics struct {
 }
 
 // NewMetrics creates the metrics; register them with Register.
-func NewMetrics(dropCounters func() (string, error), log logr.Logger) *Metrics {
+func NewMetrics(dropCounts func() (map[string]uint64, error), log logr.Logger) *Metrics {
 	return &Metrics{
-		DropCounters: dropCounters, Log: log,
+		DropCounts: dropCounts, Log: log,
 		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "trellis_policy_sync_duration_seconds", Help: "Time of one NetworkPolicy sync (compile and apply).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
@@ -113,12 +113,12 @@ func (m *Metrics) Observe(st Status, rs netpol.Rulesets, took time.Duration) {
 // Describe implements prometheus.Collector (the denied-packets family).
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) { ch <- m.denied }
 
-// Collect implements prometheus.Collector: one iptables-save per scrape.
+// Collect implements prometheus.Collector: the drop counters are read once per scrape.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
-	if m.DropCounters == nil {
+	if m.DropCounts == nil {
 		return
 	}
-	out, err := m.DropCounters()
+	counts, err := m.DropCounts()
 	if err != nil {
 		m.Log.Error(err, "reading NetworkPolicy drop counters")
 		return
@@ -126,13 +126,19 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
 	chains := m.chain
 	m.mu.Unlock()
-	for chain, pkts := range DropCounts(out) {
+	for chain, pkts := range counts {
 		pc, ok := chains[chain]
 		if !ok {
 			continue
 		}
 		ch <- prometheus.MustNewConstMetric(m.denied, prometheus.CounterValue, float64(pkts), pc.Pod.Namespace, pc.Pod.Name, string(pc.Direction))
 	}
+}
+
+// podChain tells whether a chain is a pod's policy chain (its drops are the pod's).
+func podChain(name string) bool {
+	return strings.HasPrefix(name, netpol.IngressPrefix) || strings.HasPrefix(name, netpol.EgressPrefix) ||
+		strings.HasPrefix(name, netpol.IngressTailPrefix) || strings.HasPrefix(name, netpol.EgressTailPrefix)
 }
 
 // DropCounts reads `iptables-save -c` output and returns, per per-pod policy chain, the
@@ -151,7 +157,7 @@ func DropCounts(save string) map[string]uint64 {
 			continue
 		}
 		f := strings.Fields(rule)
-		if len(f) < 2 || f[0] != "-A" || !(strings.HasPrefix(f[1], netpol.IngressPrefix) || strings.HasPrefix(f[1], netpol.EgressPrefix) || strings.HasPrefix(f[1], netpol.IngressTailPrefix) || strings.HasPrefix(f[1], netpol.EgressTailPrefix)) {
+		if len(f) < 2 || f[0] != "-A" || !podChain(f[1]) {
 			continue
 		}
 		pkts, _, _ := strings.Cut(strings.TrimPrefix(counters, "["), ":")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	nft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -310,3 +311,25 @@ func (a *NFTablesApplier) Remove() error {
 
 // Backend is the dataplane ("nftables").
 func (a *NFTablesApplier) Backend() string { return "nftables" }
+
+// DropCounts implements Dataplane: the counters of the pod chains' drop rules, of both
+// families' tables, read over netlink.
+func (a *NFTablesApplier) DropCounts() (map[string]uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := map[string]uint64{}
+	for _, f := range ipfamily.All {
+		c, err := a.Syncer.DropCounts(ctx, f, NFTablesTable, podChain)
+		if err != nil {
+			return nil, err
+		}
+		for chain, n := range c {
+			out[chain] += n
+		}
+	}
+	return out, nil
+}
+
+// ProbeDenyLogs implements Dataplane: the kernel takes the log and limit expressions
+// where it takes the renderer's rules at all (ProbeNFTables writes both).
+func (a *NFTablesApplier) ProbeDenyLogs() error { return ProbeNFTables(a.Families) }

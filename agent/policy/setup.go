@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"reflect"
@@ -49,6 +50,8 @@ type Options struct {
 	// is enforced for each (iptables and inet sets for IPv4, ip6tables and inet6 for IPv6)
 	// and nothing is compiled or applied for another.
 	Families []ipfamily.Family
+	// Dataplane is ClusterNetwork spec.dataplane (ChooseDataplane resolves it).
+	Dataplane string
 }
 
 // CacheOptions trims what the agent's cache keeps of the objects policy reads: pods,
@@ -77,18 +80,27 @@ func CacheTransform(obj any) (any, error) {
 // Setup adds the policy engine, its CNI hook server, metrics and status reporting to the
 // agent's manager; with policy disabled, a runnable that removes every policy rule.
 func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
-	applier := &KernelApplier{Families: o.Families}
-	reporter := &statusReporter{client: mgr.GetClient(), node: o.NodeName, log: log.WithName("status"), backend: applier.Backend}
+	name, why := ChooseDataplane(o.Dataplane, func() error { return ProbeNFTables(o.Families) })
+	if name == "" {
+		return why
+	}
+	applier, other := newDataplane(name, o.Families)
+	reporter := &statusReporter{client: mgr.GetClient(), node: o.NodeName, log: log.WithName("status"), backend: applier.Backend, dataplane: name}
+	if why != nil {
+		reporter.dataplaneReason = why.Error()
+		log.Info("policy dataplane", "dataplane", name, "reason", why.Error())
+	}
 	if err := mgr.Add(reporter); err != nil {
 		return err
 	}
 	if !o.Enabled {
 		return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			removeAll(ctx, applier, reporter, log)
+			removeAll(ctx, []Applier{applier, other}, reporter, log)
 			return nil
 		}))
 	}
-	m := NewMetrics(applier.FilterCounters, log.WithName("metrics"))
+	m := NewMetrics(applier.DropCounts, log.WithName("metrics"))
+	switchover := &Switchover{Other: other}
 	if err := m.Register(metrics.Registry); err != nil {
 		return fmt.Errorf("registering policy metrics: %w", err)
 	}
@@ -117,6 +129,9 @@ func Setup(mgr manager.Manager, o Options, log logr.Logger) error {
 		StateDir: o.StateDir, DenyLog: o.DenyLog, DenyLogSetting: ClusterDenyLog(mgr.GetCache()), DenyLogProbe: applier.ProbeDenyLogs, Families: o.Families,
 		Recorder: mgr.GetEventRecorder("trellis-agent"),
 		OnSync: func(st Status, rs netpol.Rulesets, took time.Duration) {
+			if err := switchover.Synced(st.Enforced); err != nil {
+				log.Error(err, "retried at the next sync", "dataplane", name)
+			}
 			m.Observe(st, rs, took)
 			denyLogs.Synced(st, rs)
 			reporter.set(st)
@@ -245,11 +260,15 @@ func samePolicyView(o, n any) bool {
 	return equality.Semantic.DeepEqual(oc, nc)
 }
 
-// removeAll takes every policy rule and set away, retrying until it succeeds.
-func removeAll(ctx context.Context, a *KernelApplier, r *statusReporter, log logr.Logger) {
+// removeAll takes every policy rule and set of every dataplane away, retrying until it
+// succeeds.
+func removeAll(ctx context.Context, as []Applier, r *statusReporter, log logr.Logger) {
 	backoff := time.Second
 	for {
-		err := a.Remove()
+		var err error
+		for _, a := range as {
+			err = errors.Join(err, a.Remove())
+		}
 		if err == nil {
 			log.Info("network policy is disabled (spec.networkPolicy.enabled: false): no policy rules or sets on this node")
 			r.set(Status{Err: errDisabled})
@@ -276,6 +295,8 @@ type statusReporter struct {
 	node    string
 	log     logr.Logger
 	backend func() string
+	// dataplane is the dataplane in use; dataplaneReason why Auto chose IPTables.
+	dataplane, dataplaneReason string
 
 	mu      sync.Mutex
 	latest  *v1alpha1.NodePolicyStatus
@@ -290,7 +311,7 @@ func (r *statusReporter) init() {
 
 func (r *statusReporter) set(st Status) {
 	r.init()
-	ps := &v1alpha1.NodePolicyStatus{Enforced: st.Enforced, Backend: r.backend()}
+	ps := &v1alpha1.NodePolicyStatus{Enforced: st.Enforced, Backend: r.backend(), Dataplane: r.dataplane, DataplaneReason: r.dataplaneReason}
 	if st.Enforced {
 		ps.IsolatedPods = v1alpha1.PolicyDirections{Ingress: int32(st.IsolatedIngress), Egress: int32(st.IsolatedEgress)}
 		for _, cp := range st.ClusterPolicies {

@@ -22,6 +22,23 @@ const (
 	EncapsulationHybrid Encapsulation = "Hybrid"
 )
 
+// Dataplane is what enforces NetworkPolicy and ClusterNetworkPolicy on the nodes.
+// +kubebuilder:validation:Enum=Auto;NFTables;IPTables
+type Dataplane string
+
+const (
+	// DataplaneAuto is NFTables on nodes whose kernel takes every rule it writes, IPTables
+	// elsewhere (each NodeNetwork's status.networkPolicy says which, and why).
+	DataplaneAuto Dataplane = "Auto"
+	// DataplaneNFTables is Trellis's own nftables tables, written over netlink: their base
+	// chains run before the filter table, and a drop there is final whatever other
+	// components accept.
+	DataplaneNFTables Dataplane = "NFTables"
+	// DataplaneIPTables is iptables chains and ipsets, with the backend (nft or legacy) the
+	// node's other iptables users write with.
+	DataplaneIPTables Dataplane = "IPTables"
+)
+
 // LogLevel of the node agent.
 // +kubebuilder:validation:Enum=debug;info;warn;error
 type LogLevel string
@@ -100,6 +117,13 @@ type ClusterNetworkSpec struct {
 	// +kubebuilder:validation:Maximum=120
 	// +optional
 	NodeBlockSizeV6 int32 `json:"nodeBlockSizeV6,omitempty"`
+
+	// Dataplane selects what enforces policy on the nodes. Unset is IPTables, what releases
+	// before this field had, so an upgrade changes nothing until the field is set. A change
+	// rolls the agents; each writes the new dataplane's rules before it removes the old
+	// one's, so no connection a policy denies passes in between.
+	// +optional
+	Dataplane Dataplane `json:"dataplane,omitempty"`
 
 	// Encapsulation selects how pod traffic crosses between nodes.
 	// +kubebuilder:default=VXLAN

@@ -144,10 +144,18 @@ type NodePolicyStatus struct {
 	// Enforced is true while the node's kernel holds every NetworkPolicy that applies to
 	// its pods (ClusterNetwork spec.networkPolicy.enabled and the last sync succeeded).
 	Enforced bool `json:"enforced"`
-	// Backend is the iptables backend the rules are written with (nft or legacy), the one
-	// the node already uses.
+	// Backend is what the rules are written with: nftables (Trellis's own tables), or the
+	// iptables backend (nft or legacy) the node already uses.
 	// +optional
 	Backend string `json:"backend,omitempty"`
+	// Dataplane is the dataplane enforcing policy on the node (IPTables or NFTables),
+	// ClusterNetwork spec.dataplane as this node resolved it.
+	// +optional
+	Dataplane string `json:"dataplane,omitempty"`
+	// DataplaneReason says why spec.dataplane Auto chose IPTables here (what the kernel
+	// refused of the nftables rules).
+	// +optional
+	DataplaneReason string `json:"dataplaneReason,omitempty"`
 	// IsolatedPods counts the node's pods isolated for ingress and for egress.
 	// +optional
 	IsolatedPods PolicyDirections `json:"isolatedPods,omitzero"`

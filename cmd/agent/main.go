@@ -177,7 +177,7 @@ func run(o *options.Options, node uninstall.Node) error {
 		NodeName: nodeName, Enabled: cfg.NetworkPolicy.Enabled, SetupTimeout: cfg.PolicySetupTimeout(),
 		Socket: cnicontract.DefaultPolicySocket, StateDir: cnicontract.DefaultEndpointsDir,
 		DenyLog:  netpol.DenyLog{Mode: cfg.NetworkPolicy.DenyLogs.Mode, LinesPerSecond: int(cfg.NetworkPolicy.DenyLogs.LinesPerSecond)},
-		Families: cfg.Families(),
+		Families: cfg.Families(), Dataplane: cfg.NetworkPolicy.Dataplane,
 	}, ctrl.Log.WithName("policy")); err != nil {
 		return err
 	}

@@ -85,6 +85,7 @@ func AgentConfig(spec *v1alpha1.ClusterNetworkSpec) (agentconfig.Config, error) 
 				Mode:           string(spec.NetworkPolicy.DenyLogs.Mode),
 				LinesPerSecond: spec.NetworkPolicy.DenyLogs.LinesPerSecond,
 			},
+			Dataplane: string(spec.Dataplane),
 		},
 	}, nil
 }

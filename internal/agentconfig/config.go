@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"time"
 
 	"go.uber.org/zap/zapcore"
@@ -52,6 +53,8 @@ type NetworkPolicy struct {
 	// ClusterNetwork's (agent/policy ClusterDenyLog), so it is left out of the config hash
 	// and its edit rolls no agent. Agents that predate that read it at start only.
 	DenyLogs DenyLogs `json:"denyLogs"`
+	// Dataplane is spec.dataplane: Auto, NFTables or IPTables ("" is IPTables).
+	Dataplane string `json:"dataplane,omitempty"`
 }
 
 // DenyLogs settings: which namespaces' denied connection attempts the agent logs, and
@@ -184,6 +187,9 @@ func Load(path string) (*Config, error) {
 		return nil, fmt.Errorf("agent configuration %s: networkPolicy.denyLogs.linesPerSecond %d: want 1 to 10000", path, l)
 	}
 	if c.NetworkPolicy.Enabled {
+		if !slices.Contains([]string{"", "Auto", "NFTables", "IPTables"}, c.NetworkPolicy.Dataplane) {
+			return nil, fmt.Errorf("agent configuration %s: networkPolicy.dataplane %q: must be Auto, NFTables or IPTables", path, c.NetworkPolicy.Dataplane)
+		}
 		if d, err := time.ParseDuration(c.NetworkPolicy.SetupTimeout); err != nil || d <= 0 {
 			return nil, fmt.Errorf("agent configuration %s: networkPolicy.setupTimeout %q is not a positive duration such as \"10s\"", path, c.NetworkPolicy.SetupTimeout)
 		}

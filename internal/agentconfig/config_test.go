@@ -32,6 +32,7 @@ var consumers = map[string]string{
 	"networkPolicy.setupTimeout":            "agent/nodenet/conflist_test.go TestConflistRoundTrip",
 	"networkPolicy.denyLogs.mode":           "agent/policy/denylog_test.go TestDenyLogsRendering",
 	"networkPolicy.denyLogs.linesPerSecond": "agent/policy/denylog_kernel_test.go TestDenyLogsKernel",
+	"networkPolicy.dataplane":               "agent/policy/nftables_kernel_test.go TestKernelDataplaneSwitch",
 }
 
 func TestEveryFieldHasAnEffect(t *testing.T) {
