@@ -373,6 +373,10 @@ func assessNode(n *corev1.Node, nn *v1alpha1.NodeNetwork, agent *corev1.Pod, ds 
 	rep.Encapsulation = string(nn.Status.Encapsulation)
 	rep.PolicyEnforced = nn.Status.NetworkPolicy.Enforced
 	rep.PolicyBackend = nn.Status.NetworkPolicy.Backend
+	if why := nn.Status.NetworkPolicy.DataplaneReason; why != "" {
+		add(SeverityWarning, object+" (NodeNetwork)", "policy is enforced with iptables, not nftables: "+why,
+			"Policy holds either way. For nftables, give the node a kernel with nf_tables (and the modules the message names), or set ClusterNetwork spec.dataplane: IPTables to say this is meant.")
+	}
 	rep.IsolatedIngress = nn.Status.NetworkPolicy.IsolatedPods.Ingress
 	rep.IsolatedEgress = nn.Status.NetworkPolicy.IsolatedPods.Egress
 	rep.PodsInUse, rep.PodsCapacity = nn.Status.IPAM.InUse, nn.Status.IPAM.Capacity

@@ -101,6 +101,11 @@ func TestAssess(t *testing.T) {
 			s.ClusterNetworks[0].Spec.NetworkPolicy.Enabled = ptr.To(false)
 			s.NodeNetworks[0].Status.NetworkPolicy = v1alpha1.NodePolicyStatus{}
 		}, healthy: true},
+		{name: "nftables on one node, Auto fell back to iptables on the other: a warning", break_: func(s *Snapshot) {
+			s.NodeNetworks[0].Status.NetworkPolicy.Backend, s.NodeNetworks[0].Status.NetworkPolicy.Dataplane = "nftables", "NFTables"
+			s.NodeNetworks[1].Status.NetworkPolicy.Dataplane = "IPTables"
+			s.NodeNetworks[1].Status.NetworkPolicy.DataplaneReason = "Auto chose IPTables: the kernel refuses Trellis's IPv4 nftables rules: protocol not supported"
+		}, healthy: true, want: [][2]string{{"node node2 (NodeNetwork)", "protocol not supported"}, {"node node2 (NodeNetwork)", "spec.dataplane: IPTables"}}},
 		{name: "addresses exhausted", break_: func(s *Snapshot) { s.NodeNetworks[0].Status.IPAM.InUse = 253 },
 			want: [][2]string{{"node node1 (NodeNetwork)", "253/253"}}},
 		{name: "addresses nearly exhausted is a warning", break_: func(s *Snapshot) { s.NodeNetworks[0].Status.IPAM.InUse = 240 },
@@ -156,5 +161,18 @@ func TestGuideHasNextStepForEveryReason(t *testing.T) {
 	}
 	if a := g.Lookup("NodeNetwork", "CNIConfigInEffect", "ConflistShadowed"); !strings.Contains(a.WhatToDo, "removeOtherCNIConfigs") {
 		t.Errorf("ConflistShadowed advice = %q", a.WhatToDo)
+	}
+}
+
+// The policy column names the dataplane each node enforces with.
+func TestRenderNamesTheDataplane(t *testing.T) {
+	s := healthy()
+	s.NodeNetworks[0].Status.NetworkPolicy.Backend = "nftables"
+	var out bytes.Buffer
+	Render(&out, Assess(s, ParseGuide(docs.Conditions)))
+	for _, want := range []string{"nftables, isolated 0 in/0 eg", "iptables-nft, isolated 0 in/0 eg"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
 	}
 }

@@ -47,7 +47,7 @@ func Render(w io.Writer, r Report) {
 		}
 		policy := "not enforced"
 		if n.PolicyEnforced {
-			policy = fmt.Sprintf("iptables-%s, isolated %d in/%d eg", n.PolicyBackend, n.IsolatedIngress, n.IsolatedEgress)
+			policy = fmt.Sprintf("%s, isolated %d in/%d eg", policyDataplane(n.PolicyBackend), n.IsolatedIngress, n.IsolatedEgress)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\n", n.Name, firstWord(n.NodeReady), agent, dash(n.AgentVersion),
 			network, n.CNIConfig, policy, dash(n.Offload), n.PodsInUse, n.PodsCapacity)
@@ -130,4 +130,13 @@ func firstSentence(s string) string {
 		return s[:i+1]
 	}
 	return s
+}
+
+// policyDataplane names what a node enforces policy with: nftables, or iptables and its
+// backend (nft or legacy).
+func policyDataplane(backend string) string {
+	if backend == "nftables" {
+		return backend
+	}
+	return "iptables-" + backend
 }
