@@ -70,11 +70,12 @@ func (l *lines) denied() []map[string]any {
 // namespace without the annotation none; a flood of denied packets is bounded by the
 // kernel's limit, and every one of them is still dropped.
 func TestDenyLogsKernel(t *testing.T) {
-	for _, backend := range []netfilter.Backend{netfilter.NFT, netfilter.Legacy} {
-		t.Run(backend.Mode, func(t *testing.T) {
+	for _, dp := range dataplanes {
+		backend := dp.backend
+		t.Run(dp.name, func(t *testing.T) {
 			const rate = 20
 			n := newNode(t, backend, "web", "client", "other")
-			a := &policy.KernelApplier{Syncer: netfilter.Syncer{Backend: backend}}
+			a := dp.applier()
 			webPolicy := policyFor("web", map[string]string{"app": "web"}, []networkingv1.NetworkPolicyIngressRule{{
 				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}}}},
 				Ports: []networkingv1.NetworkPolicyPort{{Port: ptrIntstr("echo")}},
@@ -131,7 +132,7 @@ func TestDenyLogsKernel(t *testing.T) {
 
 			// The namespace without the annotation: no NFLOG rule, no line.
 			apply("")
-			if save := n.save(backend); slices.ContainsFunc([]string{"NFLOG", "hashlimit"}, func(s string) bool { return strings.Contains(save, s) }) {
+			if save := dp.save(n, ipfamily.IPv4); slices.ContainsFunc([]string{"NFLOG", "hashlimit", "log ", "limit "}, func(s string) bool { return strings.Contains(save, s) }) {
 				t.Errorf("deny log rules left with logging off:\n%s", save)
 			}
 			if err := n.dial("other", "web", 7000); err == nil {
@@ -147,7 +148,7 @@ func TestDenyLogsKernel(t *testing.T) {
 			apply("true")
 			time.Sleep(1100 * time.Millisecond) //nolint:forbidigo // a window: the kernel's bucket refills
 			before := len(got.denied())
-			dropsBefore := n.drops(backend)
+			dropsBefore := n.dataplaneDrops(dp, a)
 			start := time.Now()
 			sent := n.udpFlood("other", "web", 9999, 2*time.Second)
 			took := time.Since(start)
@@ -162,7 +163,7 @@ func TestDenyLogsKernel(t *testing.T) {
 			if delivered > bound || delivered < rate {
 				t.Errorf("%d denied packets reached the agent during the flood, want between %d and %d", delivered, rate, bound)
 			}
-			if drops := n.drops(backend) - dropsBefore; drops < uint64(sent) {
+			if drops := n.dataplaneDrops(dp, a) - dropsBefore; drops < uint64(sent) {
 				t.Errorf("web's ingress chain dropped %d of the %d flooded datagrams: logging changed verdicts", drops, sent)
 			}
 		})
@@ -572,6 +573,25 @@ func (n *node) udpFloodAddr(from string, to netip.Addr, port int, d time.Duratio
 		return nil
 	}))
 	return sent
+}
+
+// dataplaneDrops is the packet counter of the per-pod chains' drop rules of dataplane
+// dp, whose applier is a.
+func (n *node) dataplaneDrops(dp dataplane, a policy.Dataplane) uint64 {
+	if !dp.nft {
+		return n.drops(dp.backend)
+	}
+	var counts map[string]uint64
+	check.Must(n.t, n.ns.Do(func(ns.NetNS) error {
+		var err error
+		counts, err = a.DropCounts()
+		return err
+	}))
+	var sum uint64
+	for _, v := range counts {
+		sum += v
+	}
+	return sum
 }
 
 // drops is the packet counter of the per-pod chains' DROP rules.

@@ -205,7 +205,7 @@ type dataplane struct {
 var dataplanes = []dataplane{{"nft", netfilter.NFT, false}, {"legacy", netfilter.Legacy, false}, {"nftables", netfilter.NFT, true}}
 
 // applier is a policy applier of the dataplane for the families (IPv4 alone when none).
-func (d dataplane) applier(families ...ipfamily.Family) policy.Applier {
+func (d dataplane) applier(families ...ipfamily.Family) policy.Dataplane {
 	if d.nft {
 		return &policy.NFTablesApplier{Families: families}
 	}
