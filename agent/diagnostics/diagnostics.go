@@ -32,6 +32,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/nftables"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 	"github.com/trellis-net/trellis/internal/diagreport"
 	"github.com/trellis-net/trellis/internal/ipfamily"
@@ -105,6 +106,7 @@ func (c *Collector) Collect(ctx context.Context) diagreport.Report {
 	}
 	c.cni(add)
 	c.iptables(ctx, add)
+	c.nftables(ctx, add)
 	out, err := c.ipsets(ctx)
 	add("ipset.txt", out, err)
 	out, err = routes()
@@ -232,6 +234,18 @@ func (c *Collector) iptables(ctx context.Context, add func(string, string, error
 	}
 	for _, t := range tables6 {
 		add("ip6tables/"+t+".txt", byTable6[t], nil)
+	}
+}
+
+// nftables: the policy tables of the nftables dataplane as the kernel holds them (read
+// over netlink; the node may have no nft binary), one item per family that has one.
+func (c *Collector) nftables(ctx context.Context, add func(string, string, error)) {
+	var s nftables.Syncer
+	for _, f := range ipfamily.All {
+		out, err := s.Describe(ctx, f, nftables.PolicyTable)
+		if out != "" || err != nil {
+			add(fmt.Sprintf("nftables/%s-%s.txt", map[ipfamily.Family]string{ipfamily.IPv4: "ip", ipfamily.IPv6: "ip6"}[f], nftables.PolicyTable), out, err)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package diagnostics
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/nftables"
+	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/test/netnstest"
 )
 
@@ -148,4 +151,51 @@ func pathWithout(t *testing.T, prefix string) string {
 		}
 	}
 	return dir
+}
+
+// The nftables item: the policy table of each family that has one, read over netlink as
+// the kernel holds it (chains with hooks, rules with their comments and counters, sets
+// with their elements); another table of the node's is not in it, and a family without
+// a policy table has no item.
+func TestNFTablesItems(t *testing.T) {
+	netnstest.RequireCommands(t, "nft")
+	n := netnstest.New(t)
+	ctx := context.Background()
+	do(t, n, func() error {
+		if out, err := exec.Command("nft", "add table ip other; add chain ip other c { type filter hook input priority 0; }; add rule ip other c accept comment \"not trellis's\"").CombinedOutput(); err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		t := &nftables.Table{Family: ipfamily.IPv4, Name: nftables.PolicyTable,
+			Chains: []nftables.Chain{{Name: "TRELLIS-I-POD", Rules: []nftables.Rule{
+				{Exprs: append(nftables.InSet(ipfamily.IPv4, true, "trellis-peers"), nftables.Return()...), Comment: "allowed by shop/db"},
+				{Exprs: append(nftables.Counter(), nftables.Drop()...)},
+			}}},
+			Sets: []nftables.Set{{Name: "trellis-peers", Kind: nftables.Addrs, Elements: []nftables.Element{nftables.AddrElement(netip.MustParseAddr("10.244.1.5"))}}}}
+		_, err := (&nftables.Syncer{}).Sync(ctx, t, false)
+		return err
+	})
+	items := map[string]string{}
+	col := &Collector{}
+	do(t, n, func() error {
+		col.nftables(ctx, func(file, content string, err error) {
+			if err != nil {
+				t.Errorf("%s: %v", file, err)
+			}
+			items[file] = content
+		})
+		return nil
+	})
+	got, ok := items["nftables/ip-trellis-policy.txt"]
+	if !ok || len(items) != 1 {
+		t.Fatalf("items %v, want nftables/ip-trellis-policy.txt alone", items)
+	}
+	for _, w := range []string{"table ip trellis-policy", "chain TRELLIS-I-POD", "[lookup @trellis-peers] return comment \"allowed by shop/db\"",
+		"counter packets 0 bytes 0 drop", "set trellis-peers { # 1 elements", "10.244.1.5"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("missing %q in\n%s", w, got)
+		}
+	}
+	if strings.Contains(got, "not trellis's") {
+		t.Errorf("another table's rule is in the item:\n%s", got)
+	}
 }

@@ -25,6 +25,10 @@ import (
 	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
+// PolicyTable is the name of the table, in each family, that holds the policy dataplane's
+// rules (agent/policy writes it; diagnostics and the uninstall read it by this name).
+const PolicyTable = "trellis-policy"
+
 // Table is the desired content of one table: everything in it is Trellis's, and anything
 // in it the Table doesn't name is removed.
 type Table struct {

@@ -23,7 +23,7 @@ import (
 // the node's pods, and a pod coming or going changes a map element, not a chain.
 
 // NFTablesTable is the name of the policy table in each family.
-const NFTablesTable = "trellis-policy"
+const NFTablesTable = nftables.PolicyTable
 
 // NFTablesPriority is the base chains' priority: before filter (0), after the NAT of
 // prerouting and output (-100), so policy judges the addresses a Service's traffic is
