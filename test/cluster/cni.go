@@ -100,59 +100,58 @@ func (c *Cluster) installTrellis(ctx context.Context, p *progress) error {
 		return err
 	}
 	sample := filepath.Join(c.ModuleRoot, "config", "samples", "network_v1alpha1_clusternetwork.yaml")
-	if c.ipFamily() == IPFamilyIPv6 {
-		v6, err := ipv6OnlySample(sample)
-		if err != nil {
-			return err
-		}
-		if _, err := c.KubectlInput(ctx, v6, "apply", "-f", "-"); err != nil {
-			return err
-		}
-		p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml with podCIDRs %s instead of %s: done", PodCIDR6, PodCIDR)
-		return nil
-	}
-	if c.ipFamily() != IPFamilyDual || c.IPv4Pods {
-		if _, err := c.Kubectl(ctx, "apply", "-f", sample); err != nil {
-			return err
-		}
-		p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml: done")
-		return nil
-	}
-	dual, err := dualStackSample(sample)
+	b, err := os.ReadFile(sample)
 	if err != nil {
 		return err
 	}
-	if _, err := c.KubectlInput(ctx, dual, "apply", "-f", "-"); err != nil {
+	text, what := string(b), "kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml"
+	switch {
+	case c.ipFamily() == IPFamilyIPv6:
+		text, what = editSample(text, "  - "+PodCIDR6.String()+"\n"), what+fmt.Sprintf(" with podCIDRs %s instead of %s", PodCIDR6, PodCIDR)
+	case c.ipFamily() == IPFamilyDual && !c.IPv4Pods:
+		text, what = editSample(text, "  - "+PodCIDR.String()+"\n  - "+PodCIDR6.String()+"\n"), what+fmt.Sprintf(" with %s added to podCIDRs", PodCIDR6)
+	}
+	if c.Dataplane != "" {
+		text, what = withDataplane(text, c.Dataplane), what+" with dataplane: "+c.Dataplane
+	}
+	if strings.Contains(text, editFailed) {
+		return fmt.Errorf("%s: %s", sample, strings.TrimPrefix(text, editFailed))
+	}
+	if _, err := c.KubectlInput(ctx, text, "apply", "-f", "-"); err != nil {
 		return err
 	}
-	p.detail("kubectl apply -f config/samples/network_v1alpha1_clusternetwork.yaml with %s added to podCIDRs: done", PodCIDR6)
+	p.detail("%s: done", what)
 	return nil
 }
 
-// dualStackSample is the sample ClusterNetwork at path with PodCIDR6 listed after its
-// IPv4 range, the edit docs/install.md tells a user making a dual-stack cluster.
-func dualStackSample(path string) (string, error) {
-	return editSample(path, "  - "+PodCIDR.String()+"\n  - "+PodCIDR6.String()+"\n")
-}
+// editFailed starts the text of an edit that could not be made: what it could not find.
+const editFailed = "edit failed: "
 
-// ipv6OnlySample is the sample ClusterNetwork at path with PodCIDR6 instead of its IPv4
-// range, the edit docs/install.md tells a user making an IPv6-only cluster.
-func ipv6OnlySample(path string) (string, error) {
-	return editSample(path, "  - "+PodCIDR6.String()+"\n")
-}
-
-// editSample is the sample ClusterNetwork at path with its podCIDRs entry (PodCIDR)
-// replaced by entries.
-func editSample(path, entries string) (string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
+// editSample is the sample ClusterNetwork text with its podCIDRs entry (PodCIDR)
+// replaced by entries, the edit docs/install.md tells a user making a dual-stack (or
+// IPv6-only) cluster.
+func editSample(text, entries string) string {
 	v4 := "  - " + PodCIDR.String() + "\n"
-	if !strings.Contains(string(b), v4) {
-		return "", fmt.Errorf("%s: no podCIDRs entry %q to edit", path, strings.TrimSpace(v4))
+	if !strings.Contains(text, v4) {
+		return editFailed + fmt.Sprintf("no podCIDRs entry %q to edit", strings.TrimSpace(v4))
 	}
-	return strings.Replace(string(b), v4, entries, 1), nil
+	return strings.Replace(text, v4, entries, 1)
+}
+
+// withDataplane is the sample ClusterNetwork text with spec.dataplane set to dp: its
+// dataplane line replaced, or one added at the top of spec.
+func withDataplane(text, dp string) string {
+	lines := strings.Split(text, "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(l, "  dataplane:") {
+			lines[i] = "  dataplane: " + dp
+			return strings.Join(lines, "\n")
+		}
+	}
+	if !strings.Contains(text, "\nspec:\n") {
+		return editFailed + "no spec to set dataplane in"
+	}
+	return strings.Replace(text, "\nspec:\n", "\nspec:\n  dataplane: "+dp+"\n", 1)
 }
 
 // routeControlPlaneToPods routes each node's pod blocks (its NodeNetwork's spec.podCIDRs,

@@ -34,6 +34,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/trellis-net/trellis/internal/test/testenv"
@@ -119,6 +120,9 @@ type Options struct {
 	// is (IPv4 pods on dual-stack nodes): the state a cluster is in before it is made
 	// dual-stack by appending an IPv6 range, which a test can then do.
 	IPv4Pods bool
+	// Dataplane, with CNITrellis, sets the ClusterNetwork's spec.dataplane (Auto, NFTables
+	// or IPTables) in place of the sample's; empty installs the sample as it is.
+	Dataplane string
 	// DNS runs cluster DNS, as every real cluster has: CoreDNS (COREDNS_VERSION of
 	// hack/versions.env, built by hack/build-coredns.sh) as Deployment kube-system/coredns
 	// behind Service kube-system/kube-dns at ClusterDNS, which the kubelets get as
@@ -183,6 +187,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.IPv4Pods && (o.IPFamily != IPFamilyDual || o.CNI != CNITrellis) {
 		return o, fmt.Errorf("IPv4 pods on dual-stack nodes need --ip-family %s and --cni %s", IPFamilyDual, CNITrellis)
+	}
+	if o.Dataplane != "" && (o.CNI != CNITrellis || !slices.Contains([]string{"Auto", "NFTables", "IPTables"}, o.Dataplane)) {
+		return o, fmt.Errorf("--dataplane %q: Auto, NFTables or IPTables, with --cni %s", o.Dataplane, CNITrellis)
 	}
 	if o.RemoteNode && o.Nodes < 2 {
 		return o, fmt.Errorf("a remote node needs --nodes 2 or more")

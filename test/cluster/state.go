@@ -24,6 +24,7 @@ type Cluster struct {
 	DNS        bool
 	IPFamily   IPFamily `json:",omitempty"`
 	IPv4Pods   bool     `json:",omitempty"`
+	Dataplane  string   `json:",omitempty"`
 	// Kubeconfig is the admin kubeconfig; its server is Server, the loopback forwarder.
 	Kubeconfig string
 	Server     string

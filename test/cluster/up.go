@@ -46,6 +46,9 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.IPFamily == IPFamilyIPv6 {
 		extra += ", IPv6-only Kubernetes"
 	}
+	if opts.Dataplane != "" {
+		extra += ", dataplane " + opts.Dataplane
+	}
 	v, err := versions.Load()
 	if err != nil {
 		return nil, err
@@ -163,7 +166,7 @@ func Up(ctx context.Context, opts Options) (*Cluster, error) {
 // newCluster lays the cluster of opts out (nothing is created yet).
 func newCluster(opts Options, t tools, p *progress) (*Cluster, []node.Config, error) {
 	c := &Cluster{
-		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode, DNS: opts.DNS, IPFamily: opts.IPFamily, IPv4Pods: opts.IPv4Pods,
+		Name: opts.Name, StateDir: opts.StateDir, CNI: opts.CNI, RemoteNode: opts.RemoteNode, DNS: opts.DNS, IPFamily: opts.IPFamily, IPv4Pods: opts.IPv4Pods, Dataplane: opts.Dataplane,
 		Kubeconfig: filepath.Join(opts.StateDir, "kubeconfig"),
 		LogDir:     filepath.Join(opts.StateDir, "logs"),
 		BinDir:     t.k8sBin, ModuleRoot: t.moduleRoot,
@@ -428,7 +431,7 @@ func (c *Cluster) DNSAddr() netip.Addr {
 // matches: c has the shape opts (with defaults) asks for.
 func (c *Cluster) matches(opts Options) bool {
 	return len(c.Nodes) == opts.Nodes && c.CNI == opts.CNI && c.RemoteNode == opts.RemoteNode && c.DNS == opts.DNS &&
-		c.ipFamily() == opts.IPFamily && c.IPv4Pods == opts.IPv4Pods
+		c.ipFamily() == opts.IPFamily && c.IPv4Pods == opts.IPv4Pods && c.Dataplane == opts.Dataplane
 }
 
 // ipFamily is c's IP family (clusters recorded before the field existed are IPv4).

@@ -104,7 +104,7 @@ func TestNetworkPolicyConformance(t *testing.T) {
 	logrus.SetOutput(logFile)
 	logrus.SetLevel(logrus.InfoLevel)
 
-	c := cluster.ForTest(t, cluster.Options{Name: clusterName, Nodes: 3, CNI: cni, IPFamily: ipFamily})
+	c := cluster.ForTest(t, cluster.Options{Name: clusterName, Nodes: 3, CNI: cni, IPFamily: ipFamily, Dataplane: os.Getenv("TRELLIS_CONFORMANCE_DATAPLANE")})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var nodes []string

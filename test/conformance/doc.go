@@ -49,5 +49,7 @@
 //     the family is ipv4); make test runs FAMILY=ipv4 STACK=dual and FAMILY=ipv6 at once;
 //   - TRELLIS_CONFORMANCE_CLUSTER: the local cluster's name (default conf), so that two
 //     runs can go on at once;
+//   - TRELLIS_CONFORMANCE_DATAPLANE: the ClusterNetwork's spec.dataplane (Auto, NFTables or
+//     IPTables; default: the sample's);
 //   - TRELLIS_CLUSTER_REUSE=1: reuse (and leave running) the cluster of that name.
 package conformance

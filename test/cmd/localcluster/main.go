@@ -84,6 +84,7 @@ func up(ctx context.Context, args []string) error {
 	fs.BoolVar(&opts.RemoteNode, "remote-node", false, "put the last node behind a router, on 203.0.113.0/24")
 	ipFamily := fs.String("ip-family", string(cluster.IPFamilyIPv4), "ipv4; dual: every node also gets an IPv6 address (2001:db8::/32, inside the node namespaces), a second Service range and both node IPs, and (with trellis) the ClusterNetwork the IPv6 pod range "+cluster.PodCIDR6.String()+"; ipv6: IPv6-only Kubernetes (Service range "+cluster.ServiceCIDR6.String()+", IPv6 node IPs, cluster DNS at "+cluster.ClusterDNS6.String()+") with "+cluster.PodCIDR6.String()+" the only pod range")
 	fs.BoolVar(&opts.IPv4Pods, "ipv4-pods", false, "with --ip-family dual: leave the ClusterNetwork IPv4-only (the state before appending an IPv6 range)")
+	fs.StringVar(&opts.Dataplane, "dataplane", "", "with trellis: the ClusterNetwork's spec.dataplane (Auto, NFTables or IPTables) instead of the sample's")
 	fs.BoolVar(&opts.DNS, "dns", true, "run cluster DNS: CoreDNS behind Service kube-system/kube-dns, the kubelets' clusterDNS (--dns=false: none)")
 	fs.DurationVar(&opts.WaitReady, "wait", 5*time.Minute, "how long to wait for every node to be Ready (0: do not wait)")
 	_ = fs.Parse(args)
