@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 
 	nft "github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -329,4 +330,28 @@ func dropCounts(c *nft.Conn, f ipfamily.Family, name string, want func(string) b
 		}
 	}
 	return out, nil
+}
+
+func cleanup(c *nft.Conn) ([]string, error) {
+	var removed []string
+	for _, f := range ipfamily.All {
+		tables, err := c.ListTablesOfFamily(family(f))
+		if err != nil {
+			if notFound(err) {
+				continue
+			}
+			return removed, fmt.Errorf("listing the %s tables: %w", familyName(f), err)
+		}
+		for _, t := range tables {
+			if !strings.HasPrefix(t.Name, OwnedPrefix) {
+				continue
+			}
+			c.DelTable(t)
+			if err := c.Flush(); err != nil && !notFound(err) {
+				return removed, fmt.Errorf("removing table %s %s: %w", familyName(f), t.Name, err)
+			}
+			removed = append(removed, "nftables table "+familyName(f)+" "+t.Name)
+		}
+	}
+	return removed, nil
 }

@@ -110,3 +110,20 @@ func (s *Syncer) DropCounts(ctx context.Context, f ipfamily.Family, name string,
 	defer c.CloseLasting()
 	return dropCounts(c, f, name, chain)
 }
+
+// OwnedPrefix starts the name of every table Trellis owns: Cleanup removes those.
+const OwnedPrefix = "trellis-"
+
+// Cleanup removes every table of either family whose name starts with OwnedPrefix (the
+// uninstall), and reports which ("ip trellis-policy"). A kernel without nftables has none.
+func Cleanup(ctx context.Context) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := conn(0)
+	if err != nil {
+		return nil, err
+	}
+	defer c.CloseLasting()
+	return cleanup(c)
+}

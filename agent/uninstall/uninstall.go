@@ -7,6 +7,7 @@ package uninstall
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/trellis-net/trellis/agent/datapath"
 	"github.com/trellis-net/trellis/agent/ipset"
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/agent/nftables"
 	"github.com/trellis-net/trellis/cni/ipam"
 	"github.com/trellis-net/trellis/internal/cnicontract"
 )
@@ -68,6 +70,8 @@ func Run(n Node) (removed []string, err error) {
 	}
 	chains, err := netfilter.Cleanup()
 	removed, errs = append(removed, chains...), append(errs, err)
+	tables, err := nftables.Cleanup(context.Background())
+	removed, errs = append(removed, tables...), append(errs, err)
 	sets, err := ipset.Cleanup()
 	for _, s := range sets {
 		removed = append(removed, "ipset "+s)

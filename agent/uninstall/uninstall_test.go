@@ -26,7 +26,7 @@ import (
 // A node namespace with everything trellis programs and things of others beside it: the
 // cleanup removes trellis's objects and leaves the others'.
 func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
-	netnstest.RequireCommands(t, "iptables-restore", "ipset")
+	netnstest.RequireCommands(t, "iptables-restore", "ipset", "nft")
 	node := netnstest.New(t)
 
 	dir := t.TempDir()
@@ -108,6 +108,8 @@ func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
 			"iptables -t nat -N OTHER-NAT",
 			"iptables -t nat -A POSTROUTING -j OTHER-NAT",
 			"iptables -t filter -A FORWARD -s 10.99.0.0/16 -j ACCEPT",
+			// The nftables dataplane's policy tables, and a table of someone else's.
+			"nft add table ip trellis-policy", "nft add table ip6 trellis-policy", "nft add table ip other-table",
 		)
 	}))
 
@@ -151,6 +153,13 @@ func TestRunRemovesTrellisAndNothingElse(t *testing.T) {
 			if !strings.Contains(string(save), want) {
 				t.Errorf("foreign rule %q was removed:\n%s", want, save)
 			}
+		}
+		tables, err := exec.Command("nft", "list", "tables").Output()
+		if err != nil {
+			return err
+		}
+		if strings.Contains(string(tables), "trellis") || !strings.Contains(string(tables), "table ip other-table") {
+			t.Errorf("nftables tables left:\n%s\nwant no trellis-* table, and the foreign table ip other-table", tables)
 		}
 		sets, err := exec.Command("ipset", "list", "-name").Output()
 		if err != nil {
