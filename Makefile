@@ -336,13 +336,13 @@ bench-cni: ## CNI ADD/DEL latency, trellis vs ptp + host-local (root; own netns)
 	go -C test run ./bench/cni -reference-dir "$$tools" -trellis "$$tmp/trellis" $(BENCH_CNI_FLAGS)
 
 # bench-datapath flags: -duration 3s -repeat 5 (per path and side), -sides (comma-separated, default all:
-# trellis,reference,flannel,no-nat,no-antispoof,no-rpfilter,no-dispatch,notrack,no-netfilter,bare,native-nft,notrack-vxlan; trellis always among them),
+# trellis,reference,flannel,no-nat,no-antispoof,no-rpfilter,no-dispatch,notrack,no-netfilter,bare,native-nft,notrack-vxlan,nft-policy; trellis always among them),
 # -tx-checksum-offload Auto|Enabled|Disabled, -hold, -profile 'VXLAN cross node' (perf: where the CPU time goes).
 # The goals' verdicts want an idle machine: -duration 10s -repeat 7.
 BENCH_DATAPATH_FLAGS ?=
 
 .PHONY: bench-datapath
-bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin + agent datapath + policy dispatch) vs hand-built and flannel-equivalent paths, goals PASS/MISS (inconclusive when loaded or noisy), ablation rows attributing trellis's cost (root; own netns). Options: BENCH_DATAPATH_FLAGS="-duration 3s -repeat 5 -sides trellis,reference,flannel,no-nat,no-antispoof,no-rpfilter,no-dispatch,notrack,no-netfilter,bare,native-nft,notrack-vxlan -tx-checksum-offload Disabled -hold -profile 'VXLAN cross node'".
+bench-datapath: ## Pod-to-pod TCP throughput (iperf3) per mode, trellis (plugin + agent datapath + policy dispatch) vs hand-built and flannel-equivalent paths, goals PASS/MISS (inconclusive when loaded or noisy), ablation rows attributing trellis's cost (root; own netns). Options: BENCH_DATAPATH_FLAGS="-duration 3s -repeat 5 -sides trellis,reference,flannel,no-nat,no-antispoof,no-rpfilter,no-dispatch,notrack,no-netfilter,bare,native-nft,notrack-vxlan,nft-policy -tx-checksum-offload Disabled -hold -profile 'VXLAN cross node'".
 	@hack/install-deps.sh && \
 	tmp="$${TMPDIR:-/tmp}/trlb-$$$$-make" && mkdir -m 700 "$$tmp" && \
 	trap 'rm -rf "$$tmp"' EXIT && trap 'exit 130' INT TERM HUP && \

@@ -35,6 +35,12 @@ const benchPodNamespace = "bench"
 // (conntrack ESTABLISHED accept, the mid-stream pickup drops, the per-veth RETURNs) and
 // the empty "isolated" ipset; no pod chains.
 func policyDispatch(n *node) error {
+	return policyDispatchWith(n, &policy.KernelApplier{Families: familiesOf(n)})
+}
+
+// policyDispatchWith is policyDispatch written by applier a (the nft-policy side's:
+// policy.NFTablesApplier).
+func policyDispatchWith(n *node, a policy.Applier) error {
 	return inNetns(n.netns, func() error {
 		wired, err := policy.WiredPods()
 		if err != nil {
@@ -56,7 +62,6 @@ func policyDispatch(n *node) error {
 			return fmt.Errorf("policy dispatch on %s: compiled %d endpoints, %d pod chains, problems %v; want %d, 0, none",
 				n.netns, len(rs.V4.Endpoints), len(rs.PodChains()), rs.Problems(), len(n.pods))
 		}
-		a := policy.KernelApplier{Families: st.Families}
 		if _, err := a.Apply(rs, true); err != nil {
 			return fmt.Errorf("policy dispatch on %s: %w", n.netns, err)
 		}
@@ -118,6 +123,8 @@ func ablate(ctx context.Context, c *cluster) error {
 				})
 			case sideNativeNFT:
 				err = addNativeNFT(ctx, n, c.podCIDR)
+			case sideNFTPolicy:
+				err = policyDispatchWith(n, &policy.NFTablesApplier{Families: familiesOf(n)})
 			}
 			if err != nil {
 				return fmt.Errorf("%s %s %s: %w", c.side, c.mode, n.name, err)
@@ -139,6 +146,7 @@ var ablations = map[side][]side{
 	sideBare:         {sideNoNAT, sideNoAntiSpoof, sideNoDispatch, sideNoRPFilter},
 	sideNativeNFT:    {sideNoNAT, sideNoAntiSpoof, sideNoDispatch, sideNativeNFT},
 	sideNoTrackVXLAN: {sideNoTrackVXLAN},
+	sideNFTPolicy:    {sideNoDispatch, sideNFTPolicy},
 }
 
 // removeChains syncs away trellis's chain (and its jumps) in table, then drops the table.

@@ -40,6 +40,10 @@ const (
 	// sideNoTrackVXLAN is trellis plus NOTRACK for the VXLAN packets between nodes: half
 	// of the tunnel path's conntrack passes, the first candidate fix.
 	sideNoTrackVXLAN
+	// sideNFTPolicy is trellis with its policy rules on the nftables dataplane
+	// (spec.dataplane NFTables: agent/policy's renderer and applier), its own rules
+	// (masquerade, anti-spoofing) still in iptables.
+	sideNFTPolicy
 	numSides
 )
 
@@ -59,6 +63,7 @@ var sideInfo = [numSides]struct{ name, tag, what string }{
 	sideBare:         {"bare", "xb", "no-netfilter and no-rpfilter at once: trellis's devices and routes alone"},
 	sideNativeNFT:    {"native-nft", "nn", "trellis with its iptables rules written natively in nftables instead (a candidate fix, not in the agent)"},
 	sideNoTrackVXLAN: {"notrack-vxlan", "nv", "trellis plus raw NOTRACK for the VXLAN packets between nodes, sent and received (a candidate fix, not in the agent)"},
+	sideNFTPolicy:    {"nft-policy", "np", "trellis with spec.dataplane NFTables: the policy rules in the agent's nftables table instead of iptables (masquerade and anti-spoofing still iptables)"},
 }
 
 func (s side) String() string { return sideInfo[s].name }
