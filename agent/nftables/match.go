@@ -86,7 +86,7 @@ func InSet(f ipfamily.Family, src bool, set string) []expr.Any {
 // in the AddrProtoPorts set named set.
 func DstAddrProtoPortInSet(f ipfamily.Family, set string) []expr.Any {
 	_, n := addrField(f, false)
-	proto := uint32(reg32 + n/4)
+	proto := reg32 + n/4
 	return []expr.Any{
 		loadAddr(f, false, reg32),
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: proto},

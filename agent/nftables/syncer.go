@@ -52,7 +52,7 @@ func (s *Syncer) Sync(ctx context.Context, t *Table, verify bool) (Result, error
 	if err != nil {
 		return Result{}, err
 	}
-	defer c.CloseLasting()
+	defer func() { _ = c.CloseLasting() }()
 	id := tableID{t.Family, t.Name}
 	have, known := s.last[id]
 	if verify || !known {
@@ -91,7 +91,7 @@ func (s *Syncer) Remove(ctx context.Context, f ipfamily.Family, name string) (bo
 	if err != nil {
 		return false, err
 	}
-	defer c.CloseLasting()
+	defer func() { _ = c.CloseLasting() }()
 	delete(s.last, tableID{f, name})
 	return remove(c, f, name)
 }
@@ -107,7 +107,7 @@ func (s *Syncer) DropCounts(ctx context.Context, f ipfamily.Family, name string,
 	if err != nil {
 		return nil, err
 	}
-	defer c.CloseLasting()
+	defer func() { _ = c.CloseLasting() }()
 	return dropCounts(c, f, name, chain)
 }
 
@@ -124,6 +124,6 @@ func Cleanup(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer c.CloseLasting()
+	defer func() { _ = c.CloseLasting() }()
 	return cleanup(c)
 }

@@ -26,7 +26,7 @@ func (s *Syncer) Describe(ctx context.Context, f ipfamily.Family, name string) (
 	if err != nil {
 		return "", err
 	}
-	defer c.CloseLasting()
+	defer func() { _ = c.CloseLasting() }()
 	t, err := c.ListTableOfFamily(name, family(f))
 	if err != nil {
 		if notFound(err) {

@@ -55,7 +55,7 @@ func ChooseDataplane(setting string, probe func() error) (string, error) {
 		return DataplaneNFTables, nil
 	case DataplaneAuto:
 		if err := probe(); err != nil {
-			return DataplaneIPTables, fmt.Errorf("Auto chose IPTables: %w", err)
+			return DataplaneIPTables, fmt.Errorf("spec.dataplane Auto chose IPTables: %w", err)
 		}
 		return DataplaneNFTables, nil
 	}

@@ -138,7 +138,7 @@ func TestChooseDataplane(t *testing.T) {
 		{"IPTables", takes, policy.DataplaneIPTables, ""},
 		{"NFTables", refuses, policy.DataplaneNFTables, ""}, // asked for: its errors are the sync's
 		{"Auto", takes, policy.DataplaneNFTables, ""},
-		{"Auto", refuses, policy.DataplaneIPTables, "Auto chose IPTables: no nf_tables"},
+		{"Auto", refuses, policy.DataplaneIPTables, "spec.dataplane Auto chose IPTables: no nf_tables"},
 		{"nft", takes, "", `dataplane "nft": must be Auto, NFTables or IPTables`},
 	} {
 		got, err := policy.ChooseDataplane(tc.setting, tc.probe)

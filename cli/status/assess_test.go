@@ -104,7 +104,7 @@ func TestAssess(t *testing.T) {
 		{name: "nftables on one node, Auto fell back to iptables on the other: a warning", break_: func(s *Snapshot) {
 			s.NodeNetworks[0].Status.NetworkPolicy.Backend, s.NodeNetworks[0].Status.NetworkPolicy.Dataplane = "nftables", "NFTables"
 			s.NodeNetworks[1].Status.NetworkPolicy.Dataplane = "IPTables"
-			s.NodeNetworks[1].Status.NetworkPolicy.DataplaneReason = "Auto chose IPTables: the kernel refuses Trellis's IPv4 nftables rules: protocol not supported"
+			s.NodeNetworks[1].Status.NetworkPolicy.DataplaneReason = "spec.dataplane Auto chose IPTables: the kernel refuses Trellis's IPv4 nftables rules: protocol not supported"
 		}, healthy: true, want: [][2]string{{"node node2 (NodeNetwork)", "protocol not supported"}, {"node node2 (NodeNetwork)", "spec.dataplane: IPTables"}}},
 		{name: "addresses exhausted", break_: func(s *Snapshot) { s.NodeNetworks[0].Status.IPAM.InUse = 253 },
 			want: [][2]string{{"node node1 (NodeNetwork)", "253/253"}}},
