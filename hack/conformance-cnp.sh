@@ -15,7 +15,8 @@
 # SCTP pokes the kernel refused (test/cmd/cnpsum says how that is checked). README.md, "ClusterNetworkPolicy
 # conformance".
 #
-# Environment: CNP_CLUSTER (cluster name, default cnp), CNP_KEEP=1 (leave the cluster up),
+# Environment: CNP_CLUSTER (cluster name, default cnp), CNP_DATAPLANE (the ClusterNetwork's
+# spec.dataplane, Auto, NFTables or IPTables; default the sample's), CNP_KEEP=1 (leave the cluster up),
 # CNP_LIST=1 (only list the suite's tests: no cluster), CNP_RUN (a regular expression of
 # test ShortNames to run, e.g. 'CNPAdminTierEgressTCP|CNPAdminTierGress'; default all),
 # ARTIFACTS (where the report and the test log go, default $TRELLIS_CACHE/cnp).
@@ -52,7 +53,7 @@ hack/build-agnhost.sh >/dev/null
 hack/build-coredns.sh >/dev/null
 
 setup_start=${SECONDS}
-go -C test run ./cmd/localcluster up --name "${name}" --nodes 3 --cni trellis --dns
+go -C test run ./cmd/localcluster up --name "${name}" --nodes 3 --cni trellis --dns ${CNP_DATAPLANE:+--dataplane "${CNP_DATAPLANE}"}
 if [[ "${CNP_KEEP:-0}" != 1 ]]; then
   trap 'go -C test run ./cmd/localcluster down --name "${name}"' EXIT
 fi

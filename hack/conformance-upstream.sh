@@ -10,7 +10,8 @@
 # (cluster name, default upstream), UPSTREAM_IP_FAMILY (the cluster's --ip-family, default
 # dual: IPv4 first, so the IPv4 specs judge the same cluster as the [Feature:IPv6DualStack]
 # ones, which need both families; ipv4: a single-stack cluster, those specs left out),
-# UPSTREAM_KEEP=1 (leave the cluster up), UPSTREAM_LIST=1
+# UPSTREAM_DATAPLANE (the ClusterNetwork's spec.dataplane: Auto, NFTables or IPTables; default
+# the sample's), UPSTREAM_KEEP=1 (leave the cluster up), UPSTREAM_LIST=1
 # (only list the selected specs: no cluster), UPSTREAM_DIRECT=0 (no Direct pass, below),
 # ARTIFACTS (where the JUnit XML goes, default
 # $TRELLIS_CACHE/upstream).
@@ -52,7 +53,7 @@ fi
 
 nodes=3
 go -C test run ./cmd/localcluster up --name "${name}" --nodes "${nodes}" --cni trellis --dns \
-  --ip-family "${ip_family}"
+  --ip-family "${ip_family}" ${UPSTREAM_DATAPLANE:+--dataplane "${UPSTREAM_DATAPLANE}"}
 if [[ "${UPSTREAM_KEEP:-0}" != 1 ]]; then
   trap 'go -C test run ./cmd/localcluster down --name "${name}"' EXIT
 fi
