@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	nft "github.com/google/nftables"
+
 	"github.com/trellis-net/trellis/internal/ipfamily"
 )
 
@@ -84,31 +86,30 @@ func (s *Syncer) remember(id tableID, st state) {
 // Remove deletes family f's table name with everything in it; it reports whether the
 // table was there.
 func (s *Syncer) Remove(ctx context.Context, f ipfamily.Family, name string) (bool, error) {
+	delete(s.last, tableID{f, name})
+	return withConn(ctx, s.NetNS, func(c *nft.Conn) (bool, error) { return remove(c, f, name) })
+}
+
+// withConn runs do with a netlink connection to netns (0: the calling thread's), closed
+// after it.
+func withConn[T any](ctx context.Context, netns int, do func(*nft.Conn) (T, error)) (T, error) {
+	var zero T
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return zero, err
 	}
-	c, err := conn(s.NetNS)
+	c, err := conn(netns)
 	if err != nil {
-		return false, err
+		return zero, err
 	}
 	defer func() { _ = c.CloseLasting() }()
-	delete(s.last, tableID{f, name})
-	return remove(c, f, name)
+	return do(c)
 }
 
 // DropCounts are the packets the counted drop rules (a counter, then drop) of family f's
 // table name have dropped, summed by chain, for the chains chain accepts; read over
 // netlink. A table that isn't there has none.
 func (s *Syncer) DropCounts(ctx context.Context, f ipfamily.Family, name string, chain func(string) bool) (map[string]uint64, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	c, err := conn(s.NetNS)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = c.CloseLasting() }()
-	return dropCounts(c, f, name, chain)
+	return withConn(ctx, s.NetNS, func(c *nft.Conn) (map[string]uint64, error) { return dropCounts(c, f, name, chain) })
 }
 
 // OwnedPrefix starts the name of every table Trellis owns: Cleanup removes those.
@@ -117,13 +118,5 @@ const OwnedPrefix = "trellis-"
 // Cleanup removes every table of either family whose name starts with OwnedPrefix (the
 // uninstall), and reports which ("ip trellis-policy"). A kernel without nftables has none.
 func Cleanup(ctx context.Context) ([]string, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	c, err := conn(0)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = c.CloseLasting() }()
-	return cleanup(c)
+	return withConn(ctx, 0, cleanup)
 }

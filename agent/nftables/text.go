@@ -19,14 +19,10 @@ import (
 // with its counter and comment, each set's elements. No nft binary is needed, so the
 // agent's image carries none. A table that isn't there is "".
 func (s *Syncer) Describe(ctx context.Context, f ipfamily.Family, name string) (string, error) {
-	if err := ctx.Err(); err != nil {
-		return "", err
-	}
-	c, err := conn(s.NetNS)
-	if err != nil {
-		return "", err
-	}
-	defer func() { _ = c.CloseLasting() }()
+	return withConn(ctx, s.NetNS, func(c *nft.Conn) (string, error) { return describe(c, f, name) })
+}
+
+func describe(c *nft.Conn, f ipfamily.Family, name string) (string, error) {
 	t, err := c.ListTableOfFamily(name, family(f))
 	if err != nil {
 		if notFound(err) {
