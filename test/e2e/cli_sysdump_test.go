@@ -123,7 +123,12 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 		check("cni/order.txt", "* 10-trellis.conflist  (in use: trellis's)")
 		check("cni/10-trellis.conflist", `"type": "trellis"`, `"cniVersion"`)
 		check("iptables/backend.txt", "backend: ")
-		check("iptables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD", "# ^ rule ")
+		if n.Status.NetworkPolicy.Dataplane == "NFTables" {
+			check("nftables/ip-trellis-policy.txt", "table ip trellis-policy", "chain forward { # type filter hook forward priority -5",
+				"chain TRELLIS-FORWARD", "[vmap @TRELLIS-FROM-POD-")
+		} else {
+			check("iptables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD", "# ^ rule ")
+		}
 		check("iptables/nat.txt", ":TRELLIS-POSTROUTING", "MASQUERADE")
 		check("ipset.txt")
 		check("links.txt", "trellis.vxlan")
@@ -207,8 +212,8 @@ subjects: [{kind: ServiceAccount, name: sysdump-viewer, namespace: %[1]s}]
 		t.Errorf("sysdump with exactly the documented permissions: errors.txt %q, want nothing failed", got)
 	}
 	for _, n := range nns.Items {
-		if !strings.Contains(files["nodes/"+n.Name+"/iptables/filter.txt"], ":TRELLIS-FORWARD") {
-			t.Errorf("the reader's archive has no iptables chains of %s", n.Name)
+		if !hasPolicyRules(files, n.Name) {
+			t.Errorf("the reader's archive has no policy rules of %s", n.Name)
 		}
 	}
 
@@ -296,7 +301,7 @@ func testSysdumpImpostor(ctx context.Context, t *testing.T, env *cliEnv, kubecon
 				}
 			}
 			for _, other := range c.Nodes {
-				if other.Name != n.Name && !strings.Contains(files["nodes/"+other.Name+"/iptables/filter.txt"], ":TRELLIS-FORWARD") {
+				if other.Name != n.Name && !hasPolicyRules(files, other.Name) {
 					t.Errorf("%s (a verified agent) not collected", other.Name)
 				}
 			}
@@ -528,4 +533,11 @@ func dumpHas(t *testing.T, files map[string]string, file string, wants ...string
 			t.Errorf("%s doesn't hold %q:\n%s", file, w, body)
 		}
 	}
+}
+
+// hasPolicyRules tells whether a dump holds node's policy rules: its iptables chains, or
+// its nftables policy table (spec.dataplane NFTables).
+func hasPolicyRules(files map[string]string, node string) bool {
+	return strings.Contains(files["nodes/"+node+"/iptables/filter.txt"], ":TRELLIS-FORWARD") ||
+		strings.Contains(files["nodes/"+node+"/nftables/ip-trellis-policy.txt"], "chain TRELLIS-FORWARD")
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/trellis-net/trellis/agent/netfilter"
+	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/test/check"
 	"github.com/trellis-net/trellis/test/cluster"
 	"github.com/trellis-net/trellis/test/framework"
@@ -50,6 +52,10 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	framework.WaitAllowed(t, client.NetNS, addr, 30*time.Second)
 	framework.ApplyPolicyIn(ctx, t, c, ns, "deny-server", framework.DenyIngress("role: server"))
 	framework.WaitDenied(t, client.NetNS, addr, 10*time.Second)
+	if framework.PolicyDataplane(ctx, t, c, serverNode.Name) == string(v1alpha1.DataplaneNFTables) {
+		testKubeProxyCantPreempt(ctx, t, c, serverNode, client.NetNS, addr)
+		return
+	}
 	policyChains := []string{"FORWARD", "INPUT"}
 	// Before the test: trellis's jumps first (within the engine's repair of whatever an
 	// earlier suite did on the node).
@@ -124,6 +130,45 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 		t.Errorf("%d connection(s) to the default-deny pod got through while trellis's policy jumps were first: %d before kube-proxy's went in, %d after trellis's were back", early+after, early, after)
 	}
 	t.Logf("while kube-proxy's jump led FORWARD (at most %v), %d connection(s) got through", back.Sub(inserted).Round(time.Millisecond), during)
+}
+
+// testKubeProxyCantPreempt is testPolicyJumpsStayFirst on the nftables dataplane, where
+// Trellis has no jump in iptables' chains to keep first: its base chains' drops are
+// final whatever kube-proxy's KUBE-FORWARD accepts, so not one connection to the pod under
+// default-deny gets through while kube-proxy restarts and puts its jumps back in front.
+func testKubeProxyCantPreempt(ctx context.Context, t *testing.T, c *cluster.Cluster, serverNode cluster.Node, clientNS *os.File, addr string) {
+	probe := framework.StartProber(t, clientNS, addr)
+	defer probe.Stop()
+	t0 := time.Now()
+	removed, err := framework.DeleteJumps(serverNode, kubeJumpChains, "KUBE-")
+	t.Cleanup(func() { restoreKubeJumps(t, c, serverNode, removed) })
+	check.Must(t, err)
+	if len(removed) == 0 {
+		t.Fatalf("%s: no kube-proxy jumps in %v: is kube-proxy running in iptables mode?", serverNode.Name, kubeJumpChains)
+	}
+	check.Must(t, c.RestartKubeProxy(serverNode.Name))
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	check.EventuallyCtx(wctx, t, 100*time.Millisecond, serverNode.Name+": kube-proxy's jump back first in FORWARD", func(context.Context) error {
+		rules, err := framework.FilterRules(serverNode)
+		if err != nil {
+			return err
+		}
+		if !framework.HasJump(rules, "FORWARD", "KUBE-") {
+			return errors.New("no kube-proxy jump in FORWARD")
+		}
+		return nil
+	})
+	time.Sleep(5 * time.Second) //nolint:forbidigo // a window: probing on with kube-proxy's accept in front
+	_, _, total := probe.GapSince(t0)
+	through := probe.SuccessesSince(t0)
+	t.Logf("%d connection attempts to %s (NodePort of the pod under default-deny ingress) while kube-proxy restarted and put its jumps first, %d got through", total, addr, through)
+	if total < 15 {
+		t.Errorf("only %d connection attempts: the flow was not probed throughout (last error: %v)", total, probe.LastError())
+	}
+	if through > 0 {
+		t.Errorf("%d connection(s) to the default-deny pod got through kube-proxy's accept on the nftables dataplane, want 0", through)
+	}
 }
 
 // restoreKubeJumps leaves node n's filter table as the test found it: the jumps it removed

@@ -306,8 +306,8 @@ func setPolicyEnabled(ctx context.Context, t *testing.T, c *cluster.Cluster, on 
 	}
 }
 
-// readPolicyRules is the node's policy chains (iptables-save of the filter table's
-// TRELLIS chains, counters left out).
+// readPolicyRules is the node's policy rules, of either dataplane: iptables-save of the
+// filter table's TRELLIS chains (counters left out), and the nftables policy tables.
 func readPolicyRules(t *testing.T, n cluster.Node) string {
 	t.Helper()
 	out, err := framework.NodeOutput(n, "iptables-save", "-t", "filter")
@@ -318,6 +318,12 @@ func readPolicyRules(t *testing.T, n cluster.Node) string {
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, "TRELLIS-") {
 			rules = append(rules, l)
+		}
+	}
+	for _, family := range []string{"ip", "ip6"} {
+		// No table: nft fails, and there is nothing to add.
+		if out, err := framework.NodeOutput(n, "nft", "-s", "list", "table", family, "trellis-policy"); err == nil {
+			rules = append(rules, strings.TrimSpace(out))
 		}
 	}
 	return strings.Join(rules, "\n")

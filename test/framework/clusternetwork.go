@@ -102,3 +102,18 @@ func ChangeClusterNetwork(ctx context.Context, t *testing.T, c *cluster.Cluster,
 		}
 	})
 }
+
+// PolicyDataplane is the dataplane node's agent reports enforcing policy with
+// (NodeNetwork status.networkPolicy.dataplane: IPTables or NFTables; "" from an agent
+// that predates the field, which is IPTables).
+func PolicyDataplane(ctx context.Context, t testing.TB, c *cluster.Cluster, node string) string {
+	t.Helper()
+	var nn v1alpha1.NodeNetwork
+	if err := Client(t, c).Get(ctx, client.ObjectKey{Name: node}, &nn); err != nil {
+		t.Fatalf("NodeNetwork %s: %v", node, err)
+	}
+	if nn.Status.NetworkPolicy.Dataplane == "" {
+		return string(v1alpha1.DataplaneIPTables)
+	}
+	return nn.Status.NetworkPolicy.Dataplane
+}
