@@ -286,7 +286,14 @@ func checkSysdumpIPv6(ctx context.Context, t *testing.T, env *cliEnv) {
 			dumpHas(t, files, dir+file, wants...)
 		}
 		has("iptables/backend.txt", "ip6tables tables with trellis chains: ")
-		has("ip6tables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD")
+		if n.Status.NetworkPolicy.Dataplane == "NFTables" {
+			has("nftables/ip6-trellis-policy.txt", "table ip6 trellis-policy", "chain TRELLIS-FORWARD")
+			if _, ok := files[dir+"nftables/ip-trellis-policy.txt"]; ok {
+				t.Errorf("%s: an IPv4 policy table on an IPv6-only node", n.Name)
+			}
+		} else {
+			has("ip6tables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD")
+		}
 		has("ip6tables/nat.txt", ":TRELLIS-POSTROUTING", "MASQUERADE")
 		for _, peer := range nns.Items {
 			if peer.Name == n.Name {
