@@ -64,7 +64,8 @@ func testDenyLogs(ctx context.Context, t *testing.T, c *cluster.Cluster, pods ma
 		t.Helper()
 		check.Eventually(t, 30*time.Second, fmt.Sprintf("deny log rules present=%v on %s", want, serverNode.Name), func() error {
 			rules := readPolicyRules(t, serverNode)
-			if has := strings.Contains(rules, "NFLOG"); has != want {
+			// NFLOG on iptables, log group on nftables.
+			if has := strings.Contains(rules, "NFLOG") || strings.Contains(rules, "log prefix"); has != want {
 				return fmt.Errorf("deny log rules present=%v:\n%s", has, rules)
 			}
 			return nil
