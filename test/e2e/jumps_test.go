@@ -205,6 +205,9 @@ func restoreKubeJumps(t *testing.T, c *cluster.Cluster, n cluster.Node, removed 
 			}
 		}
 	}
+	if framework.PolicyDataplane(ctx, t, c, n.Name) == string(v1alpha1.DataplaneNFTables) {
+		return // no policy jumps in iptables' chains
+	}
 	if err := check.Until(ctx, 100*time.Millisecond, n.Name+": trellis's policy jumps first", func(context.Context) error {
 		rules, err := framework.FilterRules(n)
 		if err != nil {
