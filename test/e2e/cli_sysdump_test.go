@@ -125,7 +125,7 @@ func testCLISysdump(ctx context.Context, t *testing.T, env *cliEnv) {
 		check("iptables/backend.txt", "backend: ")
 		if n.Status.NetworkPolicy.Dataplane == "NFTables" {
 			check("nftables/ip-trellis-policy.txt", "table ip trellis-policy", "chain forward { # type filter hook forward priority -5",
-				"chain TRELLIS-FORWARD", "[vmap @TRELLIS-FROM-POD-")
+				"chain TRELLIS-FORWARD", "chain TRELLIS-FROM-POD")
 		} else {
 			check("iptables/filter.txt", "*filter", ":TRELLIS-FORWARD", "-j TRELLIS-FORWARD", "# ^ rule ")
 		}
