@@ -121,8 +121,9 @@ pids=()
 	stage unit "$MAKE" --no-print-directory test-go
 	stage fuzz "$MAKE" --no-print-directory test-fuzz
 	stage bundle "$MAKE" --no-print-directory validate-bundle
+	# The IPTables dataplane's pass: every other cluster runs the sample's Auto (nftables).
 	stage conformance-ipv6 "$MAKE" --no-print-directory conformance-run CONFORMANCE_MODE=subset \
-		CONFORMANCE_FAMILY=ipv6 CONFORMANCE_CLUSTER=conf6 CONFORMANCE_OUT=_output/conformance-ipv6
+		CONFORMANCE_FAMILY=ipv6 CONFORMANCE_CLUSTER=conf6 CONFORMANCE_OUT=_output/conformance-ipv6 CONFORMANCE_DATAPLANE=IPTables
 } &
 pids+=($!)
 {
