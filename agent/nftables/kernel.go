@@ -47,28 +47,53 @@ func notFound(err error) bool {
 		errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPROTONOSUPPORT) || errors.Is(err, unix.EAFNOSUPPORT)
 }
 
-// read is the table as the kernel holds it; a table that isn't there is state{}.
-func read(c *nft.Conn, f ipfamily.Family, name string) (state, error) {
+// tableOf is family f's table name as the kernel lists it; nil when it has none.
+func tableOf(c *nft.Conn, f ipfamily.Family, name string) (*nft.Table, error) {
 	t, err := c.ListTableOfFamily(name, family(f))
 	if err != nil {
 		if notFound(err) {
-			return state{}, nil
+			return nil, nil
 		}
-		return state{}, fmt.Errorf("reading table %s %s: %w", familyName(f), name, err)
+		return nil, fmt.Errorf("reading table %s %s: %w", familyName(f), name, err)
 	}
-	st := state{exists: true, chains: map[string]chainState{}, sets: map[string]setState{}}
-	chains, err := c.ListChainsOfTableFamily(family(f))
+	return t, nil
+}
+
+// chainRules are the chains of table t (of family f) that want takes (all when nil), in
+// the kernel's order, and each one's rules.
+func chainRules(c *nft.Conn, t *nft.Table, f ipfamily.Family, want func(string) bool) ([]*nft.Chain, [][]*nft.Rule, error) {
+	all, err := c.ListChainsOfTableFamily(family(f))
 	if err != nil {
-		return state{}, fmt.Errorf("listing the chains of table %s %s: %w", familyName(f), name, err)
+		return nil, nil, fmt.Errorf("listing the chains of table %s %s: %w", familyName(f), t.Name, err)
 	}
-	for _, ch := range chains {
-		if ch.Table.Name != name {
+	var chains []*nft.Chain
+	var rules [][]*nft.Rule
+	for _, ch := range all {
+		if ch.Table.Name != t.Name || want != nil && !want(ch.Name) {
 			continue
 		}
-		rules, err := c.GetRules(t, ch)
+		rs, err := c.GetRules(t, ch)
 		if err != nil {
-			return state{}, fmt.Errorf("reading chain %s of table %s %s: %w", ch.Name, familyName(f), name, err)
+			return nil, nil, fmt.Errorf("reading chain %s of table %s %s: %w", ch.Name, familyName(f), t.Name, err)
 		}
+		chains, rules = append(chains, ch), append(rules, rs)
+	}
+	return chains, rules, nil
+}
+
+// read is the table as the kernel holds it; a table that isn't there is state{}.
+func read(c *nft.Conn, f ipfamily.Family, name string) (state, error) {
+	t, err := tableOf(c, f, name)
+	if t == nil || err != nil {
+		return state{}, err
+	}
+	st := state{exists: true, chains: map[string]chainState{}, sets: map[string]setState{}}
+	chains, rulesOf, err := chainRules(c, t, f, nil)
+	if err != nil {
+		return state{}, err
+	}
+	for i, ch := range chains {
+		rules := rulesOf[i]
 		cs := chainState{rules: make([]string, 0, len(rules))}
 		if ch.Hooknum != nil && ch.Priority != nil {
 			cs.hook = hookKey(&Hook{Type: ch.Type, Hook: *ch.Hooknum, Priority: int32(*ch.Priority)})
@@ -283,11 +308,8 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // remove deletes the table with everything in it, if it is there.
 func remove(c *nft.Conn, f ipfamily.Family, name string) (bool, error) {
-	if _, err := c.ListTableOfFamily(name, family(f)); err != nil {
-		if notFound(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("reading table %s %s: %w", familyName(f), name, err)
+	if t, err := tableOf(c, f, name); t == nil || err != nil {
+		return false, err
 	}
 	c.DelTable(&nft.Table{Family: family(f), Name: name})
 	if err := c.Flush(); err != nil && !notFound(err) {
@@ -298,26 +320,19 @@ func remove(c *nft.Conn, f ipfamily.Family, name string) (bool, error) {
 
 func dropCounts(c *nft.Conn, f ipfamily.Family, name string, want func(string) bool) (map[string]uint64, error) {
 	out := map[string]uint64{}
-	t, err := c.ListTableOfFamily(name, family(f))
+	t, err := tableOf(c, f, name)
 	if err != nil {
-		if notFound(err) {
-			return out, nil
-		}
-		return nil, fmt.Errorf("reading table %s %s: %w", familyName(f), name, err)
+		return nil, err
 	}
-	chains, err := c.ListChainsOfTableFamily(family(f))
+	if t == nil {
+		return out, nil
+	}
+	chains, rulesOf, err := chainRules(c, t, f, want)
 	if err != nil {
-		return nil, fmt.Errorf("listing the chains of table %s %s: %w", familyName(f), name, err)
+		return nil, err
 	}
-	for _, ch := range chains {
-		if ch.Table.Name != name || !want(ch.Name) {
-			continue
-		}
-		rules, err := c.GetRules(t, ch)
-		if err != nil {
-			return nil, fmt.Errorf("reading chain %s of table %s %s: %w", ch.Name, familyName(f), name, err)
-		}
-		for _, r := range rules {
+	for i, ch := range chains {
+		for _, r := range rulesOf[i] {
 			n := len(r.Exprs)
 			if n < 2 {
 				continue

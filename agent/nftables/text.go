@@ -23,12 +23,9 @@ func (s *Syncer) Describe(ctx context.Context, f ipfamily.Family, name string) (
 }
 
 func describe(c *nft.Conn, f ipfamily.Family, name string) (string, error) {
-	t, err := c.ListTableOfFamily(name, family(f))
-	if err != nil {
-		if notFound(err) {
-			return "", nil
-		}
-		return "", fmt.Errorf("reading table %s %s: %w", familyName(f), name, err)
+	t, err := tableOf(c, f, name)
+	if t == nil || err != nil {
+		return "", err
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s %s {\n", familyName(f), name)
@@ -51,24 +48,17 @@ func describe(c *nft.Conn, f ipfamily.Family, name string) (string, error) {
 		}
 		b.WriteString("\t}\n")
 	}
-	chains, err := c.ListChainsOfTableFamily(family(f))
+	chains, rulesOf, err := chainRules(c, t, f, nil)
 	if err != nil {
-		return "", fmt.Errorf("listing the chains of table %s %s: %w", familyName(f), name, err)
+		return "", err
 	}
-	for _, ch := range chains {
-		if ch.Table.Name != name {
-			continue
-		}
+	for i, ch := range chains {
 		fmt.Fprintf(&b, "\tchain %s {", ch.Name)
 		if ch.Hooknum != nil && ch.Priority != nil {
 			fmt.Fprintf(&b, " # type %s hook %s priority %d", ch.Type, hookName(*ch.Hooknum), int32(*ch.Priority))
 		}
 		b.WriteString("\n")
-		rules, err := c.GetRules(t, ch)
-		if err != nil {
-			return "", fmt.Errorf("reading chain %s: %w", ch.Name, err)
-		}
-		for _, r := range rules {
+		for _, r := range rulesOf[i] {
 			fmt.Fprintf(&b, "\t\t%s", exprsText(f, r.Exprs))
 			if cm, ok := userdata.GetString(r.UserData, userdata.TypeComment); ok && cm != "" {
 				fmt.Fprintf(&b, " comment %q", cm)

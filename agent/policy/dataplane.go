@@ -10,20 +10,17 @@ import (
 	"github.com/google/nftables/expr"
 
 	"github.com/trellis-net/trellis/agent/nftables"
+	"github.com/trellis-net/trellis/api/v1alpha1"
 	"github.com/trellis-net/trellis/internal/ipfamily"
 	"github.com/trellis-net/trellis/internal/netpol"
 )
 
-// Dataplane names (ClusterNetwork spec.dataplane, as the agent configuration carries it).
+// Dataplane names: ClusterNetwork spec.dataplane (api/v1alpha1 Dataplane says what each
+// is), as the agent configuration carries it; Auto resolves through ProbeNFTables.
 const (
-	// DataplaneIPTables: iptables (its nft or legacy backend, whichever the node's other
-	// users write with) and ipsets.
-	DataplaneIPTables = "IPTables"
-	// DataplaneNFTables: Trellis's own nftables tables, over netlink.
-	DataplaneNFTables = "NFTables"
-	// DataplaneAuto: nftables where the kernel takes everything the renderer writes
-	// (ProbeNFTables), iptables elsewhere.
-	DataplaneAuto = "Auto"
+	DataplaneIPTables = string(v1alpha1.DataplaneIPTables)
+	DataplaneNFTables = string(v1alpha1.DataplaneNFTables)
+	DataplaneAuto     = string(v1alpha1.DataplaneAuto)
 )
 
 // Dataplane is an Applier with what the agent asks of the kernel beside applying.

@@ -69,14 +69,7 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 
 	probe := framework.StartProber(t, client.NetNS, addr)
 	defer probe.Stop()
-	t0 := time.Now()
-	removed, err := framework.DeleteJumps(serverNode, kubeJumpChains, "KUBE-")
-	t.Cleanup(func() { restoreKubeJumps(t, c, serverNode, removed) })
-	check.Must(t, err)
-	if len(removed) == 0 {
-		t.Fatalf("%s: no kube-proxy jumps in %v: is kube-proxy running in iptables mode?", serverNode.Name, kubeJumpChains)
-	}
-	check.Must(t, c.RestartKubeProxy(serverNode.Name))
+	t0, removed := restartKubeProxyWithoutJumps(t, c, serverNode)
 	// From the last reading without kube-proxy's jump in FORWARD (it then went in at the
 	// top) to the first reading with trellis's first again and kube-proxy's kept.
 	inserted, back := t0, time.Time{}
@@ -132,6 +125,22 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 	t.Logf("while kube-proxy's jump led FORWARD (at most %v), %d connection(s) got through", back.Sub(inserted).Round(time.Millisecond), during)
 }
 
+// restartKubeProxyWithoutJumps deletes kube-proxy's jumps on node n and restarts it there
+// (it puts them back at the top of the chains), returning when it began and what it
+// deleted; the cleanup leaves the node as it found it.
+func restartKubeProxyWithoutJumps(t *testing.T, c *cluster.Cluster, n cluster.Node) (time.Time, []framework.Rule) {
+	t.Helper()
+	t0 := time.Now()
+	removed, err := framework.DeleteJumps(n, kubeJumpChains, "KUBE-")
+	t.Cleanup(func() { restoreKubeJumps(t, c, n, removed) })
+	check.Must(t, err)
+	if len(removed) == 0 {
+		t.Fatalf("%s: no kube-proxy jumps in %v: is kube-proxy running in iptables mode?", n.Name, kubeJumpChains)
+	}
+	check.Must(t, c.RestartKubeProxy(n.Name))
+	return t0, removed
+}
+
 // testKubeProxyCantPreempt is testPolicyJumpsStayFirst on the nftables dataplane, where
 // Trellis has no jump in iptables' chains to keep first: its base chains' drops are
 // final whatever kube-proxy's KUBE-FORWARD accepts, so not one connection to the pod under
@@ -139,14 +148,7 @@ func testPolicyJumpsStayFirst(t *testing.T, c *cluster.Cluster) {
 func testKubeProxyCantPreempt(ctx context.Context, t *testing.T, c *cluster.Cluster, serverNode cluster.Node, clientNS *os.File, addr string) {
 	probe := framework.StartProber(t, clientNS, addr)
 	defer probe.Stop()
-	t0 := time.Now()
-	removed, err := framework.DeleteJumps(serverNode, kubeJumpChains, "KUBE-")
-	t.Cleanup(func() { restoreKubeJumps(t, c, serverNode, removed) })
-	check.Must(t, err)
-	if len(removed) == 0 {
-		t.Fatalf("%s: no kube-proxy jumps in %v: is kube-proxy running in iptables mode?", serverNode.Name, kubeJumpChains)
-	}
-	check.Must(t, c.RestartKubeProxy(serverNode.Name))
+	t0, _ := restartKubeProxyWithoutJumps(t, c, serverNode)
 	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
 	defer wcancel()
 	check.EventuallyCtx(wctx, t, 100*time.Millisecond, serverNode.Name+": kube-proxy's jump back first in FORWARD", func(context.Context) error {
